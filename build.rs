@@ -1,0 +1,28 @@
+//! Build script: generates include/llmrt.h from src/ffi with cbindgen (pinned in
+//! Cargo.toml so the committed header can be checked against it).
+
+use std::path::PathBuf;
+
+fn main() {
+    let crate_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    println!("cargo:rerun-if-changed=src");
+    println!("cargo:rerun-if-changed=cbindgen.toml");
+    println!("cargo:rerun-if-changed=build.rs");
+    generate_header(&crate_dir);
+}
+
+fn generate_header(crate_dir: &std::path::Path) {
+    let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("read cbindgen.toml");
+    // LLMRT_HEADER_OUT lets `make check-header` generate into a temporary path and diff.
+    let out = std::env::var_os("LLMRT_HEADER_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate_dir.join("include").join("llmrt.h"));
+    match cbindgen::Builder::new().with_crate(crate_dir).with_config(config).generate() {
+        Ok(bindings) => {
+            bindings.write_to_file(&out);
+        }
+        Err(e) => {
+            println!("cargo:warning=cbindgen failed, include/llmrt.h not regenerated: {e}");
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! Model file formats: where weights and hyperparameters come from.
+pub mod gguf;
