@@ -11,4 +11,366 @@
 #define LLMRT_VERSION_PATCH 0
 
 
+/**
+ * Status of every fallible `llmrt_*` call.
+ */
+typedef enum llmrt_status {
+  /**
+   * Success.
+   */
+  LLMRT_OK = 0,
+  /**
+   * NULL pointer, zero/oversized length, token id >= vocab.
+   */
+  LLMRT_INVALID_ARGUMENT = 1,
+  /**
+   * File missing, unreadable, not a regular file.
+   */
+  LLMRT_IO = 2,
+  /**
+   * Malformed, truncated or inconsistent model file.
+   */
+  LLMRT_BAD_MODEL = 3,
+  /**
+   * Architecture, tensor type or backend not available.
+   */
+  LLMRT_UNSUPPORTED = 4,
+  /**
+   * Host/device allocation failed, KV pool exhausted.
+   */
+  LLMRT_OUT_OF_MEMORY = 5,
+  /**
+   * Step would exceed the cache's reserved positions.
+   */
+  LLMRT_CONTEXT_FULL = 6,
+  /**
+   * Cache id not live: released, never issued, other model.
+   */
+  LLMRT_UNKNOWN_CACHE = 7,
+  /**
+   * CUDA driver/kernel error.
+   */
+  LLMRT_DEVICE = 8,
+  /**
+   * Caught panic or broken invariant (a bug).
+   */
+  LLMRT_INTERNAL = 9,
+  /**
+   * Output buffer too small; the needed size is reported.
+   */
+  LLMRT_BUFFER_TOO_SMALL = 10,
+} llmrt_status;
+
+/**
+ * Which compute backend a model runs on.
+ */
+typedef enum llmrt_backend {
+  /**
+   * CUDA when a usable device exists, else CPU.
+   */
+  LLMRT_BACKEND_AUTO = 0,
+  /**
+   * The CPU.
+   */
+  LLMRT_BACKEND_CPU = 1,
+  /**
+   * A CUDA device; fails with LLMRT_UNSUPPORTED / LLMRT_DEVICE if none, never silently CPU.
+   */
+  LLMRT_BACKEND_CUDA = 2,
+} llmrt_backend;
+
+/**
+ * A loaded model (opaque). Create with `llmrt_model_load`, destroy with
+ * `llmrt_model_free`. Every function may be called from any thread; calls that
+ * touch one model are serialised internally, different models run in parallel.
+ */
+typedef struct llmrt_model llmrt_model;
+
+/**
+ * Load progress callback: `fraction` goes from 0.0 to 1.0 during load.
+ */
+typedef void (*llmrt_progress_fn)(float fraction, void *user_data);
+
+/**
+ * Options for `llmrt_model_load`. Fill with `llmrt_model_options_default`, then
+ * change what you need.
+ */
+typedef struct llmrt_model_options {
+  /**
+   * sizeof(llmrt_model_options): lets the struct grow; fields past it take defaults.
+   */
+  uint32_t struct_size;
+  /**
+   * The backend to use.
+   */
+  llmrt_backend backend;
+  /**
+   * CUDA device ordinal.
+   */
+  int32_t device;
+  /**
+   * CPU worker threads; 0 = all available cores.
+   */
+  uint32_t threads;
+  /**
+   * Cap on positions per cache; 0 = the model's context length.
+   */
+  uint32_t max_context;
+  /**
+   * KV pool budget in bytes; 0 = backend default.
+   */
+  uint64_t kv_cache_bytes;
+  /**
+   * Load progress callback; may be NULL.
+   */
+  llmrt_progress_fn progress;
+  /**
+   * Passed to `progress`.
+   */
+  void *progress_user_data;
+} llmrt_model_options;
+
+/**
+ * What a loaded model is and what the load chose.
+ */
+typedef struct llmrt_model_info {
+  /**
+   * Vocabulary size: token ids are below it.
+   */
+  uint32_t vocab_size;
+  /**
+   * Positions per cache, after max_context and device limits.
+   */
+  uint32_t context_length;
+  /**
+   * Transformer blocks.
+   */
+  uint32_t n_layers;
+  /**
+   * Attention (query) heads.
+   */
+  uint32_t n_heads;
+  /**
+   * Key/value heads (GQA when fewer than n_heads).
+   */
+  uint32_t n_kv_heads;
+  /**
+   * Size of one head.
+   */
+  uint32_t head_dim;
+  /**
+   * Hidden (embedding) size.
+   */
+  uint32_t hidden_size;
+  /**
+   * Beginning-of-sequence token; UINT32_MAX when the model has none.
+   */
+  uint32_t bos_token;
+  /**
+   * End-of-sequence token; UINT32_MAX when the model has none.
+   */
+  uint32_t eos_token;
+  /**
+   * The backend actually in use.
+   */
+  enum llmrt_backend backend;
+  /**
+   * Bytes of weights as stored for compute.
+   */
+  uint64_t weight_bytes;
+  /**
+   * KV bytes of one position of one cache, all layers, K and V.
+   */
+  uint64_t kv_bytes_per_position;
+  /**
+   * "llama", "qwen2", "qwen3", "mistral", ... NUL-terminated.
+   */
+  char architecture[32];
+  /**
+   * "cpu (N threads)" or the GPU's name, NUL-terminated.
+   */
+  char device_name[64];
+} llmrt_model_info;
+
+/**
+ * A KV cache id (one per request). 0 is never a valid cache; ids are not reused.
+ */
+typedef uint64_t llmrt_cache;
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+/**
+ * Name of a status code, e.g. "LLMRT_OK"; "LLMRT_UNKNOWN_STATUS" for values
+ * outside the enum. Static string, never NULL.
+ */
+const char *llmrt_status_name(llmrt_status status);
+
+/**
+ * Message of this thread's last failed call; "" if none. Valid until this
+ * thread's next llmrt call. Never NULL.
+ */
+const char *llmrt_last_error(void);
+
+/**
+ * Library version "MAJOR.MINOR.PATCH" (static string).
+ */
+const char *llmrt_version(void);
+
+/**
+ * Fills `options` with defaults (AUTO backend, device 0, all cores, the model's
+ * context, default KV budget, no progress callback). NULL is a no-op.
+ *
+ * # Safety
+ * `options` is NULL or points to writable memory of sizeof(llmrt_model_options).
+ */
+void llmrt_model_options_default(struct llmrt_model_options *options);
+
+/**
+ * Loads a model. `path`: a GGUF file (Hugging Face directories: a later
+ * version). `options` may be NULL (defaults). On success `*out_model` receives
+ * the model; on failure it is left untouched. Weights are memory-mapped, not
+ * copied, on the CPU.
+ *
+ * # Safety
+ * `path` is a NUL-terminated string; `options` is NULL or valid; `out_model` is
+ * writable.
+ */
+enum llmrt_status llmrt_model_load(const char *path,
+                                   const struct llmrt_model_options *options,
+                                   struct llmrt_model **out_model);
+
+/**
+ * Frees a model and every cache it holds. NULL is a no-op.
+ *
+ * # Safety
+ * `model` is NULL or came from llmrt_model_load and was not freed; no other
+ * thread uses it during or after this call.
+ */
+void llmrt_model_free(struct llmrt_model *model);
+
+/**
+ * Describes a loaded model.
+ *
+ * # Safety
+ * `model` is a live model; `out_info` is writable.
+ */
+enum llmrt_status llmrt_model_get_info(const struct llmrt_model *model,
+                                       struct llmrt_model_info *out_info);
+
+/**
+ * Reserves a KV cache able to hold `positions` tokens (0 = the full context
+ * length). The memory is guaranteed now: later steps never fail for lack of pool
+ * space. positions > context length: LLMRT_CONTEXT_FULL; pool exhausted:
+ * LLMRT_OUT_OF_MEMORY (with the sizes in the message).
+ *
+ * # Safety
+ * `model` is a live model; `out_cache` is writable.
+ */
+enum llmrt_status llmrt_cache_reserve(struct llmrt_model *model,
+                                      uint32_t positions,
+                                      llmrt_cache *out_cache);
+
+/**
+ * Releases a cache and its blocks. A second release: LLMRT_UNKNOWN_CACHE.
+ *
+ * # Safety
+ * `model` is a live model.
+ */
+enum llmrt_status llmrt_cache_release(struct llmrt_model *model, llmrt_cache cache);
+
+/**
+ * Number of positions the cache holds.
+ *
+ * # Safety
+ * `model` is a live model; `out_positions` is writable.
+ */
+enum llmrt_status llmrt_cache_length(const struct llmrt_model *model,
+                                     llmrt_cache cache,
+                                     uint32_t *out_positions);
+
+/**
+ * Keeps the first `positions` tokens of the cache and drops the rest (rewind
+ * for multi-turn reuse). More positions than the cache holds:
+ * LLMRT_INVALID_ARGUMENT.
+ *
+ * # Safety
+ * `model` is a live model.
+ */
+enum llmrt_status llmrt_cache_truncate(struct llmrt_model *model,
+                                       llmrt_cache cache,
+                                       uint32_t positions);
+
+/**
+ * A new cache holding the same tokens as `source`, sharing its KV blocks
+ * copy-on-write. Reserves like llmrt_cache_reserve with the source's capacity.
+ *
+ * # Safety
+ * `model` is a live model; `out_cache` is writable.
+ */
+enum llmrt_status llmrt_cache_fork(struct llmrt_model *model,
+                                   llmrt_cache source,
+                                   llmrt_cache *out_cache);
+
+/**
+ * Appends `n_tokens` (>= 1) to the cache and runs them as one prefill.
+ * `last_logits`: NULL, or vocab_size floats for the last token. On failure the
+ * cache and `last_logits` are unchanged.
+ *
+ * # Safety
+ * `model` is a live model; `tokens` holds `n_tokens` ids; `last_logits` is NULL
+ * or holds vocab_size floats.
+ */
+enum llmrt_status llmrt_prefill(struct llmrt_model *model,
+                                llmrt_cache cache,
+                                const uint32_t *tokens,
+                                size_t n_tokens,
+                                float *last_logits);
+
+/**
+ * As llmrt_prefill, but writes logits for every token: n_tokens * vocab_size
+ * floats, row-major (scoring, perplexity). `all_logits` may be NULL.
+ *
+ * # Safety
+ * As llmrt_prefill; `all_logits` is NULL or holds n_tokens * vocab_size floats.
+ */
+enum llmrt_status llmrt_prefill_all(struct llmrt_model *model,
+                                    llmrt_cache cache,
+                                    const uint32_t *tokens,
+                                    size_t n_tokens,
+                                    float *all_logits);
+
+/**
+ * One decode step for n distinct caches at once (continuous batching): appends
+ * tokens[i] to caches[i]. `logits`: NULL, or n * vocab_size floats, row i for
+ * caches[i]. Either every cache advances or none does.
+ *
+ * # Safety
+ * `model` is a live model; `caches` and `tokens` hold n elements; `logits` is
+ * NULL or holds n * vocab_size floats.
+ */
+enum llmrt_status llmrt_decode(struct llmrt_model *model,
+                               size_t n,
+                               const llmrt_cache *caches,
+                               const uint32_t *tokens,
+                               float *logits);
+
+/**
+ * As llmrt_decode, but the backend picks the argmax itself and writes n token
+ * ids to `next_tokens` (on the GPU: no logits copy).
+ *
+ * # Safety
+ * As llmrt_decode; `next_tokens` holds n elements.
+ */
+enum llmrt_status llmrt_decode_greedy(struct llmrt_model *model,
+                                      size_t n,
+                                      const llmrt_cache *caches,
+                                      const uint32_t *tokens,
+                                      uint32_t *next_tokens);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
 #endif  /* LLMRT_H */

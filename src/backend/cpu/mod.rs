@@ -1,1 +1,135 @@
-//! CPU backend (placeholder).
+//! CPU backend: f32 KV blocks in host memory, the forward pass over mapped
+//! weights, worker threads per `options.threads`.
+
+mod forward;
+pub mod ops;
+
+use super::{Backend, Seq, Want};
+use crate::kv::{BlockCopy, BlockId, BLOCK_POSITIONS};
+use crate::model::weights::Weights;
+use crate::model::Config;
+use crate::{Error, Result};
+use std::sync::Arc;
+
+/// KV storage: one f32 buffer per block, laid out `[layer][K|V][slot][kv_dim]`.
+pub struct KvStore {
+    blocks: Vec<Option<Box<[f32]>>>,
+    n_layers: usize,
+    kv_dim: usize,
+}
+
+impl KvStore {
+    fn block_elems(&self) -> usize {
+        self.n_layers * 2 * BLOCK_POSITIONS * self.kv_dim
+    }
+
+    /// Makes sure block `b` has storage (allocated on first use).
+    fn ensure(&mut self, b: BlockId) -> Result<()> {
+        let b = b as usize;
+        if b >= self.blocks.len() {
+            self.blocks.resize_with(b + 1, || None);
+        }
+        if self.blocks[b].is_none() {
+            let n = self.block_elems();
+            let mut v: Vec<f32> = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| {
+                Error::out_of_memory(format!("cannot allocate KV block {b} ({} bytes) in host memory", n * 4))
+            })?;
+            v.resize(n, 0.0);
+            self.blocks[b] = Some(v.into_boxed_slice());
+        }
+        Ok(())
+    }
+
+    fn offset(&self, layer: usize, v: usize, slot: usize) -> usize {
+        ((layer * 2 + v) * BLOCK_POSITIONS + slot) * self.kv_dim
+    }
+
+    /// K (v = 0) or V (v = 1) of `layer` at `slot` of block `b`.
+    fn row(&self, b: BlockId, layer: usize, v: usize, slot: usize) -> &[f32] {
+        let o = self.offset(layer, v, slot);
+        &self.blocks[b as usize].as_ref().expect("block storage ensured before use")[o..o + self.kv_dim]
+    }
+
+    fn row_mut(&mut self, b: BlockId, layer: usize, v: usize, slot: usize) -> &mut [f32] {
+        let o = self.offset(layer, v, slot);
+        let kv_dim = self.kv_dim;
+        &mut self.blocks[b as usize].as_mut().expect("block storage ensured before use")[o..o + kv_dim]
+    }
+}
+
+/// The CPU backend of one model.
+pub struct CpuBackend {
+    cfg: Config,
+    w: Arc<Weights>,
+    threads: usize,
+    kv: KvStore,
+    /// RoPE inverse frequencies (`head_dim / 2`), scaling applied.
+    inv_freq: Vec<f64>,
+}
+
+impl CpuBackend {
+    pub fn new(cfg: Config, w: Arc<Weights>, threads: usize) -> CpuBackend {
+        let hd = cfg.head_dim;
+        let inv_freq = (0..hd / 2)
+            .map(|i| {
+                let mut f = 1.0 / (cfg.rope_theta as f64).powf(2.0 * i as f64 / hd as f64);
+                if let Some(rf) = &w.rope_freqs {
+                    f /= rf[i] as f64;
+                }
+                f / cfg.rope_linear_factor as f64
+            })
+            .collect();
+        let kv = KvStore { blocks: Vec::new(), n_layers: cfg.n_layers, kv_dim: cfg.kv_dim() };
+        CpuBackend { cfg, w, threads: threads.max(1), kv, inv_freq }
+    }
+}
+
+impl Backend for CpuBackend {
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
+        for c in copies {
+            self.kv.ensure(c.dst)?;
+            let src = self.kv.blocks[c.src as usize].clone();
+            match (src, self.kv.blocks[c.dst as usize].as_mut()) {
+                (Some(s), Some(d)) => d.copy_from_slice(&s),
+                _ => return Err(Error::internal(format!("KV copy from block {} that has no storage", c.src))),
+            }
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, seqs: &[Seq<'_>], logits: &mut [f32]) -> Result<()> {
+        let wanted: usize = seqs
+            .iter()
+            .map(|s| match s.want {
+                Want::Nothing => 0,
+                Want::Last => 1,
+                Want::All => s.tokens.len(),
+            })
+            .sum();
+        if logits.len() != wanted * self.cfg.vocab_size {
+            return Err(Error::internal(format!(
+                "logits buffer holds {} floats, step wants {}",
+                logits.len(),
+                wanted * self.cfg.vocab_size
+            )));
+        }
+        for s in seqs {
+            let end = s.start + s.tokens.len();
+            for bi in s.start / BLOCK_POSITIONS..end.div_ceil(BLOCK_POSITIONS) {
+                let b = *s.blocks.get(bi).ok_or_else(|| Error::internal("block table shorter than the step"))?;
+                self.kv.ensure(b)?;
+            }
+        }
+        forward::step(self, seqs, logits);
+        Ok(())
+    }
+
+    fn kv_bytes_per_position(&self) -> u64 {
+        (self.cfg.n_layers * 2 * self.cfg.kv_dim() * 4) as u64
+    }
+
+    fn device_name(&self) -> String {
+        format!("cpu ({} threads)", self.threads)
+    }
+}

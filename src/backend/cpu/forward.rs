@@ -1,0 +1,168 @@
+//! The forward pass, top to bottom, for one step of many sequences. The
+//! architectures differ only by the named options in `cfg.arch` (biases, Q/K
+//! norm, RoPE layout) and by optional tensors (tied output, RoPE divisors).
+
+use super::ops;
+use super::CpuBackend;
+use crate::backend::{Seq, Want};
+use crate::kv::BLOCK_POSITIONS;
+use crate::quant;
+
+/// Where a row of the step's activations comes from.
+struct Tok {
+    seq: usize,
+    pos: usize,
+}
+
+pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
+    let cfg = &be.cfg;
+    let w = be.w.clone();
+    let file = &*w.file;
+    let threads = be.threads;
+    let (h, qd, kvd, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+    let toks: Vec<Tok> = seqs
+        .iter()
+        .enumerate()
+        .flat_map(|(si, s)| (0..s.tokens.len()).map(move |i| Tok { seq: si, pos: s.start + i }))
+        .collect();
+    let n = toks.len();
+
+    // Embedding gather.
+    let mut x = vec![0f32; n * h];
+    let emb = &w.token_embd;
+    let ids = seqs.iter().flat_map(|s| s.tokens.iter().copied());
+    for (row, id) in x.chunks_exact_mut(h).zip(ids) {
+        let o = emb.offset + id as usize * emb.row_bytes;
+        quant::dequantize_row(emb.dtype, &file.bytes()[o..o + emb.row_bytes], row);
+    }
+
+    // RoPE angles per token.
+    let half = hd / 2;
+    let mut cos = vec![0f32; n * half];
+    let mut sin = vec![0f32; n * half];
+    for (t, tok) in toks.iter().enumerate() {
+        for (i, f) in be.inv_freq.iter().enumerate() {
+            let a = tok.pos as f64 * f;
+            cos[t * half + i] = a.cos() as f32;
+            sin[t * half + i] = a.sin() as f32;
+        }
+    }
+    let neox = cfg.arch.rope_style == crate::model::RopeStyle::Neox;
+
+    let mut xn = vec![0f32; n * h];
+    let mut q = vec![0f32; n * qd];
+    let mut k = vec![0f32; n * kvd];
+    let mut v = vec![0f32; n * kvd];
+    let mut att = vec![0f32; n * qd];
+    let mut proj = vec![0f32; n * h];
+    let mut gate = vec![0f32; n * cfg.ffn];
+    let mut up = vec![0f32; n * cfg.ffn];
+    let mm = |m: &crate::model::weights::Matrix, x: &[f32], y: &mut [f32]| {
+        ops::matmul(m.dtype, m.bytes(file), m.row_bytes, m.rows, m.cols, x, y, threads);
+    };
+
+    for (l, lw) in w.layers.iter().enumerate() {
+        // Attention block.
+        ops::rmsnorm(&x, &lw.attn_norm, cfg.rms_eps, &mut xn);
+        mm(&lw.wq, &xn, &mut q);
+        mm(&lw.wk, &xn, &mut k);
+        mm(&lw.wv, &xn, &mut v);
+        if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
+            ops::add_bias(&mut q, bq);
+            ops::add_bias(&mut k, bk);
+            ops::add_bias(&mut v, bv);
+        }
+        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+            for head in q.chunks_exact_mut(hd) {
+                let src = head.to_vec();
+                ops::rmsnorm_row(&src, qn, cfg.rms_eps, head);
+            }
+            for head in k.chunks_exact_mut(hd) {
+                let src = head.to_vec();
+                ops::rmsnorm_row(&src, kn, cfg.rms_eps, head);
+            }
+        }
+        for t in 0..n {
+            let (c, s) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
+            ops::rope(&mut q[t * qd..(t + 1) * qd], hd, c, s, neox);
+            ops::rope(&mut k[t * kvd..(t + 1) * kvd], hd, c, s, neox);
+        }
+        // KV write.
+        for (t, tok) in toks.iter().enumerate() {
+            let b = seqs[tok.seq].blocks[tok.pos / BLOCK_POSITIONS];
+            let slot = tok.pos % BLOCK_POSITIONS;
+            be.kv.row_mut(b, l, 0, slot).copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
+            be.kv.row_mut(b, l, 1, slot).copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
+        }
+        attention(be, seqs, &toks, l, &q, &mut att);
+        mm(&lw.wo, &att, &mut proj);
+        ops::add_in_place(&mut x, &proj);
+
+        // Feed-forward block (SwiGLU).
+        ops::rmsnorm(&x, &lw.ffn_norm, cfg.rms_eps, &mut xn);
+        mm(&lw.w_gate, &xn, &mut gate);
+        mm(&lw.w_up, &xn, &mut up);
+        ops::swiglu(&mut gate, &up);
+        mm(&lw.w_down, &gate, &mut proj);
+        ops::add_in_place(&mut x, &proj);
+    }
+
+    // Final norm and LM head, only for the rows wanted.
+    let mut rows: Vec<usize> = Vec::new();
+    let mut t0 = 0;
+    for s in seqs {
+        match s.want {
+            Want::Nothing => {}
+            Want::Last => rows.push(t0 + s.tokens.len() - 1),
+            Want::All => rows.extend(t0..t0 + s.tokens.len()),
+        }
+        t0 += s.tokens.len();
+    }
+    if rows.is_empty() {
+        return;
+    }
+    let mut sel = vec![0f32; rows.len() * h];
+    for (dst, &r) in sel.chunks_exact_mut(h).zip(&rows) {
+        ops::rmsnorm_row(&x[r * h..(r + 1) * h], &w.output_norm, cfg.rms_eps, dst);
+    }
+    mm(&w.output, &sel, logits);
+}
+
+/// Causal attention of every token over its cache's positions `0..=pos`.
+fn attention(be: &CpuBackend, seqs: &[Seq<'_>], toks: &[Tok], layer: usize, q: &[f32], out: &mut [f32]) {
+    let cfg = &be.cfg;
+    let (qd, hd) = (cfg.q_dim(), cfg.head_dim);
+    let group = cfg.n_heads / cfg.n_kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let kv = &be.kv;
+    let max_pos = toks.iter().map(|t| t.pos).max().unwrap_or(0);
+    ops::par_units(out, qd, be.threads, (max_pos + 1) * qd * 2, |t0, part| {
+        let mut scores = vec![0f32; max_pos + 1];
+        for (i, orow) in part.chunks_exact_mut(qd).enumerate() {
+            let tok = &toks[t0 + i];
+            let blocks = seqs[tok.seq].blocks;
+            let len = tok.pos + 1;
+            for (hq, o) in orow.chunks_exact_mut(hd).enumerate() {
+                let kvh = hq / group;
+                let qv = &q[(t0 + i) * qd + hq * hd..(t0 + i) * qd + (hq + 1) * hd];
+                let mut m = f32::NEG_INFINITY;
+                for (p, s) in scores[..len].iter_mut().enumerate() {
+                    let krow = kv.row(blocks[p / BLOCK_POSITIONS], layer, 0, p % BLOCK_POSITIONS);
+                    *s = ops::dot_f32(qv, &krow[kvh * hd..(kvh + 1) * hd]) * scale;
+                    m = m.max(*s);
+                }
+                let mut sum = 0f32;
+                for s in scores[..len].iter_mut() {
+                    *s = (*s - m).exp();
+                    sum += *s;
+                }
+                let inv = 1.0 / sum;
+                o.fill(0.0);
+                for (p, &s) in scores[..len].iter().enumerate() {
+                    let vrow = kv.row(blocks[p / BLOCK_POSITIONS], layer, 1, p % BLOCK_POSITIONS);
+                    ops::axpy(o, s * inv, &vrow[kvh * hd..(kvh + 1) * hd]);
+                }
+            }
+        }
+    });
+}

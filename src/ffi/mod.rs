@@ -1,0 +1,587 @@
+//! The C boundary: the only place that sees raw pointers. Each entry point
+//! validates its pointers, calls the safe core inside `catch_unwind`, and maps
+//! the error to an `llmrt_status` with the message kept for `llmrt_last_error`.
+//! The header `include/llmrt.h` is generated from this module by cbindgen.
+
+#![allow(non_camel_case_types)]
+
+use crate::error::llmrt_status;
+use crate::runtime::{BackendKind, LoadOptions, Model};
+use crate::{Error, Result, Status};
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// A loaded model (opaque). Create with `llmrt_model_load`, destroy with
+/// `llmrt_model_free`. Every function may be called from any thread; calls that
+/// touch one model are serialised internally, different models run in parallel.
+pub struct llmrt_model {
+    inner: Model,
+}
+
+/// A KV cache id (one per request). 0 is never a valid cache; ids are not reused.
+pub type llmrt_cache = u64;
+
+/// Which compute backend a model runs on.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum llmrt_backend {
+    /// CUDA when a usable device exists, else CPU.
+    LLMRT_BACKEND_AUTO = 0,
+    /// The CPU.
+    LLMRT_BACKEND_CPU = 1,
+    /// A CUDA device; fails with LLMRT_UNSUPPORTED / LLMRT_DEVICE if none, never silently CPU.
+    LLMRT_BACKEND_CUDA = 2,
+}
+
+/// Raw `llmrt_backend` as read from caller memory (C may store any int there);
+/// shows as `llmrt_backend` in the header.
+pub type BackendCode = u32;
+/// Raw `llmrt_status` as passed by a caller; shows as `llmrt_status` in the header.
+pub type StatusCode = u32;
+
+/// Load progress callback: `fraction` goes from 0.0 to 1.0 during load.
+pub type llmrt_progress_fn = Option<unsafe extern "C" fn(fraction: f32, user_data: *mut c_void)>;
+
+/// Options for `llmrt_model_load`. Fill with `llmrt_model_options_default`, then
+/// change what you need.
+#[repr(C)]
+pub struct llmrt_model_options {
+    /// sizeof(llmrt_model_options): lets the struct grow; fields past it take defaults.
+    pub struct_size: u32,
+    /// The backend to use.
+    pub backend: BackendCode,
+    /// CUDA device ordinal.
+    pub device: i32,
+    /// CPU worker threads; 0 = all available cores.
+    pub threads: u32,
+    /// Cap on positions per cache; 0 = the model's context length.
+    pub max_context: u32,
+    /// KV pool budget in bytes; 0 = backend default.
+    pub kv_cache_bytes: u64,
+    /// Load progress callback; may be NULL.
+    pub progress: llmrt_progress_fn,
+    /// Passed to `progress`.
+    pub progress_user_data: *mut c_void,
+}
+
+/// What a loaded model is and what the load chose.
+#[repr(C)]
+pub struct llmrt_model_info {
+    /// Vocabulary size: token ids are below it.
+    pub vocab_size: u32,
+    /// Positions per cache, after max_context and device limits.
+    pub context_length: u32,
+    /// Transformer blocks.
+    pub n_layers: u32,
+    /// Attention (query) heads.
+    pub n_heads: u32,
+    /// Key/value heads (GQA when fewer than n_heads).
+    pub n_kv_heads: u32,
+    /// Size of one head.
+    pub head_dim: u32,
+    /// Hidden (embedding) size.
+    pub hidden_size: u32,
+    /// Beginning-of-sequence token; UINT32_MAX when the model has none.
+    pub bos_token: u32,
+    /// End-of-sequence token; UINT32_MAX when the model has none.
+    pub eos_token: u32,
+    /// The backend actually in use.
+    pub backend: llmrt_backend,
+    /// Bytes of weights as stored for compute.
+    pub weight_bytes: u64,
+    /// KV bytes of one position of one cache, all layers, K and V.
+    pub kv_bytes_per_position: u64,
+    /// "llama", "qwen2", "qwen3", "mistral", ... NUL-terminated.
+    pub architecture: [c_char; 32],
+    /// "cpu (N threads)" or the GPU's name, NUL-terminated.
+    pub device_name: [c_char; 64],
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', "\\0")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+/// Runs `f` as an entry point body: errors and panics become statuses.
+fn boundary(name: &str, f: impl FnOnce() -> Result<()>) -> llmrt_status {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => Status::LLMRT_OK,
+        Ok(Err(e)) => {
+            set_last_error(&format!("{name}: {}", e.message));
+            e.status
+        }
+        Err(p) => {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            set_last_error(&format!("{name}: internal error (caught panic): {what}"));
+            Status::LLMRT_INTERNAL
+        }
+    }
+}
+
+/// A required pointer argument, or LLMRT_INVALID_ARGUMENT naming it.
+fn need<T>(p: *const T, what: &str) -> Result<*const T> {
+    if p.is_null() {
+        Err(Error::invalid(format!("{what} is NULL")))
+    } else {
+        Ok(p)
+    }
+}
+
+fn need_mut<T>(p: *mut T, what: &str) -> Result<*mut T> {
+    if p.is_null() {
+        Err(Error::invalid(format!("{what} is NULL")))
+    } else {
+        Ok(p)
+    }
+}
+
+/// The model behind a caller's handle.
+fn model_ref<'a>(m: *const llmrt_model) -> Result<&'a Model> {
+    let m = need(m, "model")?;
+    // SAFETY: non-null, and the caller promises it came from llmrt_model_load and
+    // was not freed; Model is Sync (internal mutex).
+    Ok(unsafe { &(*m).inner })
+}
+
+/// Name of a status code, e.g. "LLMRT_OK"; "LLMRT_UNKNOWN_STATUS" for values
+/// outside the enum. Static string, never NULL.
+#[no_mangle]
+pub extern "C" fn llmrt_status_name(status: StatusCode) -> *const c_char {
+    let s: &'static CStr = match status {
+        0 => c"LLMRT_OK",
+        1 => c"LLMRT_INVALID_ARGUMENT",
+        2 => c"LLMRT_IO",
+        3 => c"LLMRT_BAD_MODEL",
+        4 => c"LLMRT_UNSUPPORTED",
+        5 => c"LLMRT_OUT_OF_MEMORY",
+        6 => c"LLMRT_CONTEXT_FULL",
+        7 => c"LLMRT_UNKNOWN_CACHE",
+        8 => c"LLMRT_DEVICE",
+        9 => c"LLMRT_INTERNAL",
+        10 => c"LLMRT_BUFFER_TOO_SMALL",
+        _ => c"LLMRT_UNKNOWN_STATUS",
+    };
+    s.as_ptr()
+}
+
+/// Message of this thread's last failed call; "" if none. Valid until this
+/// thread's next llmrt call. Never NULL.
+#[no_mangle]
+pub extern "C" fn llmrt_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// Library version "MAJOR.MINOR.PATCH" (static string).
+#[no_mangle]
+pub extern "C" fn llmrt_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+fn default_options() -> llmrt_model_options {
+    llmrt_model_options {
+        struct_size: std::mem::size_of::<llmrt_model_options>() as u32,
+        backend: llmrt_backend::LLMRT_BACKEND_AUTO as u32,
+        device: 0,
+        threads: 0,
+        max_context: 0,
+        kv_cache_bytes: 0,
+        progress: None,
+        progress_user_data: std::ptr::null_mut(),
+    }
+}
+
+/// Fills `options` with defaults (AUTO backend, device 0, all cores, the model's
+/// context, default KV budget, no progress callback). NULL is a no-op.
+///
+/// # Safety
+/// `options` is NULL or points to writable memory of sizeof(llmrt_model_options).
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_model_options_default(options: *mut llmrt_model_options) {
+    if !options.is_null() {
+        // SAFETY: the caller promises a writable llmrt_model_options.
+        unsafe { options.write(default_options()) };
+    }
+}
+
+/// Reads a caller's options, honouring struct_size: fields that end past it keep
+/// their defaults (an older, smaller struct).
+///
+/// # Safety
+/// `p` points to at least `struct_size` readable bytes (and 4 for struct_size).
+unsafe fn read_options(p: *const llmrt_model_options) -> Result<llmrt_model_options> {
+    // SAFETY: struct_size is the first field; the caller owns at least that much.
+    let size = unsafe { std::ptr::addr_of!((*p).struct_size).read_unaligned() } as usize;
+    if size < std::mem::size_of::<u32>() * 2 {
+        return Err(Error::invalid(format!(
+            "options.struct_size is {size}; set it with llmrt_model_options_default (sizeof = {})",
+            std::mem::size_of::<llmrt_model_options>()
+        )));
+    }
+    let mut o = default_options();
+    macro_rules! field {
+        ($f:ident) => {
+            let off = std::mem::offset_of!(llmrt_model_options, $f);
+            if off + std::mem::size_of_val(&o.$f) <= size {
+                // SAFETY: the field lies inside the caller's struct_size bytes.
+                o.$f = unsafe { std::ptr::addr_of!((*p).$f).read_unaligned() };
+            }
+        };
+    }
+    field!(backend);
+    field!(device);
+    field!(threads);
+    field!(max_context);
+    field!(kv_cache_bytes);
+    field!(progress);
+    field!(progress_user_data);
+    Ok(o)
+}
+
+struct SendPtr(*mut c_void);
+
+/// Loads a model. `path`: a GGUF file (Hugging Face directories: a later
+/// version). `options` may be NULL (defaults). On success `*out_model` receives
+/// the model; on failure it is left untouched. Weights are memory-mapped, not
+/// copied, on the CPU.
+///
+/// # Safety
+/// `path` is a NUL-terminated string; `options` is NULL or valid; `out_model` is
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_model_load(
+    path: *const c_char,
+    options: *const llmrt_model_options,
+    out_model: *mut *mut llmrt_model,
+) -> llmrt_status {
+    boundary("llmrt_model_load", || {
+        let path = need(path, "path")?;
+        let out_model = need_mut(out_model, "out_model")?;
+        // SAFETY: non-null, NUL-terminated per the contract.
+        let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(bytes));
+        let o = if options.is_null() {
+            default_options()
+        } else {
+            // SAFETY: non-null and valid per the contract.
+            unsafe { read_options(options)? }
+        };
+        let backend = match o.backend {
+            0 => BackendKind::Auto,
+            1 => BackendKind::Cpu,
+            2 => BackendKind::Cuda,
+            b => return Err(Error::invalid(format!("options.backend = {b} is not an llmrt_backend value"))),
+        };
+        let user = SendPtr(o.progress_user_data);
+        let cb = o.progress;
+        let mut report = move |f: f32| {
+            if let Some(cb) = cb {
+                let u = &user;
+                // SAFETY: the caller supplied this callback and its user data.
+                unsafe { cb(f, u.0) };
+            }
+        };
+        let opts = LoadOptions {
+            backend,
+            device: o.device,
+            threads: o.threads,
+            max_context: o.max_context,
+            kv_cache_bytes: o.kv_cache_bytes,
+            progress: Some(&mut report),
+        };
+        let model = Model::load(path, opts)?;
+        let boxed = Box::into_raw(Box::new(llmrt_model { inner: model }));
+        // SAFETY: out_model is non-null and writable per the contract.
+        unsafe { out_model.write(boxed) };
+        Ok(())
+    })
+}
+
+/// Frees a model and every cache it holds. NULL is a no-op.
+///
+/// # Safety
+/// `model` is NULL or came from llmrt_model_load and was not freed; no other
+/// thread uses it during or after this call.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_model_free(model: *mut llmrt_model) {
+    if model.is_null() {
+        return;
+    }
+    let _ = boundary("llmrt_model_free", || {
+        // SAFETY: per the contract, model came from Box::into_raw in llmrt_model_load.
+        drop(unsafe { Box::from_raw(model) });
+        Ok(())
+    });
+}
+
+fn copy_cstr<const N: usize>(dst: &mut [c_char; N], s: &str) {
+    let b = s.as_bytes();
+    let n = b.len().min(N - 1);
+    for (d, &c) in dst.iter_mut().zip(&b[..n]) {
+        *d = c as c_char;
+    }
+    dst[n..].fill(0);
+}
+
+/// Describes a loaded model.
+///
+/// # Safety
+/// `model` is a live model; `out_info` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_model_get_info(model: *const llmrt_model, out_info: *mut llmrt_model_info) -> llmrt_status {
+    boundary("llmrt_model_get_info", || {
+        let m = model_ref(model)?;
+        let out = need_mut(out_info, "out_info")?;
+        let i = m.info();
+        let mut info = llmrt_model_info {
+            vocab_size: i.vocab_size,
+            context_length: i.context_length,
+            n_layers: i.n_layers,
+            n_heads: i.n_heads,
+            n_kv_heads: i.n_kv_heads,
+            head_dim: i.head_dim,
+            hidden_size: i.hidden_size,
+            bos_token: i.bos_token.unwrap_or(u32::MAX),
+            eos_token: i.eos_token.unwrap_or(u32::MAX),
+            backend: match i.backend {
+                BackendKind::Auto | BackendKind::Cpu => llmrt_backend::LLMRT_BACKEND_CPU,
+                BackendKind::Cuda => llmrt_backend::LLMRT_BACKEND_CUDA,
+            },
+            weight_bytes: i.weight_bytes,
+            kv_bytes_per_position: i.kv_bytes_per_position,
+            architecture: [0; 32],
+            device_name: [0; 64],
+        };
+        copy_cstr(&mut info.architecture, &i.architecture);
+        copy_cstr(&mut info.device_name, &i.device_name);
+        // SAFETY: out_info is non-null and writable per the contract.
+        unsafe { out.write(info) };
+        Ok(())
+    })
+}
+
+/// Reserves a KV cache able to hold `positions` tokens (0 = the full context
+/// length). The memory is guaranteed now: later steps never fail for lack of pool
+/// space. positions > context length: LLMRT_CONTEXT_FULL; pool exhausted:
+/// LLMRT_OUT_OF_MEMORY (with the sizes in the message).
+///
+/// # Safety
+/// `model` is a live model; `out_cache` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_cache_reserve(model: *mut llmrt_model, positions: u32, out_cache: *mut llmrt_cache) -> llmrt_status {
+    boundary("llmrt_cache_reserve", || {
+        let m = model_ref(model)?;
+        let out = need_mut(out_cache, "out_cache")?;
+        let id = m.cache_reserve(positions)?;
+        // SAFETY: non-null and writable per the contract.
+        unsafe { out.write(id) };
+        Ok(())
+    })
+}
+
+/// Releases a cache and its blocks. A second release: LLMRT_UNKNOWN_CACHE.
+///
+/// # Safety
+/// `model` is a live model.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_cache_release(model: *mut llmrt_model, cache: llmrt_cache) -> llmrt_status {
+    boundary("llmrt_cache_release", || model_ref(model)?.cache_release(cache))
+}
+
+/// Number of positions the cache holds.
+///
+/// # Safety
+/// `model` is a live model; `out_positions` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_cache_length(model: *const llmrt_model, cache: llmrt_cache, out_positions: *mut u32) -> llmrt_status {
+    boundary("llmrt_cache_length", || {
+        let m = model_ref(model)?;
+        let out = need_mut(out_positions, "out_positions")?;
+        let n = m.cache_length(cache)?;
+        // SAFETY: non-null and writable per the contract.
+        unsafe { out.write(n) };
+        Ok(())
+    })
+}
+
+/// Keeps the first `positions` tokens of the cache and drops the rest (rewind
+/// for multi-turn reuse). More positions than the cache holds:
+/// LLMRT_INVALID_ARGUMENT.
+///
+/// # Safety
+/// `model` is a live model.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_cache_truncate(model: *mut llmrt_model, cache: llmrt_cache, positions: u32) -> llmrt_status {
+    boundary("llmrt_cache_truncate", || model_ref(model)?.cache_truncate(cache, positions))
+}
+
+/// A new cache holding the same tokens as `source`, sharing its KV blocks
+/// copy-on-write. Reserves like llmrt_cache_reserve with the source's capacity.
+///
+/// # Safety
+/// `model` is a live model; `out_cache` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_cache_fork(model: *mut llmrt_model, source: llmrt_cache, out_cache: *mut llmrt_cache) -> llmrt_status {
+    boundary("llmrt_cache_fork", || {
+        let m = model_ref(model)?;
+        let out = need_mut(out_cache, "out_cache")?;
+        let id = m.cache_fork(source)?;
+        // SAFETY: non-null and writable per the contract.
+        unsafe { out.write(id) };
+        Ok(())
+    })
+}
+
+/// Validates a token array's pointer and length before a slice is formed.
+fn token_slice<'a>(m: &Model, tokens: *const u32, n: usize, what: &str, cache: Option<llmrt_cache>) -> Result<&'a [u32]> {
+    let tokens = need(tokens, what)?;
+    if n == 0 {
+        return Err(Error::invalid(format!("{what}: length is 0")));
+    }
+    let ctx = m.info().context_length as usize;
+    if n > ctx {
+        if let Some(c) = cache {
+            m.cache_length(c)?;
+        }
+        return Err(Error::context_full(format!("{n} tokens exceed the context length {ctx}")));
+    }
+    // SAFETY: non-null; the caller promises n readable u32s; n <= context length.
+    Ok(unsafe { std::slice::from_raw_parts(tokens, n) })
+}
+
+/// A caller's output buffer of `n` floats (n already bounded by the model).
+///
+/// # Safety
+/// `p` is NULL or points to `n` writable floats.
+unsafe fn out_floats<'a>(p: *mut f32, n: usize) -> Option<&'a mut [f32]> {
+    if p.is_null() {
+        None
+    } else {
+        // SAFETY: per the function contract.
+        Some(unsafe { std::slice::from_raw_parts_mut(p, n) })
+    }
+}
+
+/// Appends `n_tokens` (>= 1) to the cache and runs them as one prefill.
+/// `last_logits`: NULL, or vocab_size floats for the last token. On failure the
+/// cache and `last_logits` are unchanged.
+///
+/// # Safety
+/// `model` is a live model; `tokens` holds `n_tokens` ids; `last_logits` is NULL
+/// or holds vocab_size floats.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_prefill(
+    model: *mut llmrt_model,
+    cache: llmrt_cache,
+    tokens: *const u32,
+    n_tokens: usize,
+    last_logits: *mut f32,
+) -> llmrt_status {
+    boundary("llmrt_prefill", || {
+        let m = model_ref(model)?;
+        let toks = token_slice(m, tokens, n_tokens, "tokens", Some(cache))?;
+        // SAFETY: per the contract, vocab_size floats.
+        let out = unsafe { out_floats(last_logits, m.info().vocab_size as usize) };
+        m.prefill(cache, toks, out, false)
+    })
+}
+
+/// As llmrt_prefill, but writes logits for every token: n_tokens * vocab_size
+/// floats, row-major (scoring, perplexity). `all_logits` may be NULL.
+///
+/// # Safety
+/// As llmrt_prefill; `all_logits` is NULL or holds n_tokens * vocab_size floats.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_prefill_all(
+    model: *mut llmrt_model,
+    cache: llmrt_cache,
+    tokens: *const u32,
+    n_tokens: usize,
+    all_logits: *mut f32,
+) -> llmrt_status {
+    boundary("llmrt_prefill_all", || {
+        let m = model_ref(model)?;
+        let toks = token_slice(m, tokens, n_tokens, "tokens", Some(cache))?;
+        let n = n_tokens
+            .checked_mul(m.info().vocab_size as usize)
+            .ok_or_else(|| Error::invalid("n_tokens * vocab_size overflows"))?;
+        // SAFETY: per the contract, n_tokens * vocab_size floats.
+        let out = unsafe { out_floats(all_logits, n) };
+        m.prefill(cache, toks, out, true)
+    })
+}
+
+/// Validates a batch's arrays before slices are formed.
+fn batch<'a>(m: &Model, n: usize, caches: *const llmrt_cache, tokens: *const u32) -> Result<(&'a [u64], &'a [u32])> {
+    let caches = need(caches, "caches")?;
+    let tokens = need(tokens, "tokens")?;
+    if n == 0 {
+        return Err(Error::invalid("n = 0: a decode step needs at least one cache"));
+    }
+    let live = m.cache_ids().len();
+    if n > live {
+        return Err(Error::invalid(format!(
+            "n = {n} caches, but the model has only {live} live caches (each may appear once)"
+        )));
+    }
+    // SAFETY: non-null; the caller promises n elements; n is bounded by live caches.
+    Ok(unsafe { (std::slice::from_raw_parts(caches, n), std::slice::from_raw_parts(tokens, n)) })
+}
+
+/// One decode step for n distinct caches at once (continuous batching): appends
+/// tokens[i] to caches[i]. `logits`: NULL, or n * vocab_size floats, row i for
+/// caches[i]. Either every cache advances or none does.
+///
+/// # Safety
+/// `model` is a live model; `caches` and `tokens` hold n elements; `logits` is
+/// NULL or holds n * vocab_size floats.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_decode(
+    model: *mut llmrt_model,
+    n: usize,
+    caches: *const llmrt_cache,
+    tokens: *const u32,
+    logits: *mut f32,
+) -> llmrt_status {
+    boundary("llmrt_decode", || {
+        let m = model_ref(model)?;
+        let (c, t) = batch(m, n, caches, tokens)?;
+        // SAFETY: per the contract, n * vocab_size floats (n bounded above).
+        let out = unsafe { out_floats(logits, n * m.info().vocab_size as usize) };
+        m.decode(c, t, out)
+    })
+}
+
+/// As llmrt_decode, but the backend picks the argmax itself and writes n token
+/// ids to `next_tokens` (on the GPU: no logits copy).
+///
+/// # Safety
+/// As llmrt_decode; `next_tokens` holds n elements.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_decode_greedy(
+    model: *mut llmrt_model,
+    n: usize,
+    caches: *const llmrt_cache,
+    tokens: *const u32,
+    next_tokens: *mut u32,
+) -> llmrt_status {
+    boundary("llmrt_decode_greedy", || {
+        let m = model_ref(model)?;
+        let (c, t) = batch(m, n, caches, tokens)?;
+        let next = need_mut(next_tokens, "next_tokens")?;
+        let mut ids = vec![0u32; n];
+        m.decode_greedy(c, t, &mut ids)?;
+        // SAFETY: non-null, n writable u32s per the contract.
+        unsafe { std::slice::from_raw_parts_mut(next, n) }.copy_from_slice(&ids);
+        Ok(())
+    })
+}

@@ -1,0 +1,292 @@
+//! The safe Rust API: a loaded [`Model`], its caches, and steps. Every call
+//! validates its arguments completely before anything changes, so a failed call
+//! leaves every cache as it was. Calls on one model are serialised by a mutex;
+//! different models run in parallel.
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, Seq, Want};
+use crate::format::gguf::Gguf;
+use crate::kv::{KvManager, BLOCK_POSITIONS};
+use crate::model::weights::Weights;
+use crate::model::Config;
+use crate::{Error, Result};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Which backend to run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+/// Load options (the safe twin of `llmrt_model_options`).
+pub struct LoadOptions<'a> {
+    pub backend: BackendKind,
+    pub device: i32,
+    /// Worker threads; 0 = all available cores.
+    pub threads: u32,
+    /// Cap on positions per cache; 0 = the model's context length.
+    pub max_context: u32,
+    /// KV pool budget in bytes; 0 = backend default.
+    pub kv_cache_bytes: u64,
+    /// Called with the fraction loaded, 0.0 ..= 1.0.
+    pub progress: Option<&'a mut dyn FnMut(f32)>,
+}
+
+impl Default for LoadOptions<'_> {
+    fn default() -> Self {
+        LoadOptions { backend: BackendKind::Auto, device: 0, threads: 0, max_context: 0, kv_cache_bytes: 0, progress: None }
+    }
+}
+
+/// What `llmrt_model_get_info` reports.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    pub vocab_size: u32,
+    pub context_length: u32,
+    pub n_layers: u32,
+    pub n_heads: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    pub hidden_size: u32,
+    pub bos_token: Option<u32>,
+    pub eos_token: Option<u32>,
+    pub backend: BackendKind,
+    pub weight_bytes: u64,
+    pub kv_bytes_per_position: u64,
+    pub kv_pool_bytes: u64,
+    pub architecture: String,
+    pub device_name: String,
+}
+
+struct State {
+    kv: KvManager,
+    backend: Box<dyn Backend>,
+}
+
+/// A loaded model: weights, a KV pool and a backend.
+pub struct Model {
+    info: ModelInfo,
+    state: Mutex<State>,
+}
+
+/// Default KV budget on the CPU: a quarter of physical memory, at least one full
+/// context (storage is allocated as blocks are first written).
+fn default_cpu_kv_budget(per_position: u64, context: u64) -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let phys = if pages > 0 && page > 0 { pages as u64 * page as u64 } else { 8 << 30 };
+    (phys / 4).max(per_position.saturating_mul(context))
+}
+
+impl Model {
+    /// Loads a GGUF file.
+    pub fn load(path: &Path, opts: LoadOptions<'_>) -> Result<Model> {
+        let LoadOptions { backend, device: _, threads, max_context, kv_cache_bytes, mut progress } = opts;
+        let mut report = |f: f32| {
+            if let Some(p) = progress.as_mut() {
+                p(f)
+            }
+        };
+        report(0.0);
+        match backend {
+            BackendKind::Cpu | BackendKind::Auto => {}
+            BackendKind::Cuda => {
+                let why = match crate::backend::cuda::probe() {
+                    Ok(devs) => format!("{} CUDA device(s) found", devs.len()),
+                    Err(e) => e.message,
+                };
+                return Err(Error::unsupported(format!(
+                    "the CUDA runner is not part of this build yet ({why}); use LLMRT_BACKEND_CPU or LLMRT_BACKEND_AUTO"
+                )));
+            }
+        }
+        if path.is_dir() {
+            return Err(Error::io(format!(
+                "{}: is a directory; Hugging Face model directories are not supported yet, give a GGUF file",
+                path.display()
+            )));
+        }
+        let file = Arc::new(Gguf::open(path)?);
+        report(0.1);
+        let cfg = Config::from_gguf(&file)?;
+        let weights = Arc::new(Weights::bind(file, &cfg, &mut |f| report(0.1 + 0.85 * f))?);
+        let threads = if threads == 0 {
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        } else {
+            threads as usize
+        };
+        let context = if max_context == 0 { cfg.context_length } else { cfg.context_length.min(max_context as usize) };
+        let context = context.min(u32::MAX as usize - BLOCK_POSITIONS) as u32;
+        let be = CpuBackend::new(cfg.clone(), weights.clone(), threads);
+        let per_pos = be.kv_bytes_per_position();
+        let block_bytes = per_pos * BLOCK_POSITIONS as u64;
+        let budget = if kv_cache_bytes == 0 { default_cpu_kv_budget(per_pos, context as u64) } else { kv_cache_bytes };
+        let blocks = (budget / block_bytes) as usize;
+        let info = ModelInfo {
+            vocab_size: cfg.vocab_size as u32,
+            context_length: context,
+            n_layers: cfg.n_layers as u32,
+            n_heads: cfg.n_heads as u32,
+            n_kv_heads: cfg.n_kv_heads as u32,
+            head_dim: cfg.head_dim as u32,
+            hidden_size: cfg.hidden as u32,
+            bos_token: cfg.bos_token,
+            eos_token: cfg.eos_token,
+            backend: BackendKind::Cpu,
+            weight_bytes: weights.bytes,
+            kv_bytes_per_position: per_pos,
+            kv_pool_bytes: blocks as u64 * block_bytes,
+            architecture: cfg.arch.name.clone(),
+            device_name: be.device_name(),
+        };
+        report(1.0);
+        Ok(Model { info, state: Mutex::new(State { kv: KvManager::new(blocks, block_bytes), backend: Box::new(be) }) })
+    }
+
+    /// Hyperparameters and what the load chose.
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic inside a step is caught at the boundary; the bookkeeping is only
+        // committed after a step completes, so the state stays consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reserves a cache for `positions` tokens (0 = the full context).
+    pub fn cache_reserve(&self, positions: u32) -> Result<u64> {
+        let positions = if positions == 0 { self.info.context_length } else { positions };
+        self.lock().kv.reserve(positions, self.info.context_length)
+    }
+
+    pub fn cache_release(&self, cache: u64) -> Result<()> {
+        self.lock().kv.release(cache)
+    }
+
+    pub fn cache_length(&self, cache: u64) -> Result<u32> {
+        Ok(self.lock().kv.get(cache)?.len)
+    }
+
+    pub fn cache_truncate(&self, cache: u64, positions: u32) -> Result<()> {
+        self.lock().kv.truncate(cache, positions)
+    }
+
+    pub fn cache_fork(&self, source: u64) -> Result<u64> {
+        self.lock().kv.fork(source)
+    }
+
+    /// Live caches (for tests and diagnostics).
+    pub fn cache_ids(&self) -> Vec<u64> {
+        self.lock().kv.cache_ids()
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        if let Some((i, t)) = tokens.iter().enumerate().find(|(_, &t)| t >= self.info.vocab_size) {
+            return Err(Error::invalid(format!(
+                "token {t} at index {i} is outside the vocabulary (size {})",
+                self.info.vocab_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Appends `tokens` to `cache` as one prefill. `logits`: `None`, or room for the
+    /// last token's row (`all = false`) or every token's rows (`all = true`).
+    pub fn prefill(&self, cache: u64, tokens: &[u32], logits: Option<&mut [f32]>, all: bool) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::invalid(format!("prefill of cache {cache} with n_tokens = 0")));
+        }
+        self.check_tokens(tokens)?;
+        let want = match (&logits, all) {
+            (None, _) => Want::Nothing,
+            (Some(_), false) => Want::Last,
+            (Some(_), true) => Want::All,
+        };
+        self.run(&[cache], &[tokens], want, logits)
+    }
+
+    /// One decode step: appends `tokens[i]` to `caches[i]` for every i.
+    pub fn decode(&self, caches: &[u64], tokens: &[u32], logits: Option<&mut [f32]>) -> Result<()> {
+        self.check_batch(caches, tokens)?;
+        let toks: Vec<&[u32]> = tokens.chunks(1).collect();
+        let want = if logits.is_some() { Want::Last } else { Want::Nothing };
+        self.run(caches, &toks, want, logits)
+    }
+
+    /// As [`Self::decode`], returning the argmax of each row.
+    pub fn decode_greedy(&self, caches: &[u64], tokens: &[u32], next: &mut [u32]) -> Result<()> {
+        self.check_batch(caches, tokens)?;
+        if next.len() != caches.len() {
+            return Err(Error::invalid(format!("next_tokens has {} slots for {} caches", next.len(), caches.len())));
+        }
+        let v = self.info.vocab_size as usize;
+        let mut logits = vec![0f32; caches.len() * v];
+        self.decode(caches, tokens, Some(&mut logits))?;
+        for (o, row) in next.iter_mut().zip(logits.chunks_exact(v)) {
+            *o = crate::backend::cpu::ops::argmax(row);
+        }
+        Ok(())
+    }
+
+    fn check_batch(&self, caches: &[u64], tokens: &[u32]) -> Result<()> {
+        if caches.is_empty() {
+            return Err(Error::invalid("decode with n = 0 caches"));
+        }
+        if caches.len() != tokens.len() {
+            return Err(Error::invalid(format!("{} caches but {} tokens", caches.len(), tokens.len())));
+        }
+        let mut sorted = caches.to_vec();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::invalid(format!("cache {} appears more than once in one decode step", w[0])));
+        }
+        self.check_tokens(tokens)
+    }
+
+    /// Validates everything, then prepares blocks, runs the step, commits lengths.
+    fn run(&self, caches: &[u64], tokens: &[&[u32]], want: Want, logits: Option<&mut [f32]>) -> Result<()> {
+        let v = self.info.vocab_size as usize;
+        let rows: usize = match want {
+            Want::Nothing => 0,
+            Want::Last => caches.len(),
+            Want::All => tokens.iter().map(|t| t.len()).sum(),
+        };
+        let mut st = self.lock();
+        for (&c, t) in caches.iter().zip(tokens) {
+            st.kv.check_append(c, t.len())?;
+        }
+        if let Some(l) = &logits {
+            if l.len() < rows * v {
+                return Err(Error::invalid(format!("logits buffer holds {} floats, {} needed", l.len(), rows * v)));
+            }
+        }
+        // Logits land in a scratch buffer and reach the caller only on success.
+        let mut out = vec![0f32; rows * v];
+        // From here on only invisible changes happen until the commit.
+        let State { kv, backend } = &mut *st;
+        for (&c, t) in caches.iter().zip(tokens) {
+            let copies = kv.prepare_append(c, t.len())?;
+            backend.copy_blocks(&copies)?;
+        }
+        let starts: Vec<usize> = caches.iter().map(|&c| kv.get(c).map(|s| s.len as usize)).collect::<Result<_>>()?;
+        let tables: Vec<Vec<u32>> = caches.iter().map(|&c| kv.get(c).map(|s| s.blocks.clone())).collect::<Result<_>>()?;
+        let seqs: Vec<Seq<'_>> = tokens
+            .iter()
+            .zip(&starts)
+            .zip(&tables)
+            .map(|((t, &start), blocks)| Seq { tokens: t, start, blocks, want })
+            .collect();
+        backend.step(&seqs, &mut out)?;
+        for (&c, t) in caches.iter().zip(tokens) {
+            kv.commit(c, t.len());
+        }
+        if let Some(l) = logits {
+            l[..out.len()].copy_from_slice(&out);
+        }
+        Ok(())
+    }
+}
