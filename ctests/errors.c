@@ -34,7 +34,9 @@ static void case_null_pointers(void) {
 
     /* void functions: NULL must not crash. */
     llmrt_model_options_default(NULL);
+#ifdef LLMRT_HAVE_SAMPLING
     llmrt_sampler_params_default(NULL);
+#endif
     llmrt_model_free(NULL);
 
     llmrt_model *m = load_fixture_model();
@@ -80,6 +82,7 @@ static void case_null_pointers(void) {
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_greedy(m, 1, &c, &tok, NULL));
     CHECK(next == 777, "failed decode_greedy wrote next_tokens");
 
+#ifdef LLMRT_HAVE_SAMPLING
     llmrt_sampler_params sp;
     llmrt_sampler_params_default(&sp);
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(NULL, 1, &c, &tok, &sp, &next));
@@ -88,8 +91,10 @@ static void case_null_pointers(void) {
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(m, 1, &c, &tok, NULL, &next));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(m, 1, &c, &tok, &sp, NULL));
     CHECK(next == 777, "failed decode_sample wrote next_tokens");
+#endif
     LEN_IS(m, c, 2);
 
+#ifdef LLMRT_HAVE_TEXT
     uint32_t ids[8];
     size_t out_n = 999;
     char text[64];
@@ -102,6 +107,7 @@ static void case_null_pointers(void) {
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_detokenize(m, &tok, 1, NULL, 64, &out_n));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_detokenize(m, &tok, 1, text, 64, NULL));
     CHECK(out_n == 999, "failed tokenize/detokenize wrote the out length");
+#endif
 
     OK(llmrt_cache_release(m, c));
     llmrt_model_free(m);
@@ -279,9 +285,11 @@ static void case_token_out_of_range(void) {
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode(m, 1, &c, &bad[1], logits));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode(m, 1, &c, &huge, logits));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_greedy(m, 1, &c, &bad[1], &next));
+#ifdef LLMRT_HAVE_SAMPLING
     llmrt_sampler_params sp;
     llmrt_sampler_params_default(&sp);
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(m, 1, &c, &bad[1], &sp, &next));
+#endif
     CHECK(next == 777, "failed step wrote next_tokens");
     LEN_IS(m, c, 2);
     /* Batch: one bad token means no cache advances. */
@@ -355,13 +363,15 @@ static void case_zero_length(void) {
     llmrt_cache c = filled_cache(m, 16, 2);
     float *logits = alloc_floats(info.vocab_size);
     uint32_t next = 0;
-    llmrt_sampler_params sp;
-    llmrt_sampler_params_default(&sp);
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_prefill(m, c, SOME_TOKENS, 0, logits));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_prefill_all(m, c, SOME_TOKENS, 0, logits));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode(m, 0, &c, SOME_TOKENS, logits));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_greedy(m, 0, &c, SOME_TOKENS, &next));
+#ifdef LLMRT_HAVE_SAMPLING
+    llmrt_sampler_params sp;
+    llmrt_sampler_params_default(&sp);
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(m, 0, &c, SOME_TOKENS, &sp, &next));
+#endif
     LEN_IS(m, c, 2);
     llmrt_model_free(m);
     free(logits);

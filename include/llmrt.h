@@ -12,6 +12,16 @@
 
 
 /**
+ * Elements per Q8_0 / Q4_0 block.
+ */
+#define QK 32
+
+/**
+ * Independent accumulators used by [`dot_row`].
+ */
+#define LANES 16
+
+/**
  * Status of every fallible `llmrt_*` call.
  */
 typedef enum llmrt_status {
@@ -78,6 +88,11 @@ typedef enum llmrt_backend {
    */
   LLMRT_BACKEND_CUDA = 2,
 } llmrt_backend;
+
+/**
+ * A tensor element type this runtime computes with.
+ */
+typedef struct DType DType;
 
 /**
  * A loaded model (opaque). Create with `llmrt_model_load`, destroy with
@@ -196,6 +211,8 @@ typedef struct llmrt_model_info {
  * A KV cache id (one per request). 0 is never a valid cache; ids are not reused.
  */
 typedef uint64_t llmrt_cache;
+
+
 
 #ifdef __cplusplus
 extern "C" {

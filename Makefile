@@ -1,0 +1,82 @@
+# llmrt: build the Rust library, check the committed C header, run the C tests
+# (plain and under valgrind), and the demo. `make help` lists the targets.
+#
+# Variables: MODEL (demo model), DEMO_ARGS (extra generate arguments),
+# VALGRIND=OFF (skip the memcheck half of `make ctest`), CARGO_TARGET_DIR.
+#
+# Hooks filled by later work:
+# - kernel-check: `make test` runs it when scripts/kernel-check.mk exists; that
+#   file must define a `kernel-check` target (it is -included here).
+# - go-test: `make test` runs it when go/go.mod exists.
+
+CARGO     ?= cargo
+CMAKE     ?= cmake
+CTEST     ?= ctest
+CC        ?= cc
+NPROC     := $(shell nproc 2>/dev/null || echo 2)
+TARGET    := $(abspath $(or $(CARGO_TARGET_DIR),target))
+LIBDIR    := $(TARGET)/release
+LIB       := $(LIBDIR)/libllmrt.so
+BUILD_CTEST ?= build-ctest
+VALGRIND  ?= ON
+MODEL     ?= tests/fixtures/llama_gqa/llama_gqa.f32.gguf
+DEMO_ARGS ?=
+GENERATE  := $(TARGET)/examples/generate
+
+.PHONY: all help build check-header ctest demo test go-test clean
+all: build
+
+help:
+	@echo "make build         cargo build --release (lib + include/llmrt.h)"
+	@echo "make check-header  fail if include/llmrt.h differs from what build.rs generates"
+	@echo "make ctest         C tests in $(BUILD_CTEST)/, then again under valgrind"
+	@echo "make demo          run examples/generate.c on MODEL=$(MODEL)"
+	@echo "make test          cargo test, check-header, ctest[, kernel-check][, go-test]"
+	@echo "make clean"
+
+build:
+	$(CARGO) build --release
+
+check-header: build
+	@git ls-files --error-unmatch include/llmrt.h >/dev/null 2>&1 || \
+	  { echo "include/llmrt.h is not committed"; exit 1; }
+	@git diff --exit-code -- include/llmrt.h || \
+	  { echo "include/llmrt.h differs from what build.rs generates: commit the regenerated header"; exit 1; }
+
+ctest: build
+	$(CMAKE) -S ctests -B $(BUILD_CTEST) \
+	  -DLLMRT_LIB=$(LIB) \
+	  -DLLMRT_INCLUDE_DIR=$(CURDIR)/include \
+	  -DLLMRT_FIXTURES_DIR=$(CURDIR)/tests/fixtures \
+	  -DLLMRT_VALGRIND=$(VALGRIND)
+	$(CMAKE) --build $(BUILD_CTEST) -j $(NPROC)
+	cd $(BUILD_CTEST) && $(CTEST) --output-on-failure -j $(NPROC) -LE memcheck
+ifneq ($(VALGRIND),OFF)
+	cd $(BUILD_CTEST) && $(CTEST) --output-on-failure -j $(NPROC) -L memcheck
+endif
+
+$(GENERATE): examples/generate.c include/llmrt.h $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -g -Wall -Wextra -Werror -Iinclude $< -o $@ \
+	  -L$(LIBDIR) -lllmrt -Wl,-rpath,$(LIBDIR)
+
+demo: build
+	$(MAKE) --no-print-directory $(GENERATE)
+	$(GENERATE) $(MODEL) $(DEMO_ARGS)
+
+-include scripts/kernel-check.mk
+
+test:
+	$(CARGO) test --release
+	$(MAKE) --no-print-directory check-header
+	$(MAKE) --no-print-directory ctest
+	$(if $(wildcard scripts/kernel-check.mk),$(MAKE) --no-print-directory kernel-check)
+	$(if $(wildcard go/go.mod),$(MAKE) --no-print-directory go-test)
+
+go-test: build
+	cd go && CGO_CFLAGS="-I$(CURDIR)/include" \
+	  CGO_LDFLAGS="-L$(LIBDIR) -Wl,-rpath,$(LIBDIR)" go test ./...
+
+clean:
+	$(CARGO) clean
+	rm -rf $(BUILD_CTEST)

@@ -1,0 +1,182 @@
+//! Test helpers: a thin safe wrapper over the C entry points (so the integration
+//! tests exercise the real boundary) and the fixture files.
+#![allow(dead_code)]
+
+use llmrt::ffi::*;
+use llmrt::Status;
+use std::ffi::{CStr, CString};
+use std::path::{Path, PathBuf};
+
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+pub fn last_error() -> String {
+    // SAFETY: llmrt_last_error never returns NULL.
+    unsafe { CStr::from_ptr(llmrt_last_error()) }.to_string_lossy().into_owned()
+}
+
+/// Panics with the status and message unless `s` is OK.
+pub fn ok(s: Status, what: &str) {
+    assert_eq!(s, Status::LLMRT_OK, "{what}: {}", last_error());
+}
+
+pub struct M {
+    pub ptr: *mut llmrt_model,
+    pub vocab: usize,
+    pub ctx: u32,
+}
+
+unsafe impl Send for M {}
+
+impl Drop for M {
+    fn drop(&mut self) {
+        unsafe { llmrt_model_free(self.ptr) }
+    }
+}
+
+pub fn try_load(path: &Path, threads: u32, kv_bytes: u64) -> Result<M, (Status, String)> {
+    let c = CString::new(path.to_str().unwrap()).unwrap();
+    let mut o = std::mem::MaybeUninit::<llmrt_model_options>::uninit();
+    unsafe { llmrt_model_options_default(o.as_mut_ptr()) };
+    let mut o = unsafe { o.assume_init() };
+    o.backend = llmrt_backend::LLMRT_BACKEND_CPU as u32;
+    o.threads = threads;
+    o.kv_cache_bytes = kv_bytes;
+    let mut m = std::ptr::null_mut();
+    let s = unsafe { llmrt_model_load(c.as_ptr(), &o, &mut m) };
+    if s != Status::LLMRT_OK {
+        return Err((s, last_error()));
+    }
+    let mut info = std::mem::MaybeUninit::<llmrt_model_info>::uninit();
+    ok(unsafe { llmrt_model_get_info(m, info.as_mut_ptr()) }, "get_info");
+    let info = unsafe { info.assume_init() };
+    Ok(M { ptr: m, vocab: info.vocab_size as usize, ctx: info.context_length })
+}
+
+pub fn load(path: &Path) -> M {
+    try_load(path, 2, 0).unwrap_or_else(|(s, e)| panic!("load {}: {s:?} {e}", path.display()))
+}
+
+impl M {
+    pub fn info(&self) -> llmrt_model_info {
+        let mut info = std::mem::MaybeUninit::<llmrt_model_info>::uninit();
+        ok(unsafe { llmrt_model_get_info(self.ptr, info.as_mut_ptr()) }, "get_info");
+        unsafe { info.assume_init() }
+    }
+    pub fn reserve(&self, positions: u32) -> u64 {
+        let mut c = 0;
+        ok(unsafe { llmrt_cache_reserve(self.ptr, positions, &mut c) }, "reserve");
+        c
+    }
+    pub fn fork(&self, src: u64) -> u64 {
+        let mut c = 0;
+        ok(unsafe { llmrt_cache_fork(self.ptr, src, &mut c) }, "fork");
+        c
+    }
+    pub fn release(&self, c: u64) -> Status {
+        unsafe { llmrt_cache_release(self.ptr, c) }
+    }
+    pub fn truncate(&self, c: u64, n: u32) -> Status {
+        unsafe { llmrt_cache_truncate(self.ptr, c, n) }
+    }
+    pub fn len(&self, c: u64) -> u32 {
+        let mut n = 0;
+        ok(unsafe { llmrt_cache_length(self.ptr, c, &mut n) }, "length");
+        n
+    }
+    pub fn try_prefill_all(&self, c: u64, toks: &[u32]) -> Result<Vec<f32>, Status> {
+        let mut out = vec![f32::NAN; toks.len() * self.vocab];
+        let s = unsafe { llmrt_prefill_all(self.ptr, c, toks.as_ptr(), toks.len(), out.as_mut_ptr()) };
+        if s == Status::LLMRT_OK { Ok(out) } else { Err(s) }
+    }
+    pub fn prefill_all(&self, c: u64, toks: &[u32]) -> Vec<f32> {
+        self.try_prefill_all(c, toks).unwrap_or_else(|s| panic!("prefill_all: {s:?} {}", last_error()))
+    }
+    pub fn prefill(&self, c: u64, toks: &[u32]) -> Vec<f32> {
+        let mut out = vec![f32::NAN; self.vocab];
+        ok(unsafe { llmrt_prefill(self.ptr, c, toks.as_ptr(), toks.len(), out.as_mut_ptr()) }, "prefill");
+        out
+    }
+    pub fn try_decode(&self, caches: &[u64], toks: &[u32]) -> Result<Vec<f32>, Status> {
+        let mut out = vec![f32::NAN; caches.len() * self.vocab];
+        let s = unsafe { llmrt_decode(self.ptr, caches.len(), caches.as_ptr(), toks.as_ptr(), out.as_mut_ptr()) };
+        if s == Status::LLMRT_OK { Ok(out) } else { Err(s) }
+    }
+    pub fn decode(&self, caches: &[u64], toks: &[u32]) -> Vec<f32> {
+        self.try_decode(caches, toks).unwrap_or_else(|s| panic!("decode: {s:?} {}", last_error()))
+    }
+    pub fn decode_greedy(&self, caches: &[u64], toks: &[u32]) -> Vec<u32> {
+        let mut out = vec![u32::MAX; caches.len()];
+        ok(unsafe { llmrt_decode_greedy(self.ptr, caches.len(), caches.as_ptr(), toks.as_ptr(), out.as_mut_ptr()) }, "decode_greedy");
+        out
+    }
+}
+
+pub fn argmax(x: &[f32]) -> u32 {
+    let mut b = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[b] {
+            b = i;
+        }
+    }
+    b as u32
+}
+
+/// Relative L2 error of `got` against `want`.
+pub fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    let mut num = 0f64;
+    let mut den = 0f64;
+    for (&g, &w) in got.iter().zip(want) {
+        num += (g as f64 - w as f64).powi(2);
+        den += (w as f64).powi(2);
+    }
+    (num / den.max(1e-300)).sqrt()
+}
+
+/// A fixture model: its reference and files.
+pub struct Fixture {
+    pub name: String,
+    pub dir: PathBuf,
+    pub json: serde_json::Value,
+    pub tokens: Vec<u32>,
+    pub logits: Vec<f32>,
+    pub vocab: usize,
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+impl Fixture {
+    pub fn all() -> Vec<Fixture> {
+        let mut out = Vec::new();
+        let Ok(rd) = std::fs::read_dir(fixtures()) else { return out };
+        let mut dirs: Vec<PathBuf> = rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("reference.json").exists()).collect();
+        dirs.sort();
+        for dir in dirs {
+            let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+            let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+            let raw = std::fs::read(dir.join(json["logits_file"].as_str().unwrap())).unwrap();
+            let logits = raw.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            out.push(Fixture {
+                name,
+                tokens: ids(&json["tokens"]),
+                vocab: json["vocab_size"].as_u64().unwrap() as usize,
+                dir,
+                json,
+                logits,
+            });
+        }
+        out
+    }
+    pub fn gguf(&self, ty: &str) -> PathBuf {
+        self.dir.join(format!("{}.{ty}.gguf", self.name))
+    }
+    pub fn greedy_prompt(&self) -> Vec<u32> {
+        ids(&self.json["greedy_prompt"])
+    }
+    pub fn greedy_ids(&self) -> Vec<u32> {
+        ids(&self.json["greedy_ids"])
+    }
+}

@@ -1,0 +1,686 @@
+#!/usr/bin/env python3
+"""Regenerate llmrt's reference fixtures (tests/fixtures/) from Hugging Face transformers.
+
+One command regenerates everything:
+
+    python3 tools/make_fixtures.py --out tests/fixtures --work /tmp/llmrt-fixtures
+
+(run it with the venv's python; `--models llama_gqa,qwen3` limits the set).
+
+Environment (CPU only, no GPU and no Hugging Face Hub access needed):
+
+    python3 -m venv /work/fixtures-venv
+    /work/fixtures-venv/bin/pip install torch==2.15.0 transformers==5.24.0 safetensors==0.8.0 \
+        numpy==2.4.6 sentencepiece==0.2.3 tokenizers==0.23.3
+    /work/fixtures-venv/bin/python tools/make_fixtures.py --out tests/fixtures --work /tmp/llmrt-fixtures
+
+Converter: llama.cpp's `convert_hf_to_gguf.py` and its `gguf-py`, as vendored in the
+llama-cpp-python 0.3.36 source distribution (vendor/llama.cpp, llama.cpp commit recorded in
+reference.json). If `<work>/llama_cpp_python-0.3.36/` does not exist, the script fetches it with
+`pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36` and untars it. llama.cpp itself
+is not built. The converter refuses freshly trained BPE tokenizers (unknown pre-tokenizer hash);
+the script runs it through a small wrapper that answers that one NotImplementedError with the
+pre-tokenizer the tokenizer really uses (`qwen2`: the script builds the Qwen2 split regex).
+
+Models (random weights; all hidden 64, 2 layers, ffn 128, max_position_embeddings 256):
+llama_gqa, llama_mha_tied, llama3_rope, mistral, qwen2, qwen3 -- see MODELS below.
+Seeds: model i (in MODELS order) uses weight seed 1000 + 100*i (+1 for each retry when the
+smallest greedy top1-top2 margin is below 1e-3; the seed used is printed and stored in
+reference.json); token sequences use numpy default_rng(seed + 7); tokenizer training text uses
+random.Random(1234 + i).
+Weights: embeddings ~N(0, 0.5) (0.2 for the tied model), linear weights ~N(0, 1/sqrt(in)),
+biases ~N(0, 0.5), every RMSNorm weight (incl. q/k norms) 1 + 0.1*N(0,1).
+
+Outputs, per model, in <out>/<name>/: <name>.f32.gguf, <name>.f16.gguf (llama_gqa also
+llama_gqa.q8_0.gguf), config.json (the HF config as converted), logits.f32, reference.json.
+Plus <out>/README.md. The HF safetensors directories stay in --work.
+
+Checks done here: every GGUF is listed with gguf-py (metadata keys, tensor names/types); a plain
+numpy float64 forward pass over the GGUF tensors must match transformers' float64 logits to
+< 1e-5 relative for every f32 file (llama_gqa is the required one); f16/q8_0 errors are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+LLAMA_CPP_PY_VERSION = "0.3.36"
+N_TOKENS = 24
+N_PROMPT = 8
+N_GEN = 32
+MIN_MARGIN = 1e-3
+REL_TOL = 1e-5
+
+COMMON = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+              max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
+
+MODELS = [
+    dict(name="llama_gqa", cls="LlamaForCausalLM", tok="spm", gguf_arch="llama", q8=True,
+         cfg=dict(vocab_size=384, num_attention_heads=4, num_key_value_heads=2,
+                  tie_word_embeddings=False, rms_norm_eps=1e-5,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    dict(name="llama_mha_tied", cls="LlamaForCausalLM", tok="spm", gguf_arch="llama", emb_std=0.2,
+         cfg=dict(vocab_size=416, num_attention_heads=4, num_key_value_heads=4,
+                  tie_word_embeddings=True, rms_norm_eps=1e-6,
+                  rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
+    dict(name="llama3_rope", cls="LlamaForCausalLM", tok="spm", gguf_arch="llama",
+         cfg=dict(vocab_size=384, num_attention_heads=4, num_key_value_heads=2,
+                  tie_word_embeddings=False, rms_norm_eps=1e-5,
+                  rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 64})),
+    dict(name="mistral", cls="MistralForCausalLM", tok="spm", gguf_arch="llama",
+         cfg=dict(vocab_size=448, num_attention_heads=4, num_key_value_heads=2,
+                  tie_word_embeddings=False, rms_norm_eps=1e-5, sliding_window=None,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    dict(name="qwen2", cls="Qwen2ForCausalLM", tok="bpe", gguf_arch="qwen2",
+         cfg=dict(vocab_size=384, num_attention_heads=4, num_key_value_heads=2,
+                  tie_word_embeddings=False, rms_norm_eps=1e-6, use_sliding_window=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    dict(name="qwen3", cls="Qwen3ForCausalLM", tok="bpe", gguf_arch="qwen3",
+         cfg=dict(vocab_size=320, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  tie_word_embeddings=False, rms_norm_eps=1e-6, use_sliding_window=False,
+                  attention_bias=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+]
+
+# Qwen2's pre-tokenizer split regex (what tokenizer.ggml.pre = "qwen2" means in llama.cpp).
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+# ----------------------------------------------------------------------------- converter
+def ensure_converter(work: Path) -> Path:
+    root = work / f"llama_cpp_python-{LLAMA_CPP_PY_VERSION}"
+    conv = root / "vendor" / "llama.cpp"
+    if not (conv / "convert_hf_to_gguf.py").is_file():
+        work.mkdir(parents=True, exist_ok=True)
+        tgz = work / f"llama_cpp_python-{LLAMA_CPP_PY_VERSION}.tar.gz"
+        if not tgz.is_file():
+            subprocess.check_call([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                                   f"llama-cpp-python=={LLAMA_CPP_PY_VERSION}", "-d", str(work)])
+        with tarfile.open(tgz) as tf:
+            tf.extractall(work)
+    return conv
+
+
+CONVERT_WRAPPER = r"""
+import os, sys, runpy
+conv = sys.argv[1]
+sys.path.insert(0, conv)
+sys.path.insert(1, os.path.join(conv, "gguf-py"))
+import conversion.base as base
+_orig = base.TextModel.get_vocab_base_pre
+def _pre(self, tokenizer):
+    try:
+        return _orig(self, tokenizer)
+    except NotImplementedError:
+        pre = os.environ["FIXTURE_TOKPRE"]
+        print(f"[make_fixtures] unknown pre-tokenizer hash; answering {pre!r}", flush=True)
+        return pre
+base.TextModel.get_vocab_base_pre = _pre
+sys.argv = [os.path.join(conv, "convert_hf_to_gguf.py")] + sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def convert(conv: Path, hf_dir: Path, outfile: Path, outtype: str, name: str, tokpre: str):
+    env = dict(os.environ, FIXTURE_TOKPRE=tokpre, NO_LOCAL_GGUF="1",
+               PYTHONPATH=os.pathsep.join([str(conv / "gguf-py"), str(conv)]))
+    cmd = [sys.executable, "-c", CONVERT_WRAPPER, str(conv), str(hf_dir), "--outtype", outtype,
+           "--outfile", str(outfile), "--model-name", name]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.stderr.write(r.stdout + r.stderr)
+        raise SystemExit(f"converter failed for {name} {outtype}")
+    for line in (r.stdout + r.stderr).splitlines():
+        if "make_fixtures" in line:
+            log("   ", line)
+
+
+# ----------------------------------------------------------------------------- tokenizers
+WORDS = ("the a an one two three small big red blue green old new quick slow happy little bright dark "
+         "cat dog bird fish tree river house garden city road boat train model token cache layer "
+         "runs jumps sees finds makes takes gives reads writes sings walks sleeps eats drinks builds "
+         "and but or so then when while because after before under over near with without into "
+         "is was are were has had will can could would should may might must very quite rather "
+         "today tomorrow yesterday morning evening night summer winter spring autumn rain snow sun "
+         "alpha beta gamma delta number value vector matrix tensor weight bias norm rope head query key "
+         "I you he she it we they me him her us them my your his its our their this that these those").split()
+
+
+def make_corpus(seed: int, n_lines: int = 4000) -> list[str]:
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n_lines):
+        n = rng.randint(4, 14)
+        words = [rng.choice(WORDS) for _ in range(n)]
+        if rng.random() < 0.3:
+            words.insert(rng.randrange(n), str(rng.randint(0, 9999)))
+        s = " ".join(words)
+        s = s[0].upper() + s[1:] + rng.choice([".", ".", "!", "?", ",", ";", ":"])
+        if rng.random() < 0.1:
+            s = '"' + s + '" (' + rng.choice(WORDS) + ")"
+        lines.append(s)
+    return lines
+
+
+def make_spm(hf_dir: Path, work: Path, vocab: int, corpus: list[str]):
+    import sentencepiece as spm
+    txt = work / "corpus.txt"
+    txt.write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    prefix = work / "spm"
+    spm.SentencePieceTrainer.train(
+        input=str(txt), model_prefix=str(prefix), model_type="bpe", vocab_size=vocab,
+        byte_fallback=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        normalization_rule_name="identity", num_threads=1, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=str(prefix) + ".model")
+    assert sp.vocab_size() == vocab, (sp.vocab_size(), vocab)
+    shutil.copy(str(prefix) + ".model", hf_dir / "tokenizer.model")
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, indent=2))
+    return {"kind": "sentencepiece-bpe", "byte_fallback": True, "vocab_size": vocab,
+            "example": sp.encode("The quick cat runs.")}
+
+
+def make_bpe(hf_dir: Path, vocab: int, corpus: list[str]):
+    from tokenizers import Tokenizer, Regex, models, pre_tokenizers, decoders, trainers, normalizers
+    tk = Tokenizer(models.BPE())
+    tk.normalizer = normalizers.NFC()
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tk.train_from_iterator(corpus, trainer=trainer)
+    assert tk.get_vocab_size() == vocab, (tk.get_vocab_size(), vocab)
+    from transformers import PreTrainedTokenizerFast
+    hft = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    hft.save_pretrained(str(hf_dir))
+    return {"kind": "byte-level-bpe (qwen2 split regex)", "vocab_size": vocab,
+            "example": tk.encode("The quick cat runs.").ids}
+
+
+# ----------------------------------------------------------------------------- HF models
+def build_model(spec: dict, seed: int, rope_override=None):
+    import torch
+    import transformers
+    cls = getattr(transformers, spec["cls"])
+    cfg_cls = getattr(transformers, spec["cls"].replace("ForCausalLM", "Config"))
+    kw = dict(COMMON, **spec["cfg"])
+    if rope_override is not None:
+        kw["rope_parameters"] = rope_override
+    cfg = cfg_cls(**kw)
+    torch.manual_seed(seed)
+    model = cls(cfg)
+    g = torch.Generator().manual_seed(seed)
+    emb_std = spec.get("emb_std", 0.5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("embed_tokens.weight"):
+                p.copy_(torch.randn(p.shape, generator=g) * emb_std)
+            elif "norm" in name:  # input/post_attention layernorm, final norm, q_norm, k_norm
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            elif name.endswith(".weight") and p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+            else:
+                raise RuntimeError(f"unhandled parameter {name}")
+    model.eval()
+    return model
+
+
+def hf_logits(model, ids) -> np.ndarray:
+    import torch
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
+    return out.logits[0].double().numpy()
+
+
+def hf_greedy(model, prompt, n):
+    ids = list(prompt)
+    margins = []
+    for _ in range(n):  # full recompute every step, float64
+        last = hf_logits(model, ids)[-1]
+        order = np.argsort(-last)
+        margins.append(float(last[order[0]] - last[order[1]]))
+        ids.append(int(order[0]))
+    return ids[len(prompt):], margins
+
+
+# ----------------------------------------------------------------------------- GGUF reading
+def gguf_fields(reader) -> dict:
+    out = {}
+    for k, f in reader.fields.items():
+        try:
+            v = f.contents()
+        except Exception:
+            v = None
+        out[k] = v
+    return out
+
+
+def describe_gguf(path: Path) -> dict:
+    import gguf
+    r = gguf.GGUFReader(str(path))
+    fields = gguf_fields(r)
+    meta = {}
+    for k, v in fields.items():
+        if k.startswith("GGUF."):
+            continue
+        if isinstance(v, list):
+            meta[k] = f"[{len(v)} items]"
+        else:
+            meta[k] = v
+    tensors = [(t.name, t.tensor_type.name, [int(x) for x in t.shape]) for t in r.tensors]
+    return {"meta": meta, "tensors": tensors}
+
+
+def load_gguf_f64(path: Path):
+    """Tensors dequantized to float64 numpy arrays in row-major [..., ne0] (HF [out, in]) order."""
+    import gguf
+    r = gguf.GGUFReader(str(path))
+    fields = gguf_fields(r)
+    ts = {}
+    for t in r.tensors:
+        shape = tuple(int(x) for x in reversed(t.shape))
+        if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            a = np.asarray(t.data).astype(np.float64)
+        else:
+            a = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float64)
+        ts[t.name] = a.reshape(shape)
+    return fields, ts
+
+
+def rmsnorm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def np_forward(fields, ts, tokens, rope_style=None, ignore_rope_freqs=False):
+    """Plain float64 forward over GGUF tensors (arch llama / qwen2 / qwen3)."""
+    arch = fields["general.architecture"]
+    g = lambda k, d=None: fields.get(f"{arch}.{k}", d)
+    n_embd = int(g("embedding_length"))
+    n_layer = int(g("block_count"))
+    n_head = int(g("attention.head_count"))
+    n_kv = int(g("attention.head_count_kv"))
+    eps = float(g("attention.layer_norm_rms_epsilon"))
+    theta = float(g("rope.freq_base"))
+    hd = int(g("attention.key_length", n_embd // n_head))
+    n_rot = int(g("rope.dimension_count", hd))
+    assert n_rot == hd
+    if rope_style is None:
+        rope_style = "adjacent" if arch == "llama" else "neox"
+    T = len(tokens)
+    pos = np.arange(T, dtype=np.float64)
+    inv = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    if "rope_freqs.weight" in ts and not ignore_rope_freqs:
+        inv = inv / ts["rope_freqs.weight"].reshape(-1)
+    ang = pos[:, None] * inv[None, :]  # [T, hd/2]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+
+    def rope(x):  # x [T, H, hd]
+        if rope_style == "adjacent":
+            a, b = x[..., 0::2], x[..., 1::2]
+            out = np.empty_like(x)
+            out[..., 0::2] = a * cos - b * sin
+            out[..., 1::2] = a * sin + b * cos
+            return out
+        a, b = x[..., : hd // 2], x[..., hd // 2:]
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+
+    x = ts["token_embd.weight"][tokens]
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        h = rmsnorm(x, ts[p + "attn_norm.weight"], eps)
+        q = h @ ts[p + "attn_q.weight"].T
+        k = h @ ts[p + "attn_k.weight"].T
+        v = h @ ts[p + "attn_v.weight"].T
+        if p + "attn_q.bias" in ts:
+            q, k, v = q + ts[p + "attn_q.bias"], k + ts[p + "attn_k.bias"], v + ts[p + "attn_v.bias"]
+        q, k, v = q.reshape(T, n_head, hd), k.reshape(T, n_kv, hd), v.reshape(T, n_kv, hd)
+        if p + "attn_q_norm.weight" in ts:
+            q = rmsnorm(q, ts[p + "attn_q_norm.weight"], eps)
+            k = rmsnorm(k, ts[p + "attn_k_norm.weight"], eps)
+        q, k = rope(q), rope(k)
+        grp = n_head // n_kv
+        o = np.empty((T, n_head, hd))
+        for hh in range(n_head):
+            s = q[:, hh, :] @ k[:, hh // grp, :].T / math.sqrt(hd) + mask
+            s = np.exp(s - s.max(-1, keepdims=True))
+            s /= s.sum(-1, keepdims=True)
+            o[:, hh, :] = s @ v[:, hh // grp, :]
+        x = x + o.reshape(T, n_head * hd) @ ts[p + "attn_output.weight"].T
+        h = rmsnorm(x, ts[p + "ffn_norm.weight"], eps)
+        gt = h @ ts[p + "ffn_gate.weight"].T
+        up = h @ ts[p + "ffn_up.weight"].T
+        x = x + (gt / (1 + np.exp(-gt)) * up) @ ts[p + "ffn_down.weight"].T
+    x = rmsnorm(x, ts["output_norm.weight"], eps)
+    w_out = ts.get("output.weight", ts["token_embd.weight"])
+    return x @ w_out.T
+
+
+def rel_err(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+# ----------------------------------------------------------------------------- main per model
+def versions(conv: Path) -> dict:
+    import torch, transformers, sentencepiece, tokenizers
+    gguf_ver = "?"
+    for line in (conv / "gguf-py" / "pyproject.toml").read_text().splitlines():
+        if line.startswith("version"):
+            gguf_ver = line.split("=")[1].strip().strip('"')
+            break
+    try:
+        commit = subprocess.check_output(["git", "-C", str(conv), "rev-parse", "HEAD"], text=True,
+                                         stderr=subprocess.DEVNULL).strip()
+    except Exception:
+        commit = "unknown"
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "gguf-py/llama.cpp": f"gguf-py {gguf_ver}; convert_hf_to_gguf.py from llama-cpp-python "
+                                 f"{LLAMA_CPP_PY_VERSION} sdist vendor/llama.cpp (llama.cpp commit {commit})",
+            "sentencepiece": sentencepiece.__version__, "tokenizers": tokenizers.__version__,
+            "numpy": np.__version__, "python": platform.python_version()}
+
+
+def hf_config_summary(model) -> dict:
+    c = model.config
+    keys = ["architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
+            "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings", "attention_bias",
+            "sliding_window", "use_sliding_window", "hidden_act", "rope_parameters"]
+    d = {k: getattr(c, k) for k in keys if hasattr(c, k)}
+    d["architectures"] = [type(model).__name__]
+    rp = dict(c.rope_parameters or {})
+    d["rope_theta"] = rp.get("rope_theta")
+    if rp.get("rope_type", "default") != "default":
+        d["rope_scaling"] = {k: v for k, v in rp.items() if k != "rope_theta"}
+    if d.get("head_dim") is None:
+        d["head_dim"] = c.hidden_size // c.num_attention_heads
+    return d
+
+
+def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict, command: str, report: dict):
+    import torch
+    torch.set_default_dtype(torch.float32)
+    name = spec["name"]
+    log(f"=== {name} ({spec['cls']})")
+    mwork = work / name
+    hf_dir = mwork / "hf"
+    if mwork.exists():
+        shutil.rmtree(mwork)
+    hf_dir.mkdir(parents=True)
+    odir = out / name
+    if odir.exists():
+        shutil.rmtree(odir)
+    odir.mkdir(parents=True)
+    vocab = spec["cfg"]["vocab_size"]
+
+    seed = 1000 + 100 * idx
+    while True:
+        model = build_model(spec, seed).double()
+        rng = np.random.default_rng(seed + 7)
+        tokens = [int(t) for t in rng.integers(0, vocab, N_TOKENS)]
+        prompt = [int(t) for t in rng.integers(0, vocab, N_PROMPT)]
+        logits = hf_logits(model, tokens)
+        gen, margins = hf_greedy(model, prompt, N_GEN)
+        mm = min(margins)
+        log(f"  seed {seed}: greedy min margin {mm:.4g} at step {int(np.argmin(margins))}, "
+            f"{len(set(gen))} distinct ids in {N_GEN}")
+        if mm >= MIN_MARGIN:
+            break
+        log(f"  margin below {MIN_MARGIN}: changing seed {seed} -> {seed + 1}")
+        seed += 1
+
+    extra = {}
+    if spec["cfg"]["rope_parameters"].get("rope_type") == "llama3":
+        plain = build_model(spec, seed, rope_override={"rope_type": "default",
+                                                       "rope_theta": spec["cfg"]["rope_parameters"]["rope_theta"]})
+        plain.load_state_dict(model.float().state_dict())
+        model.double()
+        d = float(np.max(np.abs(hf_logits(plain.double(), tokens) - logits)))
+        log(f"  llama3 rope scaling disabled: logits move by max |d| = {d:.4g}")
+        assert d > 0.05, "llama3 scaling has no visible effect; lower original_max_position_embeddings"
+        extra["llama3_scaling_off_max_abs_logit_change"] = d
+
+    # HF checkpoint + tokenizer in the work dir
+    model.float().save_pretrained(str(hf_dir), safe_serialization=True)
+    model.double()
+    cfg_path = hf_dir / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    rp = cfg.get("rope_parameters") or {}
+    cfg["rope_theta"] = rp.get("rope_theta")  # Hub style, next to transformers-5 rope_parameters
+    if rp.get("rope_type", "default") != "default":
+        cfg["rope_scaling"] = {k: v for k, v in rp.items() if k != "rope_theta"}
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    corpus = make_corpus(1234 + idx)
+    if spec["tok"] == "spm":
+        tokinfo = make_spm(hf_dir, mwork, vocab, corpus)
+    else:
+        tokinfo = make_bpe(hf_dir, vocab, corpus)
+    log(f"  tokenizer: {tokinfo}")
+    shutil.copy(cfg_path, odir / "config.json")
+
+    outtypes = ["f32", "f16"] + (["q8_0"] if spec.get("q8") else [])
+    files = {}
+    for ot in outtypes:
+        f = odir / f"{name}.{ot}.gguf"
+        convert(conv, hf_dir, f, ot, name, tokpre="qwen2")
+        files[ot] = f
+
+    # inspect + verify
+    descs = {}
+    for ot, f in files.items():
+        dsc = describe_gguf(f)
+        descs[ot] = dsc
+        arch = dsc["meta"]["general.architecture"]
+        assert arch == spec["gguf_arch"], (arch, spec["gguf_arch"])
+        log(f"  {f.name}: {f.stat().st_size} bytes, arch {arch}")
+        if ot == "f32":
+            for k, v in dsc["meta"].items():
+                log(f"      {k} = {v!r}")
+        types = {}
+        for tn, tt, sh in dsc["tensors"]:
+            types.setdefault(tt, []).append(f"{tn}{sh}")
+        for tt, names in types.items():
+            log(f"      {tt}: {', '.join(names)}")
+        fields, ts = load_gguf_f64(f)
+        npl = np_forward(fields, ts, tokens)
+        e = rel_err(npl, logits)
+        extra[f"numpy_vs_hf_rel_err_{ot}"] = e
+        log(f"      numpy float64 forward over {f.name} vs transformers: rel err {e:.3g}, "
+            f"max abs {np.max(np.abs(npl - logits)):.3g}")
+        if ot == "f32":
+            assert e < REL_TOL, f"{name}: numpy forward over GGUF does not match HF ({e})"
+            wrong = "neox" if arch == "llama" else "adjacent"
+            d = float(np.max(np.abs(np_forward(fields, ts, tokens, rope_style=wrong) - logits)))
+            extra["wrong_rope_pairing_max_abs_logit_change"] = d
+            log(f"      same with the wrong RoPE pairing ({wrong}): max abs diff {d:.3g}")
+            if "rope_freqs.weight" in ts:
+                d = float(np.max(np.abs(np_forward(fields, ts, tokens, ignore_rope_freqs=True) - logits)))
+                extra["ignoring_rope_freqs_max_abs_logit_change"] = d
+                log(f"      ignoring rope_freqs.weight: max abs diff {d:.3g}; "
+                    f"rope_freqs = {ts['rope_freqs.weight'].reshape(-1).tolist()}")
+
+    logits.astype("<f4").tofile(odir / "logits.f32")
+    ref = {
+        "name": name,
+        "architecture": spec["gguf_arch"],
+        "hf_class": spec["cls"],
+        "vocab_size": vocab,
+        "n_tokens": N_TOKENS,
+        "tokens": tokens,
+        "logits_file": "logits.f32",
+        "logits_layout": "little-endian float32, [n_tokens, vocab_size] row-major, all positions, "
+                         "transformers float64 (model.double(), eval, use_cache=False), no BOS",
+        "greedy_prompt": prompt,
+        "greedy_ids": gen,
+        "greedy_min_margin": min(margins),
+        "greedy_margins": margins,
+        "greedy_method": "float64, full recompute of the whole sequence every step",
+        "gguf_files": {ot: f.name for ot, f in files.items()},
+        "seed": seed,
+        "tokenizer": tokinfo,
+        "hf_config": hf_config_summary(model),
+        "checks": extra,
+        "versions": vers,
+        "command": command,
+    }
+    (odir / "reference.json").write_text(json.dumps(ref, indent=2) + "\n")
+    report[name] = {"ref": ref, "descs": descs}
+
+
+# ----------------------------------------------------------------------------- README
+def write_readme(out: Path, report: dict, vers: dict, command: str):
+    lines = []
+    A = lines.append
+    A("# Reference fixtures for llmrt's CPU forward pass")
+    A("")
+    A("Generated by `tools/make_fixtures.py` (read its header for the venv and the exact command). "
+      "Everything here is regenerated by:")
+    A("")
+    A("    " + command)
+    A("")
+    A("Tiny random-weight models (hidden 64, 2 layers, ffn 128, max_position_embeddings 256), built "
+      "locally with transformers (no Hub), seeded; tokenizers trained locally on generated English "
+      "text (SentencePiece BPE with byte fallback for the llama family, byte-level BPE with the Qwen2 "
+      "split regex for qwen2/qwen3), vocab size equal to the model's. Weight scales: embeddings "
+      "N(0, 0.5) (0.2 for the tied model), linears N(0, 1/sqrt(in)), biases N(0, 0.5), every RMSNorm "
+      "weight 1 + 0.1 N(0, 1).")
+    A("")
+    A("## Versions")
+    A("")
+    for k, v in vers.items():
+        A(f"- {k}: {v}")
+    A("")
+    A("## Files, per model directory")
+    A("")
+    A("- `<name>.f32.gguf`, `<name>.f16.gguf` (and `llama_gqa.q8_0.gguf`): llama.cpp's "
+      "`convert_hf_to_gguf.py --outtype f32|f16|q8_0` on the HF checkpoint (not kept here).")
+    A("- `config.json`: the HF config the converter read (transformers-5 `rope_parameters` plus "
+      "Hub-style top-level `rope_theta` / `rope_scaling`).")
+    A("- `logits.f32`: raw little-endian float32, shape [n_tokens=24, vocab] row-major: transformers "
+      "logits at every position of `reference.json:tokens` (no BOS), model in float64 "
+      "(`model.double()`, eval, `use_cache=False`). Note: transformers' float64 run still computes "
+      "RMSNorm and RoPE cos/sin in float32, so this is float64 to ~1e-6 relative, not better.")
+    A("- `reference.json`: tokens, greedy_prompt (8 ids) and greedy_ids (32 ids, float64 greedy with "
+      "full recompute), greedy_min_margin (smallest top1-top2 logit gap over the 32 steps) and all "
+      "margins, the seed, hf_config, tokenizer info, checks (numbers below), versions, command.")
+    A("")
+    A("| model | HF class | GGUF arch | vocab | heads/kv | head_dim | seed | greedy min margin | "
+      "numpy-vs-HF rel err (f32 / f16 / q8_0) |")
+    A("|---|---|---|---|---|---|---|---|---|")
+    for name, r in report.items():
+        ref = r["ref"]
+        hc = ref["hf_config"]
+        c = ref["checks"]
+        errs = " / ".join(f"{c[k]:.2g}" for k in ("numpy_vs_hf_rel_err_f32", "numpy_vs_hf_rel_err_f16",
+                                                     "numpy_vs_hf_rel_err_q8_0") if k in c)
+        A(f"| {name} | {ref['hf_class']} | {ref['architecture']} | {ref['vocab_size']} | "
+          f"{hc['num_attention_heads']}/{hc['num_key_value_heads']} | {hc['head_dim']} | {ref['seed']} | "
+          f"{ref['greedy_min_margin']:.3g} | {errs} |")
+    A("")
+    A("## GGUF contents seen (gguf-py)")
+    A("")
+    for name, r in report.items():
+        d = r["descs"]
+        f32 = d["f32"]
+        keys = [k for k in f32["meta"] if not k.startswith("tokenizer.") and not k.startswith("general.")]
+        A(f"### {name} ({f32['meta']['general.architecture']})")
+        A("")
+        A("Model keys: " + ", ".join(f"`{k}`={f32['meta'][k]!r}" for k in keys))
+        A("")
+        tk = [k for k in f32["meta"] if k.startswith("tokenizer.")]
+        A("Tokenizer keys: " + ", ".join(f"`{k}`" + (f"={f32['meta'][k]!r}" if not
+                                                    str(f32['meta'][k]).startswith("[") else "")
+                                         for k in tk))
+        A("")
+        for ot, dsc in d.items():
+            by = {}
+            for tn, tt, sh in dsc["tensors"]:
+                by.setdefault(tt, []).append(tn)
+            A(f"- {ot}: " + "; ".join(f"{tt}: {len(v)} tensors" + (f" ({', '.join(v)})" if len(v) <= 6 else "")
+                                     for tt, v in by.items()))
+        A("")
+        A("Tensors (f32 file, ggml ne order): " + ", ".join(f"`{tn}`{sh}" for tn, _, sh in f32["tensors"]))
+        A("")
+    A("## What the layouts are (verified by the numpy float64 forward in the script)")
+    A("")
+    A("- Tensor names: `token_embd`, `output_norm`, `output` (absent when tied: reuse `token_embd`), "
+      "`blk.N.{attn_norm,attn_q,attn_k,attn_v,attn_output,ffn_norm,ffn_gate,ffn_up,ffn_down}.weight`; "
+      "qwen2 adds `blk.N.attn_{q,k,v}.bias`; qwen3 adds `blk.N.attn_{q,k}_norm.weight` (length "
+      "head_dim, applied per head before RoPE); llama3 RoPE adds a global `rope_freqs.weight`.")
+    A("- Shapes are in ggml order: an HF [out, in] matrix has ne = {in, out}; its data is the same "
+      "row-major [out, in] bytes (gguf-py returns it as a numpy [out, in] array).")
+    A("- arch `llama` (Llama, Mistral): the converter permutes q_proj/k_proj rows per head "
+      "(`w.reshape(n_head, 2, hd/2, in).swapaxes(1, 2)`, n_head_kv for k), so RoPE rotates ADJACENT "
+      "pairs (x[2i], x[2i+1]) with frequency theta^(-2i/hd). arch `qwen2`/`qwen3`: no permutation, "
+      "RoPE rotates HALVES (x[i], x[i+hd/2]) (\"neox\"). Using the wrong pairing moves the logits by "
+      "the `wrong_rope_pairing_max_abs_logit_change` in each reference.json.")
+    A("- Llama-3 RoPE scaling: no scaling keys are written; only `rope_freqs.weight` (F32, hd/2 "
+      "entries) whose entries DIVIDE the base frequencies: inv_freq[i] = theta^(-2i/hd) / rope_freqs[i].")
+    A("- head_dim: `<arch>.attention.key_length` / `value_length` when written (see keys above), "
+      "otherwise embedding_length / head_count. `rope.dimension_count` is written for llama.")
+    A("- Attention: scale 1/sqrt(head_dim); GQA query head h uses KV head h / (n_head / n_head_kv). "
+      "RMSNorm: x / sqrt(mean(x^2) + eps) * w, eps from `attention.layer_norm_rms_epsilon`. "
+      "FFN: down(silu(gate(x)) * up(x)).")
+    A("- f16 files keep 1-D tensors (norms, biases, rope_freqs) in F32. q8_0 errors are a few 1e-2 "
+      "relative: compare quantized files on logits with a tolerance, not on greedy ids.")
+    A("")
+    (out / "README.md").write_text("\n".join(lines) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--models", default=",".join(m["name"] for m in MODELS))
+    args = ap.parse_args()
+    command = "python3 tools/make_fixtures.py " + " ".join(sys.argv[1:])
+    wanted = args.models.split(",")
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    conv = ensure_converter(args.work)
+    sys.path.insert(0, str(conv / "gguf-py"))
+    import torch
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    vers = versions(conv)
+    log(json.dumps(vers, indent=2))
+    report = {}
+    for i, spec in enumerate(MODELS):
+        if spec["name"] in wanted:
+            make_one(i, spec, args.out, args.work, conv, vers, command, report)
+    if set(wanted) == {m["name"] for m in MODELS}:
+        write_readme(args.out, report, vers, command)
+    total = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
+    log(f"total size of {args.out}: {total} bytes")
+    log("summary:")
+    for name, r in report.items():
+        log(f"  {name}: seed {r['ref']['seed']}, greedy min margin {r['ref']['greedy_min_margin']:.4g}, "
+            f"checks {r['ref']['checks']}")
+
+
+if __name__ == "__main__":
+    main()
