@@ -34,7 +34,13 @@ pub enum DType {
 
 impl DType {
     /// All supported types.
-    pub const ALL: [DType; 5] = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0];
+    pub const ALL: [DType; 5] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+    ];
 
     /// The supported type for a ggml type id (0=F32, 1=F16, 2=Q4_0, 8=Q8_0, 30=BF16).
     pub fn from_ggml(id: u32) -> Option<DType> {
@@ -239,7 +245,10 @@ pub fn dequantize_row(dt: DType, src: &[u8], dst: &mut [f32]) {
             }
         }
         DType::Q8_0 => {
-            for (dc, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(DType::Q8_0.block_bytes())) {
+            for (dc, b) in dst
+                .chunks_exact_mut(QK)
+                .zip(src.chunks_exact(DType::Q8_0.block_bytes()))
+            {
                 let d = block_scale(b);
                 for j in 0..QK {
                     dc[j] = d * (b[2 + j] as i8) as f32;
@@ -247,7 +256,10 @@ pub fn dequantize_row(dt: DType, src: &[u8], dst: &mut [f32]) {
             }
         }
         DType::Q4_0 => {
-            for (dc, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(DType::Q4_0.block_bytes())) {
+            for (dc, b) in dst
+                .chunks_exact_mut(QK)
+                .zip(src.chunks_exact(DType::Q4_0.block_bytes()))
+            {
                 let d = block_scale(b);
                 for j in 0..QK / 2 {
                     let q = b[2 + j];
@@ -285,7 +297,10 @@ pub fn dot_row(dt: DType, row: &[u8], x: &[f32]) -> f32 {
 fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let full = x.len() / LANES * LANES;
-    for (rc, xc) in row[..4 * full].chunks_exact(4 * LANES).zip(x[..full].chunks_exact(LANES)) {
+    for (rc, xc) in row[..4 * full]
+        .chunks_exact(4 * LANES)
+        .zip(x[..full].chunks_exact(LANES))
+    {
         for l in 0..LANES {
             acc[l] += ld_f32(rc, l) * xc[l];
         }
@@ -299,7 +314,10 @@ fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
 fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let full = x.len() / LANES * LANES;
-    for (rc, xc) in row[..2 * full].chunks_exact(2 * LANES).zip(x[..full].chunks_exact(LANES)) {
+    for (rc, xc) in row[..2 * full]
+        .chunks_exact(2 * LANES)
+        .zip(x[..full].chunks_exact(LANES))
+    {
         for l in 0..LANES {
             acc[l] += bf16_bits_to_f32(ld_u16(rc, l)) * xc[l];
         }
@@ -339,7 +357,10 @@ fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
 fn dot_q8_0(row: &[u8], x: &[f32]) -> f32 {
     const H: usize = QK / 2;
     let mut acc = [0f32; LANES];
-    for (b, xb) in row.chunks_exact(DType::Q8_0.block_bytes()).zip(x.chunks_exact(QK)) {
+    for (b, xb) in row
+        .chunks_exact(DType::Q8_0.block_bytes())
+        .zip(x.chunks_exact(QK))
+    {
         let d = block_scale(b);
         let q = &b[2..2 + QK];
         let mut s = [0f32; H];
@@ -359,7 +380,10 @@ fn dot_q8_0(row: &[u8], x: &[f32]) -> f32 {
 fn dot_q4_0(row: &[u8], x: &[f32]) -> f32 {
     const H: usize = QK / 2;
     let mut acc = [0f32; LANES];
-    for (b, xb) in row.chunks_exact(DType::Q4_0.block_bytes()).zip(x.chunks_exact(QK)) {
+    for (b, xb) in row
+        .chunks_exact(DType::Q4_0.block_bytes())
+        .zip(x.chunks_exact(QK))
+    {
         let d = block_scale(b);
         let q = &b[2..2 + H];
         let mut s = [0f32; H];
@@ -405,7 +429,10 @@ pub fn quantize_row(dt: DType, src: &[f32], dst: &mut [u8]) {
             }
         }
         DType::Q8_0 => {
-            for (b, xs) in dst.chunks_exact_mut(DType::Q8_0.block_bytes()).zip(src.chunks_exact(QK)) {
+            for (b, xs) in dst
+                .chunks_exact_mut(DType::Q8_0.block_bytes())
+                .zip(src.chunks_exact(QK))
+            {
                 let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let d = amax / 127.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -417,7 +444,10 @@ pub fn quantize_row(dt: DType, src: &[f32], dst: &mut [u8]) {
             }
         }
         DType::Q4_0 => {
-            for (b, xs) in dst.chunks_exact_mut(DType::Q4_0.block_bytes()).zip(src.chunks_exact(QK)) {
+            for (b, xs) in dst
+                .chunks_exact_mut(DType::Q4_0.block_bytes())
+                .zip(src.chunks_exact(QK))
+            {
                 let mut amax = 0f32;
                 let mut max = 0f32;
                 for &v in xs {
@@ -480,7 +510,10 @@ mod tests {
         for dt in DType::ALL {
             assert_eq!(DType::from_ggml(dt.ggml_id()), Some(dt));
             let (name, be, bb) = ggml_type_info(dt.ggml_id()).unwrap();
-            assert_eq!((name, be, bb), (dt.name(), dt.block_elems(), dt.block_bytes()));
+            assert_eq!(
+                (name, be, bb),
+                (dt.name(), dt.block_elems(), dt.block_bytes())
+            );
         }
         assert_eq!(DType::from_ggml(3), None);
         assert_eq!(ggml_type_info(4), None);
@@ -497,11 +530,23 @@ mod tests {
     #[test]
     fn known_bit_patterns() {
         // F16 1.0 = 0x3C00, -2.0 = 0xC000.
-        assert_eq!(deq(DType::F16, &[0x00, 0x3C, 0x00, 0xC0], 2), vec![1.0, -2.0]);
-        assert_eq!(quant(DType::F16, &[1.0, -2.0]), vec![0x00, 0x3C, 0x00, 0xC0]);
+        assert_eq!(
+            deq(DType::F16, &[0x00, 0x3C, 0x00, 0xC0], 2),
+            vec![1.0, -2.0]
+        );
+        assert_eq!(
+            quant(DType::F16, &[1.0, -2.0]),
+            vec![0x00, 0x3C, 0x00, 0xC0]
+        );
         // BF16 1.0 = 0x3F80, -0.5 = 0xBF00.
-        assert_eq!(deq(DType::BF16, &[0x80, 0x3F, 0x00, 0xBF], 2), vec![1.0, -0.5]);
-        assert_eq!(quant(DType::BF16, &[1.0, -0.5]), vec![0x80, 0x3F, 0x00, 0xBF]);
+        assert_eq!(
+            deq(DType::BF16, &[0x80, 0x3F, 0x00, 0xBF], 2),
+            vec![1.0, -0.5]
+        );
+        assert_eq!(
+            quant(DType::BF16, &[1.0, -0.5]),
+            vec![0x80, 0x3F, 0x00, 0xBF]
+        );
         // F32 1.0 = 0x3F800000.
         assert_eq!(deq(DType::F32, &[0, 0, 0x80, 0x3F], 1), vec![1.0]);
 
@@ -524,8 +569,8 @@ mod tests {
             b.push((j - 16) as i8 as u8);
         }
         let y = deq(DType::Q8_0, &b, 32);
-        for j in 0..32 {
-            assert_eq!(y[j], 2.0 * (j as f32 - 16.0));
+        for (j, v) in y.iter().enumerate() {
+            assert_eq!(*v, 2.0 * (j as f32 - 16.0));
         }
     }
 
@@ -573,7 +618,12 @@ mod tests {
                         DType::Q4_0 => amax / 8.0 + amax * 1e-3,
                     };
                     for j in 32 * b..32 * b + 32 {
-                        assert!((x[j] - y[j]).abs() <= tol, "{dt} n={n} j={j}: {} vs {} (tol {tol})", x[j], y[j]);
+                        assert!(
+                            (x[j] - y[j]).abs() <= tol,
+                            "{dt} n={n} j={j}: {} vs {} (tol {tol})",
+                            x[j],
+                            y[j]
+                        );
                     }
                 }
                 // Re-quantizing dequantized values is idempotent for every type.
@@ -592,9 +642,16 @@ mod tests {
                 let q = quant(dt, &w);
                 let y = deq(dt, &q, n);
                 let exact: f64 = y.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
-                let abs: f64 = y.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                let abs: f64 = y
+                    .iter()
+                    .zip(&x)
+                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                    .sum();
                 let got = dot_row(dt, &q, &x) as f64;
-                assert!((got - exact).abs() <= abs * 1e-6 + 1e-6, "{dt} n={n}: {got} vs {exact}");
+                assert!(
+                    (got - exact).abs() <= abs * 1e-6 + 1e-6,
+                    "{dt} n={n}: {got} vs {exact}"
+                );
             }
         }
         // Float types with lengths that are not a multiple of the lane count.
@@ -605,9 +662,16 @@ mod tests {
                 let q = quant(dt, &w);
                 let y = deq(dt, &q, n);
                 let exact: f64 = y.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
-                let abs: f64 = y.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                let abs: f64 = y
+                    .iter()
+                    .zip(&x)
+                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                    .sum();
                 let got = dot_row(dt, &q, &x) as f64;
-                assert!((got - exact).abs() <= abs * 1e-6 + 1e-6, "{dt} n={n}: {got} vs {exact}");
+                assert!(
+                    (got - exact).abs() <= abs * 1e-6 + 1e-6,
+                    "{dt} n={n}: {got} vs {exact}"
+                );
             }
         }
     }
@@ -624,7 +688,11 @@ mod tests {
             for shift in 1..8 {
                 let mut buf = vec![0u8; shift];
                 buf.extend_from_slice(&q);
-                assert_eq!(dot_row(dt, &buf[shift..], &x).to_bits(), want, "{dt} shift {shift}");
+                assert_eq!(
+                    dot_row(dt, &buf[shift..], &x).to_bits(),
+                    want,
+                    "{dt} shift {shift}"
+                );
             }
         }
     }
