@@ -252,23 +252,6 @@ static inline uint32_t *json_uint_array(const char *json, const char *key, size_
     return a;
 }
 
-/* The first of several candidate keys that is present. */
-static inline long json_int_any(const char *json, const char *const *keys) {
-    for (; *keys != NULL; keys++) {
-        long n = json_int(json, *keys);
-        if (n >= 0) return n;
-    }
-    return -1;
-}
-
-static inline uint32_t *json_uint_array_any(const char *json, const char *const *keys, size_t *out_n) {
-    for (; *keys != NULL; keys++) {
-        uint32_t *a = json_uint_array(json, *keys, out_n);
-        if (a != NULL) return a;
-    }
-    return NULL;
-}
-
 /* ---- numerics ------------------------------------------------------------ */
 
 /* ||a - b|| / ||b|| over n floats. */

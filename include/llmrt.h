@@ -12,6 +12,52 @@
 
 
 /**
+ * Alignment of the data section and tensor offsets when `general.alignment` is absent.
+ */
+#define DEFAULT_ALIGNMENT 32
+
+/**
+ * Deepest nesting of arrays accepted (an array of arrays is depth 2).
+ */
+#define MAX_ARRAY_DEPTH 8
+
+/**
+ * Most array elements (all arrays, all depths) accepted in one file.
+ */
+#define MAX_ARRAY_ELEMS (1 << 26)
+
+/**
+ * Most dimensions of a tensor.
+ */
+#define MAX_DIMS 4
+
+#define GGUF_TYPE_U8 0
+
+#define GGUF_TYPE_I8 1
+
+#define GGUF_TYPE_U16 2
+
+#define GGUF_TYPE_I16 3
+
+#define GGUF_TYPE_U32 4
+
+#define GGUF_TYPE_I32 5
+
+#define GGUF_TYPE_F32 6
+
+#define GGUF_TYPE_BOOL 7
+
+#define GGUF_TYPE_STRING 8
+
+#define GGUF_TYPE_ARRAY 9
+
+#define GGUF_TYPE_U64 10
+
+#define GGUF_TYPE_I64 11
+
+#define GGUF_TYPE_F64 12
+
+/**
  * Elements per Q8_0 / Q4_0 block.
  */
 #define QK 32

@@ -24,11 +24,12 @@ pre-tokenizer the tokenizer really uses (`qwen2`: the script builds the Qwen2 sp
 
 Models (random weights; all hidden 64, 2 layers, ffn 128, max_position_embeddings 256):
 llama_gqa, llama_mha_tied, llama3_rope, mistral, qwen2, qwen3 -- see MODELS below.
-Seeds: model i (in MODELS order) uses weight seed 1000 + 100*i (+1 for each retry when the
-smallest greedy top1-top2 margin is below 1e-3; the seed used is printed and stored in
-reference.json); token sequences use numpy default_rng(seed + 7); tokenizer training text uses
+Seeds: model i (in MODELS order) uses weight seed 1000 + 100*i, +1 for each retry when the
+smallest greedy top1-top2 margin is below 1e-3 or the greedy output is degenerate (fewer than 8
+distinct ids in 32, or one id more than 8 times in a row); the seed used is printed and stored in
+reference.json; token sequences use numpy default_rng(seed + 7); tokenizer training text uses
 random.Random(1234 + i).
-Weights: embeddings ~N(0, 0.5) (0.2 for the tied model), linear weights ~N(0, 1/sqrt(in)),
+Weights: embeddings ~N(0, 0.5) (0.1 for the tied model), linear weights ~N(0, 1/sqrt(in)),
 biases ~N(0, 0.5), every RMSNorm weight (incl. q/k norms) 1 + 0.1*N(0,1).
 
 Outputs, per model, in <out>/<name>/: <name>.f32.gguf, <name>.f16.gguf (llama_gqa also
@@ -43,7 +44,7 @@ numpy float64 forward pass over the GGUF tensors must match transformers' float6
 from __future__ import annotations
 
 import argparse
-import hashlib
+import itertools
 import json
 import math
 import os
@@ -61,7 +62,9 @@ LLAMA_CPP_PY_VERSION = "0.3.36"
 N_TOKENS = 24
 N_PROMPT = 8
 N_GEN = 32
-MIN_MARGIN = 1e-3
+MIN_MARGIN = 1e-3   # smallest acceptable greedy top1-top2 logit gap
+MIN_DISTINCT = 8    # greedy_ids must hold at least this many distinct ids ...
+MAX_RUN = 8         # ... and repeat one id at most this many times in a row
 REL_TOL = 1e-5
 
 COMMON = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
@@ -72,7 +75,7 @@ MODELS = [
          cfg=dict(vocab_size=384, num_attention_heads=4, num_key_value_heads=2,
                   tie_word_embeddings=False, rms_norm_eps=1e-5,
                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
-    dict(name="llama_mha_tied", cls="LlamaForCausalLM", tok="spm", gguf_arch="llama", emb_std=0.2,
+    dict(name="llama_mha_tied", cls="LlamaForCausalLM", tok="spm", gguf_arch="llama", emb_std=0.1,
          cfg=dict(vocab_size=416, num_attention_heads=4, num_key_value_heads=4,
                   tie_word_embeddings=True, rms_norm_eps=1e-6,
                   rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
@@ -447,12 +450,18 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
         logits = hf_logits(model, tokens)
         gen, margins = hf_greedy(model, prompt, N_GEN)
         mm = min(margins)
+        run = max(len(list(grp)) for _, grp in itertools.groupby(gen))
         log(f"  seed {seed}: greedy min margin {mm:.4g} at step {int(np.argmin(margins))}, "
-            f"{len(set(gen))} distinct ids in {N_GEN}")
-        if mm >= MIN_MARGIN:
+            f"{len(set(gen))} distinct ids in {N_GEN}, longest repeat run {run}")
+        if mm < MIN_MARGIN:
+            log(f"  margin below {MIN_MARGIN}: changing seed {seed} -> {seed + 1}")
+        elif len(set(gen)) < MIN_DISTINCT or run > MAX_RUN:
+            log(f"  greedy output degenerate (< {MIN_DISTINCT} distinct or a run > {MAX_RUN}): "
+                f"changing seed {seed} -> {seed + 1}")
+        else:
             break
-        log(f"  margin below {MIN_MARGIN}: changing seed {seed} -> {seed + 1}")
         seed += 1
+        assert seed < 1000 + 100 * idx + 50, "no acceptable seed found"
 
     extra = {}
     if spec["cfg"]["rope_parameters"].get("rope_type") == "llama3":
@@ -567,8 +576,10 @@ def write_readme(out: Path, report: dict, vers: dict, command: str):
       "locally with transformers (no Hub), seeded; tokenizers trained locally on generated English "
       "text (SentencePiece BPE with byte fallback for the llama family, byte-level BPE with the Qwen2 "
       "split regex for qwen2/qwen3), vocab size equal to the model's. Weight scales: embeddings "
-      "N(0, 0.5) (0.2 for the tied model), linears N(0, 1/sqrt(in)), biases N(0, 0.5), every RMSNorm "
-      "weight 1 + 0.1 N(0, 1).")
+      "N(0, 0.5) (0.1 for the tied model), linears N(0, 1/sqrt(in)), biases N(0, 0.5), every RMSNorm "
+      "weight 1 + 0.1 N(0, 1). Seeds: 1000 + 100*i for the i-th model, bumped by one until the "
+      "smallest greedy top1-top2 margin is >= 1e-3 and the greedy output is not degenerate (>= 8 "
+      "distinct ids in 32, no id more than 8 times in a row); the seed used is in reference.json.")
     A("")
     A("## Versions")
     A("")
