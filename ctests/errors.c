@@ -1,4 +1,4 @@
-/* Every error in docs/API.md (design/API.md), each asserting the documented
+/* Every error of the C API contract (design/API.md), each asserting the documented
  * status and a non-empty llmrt_last_error(). One program, one ctest per case:
  *     errors CASE
  * `errors --list` prints the case names (CMakeLists.txt keeps its own list). */

@@ -12,62 +12,6 @@
 
 
 /**
- * Alignment of the data section and tensor offsets when `general.alignment` is absent.
- */
-#define DEFAULT_ALIGNMENT 32
-
-/**
- * Deepest nesting of arrays accepted (an array of arrays is depth 2).
- */
-#define MAX_ARRAY_DEPTH 8
-
-/**
- * Most array elements (all arrays, all depths) accepted in one file.
- */
-#define MAX_ARRAY_ELEMS (1 << 26)
-
-/**
- * Most dimensions of a tensor.
- */
-#define MAX_DIMS 4
-
-#define GGUF_TYPE_U8 0
-
-#define GGUF_TYPE_I8 1
-
-#define GGUF_TYPE_U16 2
-
-#define GGUF_TYPE_I16 3
-
-#define GGUF_TYPE_U32 4
-
-#define GGUF_TYPE_I32 5
-
-#define GGUF_TYPE_F32 6
-
-#define GGUF_TYPE_BOOL 7
-
-#define GGUF_TYPE_STRING 8
-
-#define GGUF_TYPE_ARRAY 9
-
-#define GGUF_TYPE_U64 10
-
-#define GGUF_TYPE_I64 11
-
-#define GGUF_TYPE_F64 12
-
-/**
- * Elements per Q8_0 / Q4_0 block.
- */
-#define QK 32
-
-/**
- * Independent accumulators used by [`dot_row`].
- */
-#define LANES 16
-
-/**
  * Status of every fallible `llmrt_*` call.
  */
 typedef enum llmrt_status {
@@ -258,8 +202,6 @@ typedef struct llmrt_model_info {
  */
 typedef uint64_t llmrt_cache;
 
-
-
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -393,10 +335,10 @@ enum llmrt_status llmrt_prefill(struct llmrt_model *model,
 
 /**
  * As llmrt_prefill, but writes logits for every token: n_tokens * vocab_size
- * floats, row-major (scoring, perplexity). `all_logits` may be NULL.
+ * floats, row-major (scoring, perplexity). `all_logits` is required.
  *
  * # Safety
- * As llmrt_prefill; `all_logits` is NULL or holds n_tokens * vocab_size floats.
+ * As llmrt_prefill; `all_logits` holds n_tokens * vocab_size floats.
  */
 enum llmrt_status llmrt_prefill_all(struct llmrt_model *model,
                                     llmrt_cache cache,

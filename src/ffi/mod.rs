@@ -496,10 +496,10 @@ pub unsafe extern "C" fn llmrt_prefill(
 }
 
 /// As llmrt_prefill, but writes logits for every token: n_tokens * vocab_size
-/// floats, row-major (scoring, perplexity). `all_logits` may be NULL.
+/// floats, row-major (scoring, perplexity). `all_logits` is required.
 ///
 /// # Safety
-/// As llmrt_prefill; `all_logits` is NULL or holds n_tokens * vocab_size floats.
+/// As llmrt_prefill; `all_logits` holds n_tokens * vocab_size floats.
 #[no_mangle]
 pub unsafe extern "C" fn llmrt_prefill_all(
     model: *mut llmrt_model,
@@ -514,26 +514,27 @@ pub unsafe extern "C" fn llmrt_prefill_all(
         let n = n_tokens
             .checked_mul(m.info().vocab_size as usize)
             .ok_or_else(|| Error::invalid("n_tokens * vocab_size overflows"))?;
-        // SAFETY: per the contract, n_tokens * vocab_size floats.
+        need_mut(all_logits, "all_logits")?;
+        // SAFETY: non-null, n_tokens * vocab_size floats per the contract.
         let out = unsafe { out_floats(all_logits, n) };
         m.prefill(cache, toks, out, true)
     })
 }
 
+/// Most caches one decode step takes (a bound checked before slices are formed).
+const MAX_BATCH: usize = 1 << 20;
+
 /// Validates a batch's arrays before slices are formed.
-fn batch<'a>(m: &Model, n: usize, caches: *const llmrt_cache, tokens: *const u32) -> Result<(&'a [u64], &'a [u32])> {
+fn batch<'a>(n: usize, caches: *const llmrt_cache, tokens: *const u32) -> Result<(&'a [u64], &'a [u32])> {
     let caches = need(caches, "caches")?;
     let tokens = need(tokens, "tokens")?;
     if n == 0 {
         return Err(Error::invalid("n = 0: a decode step needs at least one cache"));
     }
-    let live = m.cache_ids().len();
-    if n > live {
-        return Err(Error::invalid(format!(
-            "n = {n} caches, but the model has only {live} live caches (each may appear once)"
-        )));
+    if n > MAX_BATCH {
+        return Err(Error::invalid(format!("n = {n} caches exceeds the largest batch, {MAX_BATCH}")));
     }
-    // SAFETY: non-null; the caller promises n elements; n is bounded by live caches.
+    // SAFETY: non-null; the caller promises n elements; n is bounded by MAX_BATCH.
     Ok(unsafe { (std::slice::from_raw_parts(caches, n), std::slice::from_raw_parts(tokens, n)) })
 }
 
@@ -554,7 +555,7 @@ pub unsafe extern "C" fn llmrt_decode(
 ) -> llmrt_status {
     boundary("llmrt_decode", || {
         let m = model_ref(model)?;
-        let (c, t) = batch(m, n, caches, tokens)?;
+        let (c, t) = batch(n, caches, tokens)?;
         // SAFETY: per the contract, n * vocab_size floats (n bounded above).
         let out = unsafe { out_floats(logits, n * m.info().vocab_size as usize) };
         m.decode(c, t, out)
@@ -576,7 +577,7 @@ pub unsafe extern "C" fn llmrt_decode_greedy(
 ) -> llmrt_status {
     boundary("llmrt_decode_greedy", || {
         let m = model_ref(model)?;
-        let (c, t) = batch(m, n, caches, tokens)?;
+        let (c, t) = batch(n, caches, tokens)?;
         let next = need_mut(next_tokens, "next_tokens")?;
         let mut ids = vec![0u32; n];
         m.decode_greedy(c, t, &mut ids)?;
