@@ -17,10 +17,10 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 /// Elements per Q8_0 / Q4_0 block.
-pub const QK: usize = 32;
+pub(crate) const QK: usize = 32;
 
 /// Independent accumulators used by [`dot_row`].
-pub const LANES: usize = 16;
+pub(crate) const LANES: usize = 16;
 
 /// A tensor element type this runtime computes with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -34,13 +34,9 @@ pub enum DType {
 
 impl DType {
     /// All supported types.
-    pub const ALL: [DType; 5] = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q4_0,
-    ];
+    pub fn all() -> [DType; 5] {
+        [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0]
+    }
 
     /// The supported type for a ggml type id (0=F32, 1=F16, 2=Q4_0, 8=Q8_0, 30=BF16).
     pub fn from_ggml(id: u32) -> Option<DType> {
@@ -507,7 +503,7 @@ mod tests {
 
     #[test]
     fn type_table() {
-        for dt in DType::ALL {
+        for dt in DType::all() {
             assert_eq!(DType::from_ggml(dt.ggml_id()), Some(dt));
             let (name, be, bb) = ggml_type_info(dt.ggml_id()).unwrap();
             assert_eq!(
@@ -603,7 +599,7 @@ mod tests {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         for &n in &[32usize, 64, 96, 256, 4096] {
             let x = rng.vec(n, 3.0);
-            for dt in DType::ALL {
+            for dt in DType::all() {
                 let y = deq(dt, &quant(dt, &x), n);
                 for b in 0..n / 32 {
                     let blk = &x[32 * b..32 * b + 32];
@@ -638,7 +634,7 @@ mod tests {
         for &n in &[32usize, 64, 160, 512, 2048] {
             let w = rng.vec(n, 1.0);
             let x = rng.vec(n, 1.0);
-            for dt in DType::ALL {
+            for dt in DType::all() {
                 let q = quant(dt, &w);
                 let y = deq(dt, &q, n);
                 let exact: f64 = y.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
@@ -682,7 +678,7 @@ mod tests {
         let n = 320;
         let w = rng.vec(n, 1.0);
         let x = rng.vec(n, 1.0);
-        for dt in DType::ALL {
+        for dt in DType::all() {
             let q = quant(dt, &w);
             let want = dot_row(dt, &q, &x).to_bits();
             for shift in 1..8 {
