@@ -30,30 +30,30 @@ use crate::error::{Error, Result};
 use crate::quant::{ggml_type_info, DType};
 
 /// "GGUF" read as a little-endian u32.
-pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
+pub(crate) const GGUF_MAGIC: [u8; 4] = *b"GGUF";
 /// Alignment of the data section and tensor offsets when `general.alignment` is absent.
-pub const DEFAULT_ALIGNMENT: u64 = 32;
+pub(crate) const DEFAULT_ALIGNMENT: u64 = 32;
 /// Deepest nesting of arrays accepted (an array of arrays is depth 2).
-pub const MAX_ARRAY_DEPTH: usize = 8;
+pub(crate) const MAX_ARRAY_DEPTH: usize = 8;
 /// Most array elements (all arrays, all depths) accepted in one file.
-pub const MAX_ARRAY_ELEMS: u64 = 1 << 26;
+pub(crate) const MAX_ARRAY_ELEMS: u64 = 1 << 26;
 /// Most dimensions of a tensor.
-pub const MAX_DIMS: u32 = 4;
+pub(crate) const MAX_DIMS: u32 = 4;
 
 // GGUF metadata value type ids.
-pub const GGUF_TYPE_U8: u32 = 0;
-pub const GGUF_TYPE_I8: u32 = 1;
-pub const GGUF_TYPE_U16: u32 = 2;
-pub const GGUF_TYPE_I16: u32 = 3;
-pub const GGUF_TYPE_U32: u32 = 4;
-pub const GGUF_TYPE_I32: u32 = 5;
-pub const GGUF_TYPE_F32: u32 = 6;
-pub const GGUF_TYPE_BOOL: u32 = 7;
-pub const GGUF_TYPE_STRING: u32 = 8;
-pub const GGUF_TYPE_ARRAY: u32 = 9;
-pub const GGUF_TYPE_U64: u32 = 10;
-pub const GGUF_TYPE_I64: u32 = 11;
-pub const GGUF_TYPE_F64: u32 = 12;
+pub(crate) const GGUF_TYPE_U8: u32 = 0;
+pub(crate) const GGUF_TYPE_I8: u32 = 1;
+pub(crate) const GGUF_TYPE_U16: u32 = 2;
+pub(crate) const GGUF_TYPE_I16: u32 = 3;
+pub(crate) const GGUF_TYPE_U32: u32 = 4;
+pub(crate) const GGUF_TYPE_I32: u32 = 5;
+pub(crate) const GGUF_TYPE_F32: u32 = 6;
+pub(crate) const GGUF_TYPE_BOOL: u32 = 7;
+pub(crate) const GGUF_TYPE_STRING: u32 = 8;
+pub(crate) const GGUF_TYPE_ARRAY: u32 = 9;
+pub(crate) const GGUF_TYPE_U64: u32 = 10;
+pub(crate) const GGUF_TYPE_I64: u32 = 11;
+pub(crate) const GGUF_TYPE_F64: u32 = 12;
 
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
@@ -383,12 +383,6 @@ impl Gguf {
                 .map(|e| s..e)
         });
         let out = range.and_then(|r| b.get(r));
-        debug_assert!(
-            out.is_some(),
-            "tensor '{}' outside {}",
-            t.name,
-            self.path.display()
-        );
         out.unwrap_or(&[])
     }
 }

@@ -13,14 +13,13 @@
 //! Rust never contracts `a * b + c` into an FMA on its own, so the result is
 //! bit-for-bit reproducible.
 
-use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 /// Elements per Q8_0 / Q4_0 block.
-pub const QK: usize = 32;
+pub(crate) const QK: usize = 32;
 
 /// Independent accumulators used by [`dot_row`].
-pub const LANES: usize = 16;
+pub(crate) const LANES: usize = 16;
 
 /// A tensor element type this runtime computes with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -34,13 +33,15 @@ pub enum DType {
 
 impl DType {
     /// All supported types.
-    pub const ALL: [DType; 5] = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q4_0,
-    ];
+    pub fn all() -> [DType; 5] {
+        [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q8_0,
+            DType::Q4_0,
+        ]
+    }
 
     /// The supported type for a ggml type id (0=F32, 1=F16, 2=Q4_0, 8=Q8_0, 30=BF16).
     pub fn from_ggml(id: u32) -> Option<DType> {
@@ -176,14 +177,90 @@ fn ld_f32(b: &[u8], i: usize) -> f32 {
     f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
 }
 
+/// `LANES` little-endian f32 from the first `4 * LANES` bytes of `b` (any alignment).
+#[inline(always)]
+fn load_f32s(b: &[u8]) -> [f32; LANES] {
+    assert!(b.len() >= 4 * LANES);
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: `b` has at least 4 * LANES bytes (asserted above), which is
+        // the size of [f32; LANES]; every bit pattern is a valid f32; and
+        // `read_unaligned` has no alignment requirement. On a little-endian
+        // target the in-memory layout equals `f32::from_le_bytes` per element.
+        unsafe { (b.as_ptr() as *const [f32; LANES]).read_unaligned() }
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        let mut o = [0f32; LANES];
+        for (i, v) in o.iter_mut().enumerate() {
+            *v = ld_f32(b, i);
+        }
+        o
+    }
+}
+
+/// `LANES` little-endian u16 from the first `2 * LANES` bytes of `b` (any alignment).
+#[inline(always)]
+fn load_u16s(b: &[u8]) -> [u16; LANES] {
+    assert!(b.len() >= 2 * LANES);
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: `b` has at least 2 * LANES bytes (asserted above), the size of
+        // [u16; LANES]; every bit pattern is a valid u16; `read_unaligned` has
+        // no alignment requirement; little-endian layout equals `from_le_bytes`.
+        unsafe { (b.as_ptr() as *const [u16; LANES]).read_unaligned() }
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        let mut o = [0u16; LANES];
+        for (i, v) in o.iter_mut().enumerate() {
+            *v = ld_u16(b, i);
+        }
+        o
+    }
+}
+
+/// The first `LANES` elements of `x` as an array.
+#[inline(always)]
+fn lanes(x: &[f32]) -> &[f32; LANES] {
+    match x.get(..LANES).map(<&[f32; LANES]>::try_from) {
+        Some(Ok(a)) => a,
+        _ => panic!("internal: lane chunk shorter than {LANES}"),
+    }
+}
+
 #[inline(always)]
 fn bf16_bits_to_f32(bits: u16) -> f32 {
     f32::from_bits((bits as u32) << 16)
 }
 
+/// Exact IEEE half -> single conversion (subnormals, infinities and NaN
+/// payloads included; NaNs are made quiet), written branch-free so that loops over it vectorise.
+/// Bit-identical to `half::f16::to_f32` (tested over all 65536 inputs).
+#[inline(always)]
+pub fn f16_bits_to_f32(h: u16) -> f32 {
+    const SHIFTED_EXP: u32 = 0x7C00 << 13;
+    let mut o = ((h & 0x7FFF) as u32) << 13; // exponent and mantissa
+    let exp = o & SHIFTED_EXP;
+    o += (127 - 15) << 23; // rebias the exponent
+                           // Inf/NaN: move the exponent up to 255; NaNs come out quiet (as F16C does).
+    let quiet = if h & 0x03FF != 0 { 0x0040_0000 } else { 0 };
+    let o_inf = (o + ((128 - 16) << 23)) | quiet;
+    // Zero/subnormal: renormalise through a float subtraction (exact).
+    let o_sub = (f32::from_bits(o + (1 << 23)) - f32::from_bits(113 << 23)).to_bits();
+    let o = if exp == SHIFTED_EXP {
+        o_inf
+    } else if exp == 0 {
+        o_sub
+    } else {
+        o
+    };
+    f32::from_bits(o | (((h & 0x8000) as u32) << 16))
+}
+
 #[inline(always)]
 fn block_scale(block: &[u8]) -> f32 {
-    f16::from_bits(u16::from_le_bytes([block[0], block[1]])).to_f32()
+    f16_bits_to_f32(u16::from_le_bytes([block[0], block[1]]))
 }
 
 fn check_row(dt: DType, row_len: usize, n: usize) {
@@ -229,14 +306,8 @@ pub fn dequantize_row(dt: DType, src: &[u8], dst: &mut [f32]) {
             }
         }
         DType::F16 => {
-            const C: usize = 64;
-            let mut h = [f16::ZERO; C];
-            for (dc, sc) in dst.chunks_mut(C).zip(src.chunks(2 * C)) {
-                let m = dc.len();
-                for (i, hv) in h[..m].iter_mut().enumerate() {
-                    *hv = f16::from_bits(ld_u16(sc, i));
-                }
-                h[..m].convert_to_f32_slice(dc);
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = f16_bits_to_f32(u16::from_le_bytes([s[0], s[1]]));
             }
         }
         DType::BF16 => {
@@ -294,64 +365,66 @@ pub fn dot_row(dt: DType, row: &[u8], x: &[f32]) -> f32 {
     }
 }
 
-fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
+/// The shared lane loop of the float types: `w(chunk)` decodes `LANES`
+/// elements from `row_bytes_per_lane * LANES` bytes, `one(i)` decodes element `i`.
+#[inline(always)]
+fn dot_float(
+    row: &[u8],
+    x: &[f32],
+    bytes_per_elem: usize,
+    w: impl Fn(&[u8]) -> [f32; LANES],
+    one: impl Fn(usize) -> f32,
+) -> f32 {
     let mut acc = [0f32; LANES];
     let full = x.len() / LANES * LANES;
-    for (rc, xc) in row[..4 * full]
-        .chunks_exact(4 * LANES)
+    let chunk = bytes_per_elem * LANES;
+    for (rc, xc) in row[..bytes_per_elem * full]
+        .chunks_exact(chunk)
         .zip(x[..full].chunks_exact(LANES))
     {
+        let wv = w(rc);
+        let xv = lanes(xc);
         for l in 0..LANES {
-            acc[l] += ld_f32(rc, l) * xc[l];
+            acc[l] += wv[l] * xv[l];
         }
     }
     for (l, i) in (full..x.len()).enumerate() {
-        acc[l] += ld_f32(row, i) * x[i];
+        acc[l] += one(i) * x[i];
     }
     reduce(acc)
+}
+
+fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
+    dot_float(row, x, 4, load_f32s, |i| ld_f32(row, i))
+}
+
+#[inline(always)]
+fn map_lanes(u: [u16; LANES], f: impl Fn(u16) -> f32) -> [f32; LANES] {
+    let mut o = [0f32; LANES];
+    for l in 0..LANES {
+        o[l] = f(u[l]);
+    }
+    o
 }
 
 fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let full = x.len() / LANES * LANES;
-    for (rc, xc) in row[..2 * full]
-        .chunks_exact(2 * LANES)
-        .zip(x[..full].chunks_exact(LANES))
-    {
-        for l in 0..LANES {
-            acc[l] += bf16_bits_to_f32(ld_u16(rc, l)) * xc[l];
-        }
-    }
-    for (l, i) in (full..x.len()).enumerate() {
-        acc[l] += bf16_bits_to_f32(ld_u16(row, i)) * x[i];
-    }
-    reduce(acc)
+    dot_float(
+        row,
+        x,
+        2,
+        |c| map_lanes(load_u16s(c), bf16_bits_to_f32),
+        |i| bf16_bits_to_f32(ld_u16(row, i)),
+    )
 }
 
 fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
-    // Convert a chunk at a time (half uses F16C/NEON where it can; the
-    // conversion is exact either way), then the same lane scheme as F32.
-    const C: usize = 4 * LANES;
-    let mut acc = [0f32; LANES];
-    let mut h = [f16::ZERO; C];
-    let mut w = [0f32; C];
-    let full = x.len() / LANES * LANES;
-    for (rc, xc) in row[..2 * full].chunks(2 * C).zip(x[..full].chunks(C)) {
-        let m = xc.len(); // a multiple of LANES
-        for (i, hv) in h[..m].iter_mut().enumerate() {
-            *hv = f16::from_bits(ld_u16(rc, i));
-        }
-        h[..m].convert_to_f32_slice(&mut w[..m]);
-        for (wc, xs) in w[..m].chunks_exact(LANES).zip(xc.chunks_exact(LANES)) {
-            for l in 0..LANES {
-                acc[l] += wc[l] * xs[l];
-            }
-        }
-    }
-    for (l, i) in (full..x.len()).enumerate() {
-        acc[l] += f16::from_bits(ld_u16(row, i)).to_f32() * x[i];
-    }
-    reduce(acc)
+    dot_float(
+        row,
+        x,
+        2,
+        |c| map_lanes(load_u16s(c), f16_bits_to_f32),
+        |i| f16_bits_to_f32(ld_u16(row, i)),
+    )
 }
 
 fn dot_q8_0(row: &[u8], x: &[f32]) -> f32 {
@@ -362,13 +435,13 @@ fn dot_q8_0(row: &[u8], x: &[f32]) -> f32 {
         .zip(x.chunks_exact(QK))
     {
         let d = block_scale(b);
-        let q = &b[2..2 + QK];
+        let (x0, x1) = (lanes(&xb[..H]), lanes(&xb[H..]));
         let mut s = [0f32; H];
         for l in 0..H {
-            s[l] = (q[l] as i8) as f32 * xb[l];
+            s[l] = (b[2 + l] as i8) as f32 * x0[l];
         }
         for l in 0..H {
-            s[l] += (q[l + H] as i8) as f32 * xb[l + H];
+            s[l] += (b[2 + H + l] as i8) as f32 * x1[l];
         }
         for l in 0..H {
             acc[l] += d * s[l];
@@ -385,13 +458,13 @@ fn dot_q4_0(row: &[u8], x: &[f32]) -> f32 {
         .zip(x.chunks_exact(QK))
     {
         let d = block_scale(b);
-        let q = &b[2..2 + H];
+        let (x0, x1) = (lanes(&xb[..H]), lanes(&xb[H..]));
         let mut s = [0f32; H];
         for l in 0..H {
-            s[l] = ((q[l] & 0x0F) as i32 - 8) as f32 * xb[l];
+            s[l] = ((b[2 + l] & 0x0F) as i32 - 8) as f32 * x0[l];
         }
         for l in 0..H {
-            s[l] += ((q[l] >> 4) as i32 - 8) as f32 * xb[l + H];
+            s[l] += ((b[2 + l] >> 4) as i32 - 8) as f32 * x1[l];
         }
         for l in 0..H {
             acc[l] += d * s[l];
@@ -507,7 +580,7 @@ mod tests {
 
     #[test]
     fn type_table() {
-        for dt in DType::ALL {
+        for dt in DType::all() {
             assert_eq!(DType::from_ggml(dt.ggml_id()), Some(dt));
             let (name, be, bb) = ggml_type_info(dt.ggml_id()).unwrap();
             assert_eq!(
@@ -525,6 +598,14 @@ mod tests {
         assert_eq!(DType::Q4_0.row_bytes(33), None);
         assert_eq!(DType::F32.row_bytes(usize::MAX), None);
         assert_eq!(DType::F16.row_bytes(3), Some(6));
+    }
+
+    #[test]
+    fn f16_conversion_is_exact() {
+        for h in 0..=u16::MAX {
+            let want = f16::from_bits(h).to_f32().to_bits();
+            assert_eq!(f16_bits_to_f32(h).to_bits(), want, "f16 bits {h:#06x}");
+        }
     }
 
     #[test]
@@ -603,7 +684,7 @@ mod tests {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         for &n in &[32usize, 64, 96, 256, 4096] {
             let x = rng.vec(n, 3.0);
-            for dt in DType::ALL {
+            for dt in DType::all() {
                 let y = deq(dt, &quant(dt, &x), n);
                 for b in 0..n / 32 {
                     let blk = &x[32 * b..32 * b + 32];
@@ -638,7 +719,7 @@ mod tests {
         for &n in &[32usize, 64, 160, 512, 2048] {
             let w = rng.vec(n, 1.0);
             let x = rng.vec(n, 1.0);
-            for dt in DType::ALL {
+            for dt in DType::all() {
                 let q = quant(dt, &w);
                 let y = deq(dt, &q, n);
                 let exact: f64 = y.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
@@ -682,7 +763,7 @@ mod tests {
         let n = 320;
         let w = rng.vec(n, 1.0);
         let x = rng.vec(n, 1.0);
-        for dt in DType::ALL {
+        for dt in DType::all() {
             let q = quant(dt, &w);
             let want = dot_row(dt, &q, &x).to_bits();
             for shift in 1..8 {
