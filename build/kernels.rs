@@ -86,11 +86,9 @@ fn compile_all(nvcc: &Path, sources: &[(String, PathBuf)], ptx_dir: &Path) -> Ve
         })
         .collect();
     let results: Vec<Result<(), String>> = std::thread::scope(|s| {
-        let handles: Vec<_> = jobs.iter().map(|(_, sm, out, src)| s.spawn(move || run_nvcc(nvcc, src, *sm, out))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("nvcc thread panicked".to_string())))
-            .collect()
+        let handles: Vec<_> =
+            jobs.iter().map(|(_, sm, out, src)| s.spawn(move || run_nvcc(nvcc, src, *sm, out))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("nvcc thread panicked".to_string()))).collect()
     });
     let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
     if !errors.is_empty() {

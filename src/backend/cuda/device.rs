@@ -59,7 +59,9 @@ pub fn probe() -> Result<Vec<DeviceInfo>> {
     }
     guarded("probing CUDA devices", || {
         result::init().map_err(|e| match e.0 {
-            sys::CUresult::CUDA_ERROR_NO_DEVICE => Error::unsupported(format!("no CUDA device ({})", driver_msg("cuInit", e))),
+            sys::CUresult::CUDA_ERROR_NO_DEVICE => {
+                Error::unsupported(format!("no CUDA device ({})", driver_msg("cuInit", e)))
+            }
             _ => driver_err("cuInit", e),
         })?;
         let driver_version = driver_version()?;

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::{self, CompileOptions, Ptx};
 use half::f16;
 
@@ -67,7 +69,8 @@ impl CudaKernels {
         probe()?; // library present, cuInit done, at least one device
         guarded("opening CUDA device", || {
             let info = device_info(ordinal, driver_version()?)?;
-            let ctx = CudaContext::new(ordinal).map_err(|e| driver_err(&format!("cuDevicePrimaryCtxRetain(cuda:{ordinal})"), e))?;
+            let ctx = CudaContext::new(ordinal)
+                .map_err(|e| driver_err(&format!("cuDevicePrimaryCtxRetain(cuda:{ordinal})"), e))?;
             let embedded_sm = embedded::ptx_archs().into_iter().rev().find(|&sm| sm <= info.sm());
             let (modules, source) = match embedded_sm {
                 Some(sm) if !force_nvrtc => match load_embedded(&ctx, sm) {
@@ -82,7 +85,9 @@ impl CudaKernels {
                 _ => (load_nvrtc(&ctx, info.sm())?, KernelSource::Nvrtc { sm: info.sm() }),
             };
             let func = |module: &str, name: &str| -> Result<CudaFunction> {
-                let m = modules.get(module).ok_or_else(|| Error::internal(format!("kernel module {module} not embedded")))?;
+                let m = modules
+                    .get(module)
+                    .ok_or_else(|| Error::internal(format!("kernel module {module} not embedded")))?;
                 m.load_function(name).map_err(|e| driver_err(&format!("cuModuleGetFunction({name})"), e))
             };
             Ok(CudaKernels {
@@ -197,7 +202,9 @@ impl CudaKernels {
     }
 
     fn upload<T: DeviceRepr>(&self, what: &str, host: &[T]) -> Result<CudaSlice<T>> {
-        self.stream.clone_htod(host).map_err(|e| driver_err(&format!("uploading {what} ({} bytes)", std::mem::size_of_val(host)), e))
+        self.stream
+            .clone_htod(host)
+            .map_err(|e| driver_err(&format!("uploading {what} ({} bytes)", std::mem::size_of_val(host)), e))
     }
 
     /// An output buffer filled with NaN, so an element a kernel fails to write shows up.
