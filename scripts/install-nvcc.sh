@@ -48,7 +48,14 @@ NVCC="$PREFIX/nvidia/cu13/bin/nvcc"
 STAMP="$PREFIX/.install-nvcc.stamp"
 WANT="$(printf '%s\n' "${PKGS[@]}")"
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$NVCC" --version >/dev/null 2>&1; then
+# Already installed: every wanted pin is in the stamp (a superset is fine: a later run
+# without --with-nvrtc keeps NVRTC).
+installed() {
+  [ -f "$STAMP" ] && "$NVCC" --version >/dev/null 2>&1 || return 1
+  local p
+  for p in "${PKGS[@]}"; do grep -qxF "$p" "$STAMP" || return 1; done
+}
+if installed; then
   echo "install-nvcc: CUDA $CUDA_PIP_VERSION toolchain already in $PREFIX" >&2
 else
   PY="${PYTHON:-$(command -v python3 || command -v python || true)}"
