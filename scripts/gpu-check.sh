@@ -8,6 +8,7 @@
 #   usage: scripts/gpu-check.sh [GPU_BIN_DIR]       (default: gpu-bin/ at the repo root)
 #   env:   OUT              folder for logs and summary.txt (default: a temp folder)
 #          GPU_CHECK_TIMEOUT seconds per executable (default 120)
+#          GPU_CHECK_BUDGET  seconds for all executables together (default 210)
 #
 # Exit status: 0 all passed on a device; 1 a test failed or timed out; 2 the tests
 # skipped because they saw no CUDA device; 3 nothing to run.
@@ -15,6 +16,8 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${1:-$ROOT/gpu-bin}"
 PER_BIN_TIMEOUT="${GPU_CHECK_TIMEOUT:-120}"
+BUDGET="${GPU_CHECK_BUDGET:-210}"
+START=$(date +%s)
 LOG="${OUT:-$(mktemp -d /tmp/gpu-check.XXXXXX)}"
 mkdir -p "$LOG"
 SUMMARY="$LOG/summary.txt"
@@ -78,9 +81,14 @@ for exe in "$BIN"/*; do
   name="$(basename "$exe")"
   [ -f "$exe" ] && [ "$name" != MANIFEST ] || continue
   [ -x "$exe" ] || chmod +x "$exe" 2>/dev/null || true
-  echo "== $name --test-threads=1 --nocapture"
+  left=$(( BUDGET - ($(date +%s) - START) ))
+  limit=$(( left < PER_BIN_TIMEOUT ? left : PER_BIN_TIMEOUT ))
+  if [ "$limit" -lt 5 ]; then
+    rows+=("$(printf '%-16s %-16s %7s %7s %8s %8s' "$name" "NOT-RUN(budget)" - - - -)"); status=1; continue
+  fi
+  echo "== $name --test-threads=1 --nocapture (timeout ${limit}s)"
   t0=$(date +%s.%N)
-  timeout "$PER_BIN_TIMEOUT" "$exe" --test-threads=1 --nocapture > >(tee "$LOG/$name.log") 2>&1
+  timeout "$limit" "$exe" --test-threads=1 --nocapture > >(tee "$LOG/$name.log") 2>&1
   rc=$?
   wait  # for tee
   wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
@@ -90,7 +98,7 @@ for exe in "$BIN"/*; do
   skipped="$(grep -c 'skipped:' "$LOG/$name.log")"
   nodev="$(grep -c 'skipped: no CUDA device' "$LOG/$name.log")"
   verdict=ok
-  if [ "$rc" = 124 ]; then verdict="TIMEOUT(${PER_BIN_TIMEOUT}s)"; status=1
+  if [ "$rc" = 124 ]; then verdict="TIMEOUT(${limit}s)"; status=1
   elif [ "$rc" != 0 ]; then verdict="FAILED(rc=$rc)"; status=1
   elif [ "$nodev" -gt 0 ]; then verdict="NO-DEVICE"; saw_no_device=1
   fi
