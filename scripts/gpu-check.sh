@@ -65,7 +65,8 @@ for base in (spec.submodule_search_locations if spec else []):
     for lib, inc in (("cu13/lib", "cu13/include"), ("cuda_nvrtc/lib", "cuda_runtime/include")):
         l, i = os.path.join(base, lib), os.path.join(base, inc)
         if glob.glob(os.path.join(l, "libnvrtc.so*")) and os.path.isfile(os.path.join(i, "cuda_fp16.h")):
-            print(l, i)
+            incs = [i] + [d for d in [os.path.join(base, "cuda_cccl/include")] if os.path.isdir(d)]  # <nv/target> (CUDA 12)
+            print(l, ":".join(incs))
             raise SystemExit
 PY
   ) || true
