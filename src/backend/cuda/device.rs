@@ -1,7 +1,7 @@
 //! Finding CUDA devices without ever panicking, and turning driver failures into
 //! [`Error`]s. cudarc panics when a library or a symbol cannot be loaded, so every
 //! first contact with the driver checks the library is present and runs under
-//! `catch_unwind` (see [`guarded`]).
+//! `catch_unwind` (see `guarded`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

@@ -2,10 +2,10 @@
 //! `dynamic-loading`), so this builds and runs on machines without CUDA: [`probe`]
 //! says whether a device is usable, without panicking when the driver is absent.
 //!
-//! - [`device`]: [`probe`], [`DeviceInfo`], driver errors as [`Error`]s.
+//! - [`device`]: [`probe`], [`DeviceInfo`], driver errors as [`crate::Error`]s.
 //! - [`kernels`]: [`CudaKernels`], the kernels of `kernels/*.cu` loaded on a device,
 //!   with safe upload-launch-download wrappers.
-//! - [`reference`]: CPU twins of those kernels.
+//! - [`reference`](mod@reference): CPU twins of those kernels.
 //! - [`embedded`]: what build.rs embedded (PTX per arch, and the sources for NVRTC).
 
 pub mod device;
