@@ -1,0 +1,63 @@
+// Normalisation kernels.
+//
+// rmsnorm_f32: y[r][i] = x[r][i] * w[i] / sqrt(mean_i(x[r][i]^2) + eps)
+//   x, y: [rows][n] row-major f32; w: [n] f32.
+//   Launch: grid = (rows), block = (T) with T a multiple of 32, 32 <= T <= 1024.
+//   One block per row: each thread sums squares over a strided slice (float4
+//   loads when n % 4 == 0), warps reduce with shuffles, warp sums meet in shared memory.
+#include <cuda_fp16.h>
+
+#define FULL_MASK 0xffffffffu
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
+// Sum of v over the whole block; every thread gets the result.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float warp_sums[32];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int nwarps = blockDim.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) warp_sums[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? warp_sums[lane] : 0.0f;
+    v = warp_sum(v);  // every warp reduces the partial sums: no second barrier needed
+    return v;
+}
+
+extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float* __restrict__ w,
+                                       float* __restrict__ y, int rows, int n, float eps) {
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    const float* xr = x + (size_t)row * n;
+    float* yr = y + (size_t)row * n;
+
+    float ss = 0.0f;
+    if ((n & 3) == 0) {
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        for (int i = threadIdx.x; i < (n >> 2); i += blockDim.x) {
+            const float4 v = x4[i];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    }
+    const float scale = rsqrtf(block_sum(ss) / (float)n + eps);
+
+    if ((n & 3) == 0) {
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        const float4* w4 = reinterpret_cast<const float4*>(w);
+        float4* y4 = reinterpret_cast<float4*>(yr);
+        for (int i = threadIdx.x; i < (n >> 2); i += blockDim.x) {
+            const float4 v = x4[i];
+            const float4 g = w4[i];
+            y4[i] = make_float4(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z, v.w * scale * g.w);
+        }
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
+    }
+}

@@ -1,0 +1,270 @@
+//! Smoke tests of the CUDA kernels against their CPU twins
+//! (src/backend/cuda/reference.rs). Without a CUDA device each device test prints
+//! "skipped: no CUDA device (<reason>)" and passes; scripts/gpu-check.sh runs this
+//! binary on a GPU machine and collects the `MAXERR` lines.
+
+use half::f16;
+use llmrt::backend::cuda::{self, embedded, reference, CudaKernels};
+use llmrt::Status;
+
+/// The kernels on device 0, or None (after saying why) when there is no usable device.
+fn device() -> Option<CudaKernels> {
+    match cuda::probe() {
+        Err(e) => {
+            println!("skipped: no CUDA device ({e})");
+            None
+        }
+        Ok(devices) => {
+            let k = CudaKernels::new(0)
+                .unwrap_or_else(|e| panic!("probe found {devices:?} but loading kernels failed: {e}"));
+            println!("device: {} | kernels: {}", k.device(), k.source());
+            Some(k)
+        }
+    }
+}
+
+/// xorshift64*, seeded from the case so every size gets its own inputs.
+struct Rng(u64);
+
+impl Rng {
+    fn new(parts: &[usize]) -> Rng {
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        for &p in parts {
+            s = (s ^ p as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9).rotate_left(29);
+        }
+        Rng(s | 1)
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [lo, hi).
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+    fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform(lo, hi)).collect()
+    }
+}
+
+/// Worst error seen for one kernel over all its cases.
+struct Worst {
+    kernel: &'static str,
+    rel_l2: f64,
+    max_abs: f64,
+    case: String,
+    cases: usize,
+}
+
+impl Worst {
+    fn new(kernel: &'static str) -> Worst {
+        Worst { kernel, rel_l2: 0.0, max_abs: 0.0, case: String::new(), cases: 0 }
+    }
+
+    /// Checks `got` against `want` (length, every element written, relative L2 error
+    /// under `tol`) and keeps the worst case.
+    fn check(&mut self, case: String, got: &[f32], want: &[f32], tol: f64) {
+        assert_eq!(got.len(), want.len(), "{}: {case}: output length", self.kernel);
+        if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+            panic!("{}: {case}: element {i} is {} (not written by the kernel?)", self.kernel, got[i]);
+        }
+        let (mut num, mut den, mut max_abs) = (0.0f64, 0.0f64, 0.0f64);
+        for (&g, &w) in got.iter().zip(want) {
+            let d = f64::from(g) - f64::from(w);
+            num += d * d;
+            den += f64::from(w) * f64::from(w);
+            max_abs = max_abs.max(d.abs());
+        }
+        let rel = if den > 0.0 { (num / den).sqrt() } else { num.sqrt() };
+        println!("  {}: {case}: rel_l2={rel:.3e} max_abs={max_abs:.3e}", self.kernel);
+        assert!(rel < tol, "{}: {case}: relative L2 error {rel:.3e} >= {tol:.0e}", self.kernel);
+        self.cases += 1;
+        self.max_abs = self.max_abs.max(max_abs);
+        if rel >= self.rel_l2 {
+            self.rel_l2 = rel;
+            self.case = case;
+        }
+    }
+
+    fn report(&self) {
+        println!(
+            "MAXERR {} rel_l2={:.3e} max_abs={:.3e} cases={} worst=[{}]",
+            self.kernel, self.rel_l2, self.max_abs, self.cases, self.case
+        );
+    }
+}
+
+const ROWS: &[usize] = &[1, 7, 4096];
+const BATCHES: &[usize] = &[1, 3, 8, 11]; // 11: more than one tile of 8 vectors
+
+#[test]
+fn probe_never_panics() {
+    match cuda::probe() {
+        Ok(devices) => {
+            assert!(!devices.is_empty());
+            for d in &devices {
+                println!("{d}");
+                println!("  {d:?}");
+            }
+        }
+        Err(e) => {
+            println!("skipped: no CUDA device ({e})");
+            assert!(matches!(e.status, Status::LLMRT_UNSUPPORTED | Status::LLMRT_DEVICE), "{e}");
+        }
+    }
+}
+
+#[test]
+fn embedded_kernels_are_complete() {
+    let stems: Vec<&str> = embedded::SOURCES.iter().map(|&(s, _)| s).collect();
+    assert!(stems.contains(&"norm") && stems.contains(&"gemv"), "sources: {stems:?}");
+    println!("embedded sources: {stems:?}; PTX archs: {:?}", embedded::ptx_archs());
+    if embedded::PTX.is_empty() {
+        println!("no PTX embedded (built without nvcc): kernels will be compiled by NVRTC");
+        return;
+    }
+    assert_eq!(embedded::ptx_archs(), vec![80, 90]);
+    for &(stem, sm, ptx) in embedded::PTX {
+        let version = ptx.lines().find(|l| l.starts_with(".version")).unwrap_or("?");
+        println!("  {stem}.cu sm_{sm}: {} bytes, {version}", ptx.len());
+        assert!(ptx.contains(&format!(".target sm_{sm}")), "{stem} sm_{sm}: wrong target");
+    }
+    for (stem, entries) in [("norm", &["rmsnorm_f32"][..]), ("gemv", &["gemv_f16_f32", "gemv_q8_0_f32"][..])] {
+        for &(_, _, ptx) in embedded::PTX.iter().filter(|&&(s, _, _)| s == stem) {
+            for e in entries {
+                assert!(ptx.contains(&format!(".entry {e}(")), "{stem}: no entry {e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn rmsnorm_f32_matches_cpu() {
+    let Some(k) = device() else { return };
+    let mut worst = Worst::new("rmsnorm_f32");
+    // 77: odd (scalar path); 1000: float4 path, not a power of two
+    for &rows in ROWS {
+        for &n in &[64usize, 136, 4096, 77, 1000] {
+            let mut rng = Rng::new(&[1, rows, n]);
+            let x = rng.vec(rows * n, -2.0, 2.0);
+            let w = rng.vec(n, 0.5, 1.5);
+            let eps = 1e-5;
+            let got = k.rmsnorm_f32(&x, &w, rows, n, eps).expect("rmsnorm_f32");
+            let want = reference::rmsnorm_f32(&x, &w, rows, n, eps);
+            worst.check(format!("rows={rows} n={n}"), &got, &want, 1e-5);
+        }
+    }
+    worst.report();
+}
+
+#[test]
+fn gemv_f16_matches_cpu() {
+    let Some(k) = device() else { return };
+    let mut worst = Worst::new("gemv_f16_f32");
+    // 64, 136, 4096: 16-byte path (136 = 17 chunks of 8: a partial last warp step);
+    // 100, 77: cols % 8 != 0, scalar path
+    for &rows in ROWS {
+        for &cols in &[64usize, 136, 4096, 100, 77] {
+            for &batch in BATCHES {
+                let mut rng = Rng::new(&[2, rows, cols, batch]);
+                let w: Vec<f16> = (0..rows * cols).map(|_| f16::from_f32(rng.uniform(-1.0, 1.0))).collect();
+                let x = rng.vec(batch * cols, -1.0, 1.0);
+                let got = k.gemv_f16(&w, &x, rows, cols, batch).expect("gemv_f16");
+                let want = reference::gemv_f16(&w, &x, rows, cols, batch);
+                worst.check(format!("rows={rows} cols={cols} batch={batch}"), &got, &want, 1e-4);
+            }
+        }
+    }
+    worst.report();
+}
+
+/// Random Q8_0 blocks: small f16 scales, quants over the whole int8 range.
+fn random_q8_0(rng: &mut Rng, rows: usize, cols: usize) -> Vec<u8> {
+    let nblocks = rows * cols / reference::QK8_0;
+    let mut bytes = Vec::with_capacity(nblocks * reference::Q8_0_BLOCK_BYTES);
+    for _ in 0..nblocks {
+        bytes.extend_from_slice(&f16::from_f32(rng.uniform(0.001, 0.02)).to_le_bytes());
+        bytes.extend((0..reference::QK8_0).map(|_| (rng.next_u64() >> 56) as u8));
+    }
+    bytes
+}
+
+#[test]
+fn gemv_q8_0_matches_cpu() {
+    let Some(k) = device() else { return };
+    let mut worst = Worst::new("gemv_q8_0_f32");
+    // cols must be a multiple of 32: 64 (2 blocks), 160 (5 blocks: part of a warp step), 4096
+    for &rows in ROWS {
+        for &cols in &[64usize, 160, 4096] {
+            for &batch in BATCHES {
+                let mut rng = Rng::new(&[3, rows, cols, batch]);
+                let w = random_q8_0(&mut rng, rows, cols);
+                let x = rng.vec(batch * cols, -1.0, 1.0);
+                let got = k.gemv_q8_0(&w, &x, rows, cols, batch).expect("gemv_q8_0");
+                let want = reference::gemv_q8_0(&w, &x, rows, cols, batch);
+                worst.check(format!("rows={rows} cols={cols} batch={batch}"), &got, &want, 1e-4);
+            }
+        }
+    }
+    worst.report();
+    let err = k.gemv_q8_0(&[0u8; 34 * 4], &[0.0; 136], 1, 136, 1).expect_err("cols % 32 != 0 must be refused");
+    assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
+}
+
+#[test]
+fn nvrtc_compiles_sources() {
+    for sm in [80u32, 90] {
+        let t0 = std::time::Instant::now();
+        match cuda::nvrtc_compile(sm) {
+            Err(e) if e.status == Status::LLMRT_UNSUPPORTED => {
+                println!("skipped: no NVRTC ({e})");
+                return;
+            }
+            // Headers and libnvrtc-builtins are the environment's business (NVRTC has no
+            // headers built in): missing ones are a skip, any other compile error a failure.
+            Err(e)
+                if ["could not open source file", "cannot open source file", "libnvrtc-builtins"]
+                    .iter()
+                    .any(|m| e.message.contains(m)) =>
+            {
+                println!("skipped: NVRTC found but its environment is incomplete (set LLMRT_CUDA_INCLUDE?): {e}");
+                return;
+            }
+            Err(e) => panic!("NVRTC failed: {e}"),
+            Ok(ptx) => {
+                println!("NVRTC compute_{sm}: {} modules in {:.0} ms", ptx.len(), t0.elapsed().as_secs_f64() * 1e3);
+                for (stem, text) in &ptx {
+                    let version = text.lines().find(|l| l.starts_with(".version")).unwrap_or("?");
+                    println!("  {stem}.cu: {} bytes, {version}", text.len());
+                }
+                let all: String = ptx.iter().map(|(_, t)| t.as_str()).collect();
+                for e in ["rmsnorm_f32", "gemv_f16_f32", "gemv_q8_0_f32"] {
+                    assert!(all.contains(&format!(".entry {e}(")), "NVRTC compute_{sm}: no entry {e}");
+                }
+            }
+        }
+    }
+    // With a device, run the NVRTC-built kernels once each against the twins.
+    if let Err(e) = cuda::probe() {
+        println!("skipped: no CUDA device ({e}): NVRTC kernels compiled but not run");
+        return;
+    }
+    let k = CudaKernels::with_nvrtc(0).expect("loading NVRTC-compiled kernels");
+    println!("device: {} | kernels: {}", k.device(), k.source());
+    let (rows, cols, batch) = (257usize, 4096usize, 3usize);
+    let mut rng = Rng::new(&[4, rows, cols, batch]);
+    let x = rng.vec(batch * cols, -1.0, 1.0);
+    let mut worst = Worst::new("nvrtc");
+    let g = rng.vec(cols, 0.5, 1.5);
+    let got = k.rmsnorm_f32(&x, &g, batch, cols, 1e-6).expect("rmsnorm_f32 (NVRTC)");
+    worst.check("rmsnorm_f32".into(), &got, &reference::rmsnorm_f32(&x, &g, batch, cols, 1e-6), 1e-5);
+    let w: Vec<f16> = (0..rows * cols).map(|_| f16::from_f32(rng.uniform(-1.0, 1.0))).collect();
+    let got = k.gemv_f16(&w, &x, rows, cols, batch).expect("gemv_f16 (NVRTC)");
+    worst.check("gemv_f16_f32".into(), &got, &reference::gemv_f16(&w, &x, rows, cols, batch), 1e-4);
+    let q = random_q8_0(&mut rng, rows, cols);
+    let got = k.gemv_q8_0(&q, &x, rows, cols, batch).expect("gemv_q8_0 (NVRTC)");
+    worst.check("gemv_q8_0_f32".into(), &got, &reference::gemv_q8_0(&q, &x, rows, cols, batch), 1e-4);
+    worst.report();
+}
