@@ -80,11 +80,6 @@ typedef enum llmrt_backend {
 } llmrt_backend;
 
 /**
- * A tensor element type this runtime computes with.
- */
-typedef struct DType DType;
-
-/**
  * A loaded model (opaque). Create with `llmrt_model_load`, destroy with
  * `llmrt_model_free`. Every function may be called from any thread; calls that
  * touch one model are serialised internally, different models run in parallel.
