@@ -25,7 +25,7 @@ pre-tokenizer the tokenizer really uses (`qwen2`: the script builds the Qwen2 sp
 Models (random weights; all hidden 64, 2 layers, ffn 128, max_position_embeddings 256):
 llama_gqa, llama_mha_tied, llama3_rope, mistral, qwen2, qwen3 -- see MODELS below.
 Seeds: model i (in MODELS order) uses weight seed 1000 + 100*i, +1 for each retry when the
-smallest greedy top1-top2 margin is below 1e-3 or the greedy output is degenerate (fewer than 8
+smallest greedy top1-top2 margin is below 5e-3 or the greedy output is degenerate (fewer than 8
 distinct ids in 32, or one id more than 8 times in a row); the seed used is printed and stored in
 reference.json; token sequences use numpy default_rng(seed + 7); tokenizer training text uses
 random.Random(1234 + i).
@@ -62,7 +62,7 @@ LLAMA_CPP_PY_VERSION = "0.3.36"
 N_TOKENS = 24
 N_PROMPT = 8
 N_GEN = 32
-MIN_MARGIN = 1e-3   # smallest acceptable greedy top1-top2 logit gap
+MIN_MARGIN = 5e-3   # smallest acceptable greedy top1-top2 logit gap (brief asked >= 1e-3; 5e-3 leaves room for f16 weight noise)
 MIN_DISTINCT = 8    # greedy_ids must hold at least this many distinct ids ...
 MAX_RUN = 8         # ... and repeat one id at most this many times in a row
 REL_TOL = 1e-5
@@ -92,11 +92,12 @@ MODELS = [
     dict(name="qwen2", cls="Qwen2ForCausalLM", tok="bpe", gguf_arch="qwen2",
          cfg=dict(vocab_size=384, num_attention_heads=4, num_key_value_heads=2,
                   tie_word_embeddings=False, rms_norm_eps=1e-6, use_sliding_window=False,
+                  bos_token_id=0, eos_token_id=0,  # <|endoftext|>, as in Qwen's own configs
                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
     dict(name="qwen3", cls="Qwen3ForCausalLM", tok="bpe", gguf_arch="qwen3",
          cfg=dict(vocab_size=320, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                   tie_word_embeddings=False, rms_norm_eps=1e-6, use_sliding_window=False,
-                  attention_bias=False,
+                  attention_bias=False, bos_token_id=0, eos_token_id=0,
                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
 ]
 
@@ -572,13 +573,16 @@ def write_readme(out: Path, report: dict, vers: dict, command: str):
     A("")
     A("    " + command)
     A("")
+    A("(with the venv's python; `--work` is any scratch directory: it receives the converter sdist and "
+      "the HF checkpoints, which are not kept here).")
+    A("")
     A("Tiny random-weight models (hidden 64, 2 layers, ffn 128, max_position_embeddings 256), built "
       "locally with transformers (no Hub), seeded; tokenizers trained locally on generated English "
       "text (SentencePiece BPE with byte fallback for the llama family, byte-level BPE with the Qwen2 "
       "split regex for qwen2/qwen3), vocab size equal to the model's. Weight scales: embeddings "
       "N(0, 0.5) (0.1 for the tied model), linears N(0, 1/sqrt(in)), biases N(0, 0.5), every RMSNorm "
       "weight 1 + 0.1 N(0, 1). Seeds: 1000 + 100*i for the i-th model, bumped by one until the "
-      "smallest greedy top1-top2 margin is >= 1e-3 and the greedy output is not degenerate (>= 8 "
+      "smallest greedy top1-top2 margin is >= 5e-3 and the greedy output is not degenerate (>= 8 "
       "distinct ids in 32, no id more than 8 times in a row); the seed used is in reference.json.")
     A("")
     A("## Versions")
