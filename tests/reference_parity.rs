@@ -6,6 +6,10 @@ use common::*;
 
 /// Per-row relative L2 of `llmrt_prefill_all` against the reference logits.
 fn check_logits(f: &Fixture, ty: &str, bound: f64) -> f64 {
+    check_logits_against(f, ty, &f.logits, "transformers", bound)
+}
+
+fn check_logits_against(f: &Fixture, ty: &str, reference: &[f32], what: &str, bound: f64) -> f64 {
     let path = f.gguf(ty);
     let m = load(&path);
     assert_eq!(m.vocab, f.vocab, "{}", path.display());
@@ -13,12 +17,13 @@ fn check_logits(f: &Fixture, ty: &str, bound: f64) -> f64 {
     let got = m.prefill_all(c, &f.tokens);
     assert!(got.iter().all(|v| v.is_finite()), "{}: non-finite logits", path.display());
     let mut worst = 0f64;
-    for (t, (g, w)) in got.chunks_exact(f.vocab).zip(f.logits.chunks_exact(f.vocab)).enumerate() {
+    assert_eq!(got.len(), reference.len());
+    for (t, (g, w)) in got.chunks_exact(f.vocab).zip(reference.chunks_exact(f.vocab)).enumerate() {
         let e = rel_l2(g, w);
         assert!(e < bound, "{} row {t}: relative L2 {e:.3e} >= {bound:.0e}", path.display());
         worst = worst.max(e);
     }
-    println!("{:<16} {:<5} worst row relative L2 {worst:.3e} (bound {bound:.0e})", f.name, ty);
+    println!("{:<16} {:<5} vs {what}: worst row relative L2 {worst:.3e} (bound {bound:.0e})", f.name, ty);
     worst
 }
 
@@ -53,6 +58,23 @@ fn q8_0_logits_close_to_transformers() {
         }
     }
     assert!(n >= 1, "no Q8_0 fixture found");
+}
+
+/// The quantized and f16 files against a float64 forward pass over their own
+/// dequantized weights (tools/make_fixtures.py, numpy): llmrt dequantizes exactly, so
+/// the only difference left is f32 arithmetic, and the bound is the f32 one.
+#[test]
+fn f16_and_q8_0_logits_match_float64_over_dequantized_weights() {
+    let mut n = 0;
+    for f in fixtures_present() {
+        for ty in ["f16", "q8_0"] {
+            let Some(file) = f.json["checks"][format!("{ty}_logits_file")].as_str() else { continue };
+            let reference = read_f32(&f.dir.join(file));
+            check_logits_against(&f, ty, &reference, "float64 over dequantized weights", 1e-4);
+            n += 1;
+        }
+    }
+    assert!(n >= 7, "expected f16 references for 6 fixtures and a Q8_0 one, found {n}");
 }
 
 #[test]

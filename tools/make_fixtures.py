@@ -522,6 +522,12 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
         extra[f"numpy_vs_hf_rel_err_{ot}"] = e
         log(f"      numpy float64 forward over {f.name} vs transformers: rel err {e:.3g}, "
             f"max abs {np.max(np.abs(npl - logits)):.3g}")
+        if ot != "f32":
+            # The exact answer for the quantized file: float64 over its dequantized weights.
+            # llmrt dequantizes exactly too, so its logits must match these tightly.
+            qf = f"logits.{ot}.f32"
+            npl.astype("<f4").tofile(odir / qf)
+            extra[f"{ot}_logits_file"] = qf
         if ot == "f32":
             assert e < REL_TOL, f"{name}: numpy forward over GGUF does not match HF ({e})"
             wrong = "neox" if arch == "llama" else "adjacent"

@@ -144,6 +144,12 @@ pub struct Fixture {
     pub vocab: usize,
 }
 
+/// A raw little-endian f32 file.
+pub fn read_f32(path: &Path) -> Vec<f32> {
+    let raw = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    raw.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
 fn ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
@@ -157,8 +163,7 @@ impl Fixture {
         for dir in dirs {
             let name = dir.file_name().unwrap().to_string_lossy().into_owned();
             let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
-            let raw = std::fs::read(dir.join(json["logits_file"].as_str().unwrap())).unwrap();
-            let logits = raw.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            let logits = read_f32(&dir.join(json["logits_file"].as_str().unwrap()));
             out.push(Fixture {
                 name,
                 tokens: ids(&json["tokens"]),
