@@ -10,7 +10,9 @@
 
 pub mod device;
 pub mod kernels;
+pub mod ops;
 pub mod reference;
+pub mod runner;
 
 pub use device::{probe, DeviceInfo};
 pub use kernels::{nvrtc_compile, CudaKernels, KernelSource};
