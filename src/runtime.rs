@@ -167,6 +167,11 @@ impl Model {
         self.lock().kv.release(cache)
     }
 
+    /// The tokens cache `cache` holds, in order.
+    pub fn cache_tokens(&self, cache: u64) -> Result<Vec<u32>> {
+        Ok(self.lock().kv.get(cache)?.tokens.clone())
+    }
+
     pub fn cache_length(&self, cache: u64) -> Result<u32> {
         Ok(self.lock().kv.get(cache)?.len)
     }
@@ -282,7 +287,7 @@ impl Model {
             .collect();
         backend.step(&seqs, &mut out)?;
         for (&c, t) in caches.iter().zip(tokens) {
-            kv.commit(c, t.len());
+            kv.commit(c, t);
         }
         if let Some(l) = logits {
             l[..out.len()].copy_from_slice(&out);

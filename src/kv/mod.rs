@@ -39,6 +39,8 @@ pub struct CacheState {
     pub len: u32,
     /// Block table: `blocks[p / BLOCK_POSITIONS]` holds position `p`.
     pub blocks: Vec<BlockId>,
+    /// The token at each position (`len` of them): repetition penalties, diagnostics.
+    pub tokens: Vec<u32>,
     reserved_blocks: usize,
 }
 
@@ -113,7 +115,7 @@ impl KvManager {
         let need = blocks_for(positions);
         self.book(need, positions)?;
         let id = NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed);
-        self.caches.insert(id, CacheState { capacity: positions, len: 0, blocks: Vec::new(), reserved_blocks: need });
+        self.caches.insert(id, CacheState { capacity: positions, len: 0, blocks: Vec::new(), tokens: Vec::new(), reserved_blocks: need });
         Ok(id)
     }
 
@@ -151,7 +153,13 @@ impl KvManager {
             self.refcount[b as usize] += 1;
         }
         let id = NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed);
-        self.caches.insert(id, CacheState { capacity: src.capacity, len: src.len, blocks: src.blocks, reserved_blocks: src.reserved_blocks });
+        self.caches.insert(id, CacheState {
+            capacity: src.capacity,
+            len: src.len,
+            blocks: src.blocks,
+            tokens: src.tokens,
+            reserved_blocks: src.reserved_blocks,
+        });
         Ok(id)
     }
 
@@ -168,6 +176,7 @@ impl KvManager {
         let state = self.caches.get_mut(&id).expect("checked above");
         let dropped: Vec<BlockId> = state.blocks.drain(keep..).collect();
         state.len = positions;
+        state.tokens.truncate(positions as usize);
         for b in dropped {
             self.unref(b);
         }
@@ -231,10 +240,11 @@ impl KvManager {
         result.map(|_| copies)
     }
 
-    /// Records that `n` positions were written to cache `id`.
-    pub fn commit(&mut self, id: u64, n: usize) {
+    /// Records that `tokens` were written to cache `id` after its last position.
+    pub fn commit(&mut self, id: u64, tokens: &[u32]) {
         if let Some(s) = self.caches.get_mut(&id) {
-            s.len += n as u32;
+            s.len += tokens.len() as u32;
+            s.tokens.extend_from_slice(tokens);
         }
     }
 
@@ -299,7 +309,7 @@ mod tests {
         let mut kv = KvManager::new(16, 1);
         let a = kv.reserve(64, 64).unwrap();
         assert!(kv.prepare_append(a, 20).unwrap().is_empty());
-        kv.commit(a, 20);
+        kv.commit(a, &[7; 20]);
         assert_eq!(kv.blocks_in_use(), 2);
         let b = kv.fork(a).unwrap();
         assert_eq!(kv.blocks_in_use(), 2);
@@ -307,7 +317,8 @@ mod tests {
         let copies = kv.prepare_append(b, 1).unwrap();
         assert_eq!(copies.len(), 1);
         assert_eq!(copies[0].src, kv.get(a).unwrap().blocks[1]);
-        kv.commit(b, 1);
+        kv.commit(b, &[9]);
+        assert_eq!(kv.get(b).unwrap().tokens.len(), 21);
         assert_eq!(kv.get(a).unwrap().blocks[0], kv.get(b).unwrap().blocks[0]);
         assert_ne!(kv.get(a).unwrap().blocks[1], kv.get(b).unwrap().blocks[1]);
         assert_eq!(kv.blocks_in_use(), 3);
@@ -329,7 +340,7 @@ mod tests {
         let a = kv.reserve(4, 64).unwrap();
         assert_eq!(kv.check_append(a, 5).unwrap_err().status, crate::Status::LLMRT_CONTEXT_FULL);
         kv.prepare_append(a, 4).unwrap();
-        kv.commit(a, 4);
+        kv.commit(a, &[1, 2, 3, 4]);
         assert_eq!(kv.truncate(a, 5).unwrap_err().status, crate::Status::LLMRT_INVALID_ARGUMENT);
         kv.truncate(a, 0).unwrap();
         assert_eq!(kv.get(a).unwrap().blocks.len(), 0);
