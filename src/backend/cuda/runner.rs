@@ -159,6 +159,89 @@ fn grow<T: DeviceRepr + ValidAsZeroBits>(
     Ok(())
 }
 
+/// The host-side arrays of one step.
+#[derive(Debug, PartialEq)]
+struct Plan {
+    /// Token ids, all sequences' tokens in order.
+    ids: Vec<u32>,
+    /// Per token: index of its sequence in the step.
+    seq: Vec<u32>,
+    /// Per token: its position in its cache.
+    pos: Vec<u32>,
+    /// Per token: `block * 16 + pos % 16`.
+    slots: Vec<u32>,
+    /// `[n_tokens][inv_freq.len()]`, angles `pos * inv_freq` in f64 rounded to f32.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    /// `[n_seqs][max_blocks]`, zero padded.
+    block_tables: Vec<u32>,
+    max_blocks: usize,
+    /// Token rows whose logits are wanted, in sequence order.
+    rows: Vec<u32>,
+}
+
+impl Plan {
+    fn build(seqs: &[Seq<'_>], inv_freq: &[f64], n_blocks: usize, vocab: usize) -> Result<Plan> {
+        let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        let half = inv_freq.len();
+        let max_blocks = seqs.iter().map(|s| (s.start + s.tokens.len()).div_ceil(BLOCK_POSITIONS)).max().unwrap_or(1).max(1);
+        let mut p = Plan {
+            ids: Vec::with_capacity(n),
+            seq: Vec::with_capacity(n),
+            pos: Vec::with_capacity(n),
+            slots: Vec::with_capacity(n),
+            cos: vec![0f32; n * half],
+            sin: vec![0f32; n * half],
+            block_tables: vec![0u32; seqs.len() * max_blocks],
+            max_blocks,
+            rows: Vec::new(),
+        };
+        for (si, s) in seqs.iter().enumerate() {
+            let end = s.start + s.tokens.len();
+            if end > u32::MAX as usize {
+                return Err(Error::internal(format!("position {end} does not fit the kernels' u32")));
+            }
+            let need = end.div_ceil(BLOCK_POSITIONS);
+            if s.blocks.len() < need {
+                return Err(Error::internal(format!(
+                    "block table of sequence {si} has {} blocks, the step needs {need}",
+                    s.blocks.len()
+                )));
+            }
+            for (j, &b) in s.blocks[..need].iter().enumerate() {
+                if b as usize >= n_blocks {
+                    return Err(Error::internal(format!("KV block {b} outside the pool of {n_blocks} blocks")));
+                }
+                p.block_tables[si * max_blocks + j] = b;
+            }
+            let t0 = p.ids.len();
+            for (i, &tok) in s.tokens.iter().enumerate() {
+                if tok as usize >= vocab {
+                    return Err(Error::internal(format!("token id {tok} outside the vocabulary reached the CUDA step")));
+                }
+                let pos = s.start + i;
+                let t = p.ids.len();
+                p.ids.push(tok);
+                p.seq.push(si as u32);
+                p.pos.push(pos as u32);
+                p.slots.push(s.blocks[pos / BLOCK_POSITIONS] * BLOCK_POSITIONS as u32 + (pos % BLOCK_POSITIONS) as u32);
+                // Exactly as cpu/forward.rs: the angle in f64, rounded once.
+                for (j, f) in inv_freq.iter().enumerate() {
+                    let a = pos as f64 * f;
+                    p.cos[t * half + j] = a.cos() as f32;
+                    p.sin[t * half + j] = a.sin() as f32;
+                }
+            }
+            match s.want {
+                Want::Nothing => {}
+                Want::Last => p.rows.push((t0 + s.tokens.len() - 1) as u32),
+                Want::All => p.rows.extend((t0..t0 + s.tokens.len()).map(|r| r as u32)),
+            }
+        }
+        Ok(p)
+    }
+}
+
 impl CudaBackend {
     /// Opens device `ordinal`, loads the kernels, uploads every weight (calling
     /// `progress` with the fraction of bytes uploaded) and allocates the KV pool:
@@ -322,56 +405,9 @@ impl CudaBackend {
         if n == 0 {
             return Ok(0);
         }
-
-        // Host side: per-token arrays, block tables, wanted rows.
-        let max_blocks = seqs.iter().map(|s| (s.start + s.tokens.len()).div_ceil(BLOCK_POSITIONS)).max().unwrap_or(1).max(1);
-        let mut ids = Vec::with_capacity(n);
-        let mut seq = Vec::with_capacity(n);
-        let mut pos = Vec::with_capacity(n);
-        let mut slots = Vec::with_capacity(n);
-        let mut cos = vec![0f32; n * half];
-        let mut sin = vec![0f32; n * half];
-        let mut bt = vec![0u32; seqs.len() * max_blocks];
-        let mut rows: Vec<u32> = Vec::new();
-        for (si, s) in seqs.iter().enumerate() {
-            let end = s.start + s.tokens.len();
-            let need = end.div_ceil(BLOCK_POSITIONS);
-            if s.blocks.len() < need {
-                return Err(Error::internal(format!(
-                    "block table of sequence {si} has {} blocks, the step needs {need}",
-                    s.blocks.len()
-                )));
-            }
-            for (j, &b) in s.blocks[..need].iter().enumerate() {
-                if b as usize >= self.kv.n_blocks {
-                    return Err(Error::internal(format!("KV block {b} outside the pool of {} blocks", self.kv.n_blocks)));
-                }
-                bt[si * max_blocks + j] = b;
-            }
-            let t0 = ids.len();
-            for (i, &tok) in s.tokens.iter().enumerate() {
-                let p = s.start + i;
-                let t = ids.len();
-                ids.push(tok);
-                seq.push(si as u32);
-                pos.push(p as u32);
-                slots.push(s.blocks[p / BLOCK_POSITIONS] * BLOCK_POSITIONS as u32 + (p % BLOCK_POSITIONS) as u32);
-                for (j, f) in self.inv_freq.iter().enumerate() {
-                    let a = p as f64 * f;
-                    cos[t * half + j] = a.cos() as f32;
-                    sin[t * half + j] = a.sin() as f32;
-                }
-            }
-            match s.want {
-                Want::Nothing => {}
-                Want::Last => rows.push((t0 + s.tokens.len() - 1) as u32),
-                Want::All => rows.extend((t0..t0 + s.tokens.len()).map(|r| r as u32)),
-            }
-        }
+        let Plan { ids, seq, pos, slots, cos, sin, block_tables: bt, max_blocks, rows } =
+            Plan::build(seqs, &self.inv_freq, self.kv.n_blocks, vocab)?;
         let nr = rows.len();
-        if ids.iter().any(|&t| t as usize >= vocab) {
-            return Err(Error::internal("token id outside the vocabulary reached the CUDA step"));
-        }
 
         // Device side.
         let CudaBackend { ctx, info, stream, ops, token_embd, layers, output_norm, output, kv, s, .. } = self;
@@ -460,6 +496,12 @@ impl CudaBackend {
         Ok(nr)
     }
 
+    /// Makes the context current on the calling thread (callers may step a model
+    /// from any thread; cuBLAS works on the thread's current context).
+    fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))
+    }
+
     fn sync(&self, what: &str) -> Result<()> {
         self.stream.synchronize().map_err(|e| driver_err(what, e))
     }
@@ -486,6 +528,7 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         guarded("CUDA KV block copy", || {
+            self.bind()?;
             for c in copies {
                 if c.src as usize >= self.kv.n_blocks || c.dst as usize >= self.kv.n_blocks {
                     return Err(Error::internal(format!(
@@ -510,6 +553,7 @@ impl Backend for CudaBackend {
             )));
         }
         guarded("CUDA step", || {
+            self.bind()?;
             let nr = self.forward(seqs)?;
             if nr != wanted {
                 return Err(Error::internal(format!("step produced {nr} logits rows, {wanted} wanted")));
@@ -528,6 +572,7 @@ impl Backend for CudaBackend {
             return Err(Error::internal("greedy step: one Want::Last row per sequence expected"));
         }
         guarded("CUDA greedy step", || {
+            self.bind()?;
             let nr = self.forward(seqs)?;
             if nr != next.len() {
                 return Err(Error::internal(format!("step produced {nr} rows, {} wanted", next.len())));
@@ -557,5 +602,52 @@ impl Drop for CudaBackend {
         // Let queued work finish before the buffers it uses are freed.
         let _ = self.ctx.bind_to_thread();
         let _ = self.stream.synchronize();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_lays_out_tokens_slots_tables_and_rows() {
+        let inv = [1.0f64, 0.01];
+        let (a, b, c) = ([5u32, 6, 7], [9u32], [1u32, 2]);
+        let seqs = [
+            // 3 tokens at positions 15..18: crosses from block 3 into block 4.
+            Seq { tokens: &a, start: 15, blocks: &[3, 4, 8], want: Want::All },
+            Seq { tokens: &b, start: 0, blocks: &[2], want: Want::Last },
+            Seq { tokens: &c, start: 31, blocks: &[0, 1, 5, 7], want: Want::Nothing },
+        ];
+        let p = Plan::build(&seqs, &inv, 16, 10).unwrap();
+        assert_eq!(p.ids, [5, 6, 7, 9, 1, 2]);
+        assert_eq!(p.seq, [0, 0, 0, 1, 2, 2]);
+        assert_eq!(p.pos, [15, 16, 17, 0, 31, 32]);
+        assert_eq!(p.slots, [3 * 16 + 15, 4 * 16, 4 * 16 + 1, 2 * 16, 16 + 15, 5 * 16]);
+        assert_eq!(p.max_blocks, 3);
+        // Only the blocks a step reaches are copied; the rest is padding.
+        assert_eq!(p.block_tables, [3, 4, 0, 2, 0, 0, 0, 1, 5]);
+        assert_eq!(p.rows, [0, 1, 2, 3]);
+        assert_eq!(p.cos.len(), 12);
+        assert_eq!(p.cos[2 * 2 + 1], (17.0f64 * 0.01).cos() as f32);
+        assert_eq!(p.sin[5 * 2], (32.0f64).sin() as f32);
+
+        let short = [Seq { tokens: &a, start: 15, blocks: &[3], want: Want::Last }];
+        assert_eq!(Plan::build(&short, &inv, 16, 10).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+        let outside = [Seq { tokens: &b, start: 0, blocks: &[16], want: Want::Last }];
+        assert_eq!(Plan::build(&outside, &inv, 16, 10).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+        let bad_token = [Seq { tokens: &[10], start: 0, blocks: &[0], want: Want::Last }];
+        assert_eq!(Plan::build(&bad_token, &inv, 16, 10).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+    }
+
+    #[test]
+    fn default_kv_budget_rules() {
+        let gib = 1u64 << 30;
+        // Half the free memory, at most 8 GiB.
+        assert_eq!(default_kv_budget(100 * gib, 1024, 4096), 8 * gib);
+        assert_eq!(default_kv_budget(4 * gib, 1024, 4096), 2 * gib);
+        // Raised to one full context when that fits in three quarters of the free memory.
+        assert_eq!(default_kv_budget(100 * gib, 1 << 20, 16384), 16 * gib);
+        assert_eq!(default_kv_budget(8 * gib, 1 << 20, 16384), 6 * gib);
     }
 }
