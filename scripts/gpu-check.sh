@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
 # Run the prebuilt test executables of gpu-bin/ (made by scripts/gpu-prepare.sh) on a
 # GPU machine that has the NVIDIA driver but no Rust. Prints nvidia-smi, runs each
-# executable with --test-threads=1 --nocapture (logs into $OUT when OUT is set), then a
-# table: executable, passed/failed/skipped counts, wall time, and the MAXERR lines
-# (worst error per kernel) the tests printed.
+# executable from the repository root with --test-threads=1 --nocapture (logs into $OUT
+# when OUT is set; LLMRT_FIXTURES points at tests/fixtures), then, when cuda_parity is
+# there, its ignored benchmark (`cuda_parity --ignored bench_decode`: CPU vs CUDA
+# tokens/s); then a table: executable, passed/failed/skipped counts, wall time, the
+# MAXERR lines (worst error per kernel / per model file) and the BENCH lines.
 #
 #   usage: scripts/gpu-check.sh [GPU_BIN_DIR]       (default: gpu-bin/ at the repo root)
 #   env:   OUT              folder for logs and summary.txt (default: a temp folder)
-#          GPU_CHECK_TIMEOUT seconds per executable (default 120)
-#          GPU_CHECK_BUDGET  seconds for all executables together (default 210)
+#          GPU_CHECK_TIMEOUT seconds per executable (default 150)
+#          GPU_CHECK_BUDGET  seconds for everything, benchmark included (default 450)
+#          GPU_CHECK_BENCH_TIMEOUT seconds for the benchmark (default 240; 0 skips it)
 #
 # Exit status: 0 all passed on a device; 1 a test failed or timed out; 2 the tests
 # skipped because they saw no CUDA device; 3 nothing to run.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${1:-$ROOT/gpu-bin}"
-PER_BIN_TIMEOUT="${GPU_CHECK_TIMEOUT:-120}"
-BUDGET="${GPU_CHECK_BUDGET:-210}"
+PER_BIN_TIMEOUT="${GPU_CHECK_TIMEOUT:-150}"
+BUDGET="${GPU_CHECK_BUDGET:-450}"
+BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-240}"
+cd "$ROOT"
+export LLMRT_FIXTURES="${LLMRT_FIXTURES:-$ROOT/tests/fixtures}"
 START=$(date +%s)
 LOG="${OUT:-$(mktemp -d /tmp/gpu-check.XXXXXX)}"
 mkdir -p "$LOG"
@@ -76,6 +82,7 @@ if [ -n "$nvrtc_lib" ] && [ "$nvrtc_lib" != "(system)" ]; then
 fi
 if [ -n "$nvrtc_inc" ]; then export LLMRT_CUDA_INCLUDE="$nvrtc_inc${LLMRT_CUDA_INCLUDE:+:$LLMRT_CUDA_INCLUDE}"; fi
 say "NVRTC: lib ${nvrtc_lib:-not found}; cuda_fp16.h in ${nvrtc_inc:-not found}"
+say "fixtures: $LLMRT_FIXTURES ($(ls "$LLMRT_FIXTURES" 2>/dev/null | wc -l) entries)"
 
 rows=() maxerrs=() status=0 saw_no_device=0
 for exe in "$BIN"/*; do
@@ -107,6 +114,31 @@ for exe in "$BIN"/*; do
   while IFS= read -r l; do maxerrs+=("$name: ${l#MAXERR }"); done < <(grep -E '^MAXERR ' "$LOG/$name.log")
 done
 
+# The benchmark: an ignored test of cuda_parity, run on its own.
+benches=()
+if [ -x "$BIN/cuda_parity" ] && [ "$BENCH_TIMEOUT" -gt 0 ]; then
+  left=$(( BUDGET - ($(date +%s) - START) ))
+  limit=$(( left < BENCH_TIMEOUT ? left : BENCH_TIMEOUT ))
+  if [ "$limit" -lt 20 ]; then
+    rows+=("$(printf '%-16s %-16s %7s %7s %8s %8s' bench_decode "NOT-RUN(budget)" - - - -)")
+  else
+    echo "== cuda_parity --ignored bench_decode (timeout ${limit}s)"
+    t0=$(date +%s.%N)
+    timeout "$limit" "$BIN/cuda_parity" --ignored --exact bench_decode --test-threads=1 --nocapture \
+      > >(tee "$LOG/bench_decode.log") 2>&1
+    rc=$?
+    wait
+    wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    verdict=ok
+    if [ "$rc" = 124 ]; then verdict="TIMEOUT(${limit}s)"; status=1
+    elif [ "$rc" != 0 ]; then verdict="FAILED(rc=$rc)"; status=1
+    elif grep -q 'skipped: no CUDA device' "$LOG/bench_decode.log"; then verdict="NO-DEVICE"
+    fi
+    rows+=("$(printf '%-16s %-16s %7s %7s %8s %8s' bench_decode "$verdict" - - - "$wall")")
+    while IFS= read -r l; do benches+=("${l#BENCH }"); done < <(grep -E '^BENCH ' "$LOG/bench_decode.log")
+  fi
+fi
+
 say ""
 say "== summary (logs in $LOG)"
 say "$(printf '%-16s %-16s %7s %7s %8s %8s' binary verdict passed failed skipped wall_s)"
@@ -115,6 +147,11 @@ say ""
 say "max errors (relative L2 vs the CPU twin; worst case in brackets):"
 if [ ${#maxerrs[@]} -eq 0 ]; then say "  (none printed)"; fi
 for m in "${maxerrs[@]}"; do say "  $m"; done
+if [ ${#benches[@]} -gt 0 ]; then
+  say ""
+  say "benchmark (tokens/s; CPU and CUDA in the same run):"
+  for b in "${benches[@]}"; do say "  $b"; done
+fi
 grep -ho 'skipped: .*' "$LOG"/*.log 2>/dev/null | sort | uniq -c | sed 's/^ */  /' | tee -a "$SUMMARY"
 [ "$status" = 0 ] && [ "$saw_no_device" = 1 ] && status=2
 say "gpu-check: exit $status"

@@ -4,7 +4,8 @@
 #
 #   usage: scripts/gpu-prepare.sh [TEST_TARGET ...]
 #   TEST_TARGET: names of test targets to ship (tests/<name>.rs, or "llmrt" for the
-#                library's unit tests); default: cuda_smoke.
+#                library's unit tests); default: cuda_smoke cuda_parity, and
+#                cuda_kernels when tests/cuda_kernels.rs exists.
 #
 # Installs the pinned nvcc first (scripts/install-nvcc.sh, idempotent) unless NVCC is
 # set, so the executables embed PTX for sm_80/sm_90; refuses to ship without it.
@@ -14,7 +15,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(cuda_smoke)
+if [ ${#TARGETS[@]} -eq 0 ]; then
+  TARGETS=(cuda_smoke cuda_parity)
+  [ -f tests/cuda_kernels.rs ] && TARGETS+=(cuda_kernels)
+fi
 
 if [ -z "${NVCC:-}" ]; then
   scripts/install-nvcc.sh >/dev/null

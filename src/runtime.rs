@@ -83,26 +83,33 @@ fn default_cpu_kv_budget(per_position: u64, context: u64) -> u64 {
 
 impl Model {
     /// Loads a GGUF file.
+    ///
+    /// Backend choice: `Cpu` runs on the CPU. `Cuda` runs on device `device` or fails
+    /// (`LLMRT_UNSUPPORTED` when there is no driver or no device, `LLMRT_DEVICE` for a
+    /// driver failure, `LLMRT_INVALID_ARGUMENT` for a bad ordinal), never silently on
+    /// the CPU. `Auto` is `Cuda` when the probe finds a device and `Cpu` only when the
+    /// probe answers `LLMRT_UNSUPPORTED` (no driver, no device); any other failure,
+    /// including one while opening the device, is returned.
     pub fn load(path: &Path, opts: LoadOptions<'_>) -> Result<Model> {
-        let LoadOptions { backend, device: _, threads, max_context, kv_cache_bytes, mut progress } = opts;
+        let LoadOptions { backend, device, threads, max_context, kv_cache_bytes, mut progress } = opts;
         let mut report = |f: f32| {
             if let Some(p) = progress.as_mut() {
                 p(f)
             }
         };
         report(0.0);
-        match backend {
-            BackendKind::Cpu | BackendKind::Auto => {}
+        let kind = match backend {
+            BackendKind::Cpu => BackendKind::Cpu,
             BackendKind::Cuda => {
-                let why = match crate::backend::cuda::probe() {
-                    Ok(devs) => format!("{} CUDA device(s) found", devs.len()),
-                    Err(e) => e.message,
-                };
-                return Err(Error::unsupported(format!(
-                    "the CUDA runner is not part of this build yet ({why}); use LLMRT_BACKEND_CPU or LLMRT_BACKEND_AUTO"
-                )));
+                crate::backend::cuda::probe()?;
+                BackendKind::Cuda
             }
-        }
+            BackendKind::Auto => match crate::backend::cuda::probe() {
+                Ok(_) => BackendKind::Cuda,
+                Err(e) if e.status == crate::Status::LLMRT_UNSUPPORTED => BackendKind::Cpu,
+                Err(e) => return Err(e),
+            },
+        };
         if path.is_dir() {
             return Err(Error::io(format!(
                 "{}: is a directory; Hugging Face model directories are not supported yet, give a GGUF file",
@@ -112,19 +119,39 @@ impl Model {
         let file = Arc::new(Gguf::open(path)?);
         report(0.1);
         let cfg = Config::from_gguf(&file)?;
-        let weights = Arc::new(Weights::bind(file, &cfg, &mut |f| report(0.1 + 0.85 * f))?);
-        let threads = if threads == 0 {
-            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-        } else {
-            threads as usize
-        };
+        let bind_share = if kind == BackendKind::Cuda { 0.2 } else { 0.85 };
+        let weights = Arc::new(Weights::bind(file, &cfg, &mut |f| report(0.1 + bind_share * f))?);
         let context = if max_context == 0 { cfg.context_length } else { cfg.context_length.min(max_context as usize) };
         let context = context.min(u32::MAX as usize - BLOCK_POSITIONS) as u32;
-        let be = CpuBackend::new(cfg.clone(), weights.clone(), threads);
+        let (be, blocks): (Box<dyn Backend>, usize) = match kind {
+            BackendKind::Cuda => {
+                let be = crate::backend::cuda::runner::CudaBackend::new(
+                    cfg.clone(),
+                    &weights,
+                    device,
+                    kv_cache_bytes,
+                    context as usize,
+                    &mut |f| report(0.3 + 0.65 * f),
+                )?;
+                let blocks = be.kv_blocks();
+                (Box::new(be), blocks)
+            }
+            _ => {
+                let threads = if threads == 0 {
+                    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+                } else {
+                    threads as usize
+                };
+                let be = CpuBackend::new(cfg.clone(), weights.clone(), threads);
+                let per_pos = be.kv_bytes_per_position();
+                let block_bytes = per_pos * BLOCK_POSITIONS as u64;
+                let budget =
+                    if kv_cache_bytes == 0 { default_cpu_kv_budget(per_pos, context as u64) } else { kv_cache_bytes };
+                (Box::new(be), (budget / block_bytes) as usize)
+            }
+        };
         let per_pos = be.kv_bytes_per_position();
         let block_bytes = per_pos * BLOCK_POSITIONS as u64;
-        let budget = if kv_cache_bytes == 0 { default_cpu_kv_budget(per_pos, context as u64) } else { kv_cache_bytes };
-        let blocks = (budget / block_bytes) as usize;
         let info = ModelInfo {
             vocab_size: cfg.vocab_size as u32,
             context_length: context,
@@ -135,7 +162,7 @@ impl Model {
             hidden_size: cfg.hidden as u32,
             bos_token: cfg.bos_token,
             eos_token: cfg.eos_token,
-            backend: BackendKind::Cpu,
+            backend: kind,
             weight_bytes: weights.bytes,
             kv_bytes_per_position: per_pos,
             kv_pool_bytes: blocks as u64 * block_bytes,
@@ -143,7 +170,7 @@ impl Model {
             device_name: be.device_name(),
         };
         report(1.0);
-        Ok(Model { info, state: Mutex::new(State { kv: KvManager::new(blocks, block_bytes), backend: Box::new(be) }) })
+        Ok(Model { info, state: Mutex::new(State { kv: KvManager::new(blocks, block_bytes), backend: be }) })
     }
 
     /// Hyperparameters and what the load chose.
@@ -211,7 +238,7 @@ impl Model {
             (Some(_), false) => Want::Last,
             (Some(_), true) => Want::All,
         };
-        self.run(&[cache], &[tokens], want, logits)
+        self.run(&[cache], &[tokens], want, Out::Logits(logits))
     }
 
     /// One decode step: appends `tokens[i]` to `caches[i]` for every i.
@@ -219,22 +246,18 @@ impl Model {
         self.check_batch(caches, tokens)?;
         let toks: Vec<&[u32]> = tokens.chunks(1).collect();
         let want = if logits.is_some() { Want::Last } else { Want::Nothing };
-        self.run(caches, &toks, want, logits)
+        self.run(caches, &toks, want, Out::Logits(logits))
     }
 
-    /// As [`Self::decode`], returning the argmax of each row.
+    /// As [`Self::decode`], returning the argmax of each row (on a device backend
+    /// the argmax runs there and only the ids come back).
     pub fn decode_greedy(&self, caches: &[u64], tokens: &[u32], next: &mut [u32]) -> Result<()> {
         self.check_batch(caches, tokens)?;
         if next.len() != caches.len() {
             return Err(Error::invalid(format!("next_tokens has {} slots for {} caches", next.len(), caches.len())));
         }
-        let v = self.info.vocab_size as usize;
-        let mut logits = vec![0f32; caches.len() * v];
-        self.decode(caches, tokens, Some(&mut logits))?;
-        for (o, row) in next.iter_mut().zip(logits.chunks_exact(v)) {
-            *o = crate::backend::cpu::ops::argmax(row);
-        }
-        Ok(())
+        let toks: Vec<&[u32]> = tokens.chunks(1).collect();
+        self.run(caches, &toks, Want::Last, Out::Greedy(next))
     }
 
     fn check_batch(&self, caches: &[u64], tokens: &[u32]) -> Result<()> {
@@ -253,7 +276,7 @@ impl Model {
     }
 
     /// Validates everything, then prepares blocks, runs the step, commits lengths.
-    fn run(&self, caches: &[u64], tokens: &[&[u32]], want: Want, logits: Option<&mut [f32]>) -> Result<()> {
+    fn run(&self, caches: &[u64], tokens: &[&[u32]], want: Want, out: Out<'_>) -> Result<()> {
         let v = self.info.vocab_size as usize;
         let rows: usize = match want {
             Want::Nothing => 0,
@@ -264,13 +287,15 @@ impl Model {
         for (&c, t) in caches.iter().zip(tokens) {
             st.kv.check_append(c, t.len())?;
         }
-        if let Some(l) = &logits {
-            if l.len() < rows * v {
+        match &out {
+            Out::Logits(Some(l)) if l.len() < rows * v => {
                 return Err(Error::invalid(format!("logits buffer holds {} floats, {} needed", l.len(), rows * v)));
             }
+            Out::Greedy(n) if want != Want::Last || n.len() != rows => {
+                return Err(Error::internal(format!("greedy step with {} slots for {rows} rows", n.len())));
+            }
+            _ => {}
         }
-        // Logits land in a scratch buffer and reach the caller only on success.
-        let mut out = vec![0f32; rows * v];
         // From here on only invisible changes happen until the commit.
         let State { kv, backend } = &mut *st;
         for (&c, t) in caches.iter().zip(tokens) {
@@ -285,13 +310,35 @@ impl Model {
             .zip(&tables)
             .map(|((t, &start), blocks)| Seq { tokens: t, start, blocks, want })
             .collect();
-        backend.step(&seqs, &mut out)?;
-        for (&c, t) in caches.iter().zip(tokens) {
-            kv.commit(c, t);
-        }
-        if let Some(l) = logits {
-            l[..out.len()].copy_from_slice(&out);
+        // Results land in scratch buffers and reach the caller only on success.
+        match out {
+            Out::Logits(logits) => {
+                let mut buf = vec![0f32; rows * v];
+                backend.step(&seqs, &mut buf)?;
+                for (&c, t) in caches.iter().zip(tokens) {
+                    kv.commit(c, t);
+                }
+                if let Some(l) = logits {
+                    l[..buf.len()].copy_from_slice(&buf);
+                }
+            }
+            Out::Greedy(next) => {
+                let mut ids = vec![0u32; rows];
+                backend.step_greedy(&seqs, &mut ids)?;
+                for (&c, t) in caches.iter().zip(tokens) {
+                    kv.commit(c, t);
+                }
+                next.copy_from_slice(&ids);
+            }
         }
         Ok(())
     }
+}
+
+/// Where a step's results go.
+enum Out<'a> {
+    /// Logits rows (or none).
+    Logits(Option<&'a mut [f32]>),
+    /// The argmax id of each sequence's last row.
+    Greedy(&'a mut [u32]),
 }

@@ -39,6 +39,24 @@ pub trait Backend: Send {
     /// Runs one step. `logits` receives, in sequence order, one row of `vocab`
     /// floats per wanted token.
     fn step(&mut self, seqs: &[Seq<'_>], logits: &mut [f32]) -> Result<()>;
+    /// Runs one step whose sequences all want their last row (`Want::Last`) and
+    /// writes the argmax of each row (the first index on ties) to `next`, in sequence
+    /// order. The default runs [`Backend::step`] and takes the argmax on the host; a
+    /// device backend overrides it so only the ids come back.
+    fn step_greedy(&mut self, seqs: &[Seq<'_>], next: &mut [u32]) -> Result<()> {
+        let v = self.vocab_size();
+        if next.len() != seqs.len() || seqs.iter().any(|s| s.want != Want::Last) {
+            return Err(crate::Error::internal("greedy step: one Want::Last row per sequence expected"));
+        }
+        let mut logits = vec![0f32; seqs.len() * v];
+        self.step(seqs, &mut logits)?;
+        for (o, row) in next.iter_mut().zip(logits.chunks_exact(v)) {
+            *o = cpu::ops::argmax(row);
+        }
+        Ok(())
+    }
+    /// Rows of the logits (the vocabulary size).
+    fn vocab_size(&self) -> usize;
     /// Bytes of KV storage per position of one cache (all layers, K and V).
     fn kv_bytes_per_position(&self) -> u64;
     /// A short description for `llmrt_model_info.device_name`.

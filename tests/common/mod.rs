@@ -7,7 +7,17 @@ use llmrt::Status;
 use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
 
+/// The fixtures folder, resolved at run time (test executables may run on another
+/// machine, from another folder): `LLMRT_FIXTURES`, else `tests/fixtures` under the
+/// current directory, else the one of the source tree this was built from.
 pub fn fixtures() -> PathBuf {
+    if let Some(d) = std::env::var_os("LLMRT_FIXTURES").filter(|v| !v.is_empty()) {
+        return PathBuf::from(d);
+    }
+    let here = Path::new("tests/fixtures");
+    if here.is_dir() {
+        return here.to_path_buf();
+    }
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
@@ -35,12 +45,25 @@ impl Drop for M {
     }
 }
 
+/// Loads on the CPU backend (every CPU test goes through here).
 pub fn try_load(path: &Path, threads: u32, kv_bytes: u64) -> Result<M, (Status, String)> {
+    try_load_with(path, llmrt_backend::LLMRT_BACKEND_CPU, 0, threads, kv_bytes)
+}
+
+/// Loads with the given backend and device ordinal.
+pub fn try_load_with(
+    path: &Path,
+    backend: llmrt_backend,
+    device: i32,
+    threads: u32,
+    kv_bytes: u64,
+) -> Result<M, (Status, String)> {
     let c = CString::new(path.to_str().unwrap()).unwrap();
     let mut o = std::mem::MaybeUninit::<llmrt_model_options>::uninit();
     unsafe { llmrt_model_options_default(o.as_mut_ptr()) };
     let mut o = unsafe { o.assume_init() };
-    o.backend = llmrt_backend::LLMRT_BACKEND_CPU as u32;
+    o.backend = backend as u32;
+    o.device = device;
     o.threads = threads;
     o.kv_cache_bytes = kv_bytes;
     let mut m = std::ptr::null_mut();

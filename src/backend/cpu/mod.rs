@@ -129,6 +129,10 @@ impl Backend for CpuBackend {
         (self.cfg.n_layers * 2 * self.cfg.kv_dim() * 4) as u64
     }
 
+    fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
+    }
+
     fn device_name(&self) -> String {
         format!("cpu ({} threads)", self.threads)
     }

@@ -1,2 +1,653 @@
-//! The CUDA runner: implements `crate::backend::Backend` on a device with the ops
-//! of [`super::ops`]. (Filled by the runner work.)
+//! The CUDA runner: implements [`Backend`] on one device with the launchers of
+//! [`super::ops`], mirroring the CPU forward pass (`backend/cpu/forward.rs`) op for op.
+//!
+//! - Weights: every matrix is uploaded once, in its stored type ([`DevWeight`]:
+//!   quantized stays quantized); norms and biases as f32. A tied LM head reuses the
+//!   embedding's upload.
+//! - KV: one [`KvPool`] (f16) allocated at load with the number of blocks the
+//!   budget gives (see [`default_kv_budget`]).
+//! - A step: the host builds the per-token arrays (ids, sequence index, position,
+//!   slot ids, padded block tables, RoPE cos/sin in f64 exactly as the CPU, wanted
+//!   rows) and uploads them (8 small copies); everything else stays on the device;
+//!   one download of the wanted logits (or of the argmax ids for greedy decode) and
+//!   one synchronisation, where kernel faults surface as `LLMRT_DEVICE`.
+//! - Scratch activations are kept between steps and grow (to the next power of two
+//!   of tokens) when a step needs more.
+
+use std::sync::Arc;
+
+use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DeviceRepr, DriverError, ValidAsZeroBits};
+
+use super::device::{driver_err, guarded, probe};
+use super::ops::{AttnShape, DevWeight, KvPool, MatmulPath, Ops};
+use super::DeviceInfo;
+use crate::backend::{Backend, Seq, Want};
+use crate::format::gguf::Gguf;
+use crate::kv::{BlockCopy, BLOCK_POSITIONS};
+use crate::model::weights::{Matrix, Weights};
+use crate::model::{Config, RopeStyle};
+use crate::{Error, Result};
+
+/// Default KV budget on a device when `kv_cache_bytes` is 0: half the memory left
+/// free after the weights, at most 8 GiB, but raised to one full context of one cache
+/// (`per_position * context`) when that fits in three quarters of the free memory.
+pub fn default_kv_budget(free_after_weights: u64, per_position: u64, context: u64) -> u64 {
+    let base = (8u64 << 30).min(free_after_weights / 2);
+    let one_context = per_position.saturating_mul(context);
+    base.max(one_context.min(free_after_weights / 4 * 3))
+}
+
+/// One transformer block on the device.
+struct DevLayer {
+    attn_norm: CudaSlice<f32>,
+    wq: DevWeight,
+    wk: DevWeight,
+    wv: DevWeight,
+    wo: DevWeight,
+    /// Q, K, V biases (qwen2).
+    bias: Option<[CudaSlice<f32>; 3]>,
+    /// Per-head Q and K norms (qwen3).
+    qk_norm: Option<[CudaSlice<f32>; 2]>,
+    ffn_norm: CudaSlice<f32>,
+    w_gate: DevWeight,
+    w_up: DevWeight,
+    w_down: DevWeight,
+}
+
+/// Activations and per-step index arrays, reused across steps.
+struct Scratch {
+    x: CudaSlice<f32>,
+    xn: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    att: CudaSlice<f32>,
+    proj: CudaSlice<f32>,
+    gate: CudaSlice<f32>,
+    up: CudaSlice<f32>,
+    cos: CudaSlice<f32>,
+    sin: CudaSlice<f32>,
+    ids: CudaSlice<u32>,
+    seq: CudaSlice<u32>,
+    pos: CudaSlice<u32>,
+    slots: CudaSlice<u32>,
+    block_tables: CudaSlice<u32>,
+    rows: CudaSlice<u32>,
+    sel: CudaSlice<f32>,
+    seln: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+    next: CudaSlice<u32>,
+}
+
+/// The CUDA backend of one model.
+pub struct CudaBackend {
+    cfg: Config,
+    info: DeviceInfo,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    ops: Ops,
+    token_embd: DevWeight,
+    layers: Vec<DevLayer>,
+    output_norm: CudaSlice<f32>,
+    /// The LM head; `None` when tied to `token_embd`.
+    output: Option<DevWeight>,
+    kv: KvPool,
+    /// Blocks the runtime may hand out (the pool holds at least one more than 0).
+    kv_blocks: usize,
+    /// RoPE inverse frequencies (`head_dim / 2`), scaling applied, as the CPU has them.
+    inv_freq: Vec<f64>,
+    s: Scratch,
+}
+
+/// Allocation or copy failure: `LLMRT_OUT_OF_MEMORY` with the sizes when the device
+/// ran out, else `LLMRT_DEVICE`.
+fn mem_err(ctx: &Arc<CudaContext>, dev: &DeviceInfo, what: &str, bytes: usize, e: DriverError) -> Error {
+    if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        let free = match ctx.mem_get_info() {
+            Ok((free, total)) => format!("{free} of {total} bytes free"),
+            Err(_) => format!("{} bytes total", dev.total_mem),
+        };
+        Error::out_of_memory(format!("cuda:{} {}: out of device memory for {what} ({bytes} bytes; {free})", dev.ordinal, dev.name))
+    } else {
+        driver_err(&format!("allocating/uploading {what} ({bytes} bytes)"), e)
+    }
+}
+
+/// Uploads the weights, reporting bytes done.
+struct Uploader<'a> {
+    ctx: &'a Arc<CudaContext>,
+    stream: &'a Arc<CudaStream>,
+    dev: &'a DeviceInfo,
+    file: &'a Gguf,
+    done: u64,
+    total: u64,
+    progress: &'a mut dyn FnMut(f32),
+}
+
+impl Uploader<'_> {
+    fn upload<T: DeviceRepr>(&mut self, what: &str, host: &[T]) -> Result<CudaSlice<T>> {
+        let bytes = std::mem::size_of_val(host);
+        let d = self.stream.clone_htod(host).map_err(|e| mem_err(self.ctx, self.dev, &format!("tensor {what}"), bytes, e))?;
+        self.done += bytes as u64;
+        (self.progress)((self.done as f64 / self.total.max(1) as f64).min(1.0) as f32);
+        Ok(d)
+    }
+
+    fn matrix(&mut self, m: &Matrix) -> Result<DevWeight> {
+        let data = self.upload(&m.name, m.bytes(self.file))?;
+        Ok(DevWeight { name: m.name.clone(), dtype: m.dtype, rows: m.rows, cols: m.cols, data })
+    }
+
+    fn vector(&mut self, name: &str, v: &[f32]) -> Result<CudaSlice<f32>> {
+        self.upload(name, v)
+    }
+}
+
+/// Makes `buf` hold at least `len` elements (contents are not kept).
+fn grow<T: DeviceRepr + ValidAsZeroBits>(
+    ctx: &Arc<CudaContext>,
+    dev: &DeviceInfo,
+    stream: &Arc<CudaStream>,
+    buf: &mut CudaSlice<T>,
+    len: usize,
+    what: &str,
+) -> Result<()> {
+    if buf.len() < len {
+        let bytes = len * std::mem::size_of::<T>();
+        *buf = stream.alloc_zeros::<T>(len).map_err(|e| mem_err(ctx, dev, &format!("scratch buffer {what}"), bytes, e))?;
+    }
+    Ok(())
+}
+
+/// The host-side arrays of one step.
+#[derive(Debug, PartialEq)]
+struct Plan {
+    /// Token ids, all sequences' tokens in order.
+    ids: Vec<u32>,
+    /// Per token: index of its sequence in the step.
+    seq: Vec<u32>,
+    /// Per token: its position in its cache.
+    pos: Vec<u32>,
+    /// Per token: `block * 16 + pos % 16`.
+    slots: Vec<u32>,
+    /// `[n_tokens][inv_freq.len()]`, angles `pos * inv_freq` in f64 rounded to f32.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    /// `[n_seqs][max_blocks]`, zero padded.
+    block_tables: Vec<u32>,
+    max_blocks: usize,
+    /// Token rows whose logits are wanted, in sequence order.
+    rows: Vec<u32>,
+}
+
+impl Plan {
+    fn build(seqs: &[Seq<'_>], inv_freq: &[f64], n_blocks: usize, vocab: usize) -> Result<Plan> {
+        let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        let half = inv_freq.len();
+        let max_blocks = seqs.iter().map(|s| (s.start + s.tokens.len()).div_ceil(BLOCK_POSITIONS)).max().unwrap_or(1).max(1);
+        let mut p = Plan {
+            ids: Vec::with_capacity(n),
+            seq: Vec::with_capacity(n),
+            pos: Vec::with_capacity(n),
+            slots: Vec::with_capacity(n),
+            cos: vec![0f32; n * half],
+            sin: vec![0f32; n * half],
+            block_tables: vec![0u32; seqs.len() * max_blocks],
+            max_blocks,
+            rows: Vec::new(),
+        };
+        for (si, s) in seqs.iter().enumerate() {
+            let end = s.start + s.tokens.len();
+            if end > u32::MAX as usize {
+                return Err(Error::internal(format!("position {end} does not fit the kernels' u32")));
+            }
+            let need = end.div_ceil(BLOCK_POSITIONS);
+            if s.blocks.len() < need {
+                return Err(Error::internal(format!(
+                    "block table of sequence {si} has {} blocks, the step needs {need}",
+                    s.blocks.len()
+                )));
+            }
+            for (j, &b) in s.blocks[..need].iter().enumerate() {
+                if b as usize >= n_blocks {
+                    return Err(Error::internal(format!("KV block {b} outside the pool of {n_blocks} blocks")));
+                }
+                p.block_tables[si * max_blocks + j] = b;
+            }
+            let t0 = p.ids.len();
+            for (i, &tok) in s.tokens.iter().enumerate() {
+                if tok as usize >= vocab {
+                    return Err(Error::internal(format!("token id {tok} outside the vocabulary reached the CUDA step")));
+                }
+                let pos = s.start + i;
+                let t = p.ids.len();
+                p.ids.push(tok);
+                p.seq.push(si as u32);
+                p.pos.push(pos as u32);
+                p.slots.push(s.blocks[pos / BLOCK_POSITIONS] * BLOCK_POSITIONS as u32 + (pos % BLOCK_POSITIONS) as u32);
+                // Exactly as cpu/forward.rs: the angle in f64, rounded once.
+                for (j, f) in inv_freq.iter().enumerate() {
+                    let a = pos as f64 * f;
+                    p.cos[t * half + j] = a.cos() as f32;
+                    p.sin[t * half + j] = a.sin() as f32;
+                }
+            }
+            match s.want {
+                Want::Nothing => {}
+                Want::Last => p.rows.push((t0 + s.tokens.len() - 1) as u32),
+                Want::All => p.rows.extend((t0..t0 + s.tokens.len()).map(|r| r as u32)),
+            }
+        }
+        Ok(p)
+    }
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal`, loads the kernels, uploads every weight (calling
+    /// `progress` with the fraction of bytes uploaded) and allocates the KV pool:
+    /// `kv_cache_bytes`, or when 0 [`default_kv_budget`] of the memory free after the
+    /// weights, for caches of up to `context` positions.
+    pub fn new(
+        cfg: Config,
+        weights: &Weights,
+        ordinal: i32,
+        kv_cache_bytes: u64,
+        context: usize,
+        progress: &mut dyn FnMut(f32),
+    ) -> Result<CudaBackend> {
+        let devices = probe()?;
+        if ordinal < 0 || ordinal as usize >= devices.len() {
+            return Err(Error::invalid(format!(
+                "options.device = {ordinal}, but the driver reports {} CUDA device(s) (ordinals 0..{})",
+                devices.len(),
+                devices.len()
+            )));
+        }
+        let info = devices[ordinal as usize].clone();
+        guarded("opening the CUDA runner", || Self::open(cfg, weights, info, kv_cache_bytes, context, progress))
+    }
+
+    fn open(
+        cfg: Config,
+        w: &Weights,
+        info: DeviceInfo,
+        kv_cache_bytes: u64,
+        context: usize,
+        progress: &mut dyn FnMut(f32),
+    ) -> Result<CudaBackend> {
+        let ctx = CudaContext::new(info.ordinal)
+            .map_err(|e| driver_err(&format!("cuDevicePrimaryCtxRetain(cuda:{})", info.ordinal), e))?;
+        let stream = ctx.default_stream();
+        let ops = Ops::new(&ctx, stream.clone(), info.sm())?;
+
+        let tied = w.output.offset == w.token_embd.offset;
+        let mut up = Uploader { ctx: &ctx, stream: &stream, dev: &info, file: &w.file, done: 0, total: w.bytes, progress };
+        let token_embd = up.matrix(&w.token_embd)?;
+        let output_norm = up.vector("output_norm.weight", &w.output_norm)?;
+        let output = if tied { None } else { Some(up.matrix(&w.output)?) };
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for (l, lw) in w.layers.iter().enumerate() {
+            let n = |s: &str| format!("blk.{l}.{s}");
+            let attn_norm = up.vector(&n("attn_norm.weight"), &lw.attn_norm)?;
+            let wq = up.matrix(&lw.wq)?;
+            let wk = up.matrix(&lw.wk)?;
+            let wv = up.matrix(&lw.wv)?;
+            let wo = up.matrix(&lw.wo)?;
+            let bias = match (&lw.bq, &lw.bk, &lw.bv) {
+                (Some(bq), Some(bk), Some(bv)) => Some([
+                    up.vector(&n("attn_q.bias"), bq)?,
+                    up.vector(&n("attn_k.bias"), bk)?,
+                    up.vector(&n("attn_v.bias"), bv)?,
+                ]),
+                _ => None,
+            };
+            let qk_norm = match (&lw.q_norm, &lw.k_norm) {
+                (Some(qn), Some(kn)) => {
+                    Some([up.vector(&n("attn_q_norm.weight"), qn)?, up.vector(&n("attn_k_norm.weight"), kn)?])
+                }
+                _ => None,
+            };
+            let ffn_norm = up.vector(&n("ffn_norm.weight"), &lw.ffn_norm)?;
+            let w_gate = up.matrix(&lw.w_gate)?;
+            let w_up = up.matrix(&lw.w_up)?;
+            let w_down = up.matrix(&lw.w_down)?;
+            layers.push(DevLayer { attn_norm, wq, wk, wv, wo, bias, qk_norm, ffn_norm, w_gate, w_up, w_down });
+        }
+        (up.progress)(1.0);
+
+        // KV pool.
+        stream.synchronize().map_err(|e| driver_err("uploading weights", e))?;
+        let per_pos = kv_bytes_per_position(&cfg);
+        let block_bytes = per_pos * BLOCK_POSITIONS as u64;
+        let budget = if kv_cache_bytes == 0 {
+            let (free, _) = ctx.mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))?;
+            default_kv_budget(free as u64, per_pos, context as u64)
+        } else {
+            kv_cache_bytes
+        };
+        // Slot ids (block * 16 + slot) are u32 on the device.
+        let kv_blocks = ((budget / block_bytes) as usize).min(u32::MAX as usize / BLOCK_POSITIONS);
+        let kv = KvPool::new(&stream, kv_blocks.max(1), cfg.n_layers, cfg.kv_dim())?;
+
+        let hd = cfg.head_dim;
+        let inv_freq = (0..hd / 2)
+            .map(|i| {
+                let mut f = 1.0 / (cfg.rope_theta as f64).powf(2.0 * i as f64 / hd as f64);
+                if let Some(rf) = &w.rope_freqs {
+                    f /= rf[i] as f64;
+                }
+                f / cfg.rope_linear_factor as f64
+            })
+            .collect();
+        let z = |n: usize| stream.alloc_zeros::<f32>(n).map_err(|e| mem_err(&ctx, &info, "scratch buffers", n * 4, e));
+        let zu = |n: usize| stream.alloc_zeros::<u32>(n).map_err(|e| mem_err(&ctx, &info, "scratch buffers", n * 4, e));
+        let s = Scratch {
+            x: z(1)?,
+            xn: z(1)?,
+            q: z(1)?,
+            k: z(1)?,
+            v: z(1)?,
+            att: z(1)?,
+            proj: z(1)?,
+            gate: z(1)?,
+            up: z(1)?,
+            cos: z(1)?,
+            sin: z(1)?,
+            ids: zu(1)?,
+            seq: zu(1)?,
+            pos: zu(1)?,
+            slots: zu(1)?,
+            block_tables: zu(1)?,
+            rows: zu(1)?,
+            sel: z(1)?,
+            seln: z(1)?,
+            logits: z(1)?,
+            next: zu(1)?,
+        };
+        stream.synchronize().map_err(|e| driver_err("allocating the KV pool", e))?;
+        Ok(CudaBackend {
+            cfg,
+            info,
+            ctx: ctx.clone(),
+            stream: stream.clone(),
+            ops,
+            token_embd,
+            layers,
+            output_norm,
+            output,
+            kv,
+            kv_blocks,
+            inv_freq,
+            s,
+        })
+    }
+
+    /// Blocks of the KV pool the runtime may use.
+    pub fn kv_blocks(&self) -> usize {
+        self.kv_blocks
+    }
+
+    /// The device this backend runs on.
+    pub fn device(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Runs the forward pass of a step up to the LM head; the wanted rows' logits
+    /// are left in `self.s.logits`. Returns the number of wanted rows.
+    fn forward(&mut self, seqs: &[Seq<'_>]) -> Result<usize> {
+        let cfg = &self.cfg;
+        let (h, qd, kvd, hd, ffn, vocab) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim, cfg.ffn, cfg.vocab_size);
+        let half = hd / 2;
+        let eps = cfg.rms_eps;
+        let shape = AttnShape { n_heads: cfg.n_heads, n_kv_heads: cfg.n_kv_heads, head_dim: hd };
+        let neox = cfg.arch.rope_style == RopeStyle::Neox;
+        let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        if n == 0 {
+            return Ok(0);
+        }
+        let Plan { ids, seq, pos, slots, cos, sin, block_tables: bt, max_blocks, rows } =
+            Plan::build(seqs, &self.inv_freq, self.kv.n_blocks, vocab)?;
+        let nr = rows.len();
+
+        // Device side.
+        let CudaBackend { ctx, info, stream, ops, token_embd, layers, output_norm, output, kv, s, .. } = self;
+        let cap = n.next_power_of_two();
+        let rcap = nr.next_power_of_two().max(1);
+        {
+            let g = |buf: &mut CudaSlice<f32>, len: usize, what: &str| grow(ctx, info, stream, buf, len, what);
+            g(&mut s.x, cap * h, "x")?;
+            g(&mut s.xn, cap * h, "xn")?;
+            g(&mut s.q, cap * qd, "q")?;
+            g(&mut s.k, cap * kvd, "k")?;
+            g(&mut s.v, cap * kvd, "v")?;
+            g(&mut s.att, cap * qd, "att")?;
+            g(&mut s.proj, cap * h, "proj")?;
+            g(&mut s.gate, cap * ffn, "gate")?;
+            g(&mut s.up, cap * ffn, "up")?;
+            g(&mut s.cos, cap * half, "cos")?;
+            g(&mut s.sin, cap * half, "sin")?;
+            g(&mut s.sel, rcap * h, "sel")?;
+            g(&mut s.seln, rcap * h, "seln")?;
+            g(&mut s.logits, rcap * vocab, "logits")?;
+        }
+        {
+            let g = |buf: &mut CudaSlice<u32>, len: usize, what: &str| grow(ctx, info, stream, buf, len, what);
+            g(&mut s.ids, cap, "ids")?;
+            g(&mut s.seq, cap, "seq")?;
+            g(&mut s.pos, cap, "pos")?;
+            g(&mut s.slots, cap, "slots")?;
+            g(&mut s.block_tables, bt.len().next_power_of_two(), "block tables")?;
+            g(&mut s.rows, rcap, "rows")?;
+            g(&mut s.next, rcap, "next")?;
+        }
+        let up_err = |what: &str, e: DriverError| driver_err(&format!("uploading the step's {what}"), e);
+        stream.memcpy_htod(&ids, &mut s.ids).map_err(|e| up_err("token ids", e))?;
+        stream.memcpy_htod(&seq, &mut s.seq).map_err(|e| up_err("sequence indices", e))?;
+        stream.memcpy_htod(&pos, &mut s.pos).map_err(|e| up_err("positions", e))?;
+        stream.memcpy_htod(&slots, &mut s.slots).map_err(|e| up_err("slot ids", e))?;
+        stream.memcpy_htod(&bt, &mut s.block_tables).map_err(|e| up_err("block tables", e))?;
+        stream.memcpy_htod(&cos, &mut s.cos).map_err(|e| up_err("RoPE cos", e))?;
+        stream.memcpy_htod(&sin, &mut s.sin).map_err(|e| up_err("RoPE sin", e))?;
+        if nr > 0 {
+            stream.memcpy_htod(&rows, &mut s.rows).map_err(|e| up_err("wanted rows", e))?;
+        }
+
+        // Decode steps (one token per sequence) take the GEMV path only, so a
+        // sequence's result does not depend on the batch it is in.
+        let path = if seqs.iter().all(|q| q.tokens.len() == 1) { MatmulPath::Gemv } else { MatmulPath::Auto };
+
+        ops.embed(token_embd, &s.ids, n, &mut s.x)?;
+        for (l, lw) in layers.iter().enumerate() {
+            // Attention block.
+            ops.rmsnorm(&s.x, &lw.attn_norm, n, h, eps, &mut s.xn)?;
+            ops.matmul(&lw.wq, &s.xn, n, &mut s.q, path)?;
+            ops.matmul(&lw.wk, &s.xn, n, &mut s.k, path)?;
+            ops.matmul(&lw.wv, &s.xn, n, &mut s.v, path)?;
+            if let Some([bq, bk, bv]) = &lw.bias {
+                ops.add_bias(&mut s.q, bq, n, qd)?;
+                ops.add_bias(&mut s.k, bk, n, kvd)?;
+                ops.add_bias(&mut s.v, bv, n, kvd)?;
+            }
+            if let Some([qn, kn]) = &lw.qk_norm {
+                ops.rmsnorm_inplace(&mut s.q, qn, n * shape.n_heads, hd, eps)?;
+                ops.rmsnorm_inplace(&mut s.k, kn, n * shape.n_kv_heads, hd, eps)?;
+            }
+            ops.rope_kv_write(&mut s.q, &mut s.k, &s.v, &s.cos, &s.sin, &s.slots, n, shape, neox, kv, l)?;
+            ops.attention(&s.q, kv, l, &s.seq, &s.pos, &s.block_tables, max_blocks, n, shape, &mut s.att)?;
+            ops.matmul(&lw.wo, &s.att, n, &mut s.proj, path)?;
+            ops.add(&mut s.x, &s.proj, n * h)?;
+
+            // Feed-forward block (SwiGLU).
+            ops.rmsnorm(&s.x, &lw.ffn_norm, n, h, eps, &mut s.xn)?;
+            ops.matmul(&lw.w_gate, &s.xn, n, &mut s.gate, path)?;
+            ops.matmul(&lw.w_up, &s.xn, n, &mut s.up, path)?;
+            ops.swiglu(&mut s.gate, &s.up, n * ffn)?;
+            ops.matmul(&lw.w_down, &s.gate, n, &mut s.proj, path)?;
+            ops.add(&mut s.x, &s.proj, n * h)?;
+        }
+
+        // Final norm and LM head, only for the wanted rows.
+        if nr > 0 {
+            ops.gather_rows(&s.x, &s.rows, nr, h, &mut s.sel)?;
+            ops.rmsnorm(&s.sel, output_norm, nr, h, eps, &mut s.seln)?;
+            let head = output.as_ref().unwrap_or(token_embd);
+            ops.matmul(head, &s.seln, nr, &mut s.logits, path)?;
+        }
+        Ok(nr)
+    }
+
+    /// Makes the context current on the calling thread (callers may step a model
+    /// from any thread; cuBLAS works on the thread's current context).
+    fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e))
+    }
+
+    fn sync(&self, what: &str) -> Result<()> {
+        self.stream.synchronize().map_err(|e| driver_err(what, e))
+    }
+
+    fn wanted_rows(seqs: &[Seq<'_>]) -> usize {
+        seqs.iter()
+            .map(|s| match s.want {
+                Want::Nothing => 0,
+                Want::Last => 1,
+                Want::All => s.tokens.len(),
+            })
+            .sum()
+    }
+}
+
+/// f16 K and V of every layer.
+fn kv_bytes_per_position(cfg: &Config) -> u64 {
+    (cfg.n_layers * 2 * cfg.kv_dim() * 2) as u64
+}
+
+impl Backend for CudaBackend {
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
+        if copies.is_empty() {
+            return Ok(());
+        }
+        guarded("CUDA KV block copy", || {
+            self.bind()?;
+            for c in copies {
+                if c.src as usize >= self.kv.n_blocks || c.dst as usize >= self.kv.n_blocks {
+                    return Err(Error::internal(format!(
+                        "KV copy {} -> {} outside the pool of {} blocks",
+                        c.src, c.dst, self.kv.n_blocks
+                    )));
+                }
+                self.ops.copy_block(&mut self.kv, c.src, c.dst)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn step(&mut self, seqs: &[Seq<'_>], logits: &mut [f32]) -> Result<()> {
+        let vocab = self.cfg.vocab_size;
+        let wanted = Self::wanted_rows(seqs);
+        if logits.len() != wanted * vocab {
+            return Err(Error::internal(format!(
+                "logits buffer holds {} floats, step wants {}",
+                logits.len(),
+                wanted * vocab
+            )));
+        }
+        guarded("CUDA step", || {
+            self.bind()?;
+            let nr = self.forward(seqs)?;
+            if nr != wanted {
+                return Err(Error::internal(format!("step produced {nr} logits rows, {wanted} wanted")));
+            }
+            if nr > 0 {
+                let view = self.s.logits.slice(0..nr * vocab);
+                self.stream.memcpy_dtoh(&view, logits).map_err(|e| driver_err("downloading logits", e))?;
+            }
+            self.sync("running the CUDA step")
+        })
+    }
+
+    fn step_greedy(&mut self, seqs: &[Seq<'_>], next: &mut [u32]) -> Result<()> {
+        let vocab = self.cfg.vocab_size;
+        if next.len() != seqs.len() || seqs.iter().any(|s| s.want != Want::Last) {
+            return Err(Error::internal("greedy step: one Want::Last row per sequence expected"));
+        }
+        guarded("CUDA greedy step", || {
+            self.bind()?;
+            let nr = self.forward(seqs)?;
+            if nr != next.len() {
+                return Err(Error::internal(format!("step produced {nr} rows, {} wanted", next.len())));
+            }
+            self.ops.argmax(&self.s.logits, nr, vocab, &mut self.s.next)?;
+            let view = self.s.next.slice(0..nr);
+            self.stream.memcpy_dtoh(&view, next).map_err(|e| driver_err("downloading argmax ids", e))?;
+            self.sync("running the CUDA greedy step")
+        })
+    }
+
+    fn kv_bytes_per_position(&self) -> u64 {
+        kv_bytes_per_position(&self.cfg)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
+    }
+
+    fn device_name(&self) -> String {
+        self.info.name.clone()
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Let queued work finish before the buffers it uses are freed.
+        let _ = self.ctx.bind_to_thread();
+        let _ = self.stream.synchronize();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_lays_out_tokens_slots_tables_and_rows() {
+        let inv = [1.0f64, 0.01];
+        let (a, b, c) = ([5u32, 6, 7], [9u32], [1u32, 2]);
+        let seqs = [
+            // 3 tokens at positions 15..18: crosses from block 3 into block 4.
+            Seq { tokens: &a, start: 15, blocks: &[3, 4, 8], want: Want::All },
+            Seq { tokens: &b, start: 0, blocks: &[2], want: Want::Last },
+            Seq { tokens: &c, start: 31, blocks: &[0, 1, 5, 7], want: Want::Nothing },
+        ];
+        let p = Plan::build(&seqs, &inv, 16, 10).unwrap();
+        assert_eq!(p.ids, [5, 6, 7, 9, 1, 2]);
+        assert_eq!(p.seq, [0, 0, 0, 1, 2, 2]);
+        assert_eq!(p.pos, [15, 16, 17, 0, 31, 32]);
+        assert_eq!(p.slots, [3 * 16 + 15, 4 * 16, 4 * 16 + 1, 2 * 16, 16 + 15, 5 * 16]);
+        assert_eq!(p.max_blocks, 3);
+        // Only the blocks a step reaches are copied; the rest is padding.
+        assert_eq!(p.block_tables, [3, 4, 0, 2, 0, 0, 0, 1, 5]);
+        assert_eq!(p.rows, [0, 1, 2, 3]);
+        assert_eq!(p.cos.len(), 12);
+        assert_eq!(p.cos[2 * 2 + 1], (17.0f64 * 0.01).cos() as f32);
+        assert_eq!(p.sin[5 * 2], (32.0f64).sin() as f32);
+
+        let short = [Seq { tokens: &a, start: 15, blocks: &[3], want: Want::Last }];
+        assert_eq!(Plan::build(&short, &inv, 16, 10).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+        let outside = [Seq { tokens: &b, start: 0, blocks: &[16], want: Want::Last }];
+        assert_eq!(Plan::build(&outside, &inv, 16, 10).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+        let bad_token = [Seq { tokens: &[10], start: 0, blocks: &[0], want: Want::Last }];
+        assert_eq!(Plan::build(&bad_token, &inv, 16, 10).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+    }
+
+    #[test]
+    fn default_kv_budget_rules() {
+        let gib = 1u64 << 30;
+        // Half the free memory, at most 8 GiB.
+        assert_eq!(default_kv_budget(100 * gib, 1024, 4096), 8 * gib);
+        assert_eq!(default_kv_budget(4 * gib, 1024, 4096), 2 * gib);
+        // Raised to one full context when that fits in three quarters of the free memory.
+        assert_eq!(default_kv_budget(100 * gib, 1 << 20, 16384), 16 * gib);
+        assert_eq!(default_kv_budget(8 * gib, 1 << 20, 16384), 6 * gib);
+    }
+}

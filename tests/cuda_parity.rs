@@ -1,0 +1,526 @@
+//! The CUDA runner against the CPU backend, whole model, through the C entry points:
+//! logits of every fixture file, greedy ids, batched decode, fork, truncate, failure
+//! atomicity, model info. Without a CUDA device each device test prints
+//! "skipped: no CUDA device (<reason>)" and passes; `backend_selection_*` runs
+//! everywhere. scripts/gpu-check.sh runs this binary on a GPU machine (from the
+//! repository root, with LLMRT_FIXTURES set) and collects the `MAXERR` lines; it also
+//! runs the ignored `bench_decode` (`--ignored`), which prints `BENCH` lines.
+mod common;
+use common::*;
+use llmrt::backend::cuda;
+use llmrt::ffi::llmrt_backend::{self, LLMRT_BACKEND_AUTO, LLMRT_BACKEND_CPU, LLMRT_BACKEND_CUDA};
+use llmrt::Status;
+use std::ffi::CStr;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// KV budget of the parity loads (the fixtures are tiny; the default would book GiBs).
+const KV_BYTES: u64 = 64 << 20;
+
+/// The devices, or None after printing why the test skips.
+fn devices() -> Option<Vec<cuda::DeviceInfo>> {
+    match cuda::probe() {
+        Ok(d) => Some(d),
+        Err(e) => {
+            println!("skipped: no CUDA device ({e})");
+            None
+        }
+    }
+}
+
+fn load_on(path: &Path, backend: llmrt_backend, kv: u64) -> M {
+    try_load_with(path, backend, 0, 0, kv)
+        .unwrap_or_else(|(s, e)| panic!("load {} on {backend:?}: {s:?} {e}", path.display()))
+}
+
+fn cpu(path: &Path) -> M {
+    load_on(path, LLMRT_BACKEND_CPU, KV_BYTES)
+}
+
+fn gpu(path: &Path) -> M {
+    let m = load_on(path, LLMRT_BACKEND_CUDA, KV_BYTES);
+    assert_eq!(m.info().backend, LLMRT_BACKEND_CUDA, "{}", path.display());
+    m
+}
+
+fn fixtures_present() -> Vec<Fixture> {
+    let all = Fixture::all();
+    assert!(
+        all.len() >= 6,
+        "expected the 6 fixtures under {} (set LLMRT_FIXTURES), found {}",
+        fixtures().display(),
+        all.len()
+    );
+    all
+}
+
+/// Every (fixture, type) file present.
+fn files(f: &Fixture) -> Vec<(&'static str, PathBuf)> {
+    ["f32", "f16", "q8_0"].into_iter().map(|ty| (ty, f.gguf(ty))).filter(|(_, p)| p.exists()).collect()
+}
+
+fn bound(ty: &str) -> f64 {
+    if ty == "f32" {
+        1e-3
+    } else {
+        1e-2
+    }
+}
+
+/// Worst relative L2 over a set of rows.
+struct Worst {
+    what: String,
+    err: f64,
+    case: String,
+    cases: usize,
+}
+
+impl Worst {
+    fn new(what: String) -> Worst {
+        Worst { what, err: 0.0, case: String::new(), cases: 0 }
+    }
+    fn rows(&mut self, got: &[f32], want: &[f32], vocab: usize, label: &str, bound: f64) {
+        assert_eq!(got.len(), want.len(), "{} {label}: row counts differ", self.what);
+        for (t, (g, w)) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)).enumerate() {
+            assert!(g.iter().all(|v| v.is_finite()), "{} {label} row {t}: non-finite logits", self.what);
+            let e = rel_l2(g, w);
+            self.cases += 1;
+            if e > self.err || self.case.is_empty() {
+                self.err = e;
+                self.case = format!("{label} row {t}");
+            }
+            assert!(e < bound, "{} {label} row {t}: CUDA vs CPU relative L2 {e:.3e} >= {bound:.0e}", self.what);
+        }
+    }
+    fn print(&self) {
+        println!("MAXERR model-{} rel_l2={:.3e} cases={} worst=[{}]", self.what, self.err, self.cases, self.case);
+    }
+}
+
+/// Prefill logits of every row, and decode logits step by step, CUDA vs CPU.
+fn compare_file(path: &Path, tokens: &[u32], ty: &str) {
+    let name = path.file_name().unwrap().to_string_lossy().trim_end_matches(".gguf").to_string();
+    let (c, g) = (cpu(path), gpu(path));
+    assert_eq!(c.vocab, g.vocab);
+    let v = c.vocab;
+    let mut w = Worst::new(name);
+    // Whole prompt in one prefill (the cuBLAS path when long enough).
+    let (cc, gc) = (c.reserve(0), g.reserve(0));
+    w.rows(&g.prefill_all(gc, tokens), &c.prefill_all(cc, tokens), v, "prefill", bound(ty));
+    // A short prefill then decode steps (the GEMV path), also batched with a second cache.
+    let split = tokens.len() / 2;
+    let (ca, ga) = (c.reserve(0), g.reserve(0));
+    let (cb, gb) = (c.reserve(0), g.reserve(0));
+    w.rows(&g.prefill(ga, &tokens[..split]), &c.prefill(ca, &tokens[..split]), v, "short prefill", bound(ty));
+    w.rows(&g.prefill(gb, &tokens[..3]), &c.prefill(cb, &tokens[..3]), v, "short prefill", bound(ty));
+    for (i, &t) in tokens[split..].iter().enumerate() {
+        let other = tokens[(i * 5 + 1) % tokens.len()];
+        let gl = g.decode(&[ga, gb], &[t, other]);
+        let cl = c.decode(&[ca, cb], &[t, other]);
+        w.rows(&gl, &cl, v, &format!("decode step {i}"), bound(ty));
+    }
+    w.print();
+}
+
+#[test]
+fn backend_selection_auto_and_cuda() {
+    let f = fixtures_present().into_iter().find(|f| f.name == "llama_gqa").unwrap();
+    let path = f.gguf("f32");
+    let auto = try_load_with(&path, LLMRT_BACKEND_AUTO, 0, 1, KV_BYTES);
+    let cuda = try_load_with(&path, LLMRT_BACKEND_CUDA, 0, 1, KV_BYTES);
+    match cuda::probe() {
+        Err(e) if e.status == Status::LLMRT_UNSUPPORTED => {
+            println!("no usable CUDA device here ({e}): AUTO must run on the CPU, CUDA must fail");
+            let m = auto.unwrap_or_else(|(s, e)| panic!("AUTO without a device: {s:?} {e}"));
+            assert_eq!(m.info().backend, LLMRT_BACKEND_CPU);
+            let (s, msg) = cuda.err().expect("CUDA load without a device succeeded");
+            assert_eq!(s, Status::LLMRT_UNSUPPORTED, "{msg}");
+            assert!(msg.contains("CUDA"), "message does not say what is missing: {msg}");
+        }
+        Err(e) => {
+            println!("CUDA probe failed with a device error ({e}): AUTO and CUDA must both fail");
+            assert_eq!(auto.err().map(|x| x.0), Some(e.status));
+            assert_eq!(cuda.err().map(|x| x.0), Some(e.status));
+        }
+        Ok(devs) => {
+            let m = auto.unwrap_or_else(|(s, e)| panic!("AUTO with a device: {s:?} {e}"));
+            assert_eq!(m.info().backend, LLMRT_BACKEND_CUDA, "AUTO did not pick the device");
+            let m = cuda.unwrap_or_else(|(s, e)| panic!("CUDA: {s:?} {e}"));
+            assert_eq!(m.info().backend, LLMRT_BACKEND_CUDA);
+            // An ordinal past the last device is the caller's mistake, named with the count.
+            let bad = devs.len() as i32;
+            let (s, msg) = try_load_with(&path, LLMRT_BACKEND_CUDA, bad, 1, KV_BYTES).err().expect("bad ordinal loaded");
+            assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT, "{msg}");
+            assert!(msg.contains(&bad.to_string()) && msg.contains(&devs.len().to_string()), "{msg}");
+        }
+    }
+}
+
+#[test]
+fn info_reports_cuda_and_the_device() {
+    let Some(devs) = devices() else { return };
+    let f = fixtures_present().into_iter().find(|f| f.name == "llama_gqa").unwrap();
+    // Default KV budget on the device (kv_cache_bytes = 0).
+    let m = load_on(&f.gguf("f16"), LLMRT_BACKEND_CUDA, 0);
+    let i = m.info();
+    let name = unsafe { CStr::from_ptr(i.device_name.as_ptr()) }.to_string_lossy().into_owned();
+    println!(
+        "device {} | model info: backend {:?}, device_name {name:?}, kv {} B/position, weights {} B",
+        devs[0], i.backend, i.kv_bytes_per_position, i.weight_bytes
+    );
+    assert_eq!(i.backend, LLMRT_BACKEND_CUDA);
+    assert_eq!(name, devs[0].name);
+    // f16 K and V of every layer.
+    assert_eq!(i.kv_bytes_per_position, (i.n_layers * 2 * i.n_kv_heads * i.head_dim * 2) as u64);
+    let c = m.reserve(0);
+    assert_eq!(m.prefill(c, &f.tokens).len(), m.vocab);
+}
+
+#[test]
+fn logits_match_cpu_every_fixture_file() {
+    if devices().is_none() {
+        return;
+    }
+    let mut n = 0;
+    for f in fixtures_present() {
+        for (ty, path) in files(&f) {
+            compare_file(&path, &f.tokens, ty);
+            n += 1;
+        }
+    }
+    assert!(n >= 13, "expected 13 fixture files (6 f32, 6 f16, 1 q8_0), found {n}");
+}
+
+#[test]
+fn greedy_ids_match_cpu_f32() {
+    if devices().is_none() {
+        return;
+    }
+    for f in fixtures_present() {
+        let path = f.gguf("f32");
+        let mut ids = Vec::new();
+        for m in [cpu(&path), gpu(&path)] {
+            let c = m.reserve(0);
+            let last = m.prefill(c, &f.greedy_prompt());
+            let mut got = vec![argmax(&last)];
+            while got.len() < 32 {
+                got.push(m.decode_greedy(&[c], &[*got.last().unwrap()])[0]);
+            }
+            ids.push(got);
+        }
+        assert_eq!(ids[1], ids[0], "{}: CUDA greedy ids differ from the CPU's", f.name);
+        assert_eq!(ids[0], f.greedy_ids()[..32], "{}: CPU greedy ids differ from transformers", f.name);
+        println!("{:<16} 32 greedy ids identical on CUDA and CPU", f.name);
+    }
+}
+
+#[test]
+fn stories260k_greedy_on_cuda() {
+    if devices().is_none() {
+        return;
+    }
+    let dir = std::env::var_os("LLMRT_SHARED_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/models"))
+        .join("stories260K");
+    if !dir.join("stories260K.gguf").exists() {
+        println!("skipped: {} not present (optional)", dir.display());
+        return;
+    }
+    let exp: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+    let ids = |k: &str| -> Vec<u32> { exp[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
+    let (prompt, want) = (ids("prompt"), ids("greedy_ids"));
+    let path = dir.join("stories260K.gguf");
+    let m = gpu(&path);
+    let c = m.reserve(0);
+    let last = m.prefill(c, &prompt);
+    let mut got = vec![argmax(&last)];
+    while got.len() < want.len() {
+        got.push(m.decode_greedy(&[c], &[*got.last().unwrap()])[0]);
+    }
+    assert_eq!(got, want, "stories260K greedy ids on CUDA differ from llama2.c's run.c");
+    compare_file(&path, &[&prompt[..], &want[..23]].concat(), "f32");
+}
+
+/// (fixture, type) pairs the cache tests run on: both GEMV weight kinds and each arch family.
+fn cache_models() -> Vec<(Fixture, &'static str)> {
+    let pick = [("llama_gqa", "f32"), ("llama_gqa", "q8_0"), ("qwen2", "f16"), ("qwen3", "f32")];
+    fixtures_present();
+    pick.iter()
+        .map(|&(n, ty)| (Fixture::all().into_iter().find(|f| f.name == n).unwrap_or_else(|| panic!("fixture {n}")), ty))
+        .collect()
+}
+
+#[test]
+fn batched_decode_equals_single_decodes_bit_for_bit() {
+    if devices().is_none() {
+        return;
+    }
+    for (f, ty) in cache_models() {
+        let m = gpu(&f.gguf(ty));
+        let toks = &f.tokens;
+        let lens = [1usize, 3, 5, 9, 13, 16, 17, 24];
+        let (solo, batch): (Vec<u64>, Vec<u64>) = lens
+            .iter()
+            .map(|&n| {
+                let (a, b) = (m.reserve(64), m.reserve(64));
+                m.prefill(a, &toks[..n]);
+                m.prefill(b, &toks[..n]);
+                (a, b)
+            })
+            .unzip();
+        let mut next: Vec<u32> = (0..8).map(|i| toks[(i * 7 + 2) % toks.len()]).collect();
+        for step in 0..6 {
+            let bl = m.decode(&batch, &next);
+            for (i, &c) in solo.iter().enumerate() {
+                let sl = m.decode(&[c], &[next[i]]);
+                assert_eq!(&bl[i * m.vocab..(i + 1) * m.vocab], &sl[..], "{} {ty}: cache {i} step {step}", f.name);
+            }
+            next = bl.chunks_exact(m.vocab).map(argmax).collect();
+        }
+        // decode_greedy (argmax on the device) == argmax of decode logits.
+        let g = m.decode_greedy(&batch, &next);
+        let l = m.decode(&solo, &next);
+        let want: Vec<u32> = l.chunks_exact(m.vocab).map(argmax).collect();
+        assert_eq!(g, want, "{} {ty}: decode_greedy differs from argmax of decode", f.name);
+        println!("{:<16} {ty:<5} batch of 8 == single decodes, bit for bit; greedy == argmax", f.name);
+    }
+}
+
+#[test]
+fn fork_then_diverge_equals_independent_caches() {
+    if devices().is_none() {
+        return;
+    }
+    for (f, ty) in cache_models() {
+        let m = gpu(&f.gguf(ty));
+        let toks = &f.tokens;
+        let src = m.reserve(64);
+        m.prefill(src, &toks[..13]);
+        let fork = m.fork(src);
+        assert_eq!(m.len(fork), 13);
+        let (ia, ib) = (m.reserve(64), m.reserve(64));
+        m.prefill(ia, &toks[..13]);
+        m.prefill(ib, &toks[..13]);
+        for i in 0..8 {
+            let ta = toks[(i * 3) % toks.len()];
+            let tb = toks[(i * 7 + 1) % toks.len()];
+            let la = m.decode(&[src, fork], &[ta, tb]);
+            let ra = m.decode(&[ia], &[ta]);
+            let rb = m.decode(&[ib], &[tb]);
+            assert_eq!(&la[..m.vocab], &ra[..], "{} {ty}: source after fork, step {i}", f.name);
+            assert_eq!(&la[m.vocab..], &rb[..], "{} {ty}: fork, step {i}", f.name);
+        }
+        assert_eq!(m.release(src), Status::LLMRT_OK);
+        assert_eq!(m.decode(&[fork], &[toks[0]]), m.decode(&[ib], &[toks[0]]), "{} {ty}: fork after release", f.name);
+    }
+}
+
+#[test]
+fn truncate_then_reprefill_equals_fresh_cache() {
+    if devices().is_none() {
+        return;
+    }
+    for (f, ty) in cache_models() {
+        let m = gpu(&f.gguf(ty));
+        let toks = &f.tokens;
+        let a = m.reserve(64);
+        m.prefill(a, toks);
+        let mut w = Worst::new(format!("{}.{ty}-truncate", f.name));
+        for keep in [0u32, 7, 16, 20] {
+            assert_eq!(m.truncate(a, keep), Status::LLMRT_OK);
+            assert_eq!(m.len(a), keep);
+            let other: Vec<u32> = toks.iter().rev().copied().take(6).collect();
+            let got = m.prefill_all(a, &other);
+            let fresh = m.reserve(64);
+            let mut prefix = toks[..keep as usize].to_vec();
+            prefix.extend(&other);
+            let want = m.prefill_all(fresh, &prefix);
+            w.rows(&got, &want[keep as usize * m.vocab..], m.vocab, &format!("keep {keep}"), 1e-3);
+            m.release(fresh);
+            assert_eq!(m.truncate(a, 0), Status::LLMRT_OK);
+            m.prefill(a, toks);
+        }
+        assert_eq!(m.truncate(a, toks.len() as u32 + 1), Status::LLMRT_INVALID_ARGUMENT);
+        w.print();
+    }
+}
+
+#[test]
+fn failed_steps_leave_caches_unchanged() {
+    if devices().is_none() {
+        return;
+    }
+    let f = fixtures_present().into_iter().find(|f| f.name == "llama_gqa").unwrap();
+    let m = gpu(&f.gguf("f32"));
+    let toks = &f.tokens;
+    let a = m.reserve(20);
+    let twin = m.reserve(20);
+    m.prefill(a, &toks[..10]);
+    m.prefill(twin, &toks[..10]);
+    let other = m.reserve(20);
+    m.prefill(other, &toks[..2]);
+    let v = m.vocab as u32;
+    let mut out = vec![7.0f32; 2 * m.vocab];
+    let s = unsafe { llmrt::ffi::llmrt_decode(m.ptr, 2, [a, other].as_ptr(), [1, v].as_ptr(), out.as_mut_ptr()) };
+    assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
+    assert!(out.iter().all(|&x| x == 7.0), "logits written by a failed step");
+    let mut ids = [u32::MAX; 2];
+    let s = unsafe { llmrt::ffi::llmrt_decode_greedy(m.ptr, 2, [a, other].as_ptr(), [v, 1].as_ptr(), ids.as_mut_ptr()) };
+    assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
+    assert_eq!(ids, [u32::MAX; 2], "ids written by a failed greedy step");
+    assert_eq!((m.len(a), m.len(other)), (10, 2));
+    assert_eq!(m.try_prefill_all(a, &toks[..11]), Err(Status::LLMRT_CONTEXT_FULL));
+    m.prefill(other, &toks[..18]);
+    assert_eq!(m.try_decode(&[a, other], &[1, 2]), Err(Status::LLMRT_CONTEXT_FULL));
+    let s = unsafe { llmrt::ffi::llmrt_decode_greedy(m.ptr, 2, [a, other].as_ptr(), [1, 2].as_ptr(), ids.as_mut_ptr()) };
+    assert_eq!(s, Status::LLMRT_CONTEXT_FULL);
+    assert_eq!(ids, [u32::MAX; 2]);
+    assert_eq!(m.len(a), 10);
+    assert_eq!(m.prefill_all(a, &toks[10..20]), m.prefill_all(twin, &toks[10..20]));
+}
+
+// ---------------------------------------------------------------------------------
+// Benchmark (ignored; gpu-check runs it with --ignored).
+
+/// xorshift64*.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        ((self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// A llama-shaped GGUF with random weights: hidden 2048, 8 layers, 32 heads, 8 KV
+/// heads, ffn 5632, vocab 32000; matrices of type `dt`, each layer's matrices shared.
+fn synthetic_model(dir: &Path, dt: llmrt::quant::DType) -> PathBuf {
+    use llmrt::format::gguf::Value;
+    use llmrt::format::gguf_write::GgufWriter;
+    use llmrt::quant::{quantize_row, DType};
+    let (h, layers, heads, kv_heads, ffn, vocab) = (2048u64, 8u32, 32u32, 8u32, 5632u64, 32000u64);
+    let kv = h / heads as u64 * kv_heads as u64;
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut mat = |rows: u64, cols: u64, scale: f32| -> Vec<u8> {
+        let rb = dt.row_bytes(cols as usize).unwrap();
+        let mut out = vec![0u8; rb * rows as usize];
+        let mut row = vec![0f32; cols as usize];
+        for r in 0..rows as usize {
+            row.iter_mut().for_each(|x| *x = rng.next() * scale);
+            quantize_row(dt, &row, &mut out[r * rb..(r + 1) * rb]);
+        }
+        out
+    };
+    let s = 1.0 / (h as f32).sqrt();
+    let (wq, wk, wv, wo) = (mat(h, h, s), mat(kv, h, s), mat(kv, h, s), mat(h, h, s));
+    let (wg, wu, wd) = (mat(ffn, h, s), mat(ffn, h, s), mat(h, ffn, 1.0 / (ffn as f32).sqrt()));
+    let emb = mat(vocab, h, 0.5);
+    let out = mat(vocab, h, s);
+    let ones: Vec<u8> = std::iter::repeat_n(1f32.to_le_bytes(), h as usize).flatten().collect();
+    let mut w = GgufWriter::new();
+    w.kv("general.architecture", Value::Str("llama".into()));
+    w.kv("llama.block_count", Value::U32(layers));
+    w.kv("llama.context_length", Value::U32(4096));
+    w.kv("llama.embedding_length", Value::U32(h as u32));
+    w.kv("llama.feed_forward_length", Value::U32(ffn as u32));
+    w.kv("llama.attention.head_count", Value::U32(heads));
+    w.kv("llama.attention.head_count_kv", Value::U32(kv_heads));
+    w.kv("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
+    w.tensor("token_embd.weight", &[h, vocab], dt, emb);
+    w.tensor("output_norm.weight", &[h], DType::F32, ones.clone());
+    w.tensor("output.weight", &[h, vocab], dt, out);
+    for l in 0..layers {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        w.tensor(&n("attn_norm.weight"), &[h], DType::F32, ones.clone());
+        w.tensor(&n("attn_q.weight"), &[h, h], dt, wq.clone());
+        w.tensor(&n("attn_k.weight"), &[h, kv], dt, wk.clone());
+        w.tensor(&n("attn_v.weight"), &[h, kv], dt, wv.clone());
+        w.tensor(&n("attn_output.weight"), &[h, h], dt, wo.clone());
+        w.tensor(&n("ffn_norm.weight"), &[h], DType::F32, ones.clone());
+        w.tensor(&n("ffn_gate.weight"), &[h, ffn], dt, wg.clone());
+        w.tensor(&n("ffn_up.weight"), &[h, ffn], dt, wu.clone());
+        w.tensor(&n("ffn_down.weight"), &[ffn, h], dt, wd.clone());
+    }
+    let path = dir.join(format!("synthetic-2048x8.{}.gguf", dt.name().to_lowercase()));
+    w.write(&path).unwrap();
+    path
+}
+
+/// Tokens/s of prefill, batch-1 and batch-8 decode on one backend.
+fn bench(path: &Path, backend: llmrt_backend, prefill_len: usize, decode_steps: usize) {
+    let t = Instant::now();
+    let m = load_on(path, backend, 1 << 30);
+    let load_s = t.elapsed().as_secs_f64();
+    let v = m.vocab as u32;
+    let prompt: Vec<u32> = (0..prefill_len as u32).map(|i| (i * 7919 + 13) % v).collect();
+    // Warm-up (kernel JIT, cuBLAS heuristics, scratch growth).
+    let cap = (prefill_len + 2 * decode_steps + 16) as u32;
+    let w = m.reserve(cap);
+    m.prefill(w, &prompt);
+    m.decode_greedy(&[w], &[1]);
+    m.release(w);
+
+    let c = m.reserve(cap);
+    let t = Instant::now();
+    m.prefill(c, &prompt);
+    let prefill = prefill_len as f64 / t.elapsed().as_secs_f64();
+
+    let mut tok = 1;
+    let t = Instant::now();
+    for _ in 0..decode_steps {
+        tok = m.decode_greedy(&[c], &[tok])[0];
+    }
+    let b1 = decode_steps as f64 / t.elapsed().as_secs_f64();
+
+    let caches: Vec<u64> = (0..8).map(|_| m.fork(c)).collect();
+    let mut toks: Vec<u32> = (0..8).map(|i| (i * 31 + 5) % v).collect();
+    let t = Instant::now();
+    for _ in 0..decode_steps {
+        toks = m.decode_greedy(&caches, &toks);
+    }
+    let b8 = 8.0 * decode_steps as f64 / t.elapsed().as_secs_f64();
+    let name = path.file_name().unwrap().to_string_lossy();
+    let be = if backend == LLMRT_BACKEND_CUDA { "cuda" } else { "cpu" };
+    println!(
+        "BENCH {name} backend={be} load_s={load_s:.2} prefill{prefill_len}_tok_s={prefill:.1} \
+         decode_b1_tok_s={b1:.1} decode_b8_tok_s={b8:.1} (steps {decode_steps})"
+    );
+}
+
+#[test]
+#[ignore = "benchmark: run with --ignored (scripts/gpu-check.sh does)"]
+fn bench_decode() {
+    // LLMRT_BENCH_CPU_ONLY=1 runs the CPU half where there is no device.
+    let cuda_too = match devices() {
+        Some(devs) => {
+            println!("device: {}", devs[0]);
+            true
+        }
+        None if std::env::var_os("LLMRT_BENCH_CPU_ONLY").is_some() => false,
+        None => return,
+    };
+    // The largest fixture file.
+    let mut largest: Vec<PathBuf> = fixtures_present().iter().flat_map(|f| files(f).into_iter().map(|(_, p)| p)).collect();
+    largest.sort_by_key(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0));
+    let fx = largest.pop().unwrap();
+    bench(&fx, LLMRT_BACKEND_CPU, 24, 64);
+    if cuda_too {
+        bench(&fx, LLMRT_BACKEND_CUDA, 24, 64);
+    }
+
+    let dir = std::env::temp_dir().join(format!("llmrt-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for dt in [llmrt::quant::DType::F16, llmrt::quant::DType::Q8_0] {
+        let t = Instant::now();
+        let path = synthetic_model(&dir, dt);
+        println!("wrote {} in {:.1} s", path.display(), t.elapsed().as_secs_f64());
+        bench(&path, LLMRT_BACKEND_CPU, 64, 4);
+        if cuda_too {
+            bench(&path, LLMRT_BACKEND_CUDA, 512, 64);
+        }
+        std::fs::remove_file(&path).ok();
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
