@@ -82,7 +82,8 @@ fn default_cpu_kv_budget(per_position: u64, context: u64) -> u64 {
 }
 
 impl Model {
-    /// Loads a GGUF file.
+    /// Loads a model: a GGUF file, or a Hugging Face model directory (config.json
+    /// plus `model.safetensors` or a sharded `model.safetensors.index.json`).
     pub fn load(path: &Path, opts: LoadOptions<'_>) -> Result<Model> {
         let LoadOptions { backend, device: _, threads, max_context, kv_cache_bytes, mut progress } = opts;
         let mut report = |f: f32| {
@@ -103,16 +104,24 @@ impl Model {
                 )));
             }
         }
-        if path.is_dir() {
-            return Err(Error::io(format!(
-                "{}: is a directory; Hugging Face model directories are not supported yet, give a GGUF file",
-                path.display()
-            )));
-        }
-        let file = Arc::new(Gguf::open(path)?);
-        report(0.1);
-        let cfg = Config::from_gguf(&file)?;
-        let weights = Arc::new(Weights::bind(file, &cfg, &mut |f| report(0.1 + 0.85 * f))?);
+        let (cfg, weights) = if path.is_dir() {
+            let config = path.join(crate::model::hf::CONFIG_FILE);
+            if !config.is_file() {
+                return Err(Error::io(format!(
+                    "{}: is a directory without config.json; give a GGUF file or a Hugging Face model directory \
+                     (config.json plus model.safetensors or model.safetensors.index.json)",
+                    path.display()
+                )));
+            }
+            crate::model::hf::load(path, &mut |f| report(0.95 * f))?
+        } else {
+            let file = Arc::new(Gguf::open(path)?);
+            report(0.1);
+            let cfg = Config::from_gguf(&file)?;
+            let weights = Weights::bind(file, &cfg, &mut |f| report(0.1 + 0.85 * f))?;
+            (cfg, weights)
+        };
+        let weights = Arc::new(weights);
         let threads = if threads == 0 {
             std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
         } else {
