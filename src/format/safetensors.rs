@@ -197,7 +197,7 @@ fn parse(backing: Backing, path: PathBuf) -> Result<SafeTensors> {
         if end < begin || end - begin != bytes {
             return Err(bad(&format!(
                 "data_offsets [{begin}, {end}] hold {} bytes, but shape {shape:?} of {dtype_s} needs {bytes}",
-                end.wrapping_sub(begin) as i128
+                end as i128 - begin as i128
             )));
         }
         if end > data_len {
