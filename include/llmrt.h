@@ -228,8 +228,9 @@ const char *llmrt_version(void);
 void llmrt_model_options_default(struct llmrt_model_options *options);
 
 /**
- * Loads a model. `path`: a GGUF file (Hugging Face directories: a later
- * version). `options` may be NULL (defaults). On success `*out_model` receives
+ * Loads a model. `path`: a GGUF file, or a Hugging Face model directory
+ * (config.json plus model.safetensors or a sharded model.safetensors.index.json).
+ * `options` may be NULL (defaults). On success `*out_model` receives
  * the model; on failure it is left untouched. Weights are memory-mapped, not
  * copied, on the CPU.
  *

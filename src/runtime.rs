@@ -82,7 +82,8 @@ fn default_cpu_kv_budget(per_position: u64, context: u64) -> u64 {
 }
 
 impl Model {
-    /// Loads a GGUF file.
+    /// Loads a model: a GGUF file, or a Hugging Face model directory (config.json
+    /// plus `model.safetensors` or a sharded `model.safetensors.index.json`).
     ///
     /// Backend choice: `Cpu` runs on the CPU. `Cuda` runs on device `device` or fails
     /// (`LLMRT_UNSUPPORTED` when there is no driver or no device, `LLMRT_DEVICE` for a
@@ -110,17 +111,25 @@ impl Model {
                 Err(e) => return Err(e),
             },
         };
-        if path.is_dir() {
-            return Err(Error::io(format!(
-                "{}: is a directory; Hugging Face model directories are not supported yet, give a GGUF file",
-                path.display()
-            )));
-        }
-        let file = Arc::new(Gguf::open(path)?);
-        report(0.1);
-        let cfg = Config::from_gguf(&file)?;
         let bind_share = if kind == BackendKind::Cuda { 0.2 } else { 0.85 };
-        let weights = Arc::new(Weights::bind(file, &cfg, &mut |f| report(0.1 + bind_share * f))?);
+        let (cfg, weights) = if path.is_dir() {
+            let config = path.join(crate::model::hf::CONFIG_FILE);
+            if !config.is_file() {
+                return Err(Error::io(format!(
+                    "{}: is a directory without config.json; give a GGUF file or a Hugging Face model directory \
+                     (config.json plus model.safetensors or model.safetensors.index.json)",
+                    path.display()
+                )));
+            }
+            crate::model::hf::load(path, &mut |f| report((0.1 + bind_share) * f))?
+        } else {
+            let file = Arc::new(Gguf::open(path)?);
+            report(0.1);
+            let cfg = Config::from_gguf(&file)?;
+            let weights = Weights::bind(file, &cfg, &mut |f| report(0.1 + bind_share * f))?;
+            (cfg, weights)
+        };
+        let weights = Arc::new(weights);
         let context = if max_context == 0 { cfg.context_length } else { cfg.context_length.min(max_context as usize) };
         let context = context.min(u32::MAX as usize - BLOCK_POSITIONS) as u32;
         let (be, blocks): (Box<dyn Backend>, usize) = match kind {

@@ -33,8 +33,12 @@ Weights: embeddings ~N(0, 0.5) (0.1 for the tied model), linear weights ~N(0, 1/
 biases ~N(0, 0.5), every RMSNorm weight (incl. q/k norms) 1 + 0.1*N(0,1).
 
 Outputs, per model, in <out>/<name>/: <name>.f32.gguf, <name>.f16.gguf (llama_gqa also
-llama_gqa.q8_0.gguf), config.json (the HF config as converted), logits.f32, reference.json.
-Plus <out>/README.md. The HF safetensors directories stay in --work.
+llama_gqa.q8_0.gguf), config.json (the HF config as converted), logits.f32, reference.json, and
+hf/: the Hugging Face directory (config.json, generation_config.json, tokenizer files,
+safetensors) in a compact dtype per model (MODELS' hf_dtype: float32 for llama_gqa and llama3_rope,
+bfloat16 for mistral and qwen2, float16 for llama_mha_tied and qwen3; mistral sharded into 2 files with model.safetensors.index.json);
+for a rounded dtype also logits.hf_bf16.f32 / logits.hf_f16.f32: transformers float64 over the
+rounded weights. Plus <out>/README.md.
 
 Checks done here: every GGUF is listed with gguf-py (metadata keys, tensor names/types); a plain
 numpy float64 forward pass over the GGUF tensors must match transformers' float64 logits to
@@ -71,30 +75,32 @@ COMMON = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
               max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
 
 MODELS = [
-    dict(name="llama_gqa", cls="LlamaForCausalLM", tok="spm", gguf_arch="llama", q8=True,
+    dict(name="llama_gqa", cls="LlamaForCausalLM", tok="spm", gguf_arch="llama", q8=True, hf_dtype="float32",
          cfg=dict(vocab_size=384, num_attention_heads=4, num_key_value_heads=2,
                   tie_word_embeddings=False, rms_norm_eps=1e-5,
                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
     dict(name="llama_mha_tied", cls="LlamaForCausalLM", tok="spm", gguf_arch="llama", emb_std=0.1,
+         hf_dtype="float16",  # bf16 rounding moves this tied model's logits by 1.5e-2 (row L2)
          cfg=dict(vocab_size=416, num_attention_heads=4, num_key_value_heads=4,
                   tie_word_embeddings=True, rms_norm_eps=1e-6,
                   rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
-    dict(name="llama3_rope", cls="LlamaForCausalLM", tok="spm", gguf_arch="llama",
+    dict(name="llama3_rope", cls="LlamaForCausalLM", tok="spm", gguf_arch="llama", hf_dtype="float32",
          cfg=dict(vocab_size=384, num_attention_heads=4, num_key_value_heads=2,
                   tie_word_embeddings=False, rms_norm_eps=1e-5,
                   rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                    "original_max_position_embeddings": 64})),
-    dict(name="mistral", cls="MistralForCausalLM", tok="spm", gguf_arch="llama",
+    dict(name="mistral", cls="MistralForCausalLM", tok="spm", gguf_arch="llama", hf_dtype="bfloat16",
+         hf_shards=2,
          cfg=dict(vocab_size=448, num_attention_heads=4, num_key_value_heads=2,
                   tie_word_embeddings=False, rms_norm_eps=1e-5, sliding_window=None,
                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
-    dict(name="qwen2", cls="Qwen2ForCausalLM", tok="bpe", gguf_arch="qwen2",
+    dict(name="qwen2", cls="Qwen2ForCausalLM", tok="bpe", gguf_arch="qwen2", hf_dtype="bfloat16",
          cfg=dict(vocab_size=384, num_attention_heads=4, num_key_value_heads=2,
                   tie_word_embeddings=False, rms_norm_eps=1e-6, use_sliding_window=False,
                   bos_token_id=0, eos_token_id=0,  # <|endoftext|>, as in Qwen's own configs
                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
-    dict(name="qwen3", cls="Qwen3ForCausalLM", tok="bpe", gguf_arch="qwen3",
+    dict(name="qwen3", cls="Qwen3ForCausalLM", tok="bpe", gguf_arch="qwen3", hf_dtype="float16",
          cfg=dict(vocab_size=320, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                   tie_word_embeddings=False, rms_norm_eps=1e-6, use_sliding_window=False,
                   attention_bias=False, bos_token_id=0, eos_token_id=0,
@@ -389,6 +395,70 @@ def rel_err(a, b):
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
+# ----------------------------------------------------------------------------- HF directories
+HF_KEEP = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def write_hf_fixture(model, spec: dict, hf_dir: Path, odir: Path, tokens, logits) -> dict:
+    """Keep the model's Hugging Face directory as <odir>/hf in spec['hf_dtype'] (compact dtypes keep
+    the repo small), written with safetensors' save_file; spec['hf_shards'] = 2 splits it into two
+    shards plus a model.safetensors.index.json written here the way transformers writes it. For a
+    rounded dtype, also writes transformers' float64 logits over the rounded weights."""
+    import copy
+    import torch
+    from safetensors.torch import save_file
+    dname = spec.get("hf_dtype", "float32")
+    dt = getattr(torch, dname)
+    shards = spec.get("hf_shards", 1)
+    dst = odir / "hf"
+    dst.mkdir()
+    for fn in HF_KEEP:
+        if (hf_dir / fn).is_file():
+            shutil.copy(hf_dir / fn, dst / fn)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["dtype"] = dname
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    tied = bool(model.config.tie_word_embeddings)
+    tensors = {k: v.detach().to(dt).contiguous() for k, v in model.state_dict().items()
+               if not (tied and k == "lm_head.weight")}
+    info = {"dir": "hf", "dtype": dname, "shards": shards, "tied": tied}
+    if shards == 1:
+        save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+        info["files"] = ["model.safetensors"]
+    else:
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        groups = [[] for _ in range(shards)]
+        acc = 0
+        for n, t in tensors.items():
+            groups[min(shards - 1, acc * shards // total)].append(n)
+            acc += t.numel() * t.element_size()
+        weight_map = {}
+        info["files"] = []
+        for i, g in enumerate(groups):
+            fn = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            save_file({n: tensors[n] for n in g}, str(dst / fn), metadata={"format": "pt"})
+            weight_map.update({n: fn for n in g})
+            info["files"].append(fn)
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    info["tensors"] = len(tensors)
+    info["bytes"] = sum((dst / f).stat().st_size for f in info["files"])
+    log(f"  hf/: {dname}, {shards} shard(s), {len(tensors)} tensors, {info['bytes']} bytes")
+    if dname != "float32":
+        rounded = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in rounded.parameters():
+                p.copy_(p.to(dt).to(torch.float64))
+        rl = hf_logits(rounded, tokens)
+        short = {"bfloat16": "bf16", "float16": "f16"}[dname]
+        fn = f"logits.hf_{short}.f32"
+        rl.astype("<f4").tofile(odir / fn)
+        info["rounded_logits_file"] = fn
+        info["rounded_vs_f32_rel_err"] = rel_err(rl, logits)
+        log(f"  hf/ {dname} rounding moves transformers' logits by rel err {info['rounded_vs_f32_rel_err']:.3g}")
+    return info
+
+
 # ----------------------------------------------------------------------------- main per model
 def versions(conv: Path) -> dict:
     import torch, transformers, sentencepiece, tokenizers
@@ -540,6 +610,8 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
                 log(f"      ignoring rope_freqs.weight: max abs diff {d:.3g}; "
                     f"rope_freqs = {ts['rope_freqs.weight'].reshape(-1).tolist()}")
 
+    hf_info = write_hf_fixture(model, spec, hf_dir, odir, tokens, logits)
+
     logits.astype("<f4").tofile(odir / "logits.f32")
     ref = {
         "name": name,
@@ -557,6 +629,7 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
         "greedy_margins": margins,
         "greedy_method": "float64, full recompute of the whole sequence every step",
         "gguf_files": {ot: f.name for ot, f in files.items()},
+        "hf": hf_info,
         "seed": seed,
         "tokenizer": tokinfo,
         "hf_config": hf_config_summary(model),
@@ -580,7 +653,7 @@ def write_readme(out: Path, report: dict, vers: dict, command: str):
     A("    " + command)
     A("")
     A("(with the venv's python; `--work` is any scratch directory: it receives the converter sdist and "
-      "the HF checkpoints, which are not kept here).")
+      "the HF checkpoints as transformers saved them; compact copies are kept in each `hf/`).")
     A("")
     A("Tiny random-weight models (hidden 64, 2 layers, ffn 128, max_position_embeddings 256), built "
       "locally with transformers (no Hub), seeded; tokenizers trained locally on generated English "
@@ -606,6 +679,14 @@ def write_readme(out: Path, report: dict, vers: dict, command: str):
       "logits at every position of `reference.json:tokens` (no BOS), model in float64 "
       "(`model.double()`, eval, `use_cache=False`). Note: transformers' float64 run still computes "
       "RMSNorm and RoPE cos/sin in float32, so this is float64 to ~1e-6 relative, not better.")
+    A("- `hf/`: the Hugging Face model directory (config.json, generation_config.json, tokenizer.json or "
+      "tokenizer.model, tokenizer_config.json, safetensors) written with safetensors' `save_file` in the "
+      "dtype of `reference.json:hf.dtype` (float32 for llama_gqa and llama3_rope, bfloat16 for "
+      "mistral and qwen2, float16 for llama_mha_tied and qwen3: bf16 rounding moved the tied model's "
+      "logits by 1.5e-2 row L2, past the 1e-2 a rounded directory is held to). mistral's is sharded in two files with a "
+      "`model.safetensors.index.json`. Tied models have no `lm_head.weight`.")
+    A("- `logits.hf_bf16.f32` / `logits.hf_f16.f32` (rounded `hf/` only): as `logits.f32`, but transformers "
+      "float64 over the weights rounded to the `hf/` dtype: the exact answer for that directory.")
     A("- `reference.json`: tokens, greedy_prompt (8 ids) and greedy_ids (32 ids, float64 greedy with "
       "full recompute), greedy_min_margin (smallest top1-top2 logit gap over the 32 steps) and all "
       "margins, the seed, hf_config, tokenizer info, checks (numbers below), versions, command.")

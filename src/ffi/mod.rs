@@ -248,8 +248,9 @@ unsafe fn read_options(p: *const llmrt_model_options) -> Result<llmrt_model_opti
 
 struct SendPtr(*mut c_void);
 
-/// Loads a model. `path`: a GGUF file (Hugging Face directories: a later
-/// version). `options` may be NULL (defaults). On success `*out_model` receives
+/// Loads a model. `path`: a GGUF file, or a Hugging Face model directory
+/// (config.json plus model.safetensors or a sharded model.safetensors.index.json).
+/// `options` may be NULL (defaults). On success `*out_model` receives
 /// the model; on failure it is left untouched. Weights are memory-mapped, not
 /// copied, on the CPU.
 ///

@@ -387,7 +387,7 @@ impl Gguf {
     }
 }
 
-fn check_regular(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+pub(crate) fn check_regular(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
     if meta.is_dir() {
         return Err(Error::io(format!(
             "{}: is a directory, not a model file",

@@ -2,6 +2,7 @@
 //! table by role. Architectures are rows of options over one forward pass
 //! (see `backend::cpu::forward`), not copies of it.
 
+pub mod hf;
 pub mod weights;
 
 use crate::format::gguf::Gguf;
@@ -13,7 +14,8 @@ pub enum RopeStyle {
     /// Pairs (2i, 2i+1): llama.cpp's converter permutes Llama's Q/K rows so GGUF
     /// `llama` files (and llama2.c checkpoints) use this.
     Adjacent,
-    /// Pairs (i, i + d/2), "neox": Hugging Face weights, qwen2/qwen3 GGUFs.
+    /// Pairs (i, i + d/2), "neox": Hugging Face weights (all architectures, see
+    /// [`ArchOptions::for_hf`]), qwen2/qwen3 GGUFs.
     Neox,
 }
 
@@ -39,6 +41,20 @@ impl ArchOptions {
             _ => return None,
         };
         Some(ArchOptions { name: arch.to_string(), rope_style, qkv_bias, qk_norm })
+    }
+}
+
+impl ArchOptions {
+    /// The row for a Hugging Face config.json `model_type`. HF weights are not
+    /// permuted, so every one of them takes the half-split ("neox") RoPE.
+    pub fn for_hf(model_type: &str) -> Option<ArchOptions> {
+        let (qkv_bias, qk_norm) = match model_type {
+            "llama" | "mistral" => (false, false),
+            "qwen2" => (true, false),
+            "qwen3" => (false, true),
+            _ => return None,
+        };
+        Some(ArchOptions { name: model_type.to_string(), rope_style: RopeStyle::Neox, qkv_bias, qk_norm })
     }
 }
 

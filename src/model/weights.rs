@@ -1,9 +1,21 @@
-//! The weight table by role, bound to a file's tensors with every shape and type
-//! checked against the hyperparameters. Matrices stay in the mapped file (zero
+//! The weight table by role, bound to a model's tensors with every shape and type
+//! checked against the hyperparameters. Matrices stay in the mapped files (zero
 //! copy); small vectors (norms, biases, RoPE divisors) are read into f32.
+//!
+//! **Where a matrix's bytes are.** A model's weights may come from several mapped
+//! files (GGUF: one; a sharded safetensors checkpoint: one per shard). They are
+//! `Weights::files`; a [`Matrix`] records `file` (an index into it) and `offset`
+//! (a byte offset inside that file). Use [`Matrix::bytes`]`(&weights)` to get the
+//! whole matrix (`rows * row_bytes` bytes, row-major, rows of `cols` elements in
+//! `dtype`; an HF `[out, in]` tensor and a ggml `ne = {in, out}` tensor have the
+//! same layout) and [`Weights::file_bytes`] for a whole file.
+//!
+//! Binding is shared by the formats through [`TensorSource`]: roles are named the
+//! GGUF way (`blk.N.attn_q.weight`, ...); a source maps them to its own names.
 
 use super::Config;
-use crate::format::gguf::{Gguf, TensorInfo};
+use crate::format::gguf::Gguf;
+use crate::format::WeightFile;
 use crate::quant::{self, DType};
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -12,19 +24,22 @@ use std::sync::Arc;
 /// row of a matrix-vector product, stored in the file's type.
 #[derive(Clone, Debug)]
 pub struct Matrix {
+    /// The tensor's name in its file.
     pub name: String,
     pub dtype: DType,
     pub rows: usize,
     pub cols: usize,
-    /// Byte range inside the mapped file.
+    /// Index into [`Weights::files`].
+    pub file: usize,
+    /// Byte offset of the matrix inside that file.
     pub offset: usize,
     pub row_bytes: usize,
 }
 
 impl Matrix {
-    /// Bytes of the whole matrix.
-    pub fn bytes<'a>(&self, file: &'a Gguf) -> &'a [u8] {
-        &file.bytes()[self.offset..self.offset + self.rows * self.row_bytes]
+    /// Bytes of the whole matrix (`rows * row_bytes`), inside `w`'s mapped file.
+    pub fn bytes<'a>(&self, w: &'a Weights) -> &'a [u8] {
+        &w.file_bytes(self.file)[self.offset..self.offset + self.rows * self.row_bytes]
     }
 }
 
@@ -47,9 +62,10 @@ pub struct Layer {
     pub w_down: Matrix,
 }
 
-/// Every weight of a model, over its mapped file.
+/// Every weight of a model, over its mapped files.
 pub struct Weights {
-    pub file: Arc<Gguf>,
+    /// The mapped files the matrices point into (`Matrix::file` indexes this).
+    pub files: Vec<Arc<dyn WeightFile>>,
     pub token_embd: Matrix,
     pub layers: Vec<Layer>,
     pub output_norm: Vec<f32>,
@@ -61,89 +77,171 @@ pub struct Weights {
     pub bytes: u64,
 }
 
+impl Weights {
+    /// The whole of mapped file `i`.
+    pub fn file_bytes(&self, i: usize) -> &[u8] {
+        self.files[i].bytes()
+    }
+}
+
+/// A tensor as the binder sees it.
+pub struct TensorRef<'a> {
+    /// Its name in its file (for messages and `Matrix::name`).
+    pub name: String,
+    pub dtype: DType,
+    /// Dimensions in ggml order (`ne[0]` contiguous).
+    pub ne: Vec<u64>,
+    /// Index into the files the weights will hold.
+    pub file: usize,
+    /// Byte offset in that file.
+    pub offset: usize,
+    /// Its bytes.
+    pub data: &'a [u8],
+}
+
+/// Where the binder finds tensors. Roles are GGUF names (`token_embd.weight`,
+/// `blk.N.attn_q.weight`, `output.weight`, ...).
+pub trait TensorSource {
+    /// The tensor playing `role`, `None` when absent. Errors for an unsupported type.
+    fn get(&self, role: &str) -> Result<Option<TensorRef<'_>>>;
+    /// The name `role` has in this source (for "missing" messages).
+    fn stored_name(&self, role: &str) -> String;
+    /// The file holding `role` (or the model, when absent), for messages.
+    fn location(&self, role: &str) -> String;
+    /// A shape for messages, in the source's own convention.
+    fn show_shape(&self, ne: &[u64]) -> String;
+    /// Where the expected shapes come from, for messages.
+    fn config_name(&self) -> &str;
+    /// Whether `output.weight` must be present; when not, its absence means the
+    /// embedding table is the LM head (GGUF's convention for tied models).
+    fn output_required(&self) -> bool {
+        false
+    }
+}
+
+struct GgufSource<'a>(&'a Gguf);
+
+impl TensorSource for GgufSource<'_> {
+    fn get(&self, role: &str) -> Result<Option<TensorRef<'_>>> {
+        let Some(t) = self.0.tensor(role) else { return Ok(None) };
+        let dtype = gguf_dtype(self.0, t)?;
+        Ok(Some(TensorRef {
+            name: t.name.clone(),
+            dtype,
+            ne: t.ne.clone(),
+            file: 0,
+            offset: t.offset as usize,
+            data: self.0.tensor_data(t),
+        }))
+    }
+    fn stored_name(&self, role: &str) -> String {
+        role.to_string()
+    }
+    fn location(&self, _role: &str) -> String {
+        self.0.path.display().to_string()
+    }
+    fn show_shape(&self, ne: &[u64]) -> String {
+        format!("{ne:?}")
+    }
+    fn config_name(&self) -> &str {
+        "(ggml order) from the hyperparameters"
+    }
+}
+
+fn gguf_dtype(file: &Gguf, t: &crate::format::gguf::TensorInfo) -> Result<DType> {
+    t.dtype.ok_or_else(|| {
+        let ty = quant::ggml_type_info(t.ggml_type).map(|i| i.0).unwrap_or("unknown");
+        Error::unsupported(format!(
+            "{}: tensor {} has type {ty} (ggml type {}), which is not supported (F32, F16, BF16, Q8_0, Q4_0 are)",
+            file.path.display(),
+            t.name,
+            t.ggml_type
+        ))
+    })
+}
+
 struct Binder<'a> {
-    file: &'a Gguf,
-    fname: String,
+    src: &'a dyn TensorSource,
     bytes: u64,
 }
 
 impl<'a> Binder<'a> {
-    fn info(&self, name: &str) -> Result<&'a TensorInfo> {
-        self.file
-            .tensor(name)
-            .ok_or_else(|| Error::bad_model(format!("{}: tensor {name} is missing", self.fname)))
-    }
-
-    fn dtype(&self, t: &TensorInfo) -> Result<DType> {
-        t.dtype.ok_or_else(|| {
-            let ty = quant::ggml_type_info(t.ggml_type).map(|i| i.0).unwrap_or("unknown");
-            Error::unsupported(format!(
-                "{}: tensor {} has type {ty} (ggml type {}), which is not supported (F32, F16, BF16, Q8_0, Q4_0 are)",
-                self.fname, t.name, t.ggml_type
-            ))
+    fn info(&self, role: &str) -> Result<TensorRef<'a>> {
+        self.src.get(role)?.ok_or_else(|| {
+            Error::bad_model(format!("{}: tensor {} is missing", self.src.location(role), self.src.stored_name(role)))
         })
     }
 
-    fn shape_err(&self, t: &TensorInfo, want: &[usize]) -> Error {
+    fn shape_err(&self, role: &str, t: &TensorRef<'_>, want: &[u64]) -> Error {
         Error::bad_model(format!(
-            "{}: tensor {} has shape {:?}, expected {:?} (ggml order) from the hyperparameters",
-            self.fname, t.name, t.ne, want
+            "{}: tensor {} has shape {}, expected {} {}",
+            self.src.location(role),
+            t.name,
+            self.src.show_shape(&t.ne),
+            self.src.show_shape(want),
+            self.src.config_name()
         ))
     }
 
-    fn matrix(&mut self, name: &str, cols: usize, rows: usize) -> Result<Matrix> {
-        let t = self.info(name)?;
+    fn matrix(&mut self, role: &str, cols: usize, rows: usize) -> Result<Matrix> {
+        let t = self.info(role)?;
         if t.ne.len() != 2 || t.ne[0] as usize != cols || t.ne[1] as usize != rows {
-            return Err(self.shape_err(t, &[cols, rows]));
+            return Err(self.shape_err(role, &t, &[cols as u64, rows as u64]));
         }
-        let dtype = self.dtype(t)?;
+        let dtype = t.dtype;
         let row_bytes = dtype.row_bytes(cols).ok_or_else(|| {
             Error::bad_model(format!(
-                "{}: tensor {name}: row length {cols} is not a multiple of the {} block size {}",
-                self.fname,
+                "{}: tensor {}: row length {cols} is not a multiple of the {} block size {}",
+                self.src.location(role),
+                t.name,
                 dtype.name(),
                 dtype.block_elems()
             ))
         })?;
-        if row_bytes as u64 * rows as u64 != t.size {
+        if row_bytes as u64 * rows as u64 != t.data.len() as u64 {
             return Err(Error::bad_model(format!(
-                "{}: tensor {name} holds {} bytes, expected {}",
-                self.fname,
-                t.size,
+                "{}: tensor {} holds {} bytes, expected {}",
+                self.src.location(role),
+                t.name,
+                t.data.len(),
                 row_bytes as u64 * rows as u64
             )));
         }
-        self.bytes += t.size;
-        Ok(Matrix { name: name.to_string(), dtype, rows, cols, offset: t.offset as usize, row_bytes })
+        self.bytes += t.data.len() as u64;
+        Ok(Matrix { name: t.name, dtype, rows, cols, file: t.file, offset: t.offset, row_bytes })
     }
 
-    fn vector(&mut self, name: &str, n: usize) -> Result<Vec<f32>> {
-        let t = self.info(name)?;
+    fn vector(&mut self, role: &str, n: usize) -> Result<Vec<f32>> {
+        let t = self.info(role)?;
         if t.ne.len() != 1 || t.ne[0] as usize != n {
-            return Err(self.shape_err(t, &[n]));
+            return Err(self.shape_err(role, &t, &[n as u64]));
         }
-        let dtype = self.dtype(t)?;
-        let data = self.file.tensor_data(t);
-        if dtype.row_bytes(n) != Some(data.len()) {
+        let dtype = t.dtype;
+        if dtype.row_bytes(n) != Some(t.data.len()) {
             return Err(Error::bad_model(format!(
-                "{}: tensor {name} holds {} bytes, expected {:?}",
-                self.fname,
-                data.len(),
+                "{}: tensor {} holds {} bytes, expected {:?}",
+                self.src.location(role),
+                t.name,
+                t.data.len(),
                 dtype.row_bytes(n)
             )));
         }
         let mut out = vec![0f32; n];
-        quant::dequantize_row(dtype, data, &mut out);
+        quant::dequantize_row(dtype, t.data, &mut out);
         if let Some(i) = out.iter().position(|v| !v.is_finite()) {
-            return Err(Error::bad_model(format!("{}: tensor {name} has a non-finite value at index {i}", self.fname)));
+            return Err(Error::bad_model(format!(
+                "{}: tensor {} has a non-finite value at index {i}",
+                self.src.location(role),
+                t.name
+            )));
         }
-        self.bytes += t.size;
+        self.bytes += t.data.len() as u64;
         Ok(out)
     }
 
-    fn opt_vector(&mut self, name: &str, n: usize) -> Result<Option<Vec<f32>>> {
-        if self.file.tensor(name).is_some() {
-            self.vector(name, n).map(Some)
+    fn opt_vector(&mut self, role: &str, n: usize) -> Result<Option<Vec<f32>>> {
+        if self.src.get(role)?.is_some() {
+            self.vector(role, n).map(Some)
         } else {
             Ok(None)
         }
@@ -151,23 +249,47 @@ impl<'a> Binder<'a> {
 }
 
 impl Weights {
-    /// Binds every tensor the forward pass needs, checking names, shapes and types;
-    /// `progress` sees the fraction of layers bound.
+    /// Binds every tensor of a GGUF file the forward pass needs, checking names,
+    /// shapes and types; `progress` sees the fraction of layers bound.
     pub fn bind(file: Arc<Gguf>, cfg: &Config, progress: &mut dyn FnMut(f32)) -> Result<Weights> {
-        let fname = file.path.display().to_string();
-        let mut b = Binder { file: &file, fname: fname.clone(), bytes: 0 };
         // Any tensor of an unsupported type is reported, even one we would not read.
         for t in &file.tensors {
-            b.dtype(t)?;
+            gguf_dtype(&file, t)?;
         }
+        let src = GgufSource(&file);
+        let parts = Self::bind_parts(&src, cfg, None, progress)?;
+        let files: Vec<Arc<dyn WeightFile>> = vec![file.clone()];
+        Ok(parts.with_files(files))
+    }
+
+    /// Binds the roles of `src` (see [`TensorSource`]). `rope_freqs` given here
+    /// (computed from a config) replaces a `rope_freqs.weight` tensor.
+    pub(crate) fn bind_parts(
+        src: &dyn TensorSource,
+        cfg: &Config,
+        rope_freqs: Option<Vec<f32>>,
+        progress: &mut dyn FnMut(f32),
+    ) -> Result<Parts> {
+        let mut b = Binder { src, bytes: 0 };
         let (h, q, kv, f, v) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn, cfg.vocab_size);
         let token_embd = b.matrix("token_embd.weight", h, v)?;
         let output_norm = b.vector("output_norm.weight", h)?;
-        let output = if file.tensor("output.weight").is_some() { b.matrix("output.weight", h, v)? } else { token_embd.clone() };
-        let rope_freqs = b.opt_vector("rope_freqs.weight", cfg.head_dim / 2)?;
+        let output = if src.output_required() || src.get("output.weight")?.is_some() {
+            b.matrix("output.weight", h, v)?
+        } else {
+            token_embd.clone()
+        };
+        let rope_freqs = match rope_freqs {
+            Some(r) => Some(r),
+            None => b.opt_vector("rope_freqs.weight", cfg.head_dim / 2)?,
+        };
         if let Some(rf) = &rope_freqs {
-            if let Some(i) = rf.iter().position(|&d| d <= 0.0) {
-                return Err(Error::bad_model(format!("{fname}: rope_freqs.weight[{i}] = {} is not positive", rf[i])));
+            if let Some(i) = rf.iter().position(|&d| d.is_nan() || d <= 0.0) {
+                return Err(Error::bad_model(format!(
+                    "{}: rope_freqs.weight[{i}] = {} is not positive",
+                    src.location("rope_freqs.weight"),
+                    rf[i]
+                )));
             }
         }
         let mut layers = Vec::with_capacity(cfg.n_layers.min(4096));
@@ -192,7 +314,23 @@ impl Weights {
             layers.push(layer);
             progress((l + 1) as f32 / cfg.n_layers as f32);
         }
-        let bytes = b.bytes;
-        Ok(Weights { file, token_embd, layers, output_norm, output, rope_freqs, bytes })
+        Ok(Parts { token_embd, layers, output_norm, output, rope_freqs, bytes: b.bytes })
+    }
+}
+
+/// Bound weights before the files are attached.
+pub(crate) struct Parts {
+    token_embd: Matrix,
+    layers: Vec<Layer>,
+    output_norm: Vec<f32>,
+    output: Matrix,
+    rope_freqs: Option<Vec<f32>>,
+    bytes: u64,
+}
+
+impl Parts {
+    pub(crate) fn with_files(self, files: Vec<Arc<dyn WeightFile>>) -> Weights {
+        let Parts { token_embd, layers, output_norm, output, rope_freqs, bytes } = self;
+        Weights { files, token_embd, layers, output_norm, output, rope_freqs, bytes }
     }
 }

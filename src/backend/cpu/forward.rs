@@ -17,7 +17,7 @@ struct Tok {
 pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
     let cfg = &be.cfg;
     let w = be.w.clone();
-    let file = &*w.file;
+    let w: &crate::model::weights::Weights = &w;
     let threads = be.threads;
     let (h, qd, kvd, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
     let toks: Vec<Tok> = seqs
@@ -33,7 +33,7 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
     let ids = seqs.iter().flat_map(|s| s.tokens.iter().copied());
     for (row, id) in x.chunks_exact_mut(h).zip(ids) {
         let o = emb.offset + id as usize * emb.row_bytes;
-        quant::dequantize_row(emb.dtype, &file.bytes()[o..o + emb.row_bytes], row);
+        quant::dequantize_row(emb.dtype, &w.file_bytes(emb.file)[o..o + emb.row_bytes], row);
     }
 
     // RoPE angles per token.
@@ -58,7 +58,7 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
     let mut gate = vec![0f32; n * cfg.ffn];
     let mut up = vec![0f32; n * cfg.ffn];
     let mm = |m: &crate::model::weights::Matrix, x: &[f32], y: &mut [f32]| {
-        ops::matmul(m.dtype, m.bytes(file), m.row_bytes, m.rows, m.cols, x, y, threads);
+        ops::matmul(m.dtype, m.bytes(w), m.row_bytes, m.rows, m.cols, x, y, threads);
     };
 
     for (l, lw) in w.layers.iter().enumerate() {

@@ -16,7 +16,7 @@ pub fn par_units<T: Send>(
     work_per_unit: usize,
     f: impl Fn(usize, &mut [T]) + Sync,
 ) {
-    let units = if unit_len == 0 { 0 } else { data.len() / unit_len };
+    let units = data.len().checked_div(unit_len).unwrap_or(0);
     let threads = threads.max(1).min(units.max(1));
     if threads == 1 || units.saturating_mul(work_per_unit) < PAR_THRESHOLD {
         f(0, data);
@@ -51,6 +51,7 @@ pub fn rmsnorm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
 /// `y[t][r] = dot(W[r], x[t])` for `t < T` tokens: W is `rows x cols` in
 /// `dtype` (`row_bytes` per row), x is `T x cols`, y is `T x rows`. Each weight
 /// row is read once for all tokens.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul(
     dtype: DType,
     w: &[u8],

@@ -22,7 +22,6 @@ use super::device::{driver_err, guarded, probe};
 use super::ops::{AttnShape, DevWeight, KvPool, MatmulPath, Ops};
 use super::DeviceInfo;
 use crate::backend::{Backend, Seq, Want};
-use crate::format::gguf::Gguf;
 use crate::kv::{BlockCopy, BLOCK_POSITIONS};
 use crate::model::weights::{Matrix, Weights};
 use crate::model::{Config, RopeStyle};
@@ -118,7 +117,7 @@ struct Uploader<'a> {
     ctx: &'a Arc<CudaContext>,
     stream: &'a Arc<CudaStream>,
     dev: &'a DeviceInfo,
-    file: &'a Gguf,
+    weights: &'a Weights,
     done: u64,
     total: u64,
     progress: &'a mut dyn FnMut(f32),
@@ -134,7 +133,7 @@ impl Uploader<'_> {
     }
 
     fn matrix(&mut self, m: &Matrix) -> Result<DevWeight> {
-        let data = self.upload(&m.name, m.bytes(self.file))?;
+        let data = self.upload(&m.name, m.bytes(self.weights))?;
         Ok(DevWeight { name: m.name.clone(), dtype: m.dtype, rows: m.rows, cols: m.cols, data })
     }
 
@@ -281,7 +280,7 @@ impl CudaBackend {
         let ops = Ops::new(&ctx, stream.clone(), info.sm())?;
 
         let tied = w.output.offset == w.token_embd.offset;
-        let mut up = Uploader { ctx: &ctx, stream: &stream, dev: &info, file: &w.file, done: 0, total: w.bytes, progress };
+        let mut up = Uploader { ctx: &ctx, stream: &stream, dev: &info, weights: w, done: 0, total: w.bytes, progress };
         let token_embd = up.matrix(&w.token_embd)?;
         let output_norm = up.vector("output_norm.weight", &w.output_norm)?;
         let output = if tied { None } else { Some(up.matrix(&w.output)?) };
