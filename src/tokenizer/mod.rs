@@ -919,7 +919,9 @@ impl Tokenizer {
         }
         // min-heap on (rank, left)
         use std::cmp::Reverse;
-        let mut heap: std::collections::BinaryHeap<Reverse<(u32, usize, usize, u32, u32)>> = Default::default();
+        // (rank, left, right, left id, right id)
+        type Entry = Reverse<(u32, usize, usize, u32, u32)>;
+        let mut heap: std::collections::BinaryHeap<Entry> = Default::default();
         let rank_of = |syms: &[Sym], l: usize, r: usize| -> Option<(u32, u32, u32, u32)> {
             let (a, b) = (syms[l].id?, syms[r].id?);
             self.ranks.get(&(a, b)).map(|&(rank, m)| (rank, a, b, m))
