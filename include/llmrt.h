@@ -197,6 +197,41 @@ typedef struct llmrt_model_info {
  */
 typedef uint64_t llmrt_cache;
 
+/**
+ * Sampling parameters for `llmrt_decode_sample`. Fill with
+ * `llmrt_sampler_params_default`, then change what you need.
+ */
+typedef struct llmrt_sampler_params {
+  /**
+   * sizeof(llmrt_sampler_params): lets the struct grow; fields past it take defaults.
+   */
+  uint32_t struct_size;
+  /**
+   * 0 = greedy.
+   */
+  float temperature;
+  /**
+   * 0 = off.
+   */
+  uint32_t top_k;
+  /**
+   * 1 = off.
+   */
+  float top_p;
+  /**
+   * 0 = off.
+   */
+  float min_p;
+  /**
+   * 1 = off; over the cache's tokens.
+   */
+  float repetition_penalty;
+  /**
+   * Same seed + same logits = same token, on every backend.
+   */
+  uint64_t seed;
+} llmrt_sampler_params;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -369,6 +404,81 @@ enum llmrt_status llmrt_decode_greedy(struct llmrt_model *model,
                                       const llmrt_cache *caches,
                                       const uint32_t *tokens,
                                       uint32_t *next_tokens);
+
+/**
+ * Fills `params` with defaults (see the field comments). NULL is a no-op.
+ *
+ * # Safety
+ * `params` is NULL or points to writable memory of sizeof(llmrt_sampler_params).
+ */
+void llmrt_sampler_params_default(struct llmrt_sampler_params *params);
+
+/**
+ * As llmrt_decode_greedy, but sampling with `params` (one set for all caches).
+ * Sampling runs on the host over float32 logits; the random draw depends only on
+ * the seed and the new token's position in its cache.
+ *
+ * # Safety
+ * As llmrt_decode_greedy; `params` points to a valid llmrt_sampler_params.
+ */
+enum llmrt_status llmrt_decode_sample(struct llmrt_model *model,
+                                      size_t n,
+                                      const llmrt_cache *caches,
+                                      const uint32_t *tokens,
+                                      const struct llmrt_sampler_params *params,
+                                      uint32_t *next_tokens);
+
+/**
+ * Text -> token ids. `text` holds `text_len` bytes of UTF-8 (not necessarily
+ * NUL-terminated). `add_bos` prepends the model's BOS token when it has one.
+ * When `capacity` is too small: LLMRT_BUFFER_TOO_SMALL with `*out_n` = the count
+ * needed (`tokens` may be NULL when `capacity` is 0). Models without a tokenizer:
+ * LLMRT_UNSUPPORTED.
+ *
+ * # Safety
+ * `model` is a live model; `text` holds `text_len` bytes; `tokens` holds `capacity`
+ * u32s (or is NULL with capacity 0); `out_n` is writable.
+ */
+enum llmrt_status llmrt_tokenize(const struct llmrt_model *model,
+                                 const char *text,
+                                 size_t text_len,
+                                 bool add_bos,
+                                 uint32_t *tokens,
+                                 size_t capacity,
+                                 size_t *out_n);
+
+/**
+ * Token ids -> UTF-8 bytes (not NUL-terminated). A byte-fallback token may end in
+ * the middle of a character: concatenate consecutive outputs. Same
+ * LLMRT_BUFFER_TOO_SMALL rule as llmrt_tokenize (`*out_len` = bytes needed).
+ *
+ * # Safety
+ * `model` is a live model; `tokens` holds `n_tokens` ids; `text` holds `capacity`
+ * bytes (or is NULL with capacity 0); `out_len` is writable.
+ */
+enum llmrt_status llmrt_detokenize(const struct llmrt_model *model,
+                                   const uint32_t *tokens,
+                                   size_t n_tokens,
+                                   char *text,
+                                   size_t capacity,
+                                   size_t *out_len);
+
+/**
+ * One token's bytes as they appear inside a text, for streaming output: unlike
+ * llmrt_detokenize no leading space is dropped, so concatenating the pieces of
+ * generated tokens gives the text. Control tokens (BOS, EOS, ...) give no bytes; a
+ * byte-fallback token gives one raw byte (possibly part of a UTF-8 character). Same
+ * LLMRT_BUFFER_TOO_SMALL rule as llmrt_tokenize.
+ *
+ * # Safety
+ * `model` is a live model; `text` holds `capacity` bytes (or is NULL with capacity
+ * 0); `out_len` is writable.
+ */
+enum llmrt_status llmrt_token_piece(const struct llmrt_model *model,
+                                    uint32_t token,
+                                    char *text,
+                                    size_t capacity,
+                                    size_t *out_len);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -13,6 +13,8 @@ pub mod kv;
 pub mod model;
 pub mod quant;
 pub mod runtime;
+pub mod sample;
+pub mod tokenizer;
 
 pub use error::{Error, Result, Status};
 pub use runtime::{BackendKind, LoadOptions, Model, ModelInfo};

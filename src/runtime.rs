@@ -9,6 +9,8 @@ use crate::format::gguf::Gguf;
 use crate::kv::{KvManager, BLOCK_POSITIONS};
 use crate::model::weights::Weights;
 use crate::model::Config;
+use crate::sample::{self, SamplerParams};
+use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -69,7 +71,31 @@ struct State {
 /// A loaded model: weights, a KV pool and a backend.
 pub struct Model {
     info: ModelInfo,
+    tokenizer: Option<Tokenizer>,
     state: Mutex<State>,
+}
+
+/// The tokenizer of a Hugging Face directory: tokenizer.json (with
+/// tokenizer_config.json when present), else a SentencePiece tokenizer.model, else none.
+fn hf_tokenizer(dir: &Path) -> Result<Option<Tokenizer>> {
+    let read = |name: &str| -> Result<Option<Vec<u8>>> {
+        let p = dir.join(name);
+        match std::fs::read(&p) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io(format!("{}: {e}", p.display()))),
+        }
+    };
+    if let Some(json) = read("tokenizer.json")? {
+        let config = read("tokenizer_config.json")?;
+        let name = dir.join("tokenizer.json").display().to_string();
+        return Tokenizer::from_hf_json(&json, config.as_deref(), &name).map(Some);
+    }
+    if let Some(model) = read("tokenizer.model")? {
+        let name = dir.join("tokenizer.model").display().to_string();
+        return Tokenizer::from_sentencepiece_model(&model, &name).map(Some);
+    }
+    Ok(None)
 }
 
 /// Default KV budget on the CPU: a quarter of physical memory, at least one full
@@ -112,7 +138,7 @@ impl Model {
             },
         };
         let bind_share = if kind == BackendKind::Cuda { 0.2 } else { 0.85 };
-        let (cfg, weights) = if path.is_dir() {
+        let (cfg, weights, tokenizer) = if path.is_dir() {
             let config = path.join(crate::model::hf::CONFIG_FILE);
             if !config.is_file() {
                 return Err(Error::io(format!(
@@ -121,15 +147,27 @@ impl Model {
                     path.display()
                 )));
             }
-            crate::model::hf::load(path, &mut |f| report((0.1 + bind_share) * f))?
+            let (cfg, weights) = crate::model::hf::load(path, &mut |f| report((0.1 + bind_share) * f))?;
+            (cfg, weights, hf_tokenizer(path)?)
         } else {
             let file = Arc::new(Gguf::open(path)?);
             report(0.1);
             let cfg = Config::from_gguf(&file)?;
+            let tokenizer = Tokenizer::from_gguf(&file)?;
             let weights = Weights::bind(file, &cfg, &mut |f| report(0.1 + bind_share * f))?;
-            (cfg, weights)
+            (cfg, weights, tokenizer)
         };
         let weights = Arc::new(weights);
+        if let Some(t) = &tokenizer {
+            if t.vocab_size() > cfg.vocab_size {
+                return Err(Error::bad_model(format!(
+                    "{}: the tokenizer has {} tokens but the model's vocabulary is {}",
+                    path.display(),
+                    t.vocab_size(),
+                    cfg.vocab_size
+                )));
+            }
+        }
         let context = if max_context == 0 { cfg.context_length } else { cfg.context_length.min(max_context as usize) };
         let context = context.min(u32::MAX as usize - BLOCK_POSITIONS) as u32;
         let (be, blocks): (Box<dyn Backend>, usize) = match kind {
@@ -179,7 +217,7 @@ impl Model {
             device_name: be.device_name(),
         };
         report(1.0);
-        Ok(Model { info, state: Mutex::new(State { kv: KvManager::new(blocks, block_bytes), backend: be }) })
+        Ok(Model { info, tokenizer, state: Mutex::new(State { kv: KvManager::new(blocks, block_bytes), backend: be }) })
     }
 
     /// Hyperparameters and what the load chose.
@@ -201,6 +239,45 @@ impl Model {
 
     pub fn cache_release(&self, cache: u64) -> Result<()> {
         self.lock().kv.release(cache)
+    }
+
+    fn tokenizer(&self) -> Result<&Tokenizer> {
+        self.tokenizer.as_ref().ok_or_else(|| Error::unsupported("this model carries no tokenizer"))
+    }
+
+    /// Text -> ids (`add_bos`: prepend BOS when the model has one).
+    pub fn tokenize(&self, text: &[u8], add_bos: bool) -> Result<Vec<u32>> {
+        self.tokenizer()?.encode(text, add_bos)
+    }
+
+    /// Ids -> text, as the tokenizer reproduces a whole text (one leading space of a
+    /// SentencePiece text is dropped, so `detokenize(tokenize(s)) == s`).
+    pub fn detokenize(&self, ids: &[u32]) -> Result<Vec<u8>> {
+        self.tokenizer()?.decode(ids)
+    }
+
+    /// One token's bytes as it appears inside a text (streaming).
+    pub fn token_piece(&self, id: u32) -> Result<Vec<u8>> {
+        self.tokenizer()?.token_piece(id)
+    }
+
+    /// As [`Self::decode`], then samples each cache's next token on the host: the
+    /// draw depends only on `params.seed` and the new token's position in its cache,
+    /// and the repetition penalty looks at the cache's tokens.
+    pub fn decode_sample(&self, caches: &[u64], tokens: &[u32], params: &SamplerParams, next: &mut [u32]) -> Result<()> {
+        params.validate()?;
+        if next.len() != caches.len() {
+            return Err(Error::invalid(format!("next_tokens has {} slots for {} caches", next.len(), caches.len())));
+        }
+        let v = self.info.vocab_size as usize;
+        let mut logits = vec![0f32; caches.len() * v];
+        self.decode(caches, tokens, Some(&mut logits))?;
+        let st = self.lock();
+        for ((o, row), &c) in next.iter_mut().zip(logits.chunks_exact(v)).zip(caches) {
+            let s = st.kv.get(c)?;
+            *o = sample::sample(row, params, &s.tokens, s.len as u64);
+        }
+        Ok(())
     }
 
     /// The tokens cache `cache` holds, in order.

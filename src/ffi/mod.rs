@@ -5,6 +5,9 @@
 
 #![allow(non_camel_case_types)]
 
+mod text;
+pub use text::*;
+
 use crate::error::llmrt_status;
 use crate::runtime::{BackendKind, LoadOptions, Model};
 use crate::{Error, Result, Status};

@@ -1,0 +1,266 @@
+//! Text and sampling entry points (tokenize, detokenize, sampled decode).
+
+use super::{boundary, llmrt_cache, llmrt_model, model_ref, need, need_mut, MAX_BATCH};
+use crate::error::llmrt_status;
+use crate::sample::SamplerParams;
+use crate::{Error, Result};
+use std::ffi::c_char;
+
+/// Sampling parameters for `llmrt_decode_sample`. Fill with
+/// `llmrt_sampler_params_default`, then change what you need.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct llmrt_sampler_params {
+    /// sizeof(llmrt_sampler_params): lets the struct grow; fields past it take defaults.
+    pub struct_size: u32,
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: u32,
+    /// 1 = off.
+    pub top_p: f32,
+    /// 0 = off.
+    pub min_p: f32,
+    /// 1 = off; over the cache's tokens.
+    pub repetition_penalty: f32,
+    /// Same seed + same logits = same token, on every backend.
+    pub seed: u64,
+}
+
+fn default_params() -> llmrt_sampler_params {
+    let d = SamplerParams::default();
+    llmrt_sampler_params {
+        struct_size: std::mem::size_of::<llmrt_sampler_params>() as u32,
+        temperature: d.temperature,
+        top_k: d.top_k,
+        top_p: d.top_p,
+        min_p: d.min_p,
+        repetition_penalty: d.repetition_penalty,
+        seed: d.seed,
+    }
+}
+
+/// Fills `params` with defaults (see the field comments). NULL is a no-op.
+///
+/// # Safety
+/// `params` is NULL or points to writable memory of sizeof(llmrt_sampler_params).
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_sampler_params_default(params: *mut llmrt_sampler_params) {
+    if !params.is_null() {
+        // SAFETY: the caller promises a writable llmrt_sampler_params.
+        unsafe { params.write(default_params()) };
+    }
+}
+
+/// Reads a caller's sampler params, honouring struct_size.
+///
+/// # Safety
+/// `p` points to at least `struct_size` readable bytes.
+unsafe fn read_params(p: *const llmrt_sampler_params) -> Result<SamplerParams> {
+    // SAFETY: struct_size is the first field.
+    let size = unsafe { std::ptr::addr_of!((*p).struct_size).read_unaligned() } as usize;
+    if size < 8 {
+        return Err(Error::invalid(format!(
+            "params.struct_size is {size}; set it with llmrt_sampler_params_default (sizeof = {})",
+            std::mem::size_of::<llmrt_sampler_params>()
+        )));
+    }
+    let mut o = default_params();
+    macro_rules! field {
+        ($f:ident) => {
+            let off = std::mem::offset_of!(llmrt_sampler_params, $f);
+            if off + std::mem::size_of_val(&o.$f) <= size {
+                // SAFETY: the field lies inside the caller's struct_size bytes.
+                o.$f = unsafe { std::ptr::addr_of!((*p).$f).read_unaligned() };
+            }
+        };
+    }
+    field!(temperature);
+    field!(top_k);
+    field!(top_p);
+    field!(min_p);
+    field!(repetition_penalty);
+    field!(seed);
+    let s = SamplerParams {
+        temperature: o.temperature,
+        top_k: o.top_k,
+        top_p: o.top_p,
+        min_p: o.min_p,
+        repetition_penalty: o.repetition_penalty,
+        seed: o.seed,
+    };
+    s.validate()?;
+    Ok(s)
+}
+
+/// As llmrt_decode_greedy, but sampling with `params` (one set for all caches).
+/// Sampling runs on the host over float32 logits; the random draw depends only on
+/// the seed and the new token's position in its cache.
+///
+/// # Safety
+/// As llmrt_decode_greedy; `params` points to a valid llmrt_sampler_params.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_decode_sample(
+    model: *mut llmrt_model,
+    n: usize,
+    caches: *const llmrt_cache,
+    tokens: *const u32,
+    params: *const llmrt_sampler_params,
+    next_tokens: *mut u32,
+) -> llmrt_status {
+    boundary("llmrt_decode_sample", || {
+        let m = model_ref(model)?;
+        let caches = need(caches, "caches")?;
+        let tokens = need(tokens, "tokens")?;
+        let params = need(params, "params")?;
+        let next = need_mut(next_tokens, "next_tokens")?;
+        if n == 0 {
+            return Err(Error::invalid("n = 0: a decode step needs at least one cache"));
+        }
+        if n > MAX_BATCH {
+            return Err(Error::invalid(format!("n = {n} caches exceeds the largest batch, {MAX_BATCH}")));
+        }
+        // SAFETY: non-null; the caller promises a valid struct.
+        let p = unsafe { read_params(params)? };
+        // SAFETY: non-null, n elements per the contract, n bounded by MAX_BATCH.
+        let (c, t) = unsafe { (std::slice::from_raw_parts(caches, n), std::slice::from_raw_parts(tokens, n)) };
+        let mut ids = vec![0u32; n];
+        m.decode_sample(c, t, &p, &mut ids)?;
+        // SAFETY: non-null, n writable u32s per the contract.
+        unsafe { std::slice::from_raw_parts_mut(next, n) }.copy_from_slice(&ids);
+        Ok(())
+    })
+}
+
+/// Text -> token ids. `text` holds `text_len` bytes of UTF-8 (not necessarily
+/// NUL-terminated). `add_bos` prepends the model's BOS token when it has one.
+/// When `capacity` is too small: LLMRT_BUFFER_TOO_SMALL with `*out_n` = the count
+/// needed (`tokens` may be NULL when `capacity` is 0). Models without a tokenizer:
+/// LLMRT_UNSUPPORTED.
+///
+/// # Safety
+/// `model` is a live model; `text` holds `text_len` bytes; `tokens` holds `capacity`
+/// u32s (or is NULL with capacity 0); `out_n` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_tokenize(
+    model: *const llmrt_model,
+    text: *const c_char,
+    text_len: usize,
+    add_bos: bool,
+    tokens: *mut u32,
+    capacity: usize,
+    out_n: *mut usize,
+) -> llmrt_status {
+    boundary("llmrt_tokenize", || {
+        let m = model_ref(model)?;
+        let out_n = need_mut(out_n, "out_n")?;
+        let bytes: &[u8] = if text_len == 0 {
+            &[]
+        } else {
+            let text = need(text, "text")?;
+            if text_len > isize::MAX as usize {
+                return Err(Error::invalid(format!("text_len = {text_len} is too large")));
+            }
+            // SAFETY: non-null, text_len readable bytes per the contract.
+            unsafe { std::slice::from_raw_parts(text.cast::<u8>(), text_len) }
+        };
+        let ids = m.tokenize(bytes, add_bos)?;
+        if ids.len() > capacity {
+            // SAFETY: non-null, writable per the contract.
+            unsafe { out_n.write(ids.len()) };
+            return Err(Error::buffer_too_small(format!(
+                "{} tokens do not fit in capacity {capacity}",
+                ids.len()
+            )));
+        }
+        if !ids.is_empty() {
+            let tokens = need_mut(tokens, "tokens")?;
+            // SAFETY: non-null, capacity >= ids.len() writable u32s per the contract.
+            unsafe { std::slice::from_raw_parts_mut(tokens, ids.len()) }.copy_from_slice(&ids);
+        }
+        // SAFETY: non-null, writable per the contract.
+        unsafe { out_n.write(ids.len()) };
+        Ok(())
+    })
+}
+
+/// Token ids -> UTF-8 bytes (not NUL-terminated). A byte-fallback token may end in
+/// the middle of a character: concatenate consecutive outputs. Same
+/// LLMRT_BUFFER_TOO_SMALL rule as llmrt_tokenize (`*out_len` = bytes needed).
+///
+/// # Safety
+/// `model` is a live model; `tokens` holds `n_tokens` ids; `text` holds `capacity`
+/// bytes (or is NULL with capacity 0); `out_len` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_detokenize(
+    model: *const llmrt_model,
+    tokens: *const u32,
+    n_tokens: usize,
+    text: *mut c_char,
+    capacity: usize,
+    out_len: *mut usize,
+) -> llmrt_status {
+    boundary("llmrt_detokenize", || {
+        let m = model_ref(model)?;
+        let out_len = need_mut(out_len, "out_len")?;
+        let ids: &[u32] = if n_tokens == 0 {
+            &[]
+        } else {
+            let tokens = need(tokens, "tokens")?;
+            if n_tokens > (isize::MAX as usize) / 4 {
+                return Err(Error::invalid(format!("n_tokens = {n_tokens} is too large")));
+            }
+            // SAFETY: non-null, n_tokens readable u32s per the contract.
+            unsafe { std::slice::from_raw_parts(tokens, n_tokens) }
+        };
+        let bytes = m.detokenize(ids)?;
+        // SAFETY: text holds capacity bytes or is NULL; out_len is non-null and writable.
+        unsafe { write_bytes(&bytes, text, capacity, out_len) }
+    })
+}
+
+/// One token's bytes as they appear inside a text, for streaming output: unlike
+/// llmrt_detokenize no leading space is dropped, so concatenating the pieces of
+/// generated tokens gives the text. Control tokens (BOS, EOS, ...) give no bytes; a
+/// byte-fallback token gives one raw byte (possibly part of a UTF-8 character). Same
+/// LLMRT_BUFFER_TOO_SMALL rule as llmrt_tokenize.
+///
+/// # Safety
+/// `model` is a live model; `text` holds `capacity` bytes (or is NULL with capacity
+/// 0); `out_len` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_token_piece(
+    model: *const llmrt_model,
+    token: u32,
+    text: *mut c_char,
+    capacity: usize,
+    out_len: *mut usize,
+) -> llmrt_status {
+    boundary("llmrt_token_piece", || {
+        let m = model_ref(model)?;
+        let out_len = need_mut(out_len, "out_len")?;
+        let bytes = m.token_piece(token)?;
+        // SAFETY: as in llmrt_detokenize.
+        unsafe { write_bytes(&bytes, text, capacity, out_len) }
+    })
+}
+
+/// Copies `bytes` to a caller's buffer, or reports the size needed.
+///
+/// # Safety
+/// `text` holds `capacity` writable bytes or is NULL; `out_len` is non-null and writable.
+unsafe fn write_bytes(bytes: &[u8], text: *mut c_char, capacity: usize, out_len: *mut usize) -> Result<()> {
+    if bytes.len() > capacity {
+        // SAFETY: non-null, writable per the contract.
+        unsafe { out_len.write(bytes.len()) };
+        return Err(Error::buffer_too_small(format!("{} bytes do not fit in capacity {capacity}", bytes.len())));
+    }
+    if !bytes.is_empty() {
+        let text = need_mut(text, "text")?;
+        // SAFETY: non-null, capacity >= bytes.len() writable bytes per the contract.
+        unsafe { std::slice::from_raw_parts_mut(text.cast::<u8>(), bytes.len()) }.copy_from_slice(bytes);
+    }
+    // SAFETY: non-null, writable per the contract.
+    unsafe { out_len.write(bytes.len()) };
+    Ok(())
+}

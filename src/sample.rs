@@ -1,0 +1,373 @@
+//! Sampling the next token from one row of logits.
+//!
+//! Order of operations (fixed; every step is skipped when its parameter is "off"):
+//! 1. NaN logits are treated as -inf (never drawn unless every logit is -inf/NaN).
+//! 2. Repetition penalty (CTRL / llama.cpp style) over the distinct tokens of `history`
+//!    (ids >= the row length are ignored): a positive logit is divided by the penalty, a
+//!    negative one multiplied; each distinct token once, however often it occurs. 1 = off.
+//! 3. Temperature 0: greedy — the argmax of the penalised logits, the lowest id among equal
+//!    maxima; top-k/top-p/min-p and the seed are ignored.
+//! 4. Candidates: the tokens with a finite logit, scaled by 1/temperature (f64), sorted by logit
+//!    descending, then id ascending. This order is also the draw order.
+//! 5. Top-k (0 = off): keep exactly the first k of that order (ties at the k-th logit are
+//!    broken by lower id, so exactly k tokens stay).
+//! 6. Softmax (f64, max subtracted).
+//! 7. Top-p (1 = off): keep the smallest prefix whose cumulative probability is >= top_p
+//!    (at least one token). A cut-off that falls within rounding error of a cumulative sum is
+//!    not specified either way.
+//! 8. Min-p (0 = off): keep the tokens with p >= min_p * p_max (p of the first candidate).
+//! 9. Renormalise, then inverse-CDF draw: u in [0, 1) from `splitmix64(seed ^ position *
+//!    0x9E3779B97F4A7C15)` (top 53 bits / 2^53); the token is the first candidate whose
+//!    cumulative probability exceeds u (the last one if rounding leaves u above the total).
+//!
+//! The draw is a pure function of (logits, params, history, position): the same seed, logits
+//! and cache position give the same token on every backend, in any batch, on any thread.
+//! A row that is all -inf/NaN, or empty, gives token 0. A +inf logit (after the penalty) wins
+//! outright: the lowest id holding +inf is returned, greedy or not.
+
+use crate::error::{Error, Result};
+
+/// Sampling parameters. Defaults (llama.cpp's `common_params_sampling`): temperature 0.8,
+/// top_k 40, top_p 0.95, min_p 0.05, repetition_penalty 1.0 (off), seed 0.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplerParams {
+    /// 0 = greedy; otherwise > 0 and finite.
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: u32,
+    /// In (0, 1]; 1 = off.
+    pub top_p: f32,
+    /// In [0, 1); 0 = off.
+    pub min_p: f32,
+    /// > 0 and finite; 1 = off.
+    pub repetition_penalty: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplerParams {
+    fn default() -> Self {
+        SamplerParams { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, repetition_penalty: 1.0, seed: 0 }
+    }
+}
+
+impl SamplerParams {
+    /// LLMRT_INVALID_ARGUMENT naming the field and value for: temperature NaN, negative or
+    /// infinite; top_p outside (0, 1]; min_p outside [0, 1); repetition_penalty NaN, <= 0 or
+    /// infinite.
+    pub fn validate(&self) -> Result<()> {
+        let t = self.temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(Error::invalid(format!("sampler temperature {t}: must be 0 (greedy) or a finite value > 0")));
+        }
+        let p = self.top_p;
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(Error::invalid(format!("sampler top_p {p}: must be in (0, 1] (1 = off)")));
+        }
+        let m = self.min_p;
+        if !(0.0..1.0).contains(&m) {
+            return Err(Error::invalid(format!("sampler min_p {m}: must be in [0, 1) (0 = off)")));
+        }
+        let r = self.repetition_penalty;
+        if !(r.is_finite() && r > 0.0) {
+            return Err(Error::invalid(format!(
+                "sampler repetition_penalty {r}: must be a finite value > 0 (1 = off)"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// splitmix64's output function of `x`.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The uniform draw in [0, 1) for (seed, position).
+pub fn uniform(seed: u64, position: u64) -> f64 {
+    let x = splitmix64(seed ^ position.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    (x >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Step 1-2: NaN -> -inf, then the repetition penalty, in place.
+pub fn apply_penalty(logits: &mut [f32], penalty: f32, history: &[u32]) {
+    for l in logits.iter_mut() {
+        if l.is_nan() {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+    if penalty == 1.0 {
+        return;
+    }
+    let mut seen = vec![false; logits.len()];
+    for &t in history {
+        let i = t as usize;
+        if i < logits.len() && !seen[i] {
+            seen[i] = true;
+            let l = &mut logits[i];
+            if *l > 0.0 {
+                *l /= penalty;
+            } else {
+                *l *= penalty;
+            }
+        }
+    }
+}
+
+fn argmax(l: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &x) in l.iter().enumerate() {
+        if x > l[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Steps 1-8: the distribution the draw is made from, as (token, probability) in draw order,
+/// probabilities renormalised to sum 1. Temperature 0: the greedy token with probability 1.
+/// Empty when the row is all -inf/NaN; a +inf logit gives that token with probability 1.
+pub fn distribution(logits: &[f32], params: &SamplerParams, history: &[u32]) -> Vec<(u32, f64)> {
+    let mut l = logits.to_vec();
+    apply_penalty(&mut l, params.repetition_penalty, history);
+    if l.iter().all(|&x| x == f32::NEG_INFINITY) {
+        return vec![];
+    }
+    if params.temperature == 0.0 {
+        return vec![(argmax(&l), 1.0)];
+    }
+    if let Some(i) = l.iter().position(|&x| x == f32::INFINITY) {
+        return vec![(i as u32, 1.0)];
+    }
+    let t = params.temperature as f64;
+    let mut c: Vec<(u32, f64)> = l
+        .iter()
+        .enumerate()
+        .filter(|(_, x)| x.is_finite())
+        .map(|(i, &x)| (i as u32, x as f64 / t))
+        .collect();
+    c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    if params.top_k > 0 && (params.top_k as usize) < c.len() {
+        c.truncate(params.top_k as usize);
+    }
+    let max = c[0].1;
+    let mut sum = 0.0;
+    for e in c.iter_mut() {
+        e.1 = (e.1 - max).exp();
+        sum += e.1;
+    }
+    for e in c.iter_mut() {
+        e.1 /= sum;
+    }
+    if params.top_p < 1.0 {
+        let p = params.top_p as f64;
+        let mut cum = 0.0;
+        let mut keep = c.len();
+        for (i, e) in c.iter().enumerate() {
+            cum += e.1;
+            if cum >= p {
+                keep = i + 1;
+                break;
+            }
+        }
+        c.truncate(keep.max(1));
+    }
+    if params.min_p > 0.0 {
+        let floor = params.min_p as f64 * c[0].1;
+        c.retain(|e| e.1 >= floor);
+    }
+    let total: f64 = c.iter().map(|e| e.1).sum();
+    for e in c.iter_mut() {
+        e.1 /= total;
+    }
+    c
+}
+
+/// Picks the next token from one row of logits (see the module documentation for the exact
+/// order, the tie rules and the RNG). `history`: the cache's tokens (repetition penalty).
+/// `position`: the index the new token will have in its cache. Parameters are assumed valid
+/// ([`SamplerParams::validate`]); an all -inf/NaN or empty row gives 0.
+pub fn sample(logits: &[f32], params: &SamplerParams, history: &[u32], position: u64) -> u32 {
+    let d = distribution(logits, params, history);
+    let Some(last) = d.last() else { return 0 };
+    if d.len() == 1 {
+        return d[0].0;
+    }
+    let u = uniform(params.seed, position);
+    let mut cum = 0.0;
+    for &(id, p) in &d {
+        cum += p;
+        if u < cum {
+            return id;
+        }
+    }
+    last.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(temperature: f32, top_k: u32, top_p: f32, min_p: f32) -> SamplerParams {
+        SamplerParams { temperature, top_k, top_p, min_p, repetition_penalty: 1.0, seed: 42 }
+    }
+
+    fn ids(d: &[(u32, f64)]) -> Vec<u32> {
+        d.iter().map(|e| e.0).collect()
+    }
+
+    #[test]
+    fn validate_names_field_and_value() {
+        assert!(SamplerParams::default().validate().is_ok());
+        let cases: [(SamplerParams, &str); 9] = [
+            (SamplerParams { temperature: f32::NAN, ..Default::default() }, "temperature NaN"),
+            (SamplerParams { temperature: -0.5, ..Default::default() }, "temperature -0.5"),
+            (SamplerParams { temperature: f32::INFINITY, ..Default::default() }, "temperature inf"),
+            (SamplerParams { top_p: 0.0, ..Default::default() }, "top_p 0"),
+            (SamplerParams { top_p: 1.5, ..Default::default() }, "top_p 1.5"),
+            (SamplerParams { min_p: 1.0, ..Default::default() }, "min_p 1"),
+            (SamplerParams { min_p: -0.1, ..Default::default() }, "min_p -0.1"),
+            (SamplerParams { repetition_penalty: 0.0, ..Default::default() }, "repetition_penalty 0"),
+            (SamplerParams { repetition_penalty: f32::NAN, ..Default::default() }, "repetition_penalty NaN"),
+        ];
+        for (sp, needle) in cases {
+            let e = sp.validate().unwrap_err();
+            assert_eq!(e.status, crate::Status::LLMRT_INVALID_ARGUMENT);
+            assert!(e.message.contains(needle), "{needle:?} not in {}", e.message);
+        }
+        assert!(SamplerParams { temperature: 0.0, top_p: 1.0, min_p: 0.0, ..Default::default() }.validate().is_ok());
+    }
+
+    #[test]
+    fn greedy_is_first_argmax_and_ignores_filters() {
+        let l = [1.0, 3.0, -2.0, 3.0, f32::NAN];
+        for seed in 0..5 {
+            let sp = SamplerParams { seed, ..p(0.0, 1, 0.1, 0.9) };
+            assert_eq!(sample(&l, &sp, &[], seed), 1);
+        }
+        // the penalty still applies under greedy
+        let sp = SamplerParams { repetition_penalty: 2.0, ..p(0.0, 0, 1.0, 0.0) };
+        assert_eq!(sample(&l, &sp, &[1], 0), 3);
+    }
+
+    #[test]
+    fn penalty_math() {
+        let mut l = [2.0f32, -2.0, 1.0, 0.0, f32::NAN, 4.0];
+        apply_penalty(&mut l, 2.0, &[0, 1, 0, 0, 3, 99, 1]);
+        assert_eq!(&l[..4], &[1.0, -4.0, 1.0, 0.0]);
+        assert_eq!(l[4], f32::NEG_INFINITY);
+        assert_eq!(l[5], 4.0);
+        let mut l = [2.0f32, -2.0];
+        apply_penalty(&mut l, 0.5, &[0, 1]); // < 1 encourages
+        assert_eq!(l, [4.0, -1.0]);
+    }
+
+    #[test]
+    fn top_k_keeps_exactly_k_ties_by_id() {
+        let l = [1.0, 5.0, 3.0, 3.0, 3.0, 0.0];
+        let d = distribution(&l, &p(1.0, 3, 1.0, 0.0), &[]);
+        assert_eq!(ids(&d), [1, 2, 3]);
+        let d = distribution(&l, &p(1.0, 1, 1.0, 0.0), &[]);
+        assert_eq!(d, vec![(1, 1.0)]);
+        let d = distribution(&l, &p(1.0, 100, 1.0, 0.0), &[]);
+        assert_eq!(ids(&d), [1, 2, 3, 4, 0, 5]);
+        let s: f64 = d.iter().map(|e| e.1).sum();
+        assert!((s - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn top_p_boundaries() {
+        // probabilities 0.5, 0.25, 0.125, 0.125
+        let l = [4f32.ln(), 2f32.ln(), 0.0, 0.0];
+        let k = |tp: f32| ids(&distribution(&l, &p(1.0, 0, tp, 0.0), &[]));
+        assert_eq!(k(0.01), [0]);
+        assert_eq!(k(0.499), [0]);
+        assert_eq!(k(0.501), [0, 1]);
+        assert_eq!(k(0.749), [0, 1]);
+        assert_eq!(k(0.751), [0, 1, 2]);
+        assert_eq!(k(0.876), [0, 1, 2, 3]);
+        assert_eq!(k(1.0), [0, 1, 2, 3]);
+        let d = distribution(&l, &p(1.0, 0, 0.7, 0.0), &[]);
+        assert!((d[0].1 - 2.0 / 3.0).abs() < 1e-6 && (d[1].1 - 1.0 / 3.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn min_p_boundaries() {
+        // probabilities 0.5, 0.25, 0.125, 0.125: ratios to p_max 1, 0.5, 0.25, 0.25
+        let l = [4f32.ln(), 2f32.ln(), 0.0, 0.0];
+        let k = |mp: f32| ids(&distribution(&l, &p(1.0, 0, 1.0, mp), &[]));
+        assert_eq!(k(0.249), [0, 1, 2, 3]);
+        assert_eq!(k(0.251), [0, 1]);
+        assert_eq!(k(0.499), [0, 1]);
+        assert_eq!(k(0.501), [0]);
+        assert_eq!(k(0.999), [0]);
+    }
+
+    #[test]
+    fn temperature_scales() {
+        let l = [2.0f32, 0.0];
+        let d = distribution(&l, &p(2.0, 0, 1.0, 0.0), &[]);
+        let want = 1.0 / (1.0 + (-1.0f64).exp());
+        assert!((d[0].1 - want).abs() < 1e-9, "{d:?}");
+    }
+
+    #[test]
+    fn nan_and_all_inf_rows() {
+        let l = [f32::NAN, 1.0, f32::NAN];
+        for pos in 0..50 {
+            assert_eq!(sample(&l, &p(1.0, 0, 1.0, 0.0), &[], pos), 1);
+        }
+        let l = [f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY];
+        assert_eq!(sample(&l, &p(1.0, 0, 1.0, 0.0), &[], 3), 0);
+        assert_eq!(sample(&l, &p(0.0, 0, 1.0, 0.0), &[], 3), 0);
+        assert_eq!(sample(&[], &p(1.0, 0, 1.0, 0.0), &[], 3), 0);
+        // +inf wins outright, greedy or not
+        assert_eq!(sample(&[0.0, f32::INFINITY, f32::INFINITY], &p(0.0, 0, 1.0, 0.0), &[], 0), 1);
+        assert_eq!(sample(&[0.0, f32::INFINITY, f32::INFINITY], &p(1.0, 0, 1.0, 0.0), &[], 0), 1);
+    }
+
+    #[test]
+    fn seeds_and_positions() {
+        let l: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.1).collect();
+        let run = |seed: u64| -> Vec<u32> {
+            (0..200).map(|pos| sample(&l, &SamplerParams { seed, ..p(1.0, 0, 1.0, 0.0) }, &[], pos)).collect()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+        // the same (seed, position) gives the same token whatever came before
+        let a = run(7);
+        assert_eq!(sample(&l, &SamplerParams { seed: 7, ..p(1.0, 0, 1.0, 0.0) }, &[], 123), a[123]);
+        for pos in 0..1000u64 {
+            let u = uniform(5, pos);
+            assert!((0.0..1.0).contains(&u));
+        }
+    }
+
+    #[test]
+    fn chi_square_against_filtered_distribution() {
+        // 8 tokens; top_k 6 drops ids 6 and 7; min_p 0.1 drops id 5 (p/p_max ~0.05).
+        let l = [2.0f32, 1.5, 1.0, 0.5, 0.2, -1.0, -2.0, -3.0];
+        let sp = SamplerParams { temperature: 1.0, top_k: 6, top_p: 1.0, min_p: 0.1, repetition_penalty: 1.0, seed: 2024 };
+        let d = distribution(&l, &sp, &[]);
+        assert_eq!(ids(&d), [0, 1, 2, 3, 4]);
+        let n = 20000u64;
+        let mut counts = [0u64; 8];
+        for pos in 0..n {
+            counts[sample(&l, &sp, &[], pos) as usize] += 1;
+        }
+        assert_eq!(counts[5] + counts[6] + counts[7], 0, "{counts:?}");
+        let chi2: f64 = d
+            .iter()
+            .map(|&(id, p)| {
+                let e = p * n as f64;
+                (counts[id as usize] as f64 - e).powi(2) / e
+            })
+            .sum();
+        // df = 5 categories - 1 = 4; chi-square critical value for p = 0.001 at df 4: 18.467.
+        let df = d.len() - 1;
+        assert_eq!(df, 4);
+        assert!(chi2 < 18.467, "chi2 {chi2} with df {df}: counts {counts:?}, expected {d:?}");
+    }
+}
