@@ -150,6 +150,7 @@ pub fn argmax(logits: &[f32], vocab: usize) -> Vec<u32> {
 /// Twin of `Ops::rope_kv_write`: rotates `q` and `k` in place (f32, unfused products,
 /// as the CPU backend) and stores rotated K and V as f16 into `kv` (the pool laid out
 /// `[block][layer][K|V][16][kv_dim]`) at `layer`, slot ids `slots`.
+#[allow(clippy::too_many_arguments)]
 pub fn rope_kv_write(
     q: &mut [f32],
     k: &mut [f32],
@@ -190,6 +191,7 @@ pub fn rope_kv_write(
 }
 
 /// Twin of `Ops::attention` in f64 over the f16 pool (`[block][layer][K|V][16][kv_dim]`).
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
     kv: &[f16],
