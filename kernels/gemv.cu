@@ -1,10 +1,17 @@
 // Matrix-vector products for decode: y[b][r] = sum_c W[r][c] * x[b][c].
 //
-// W: [rows][cols] row-major weights (f16, or ggml Q8_0 blocks); x: [batch][cols] f32;
+// W: [rows][cols] row-major weights (f32, f16, bf16, or ggml Q8_0 / Q4_0 blocks);
+// x: [batch][cols] f32;
 // y: [batch][rows] f32. One warp per weight row; a row is read once for up to
 // GEMV_MAX_BATCH vectors (larger batches walk the row again per tile of vectors,
 // from L2). Launch: grid = (ceil(rows / (T/32))), block = (T), T a multiple of 32
 // (the launcher uses 128: four rows per block).
+//
+// Batch invariance: lane l of a warp always accumulates the same elements of the row
+// in the same order (explicit fmaf chains), and the 32 lane sums are reduced with the
+// same shuffle tree, whatever the batch size and whichever tile slot a vector takes.
+// So y[b][r] is bit-for-bit the same for a vector alone or in any batch (decode relies
+// on this). Keep every accumulation an explicit fmaf (no a*b+c left to contraction).
 #include <cuda_fp16.h>
 
 #define FULL_MASK 0xffffffffu
@@ -138,6 +145,163 @@ extern "C" __global__ void gemv_q8_0_f32(const unsigned char* __restrict__ W /*[
                     s = fmaf(q[1], a.y, s); s = fmaf(q[2], a.z, s); s = fmaf(q[3], a.w, s);
                     s = fmaf(q[4], c.x, s); s = fmaf(q[5], c.y, s); s = fmaf(q[6], c.z, s);
                     s = fmaf(q[7], c.w, s);
+                    acc[b] = fmaf(d, s, acc[b]);
+                }
+            }
+        }
+        store_tile(acc, y, rows, row, b0, nb, lane);
+    }
+}
+
+// ---- f32 weights ---------------------------------------------------------------------
+
+extern "C" __global__ void gemv_f32_f32(const float* __restrict__ W /*[rows][cols]*/,
+                                        const float* __restrict__ x /*[batch][cols]*/,
+                                        float* __restrict__ y /*[batch][rows]*/,
+                                        int rows, int cols, int batch) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const float* wr = W + (size_t)row * cols;
+    const bool vec = (cols & 3) == 0;  // rows of W and x 16-byte aligned
+    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
+        const int nb = min(GEMV_MAX_BATCH, batch - b0);
+        float acc[GEMV_MAX_BATCH];
+#pragma unroll
+        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
+        if (vec) {
+            const float4* w4 = reinterpret_cast<const float4*>(wr);
+            const int nchunks = cols >> 2;
+            for (int k = lane; k < nchunks; k += 32) {
+                const float4 wv = w4[k];
+#pragma unroll
+                for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+                    if (b < nb) {
+                        const float4 a = reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols)[k];
+                        float s = acc[b];
+                        s = fmaf(wv.x, a.x, s); s = fmaf(wv.y, a.y, s);
+                        s = fmaf(wv.z, a.z, s); s = fmaf(wv.w, a.w, s);
+                        acc[b] = s;
+                    }
+                }
+            }
+        } else {
+            for (int c = lane; c < cols; c += 32) {
+                const float wv = wr[c];
+#pragma unroll
+                for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+                    if (b < nb) acc[b] = fmaf(wv, x[(size_t)(b0 + b) * cols + c], acc[b]);
+                }
+            }
+        }
+        store_tile(acc, y, rows, row, b0, nb, lane);
+    }
+}
+
+// ---- bf16 weights --------------------------------------------------------------------
+// bf16 -> f32 is exact: the 16 bits are the high half of the f32.
+
+__device__ __forceinline__ float bf16_lo(unsigned int w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
+
+extern "C" __global__ void gemv_bf16_f32(const unsigned short* __restrict__ W /*[rows][cols] bf16 bits*/,
+                                         const float* __restrict__ x /*[batch][cols]*/,
+                                         float* __restrict__ y /*[batch][rows]*/,
+                                         int rows, int cols, int batch) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const unsigned short* wr = W + (size_t)row * cols;
+    const bool vec = (cols & 7) == 0;  // 16-byte loads of 8 bf16
+    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
+        const int nb = min(GEMV_MAX_BATCH, batch - b0);
+        float acc[GEMV_MAX_BATCH];
+#pragma unroll
+        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
+        if (vec) {
+            const uint4* w8 = reinterpret_cast<const uint4*>(wr);
+            const int nchunks = cols >> 3;
+            for (int k = lane; k < nchunks; k += 32) {
+                const uint4 raw = w8[k];
+                const float w0 = bf16_lo(raw.x), w1 = bf16_hi(raw.x);
+                const float w2 = bf16_lo(raw.y), w3 = bf16_hi(raw.y);
+                const float w4 = bf16_lo(raw.z), w5 = bf16_hi(raw.z);
+                const float w6 = bf16_lo(raw.w), w7 = bf16_hi(raw.w);
+#pragma unroll
+                for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+                    if (b < nb) {
+                        const float4* xb = reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols) + 2 * k;
+                        const float4 a = xb[0];
+                        const float4 c = xb[1];
+                        float s = acc[b];
+                        s = fmaf(w0, a.x, s); s = fmaf(w1, a.y, s);
+                        s = fmaf(w2, a.z, s); s = fmaf(w3, a.w, s);
+                        s = fmaf(w4, c.x, s); s = fmaf(w5, c.y, s);
+                        s = fmaf(w6, c.z, s); s = fmaf(w7, c.w, s);
+                        acc[b] = s;
+                    }
+                }
+            }
+        } else {
+            for (int c = lane; c < cols; c += 32) {
+                const float wv = __uint_as_float(((unsigned int)wr[c]) << 16);
+#pragma unroll
+                for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+                    if (b < nb) acc[b] = fmaf(wv, x[(size_t)(b0 + b) * cols + c], acc[b]);
+                }
+            }
+        }
+        store_tile(acc, y, rows, row, b0, nb, lane);
+    }
+}
+
+// ---- Q4_0 weights (ggml) -------------------------------------------------------------
+// A block is { f16 d; unsigned char qs[16]; } = 18 bytes: element j (< 16) is the low
+// nibble of qs[j], element j + 16 the high nibble; value = d * (nibble - 8). A row holds
+// cols/32 blocks (cols % 32 == 0, checked by the launcher). Blocks are 2-byte aligned:
+// four lanes share a block, lane `sub` reading qs[4*sub .. 4*sub+4) as two 2-byte loads
+// (elements 4*sub..+4 and 16+4*sub..+4); a warp covers 8 consecutive blocks per step.
+
+#define QK4_0 32
+#define Q4_0_BYTES 18
+
+extern "C" __global__ void gemv_q4_0_f32(const unsigned char* __restrict__ W /*[rows][cols/32] blocks*/,
+                                         const float* __restrict__ x /*[batch][cols]*/,
+                                         float* __restrict__ y /*[batch][rows]*/,
+                                         int rows, int cols, int batch) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const int nblocks = cols / QK4_0;
+    const unsigned char* wr = W + (size_t)row * nblocks * Q4_0_BYTES;
+    const int sub = lane & 3;
+    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
+        const int nb = min(GEMV_MAX_BATCH, batch - b0);
+        float acc[GEMV_MAX_BATCH];
+#pragma unroll
+        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
+        for (int kb = lane >> 2; kb < nblocks; kb += 8) {
+            const unsigned char* blk = wr + (size_t)kb * Q4_0_BYTES;
+            const float d = __half2float(*reinterpret_cast<const __half*>(blk));
+            const unsigned short* q2 = reinterpret_cast<const unsigned short*>(blk + 2) + sub * 2;
+            const unsigned int p = (unsigned int)q2[0] | ((unsigned int)q2[1] << 16);  // qs[4sub..4sub+4)
+            float lo[4], hi[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const unsigned int byte = (p >> (8 * j)) & 0xffu;
+                lo[j] = (float)((int)(byte & 0xfu) - 8);
+                hi[j] = (float)((int)(byte >> 4) - 8);
+            }
+#pragma unroll
+            for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+                if (b < nb) {
+                    const float* xb = x + (size_t)(b0 + b) * cols + (size_t)kb * QK4_0 + sub * 4;
+                    const float4 a = *reinterpret_cast<const float4*>(xb);       // elements 4sub..+4
+                    const float4 c = *reinterpret_cast<const float4*>(xb + 16);  // elements 16+4sub..+4
+                    float s = lo[0] * a.x;
+                    s = fmaf(lo[1], a.y, s); s = fmaf(lo[2], a.z, s); s = fmaf(lo[3], a.w, s);
+                    s = fmaf(hi[0], c.x, s); s = fmaf(hi[1], c.y, s); s = fmaf(hi[2], c.z, s);
+                    s = fmaf(hi[3], c.w, s);
                     acc[b] = fmaf(d, s, acc[b]);
                 }
             }

@@ -5,6 +5,10 @@
 //   Launch: grid = (rows), block = (T) with T a multiple of 32, 32 <= T <= 1024.
 //   One block per row: each thread sums squares over a strided slice (float4
 //   loads when n % 4 == 0), warps reduce with shuffles, warp sums meet in shared memory.
+//   Each thread writes exactly the elements it read, after the block-wide sum.
+//
+// rmsnorm_inplace_f32: the same with y == x (per-head Q/K norm). A separate entry so
+//   that no pointer pair is declared __restrict__ while aliasing; same launch shape.
 #include <cuda_fp16.h>
 
 #define FULL_MASK 0xffffffffu
@@ -29,13 +33,10 @@ __device__ __forceinline__ float block_sum(float v) {
     return v;
 }
 
-extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float* __restrict__ w,
-                                       float* __restrict__ y, int rows, int n, float eps) {
-    const int row = blockIdx.x;
-    if (row >= rows) return;
-    const float* xr = x + (size_t)row * n;
-    float* yr = y + (size_t)row * n;
-
+// xr and yr are not __restrict__: the in-place entry passes the same row for both.
+template <bool InPlace>
+__device__ __forceinline__ void rmsnorm_row(const float* xr, const float* __restrict__ w, float* yr, int n,
+                                            float eps) {
     float ss = 0.0f;
     if ((n & 3) == 0) {
         const float4* x4 = reinterpret_cast<const float4*>(xr);
@@ -46,6 +47,8 @@ extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float*
     } else {
         for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
     }
+    // block_sum ends with every thread past a __syncthreads: all reads of the row
+    // (by every thread) are done before any write below.
     const float scale = rsqrtf(block_sum(ss) / (float)n + eps);
 
     if ((n & 3) == 0) {
@@ -60,4 +63,19 @@ extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float*
     } else {
         for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
     }
+}
+
+extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float* __restrict__ w,
+                                       float* __restrict__ y, int rows, int n, float eps) {
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    rmsnorm_row<false>(x + (size_t)row * n, w, y + (size_t)row * n, n, eps);
+}
+
+extern "C" __global__ void rmsnorm_inplace_f32(float* x /*[rows][n], in place*/, const float* __restrict__ w,
+                                               int rows, int n, float eps) {
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    float* xr = x + (size_t)row * n;
+    rmsnorm_row<true>(xr, w, xr, n, eps);
 }

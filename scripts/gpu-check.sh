@@ -84,6 +84,31 @@ if [ -n "$nvrtc_inc" ]; then export LLMRT_CUDA_INCLUDE="$nvrtc_inc${LLMRT_CUDA_I
 say "NVRTC: lib ${nvrtc_lib:-not found}; cuda_fp16.h in ${nvrtc_inc:-not found}"
 say "fixtures: $LLMRT_FIXTURES ($(ls "$LLMRT_FIXTURES" 2>/dev/null | wc -l) entries)"
 
+# cuBLAS for the matmul tests' cuBLAS path (without it Ops falls back to GEMV and the
+# tests say "skipped: cuBLAS unavailable"): a system/CUDA install, else the pip wheels.
+cublas_lib=""
+if ldconfig -p 2>/dev/null | grep -q 'libcublas\.so'; then cublas_lib="(system)"; fi
+for l in "${CUDA_HOME:-/nonexistent}/lib64" /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  if [ -z "$cublas_lib" ] && compgen -G "$l/libcublas.so*" >/dev/null; then cublas_lib="$l"; fi
+done
+if [ -z "$cublas_lib" ] && command -v python3 >/dev/null 2>&1; then
+  cublas_lib="$(timeout 30 python3 - <<'PY' 2>/dev/null
+import glob, importlib.util, os
+spec = importlib.util.find_spec("nvidia")
+for base in (spec.submodule_search_locations if spec else []):
+    for lib in ("cu13/lib", "cublas/lib"):
+        l = os.path.join(base, lib)
+        if glob.glob(os.path.join(l, "libcublas.so*")):
+            print(l)
+            raise SystemExit
+PY
+  )" || true
+fi
+if [ -n "$cublas_lib" ] && [ "$cublas_lib" != "(system)" ]; then
+  export LD_LIBRARY_PATH="$cublas_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+say "cuBLAS: lib ${cublas_lib:-not found}"
+
 rows=() maxerrs=() status=0 saw_no_device=0
 for exe in "$BIN"/*; do
   name="$(basename "$exe")"

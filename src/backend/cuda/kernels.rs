@@ -71,19 +71,7 @@ impl CudaKernels {
             let info = device_info(ordinal, driver_version()?)?;
             let ctx = CudaContext::new(ordinal)
                 .map_err(|e| driver_err(&format!("cuDevicePrimaryCtxRetain(cuda:{ordinal})"), e))?;
-            let embedded_sm = embedded::ptx_archs().into_iter().rev().find(|&sm| sm <= info.sm());
-            let (modules, source) = match embedded_sm {
-                Some(sm) if !force_nvrtc => match load_embedded(&ctx, sm) {
-                    Ok(m) => (m, KernelSource::EmbeddedPtx { sm }),
-                    Err(ptx_err) => {
-                        let m = load_nvrtc(&ctx, info.sm()).map_err(|e| {
-                            Error::device(format!("{}; NVRTC fallback failed too: {}", ptx_err.message, e.message))
-                        })?;
-                        (m, KernelSource::Nvrtc { sm: info.sm() })
-                    }
-                },
-                _ => (load_nvrtc(&ctx, info.sm())?, KernelSource::Nvrtc { sm: info.sm() }),
-            };
+            let (modules, source) = load_modules(&ctx, info.sm(), force_nvrtc)?;
             let func = |module: &str, name: &str| -> Result<CudaFunction> {
                 let m = modules
                     .get(module)
@@ -218,6 +206,30 @@ impl CudaKernels {
         let out = self.stream.clone_dtoh(y).map_err(|e| driver_err(&format!("downloading {kernel} output"), e))?;
         self.stream.synchronize().map_err(|e| driver_err(&format!("downloading {kernel} output"), e))?;
         Ok(out)
+    }
+}
+
+/// Every kernel module on `ctx` for a device of compute capability `sm`: the embedded
+/// PTX of the newest SM version the device runs (sm_90 on 9.x and later, sm_80 on
+/// 8.x) unless `force_nvrtc`; when none fits, or the driver rejects it (e.g. PTX newer
+/// than the driver), the embedded sources compiled with NVRTC. Call under `guarded`.
+pub(crate) fn load_modules(
+    ctx: &Arc<CudaContext>,
+    sm: u32,
+    force_nvrtc: bool,
+) -> Result<(HashMap<&'static str, Arc<CudaModule>>, KernelSource)> {
+    let embedded_sm = embedded::ptx_archs().into_iter().rev().find(|&e| e <= sm);
+    match embedded_sm {
+        Some(e) if !force_nvrtc => match load_embedded(ctx, e) {
+            Ok(m) => Ok((m, KernelSource::EmbeddedPtx { sm: e })),
+            Err(ptx_err) => {
+                let m = load_nvrtc(ctx, sm).map_err(|err| {
+                    Error::device(format!("{}; NVRTC fallback failed too: {}", ptx_err.message, err.message))
+                })?;
+                Ok((m, KernelSource::Nvrtc { sm }))
+            }
+        },
+        _ => Ok((load_nvrtc(ctx, sm)?, KernelSource::Nvrtc { sm })),
     }
 }
 

@@ -10,17 +10,42 @@
 //! INTERFACE CONTRACT between the kernels (kernels/*.cu + this file) and the
 //! runner (runner.rs). Signatures are fixed; bodies are filled by the kernels work.
 
-#![allow(unused_variables, clippy::too_many_arguments)]
+#![allow(clippy::too_many_arguments)]
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::cublas::{self, CudaBlas};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
+    PushKernelArg,
+};
 use half::f16;
 
+use super::device::{driver_err, driver_msg, guarded};
+use super::kernels::load_modules;
 use super::KernelSource;
+use crate::error::Error;
 use crate::kv::BLOCK_POSITIONS;
 use crate::quant::DType;
 use crate::Result;
+
+/// [`MatmulPath::Auto`] takes cuBLAS when `n_tokens` is larger than this (and cuBLAS
+/// loaded); GEMV otherwise. Equal to the GEMV kernels' batch tile (8 vectors per weight read).
+/// cbindgen:ignore
+pub const GEMM_MIN_TOKENS: usize = 8;
+
+/// Largest head_dim [`Ops::attention`] takes (`ATT_MAX_HD` in kernels/attention.cu).
+/// cbindgen:ignore
+pub const ATTENTION_MAX_HEAD_DIM: usize = 256;
+
+/// Threads per block of the GEMV kernels: one warp per weight row, four rows a block.
+const GEMV_THREADS: u32 = 128;
+/// Threads per block of attention_f32 (`ATT_THREADS` in kernels/attention.cu; fixed).
+const ATT_THREADS: u32 = 128;
+/// Threads per block of the element-wise kernels and row kernels.
+const EW_THREADS: u32 = 256;
 
 /// A weight matrix resident on the device in its stored type: `rows` rows of
 /// `cols` elements, each row `dtype.row_bytes(cols)` bytes (ggml block layout for
@@ -60,7 +85,49 @@ impl KvPool {
 
     /// Allocates `n_blocks` blocks on `stream` (`LLMRT_OUT_OF_MEMORY` with the sizes on failure).
     pub fn new(stream: &Arc<CudaStream>, n_blocks: usize, n_layers: usize, kv_dim: usize) -> Result<KvPool> {
-        todo!()
+        let elems = n_layers
+            .checked_mul(2 * BLOCK_POSITIONS)
+            .and_then(|v| v.checked_mul(kv_dim))
+            .and_then(|v| v.checked_mul(n_blocks))
+            .ok_or_else(|| {
+                Error::out_of_memory(format!(
+                    "KV pool: {n_blocks} blocks x {n_layers} layers x 2 x {BLOCK_POSITIONS} x {kv_dim} f16 overflows"
+                ))
+            })?;
+        if elems == 0 {
+            return Err(Error::invalid(format!(
+                "KV pool: {n_blocks} blocks x {n_layers} layers x kv_dim {kv_dim} is empty"
+            )));
+        }
+        let data = stream.alloc_zeros::<f16>(elems).map_err(|e| {
+            Error::out_of_memory(format!(
+                "KV pool: allocating {n_blocks} blocks x {n_layers} layers x 2 x {BLOCK_POSITIONS} x {kv_dim} f16 \
+                 = {} bytes on the device failed: {}",
+                elems * 2,
+                driver_msg("cuMemAlloc", e)
+            ))
+        })?;
+        Ok(KvPool { data, n_blocks, n_layers, kv_dim })
+    }
+
+    /// Checks that `data` holds `n_blocks` blocks and returns `block_elems()`.
+    fn checked_block_elems(&self, what: &str) -> Result<usize> {
+        let be = self
+            .n_layers
+            .checked_mul(2 * BLOCK_POSITIONS)
+            .and_then(|v| v.checked_mul(self.kv_dim))
+            .ok_or_else(|| Error::invalid(format!("{what}: KV block size overflows")))?;
+        let total = be
+            .checked_mul(self.n_blocks)
+            .ok_or_else(|| Error::invalid(format!("{what}: KV pool size overflows")))?;
+        if self.data.len() < total {
+            return Err(Error::internal(format!(
+                "{what}: KV pool holds {} f16, {} blocks x {be} need {total}",
+                self.data.len(),
+                self.n_blocks
+            )));
+        }
+        Ok(be)
     }
 }
 
@@ -77,31 +144,178 @@ pub enum MatmulPath {
 /// Every kernel of kernels/*.cu loaded on one context, plus cuBLAS and the
 /// scratch it needs.
 pub struct Ops {
-    // filled by the kernels work
+    stream: Arc<CudaStream>,
+    source: KernelSource,
+    k: Funcs,
+    /// None when cuBLAS could not be loaded: every matmul takes the GEMV kernels.
+    blas: Option<CudaBlas>,
+    /// What matmul uses, in words (for [`Ops::describe`]).
+    blas_note: String,
+    /// Device scratch of the cuBLAS path, grown as needed, reused across calls (all
+    /// work is ordered on `stream`, so reuse by the next call is safe).
+    scratch: Mutex<Scratch>,
+    _ctx: Arc<CudaContext>,
 }
+
+/// Scratch of the cuBLAS path: activations as f16/bf16 bits, and a quantized (or F32
+/// in no case) weight dequantized to f16.
+#[derive(Default)]
+struct Scratch {
+    act: Option<CudaSlice<u16>>,
+    weight: Option<CudaSlice<f16>>,
+}
+
+/// Every kernel entry point of kernels/*.cu.
+struct Funcs {
+    embed_f32: CudaFunction,
+    embed_f16: CudaFunction,
+    embed_bf16: CudaFunction,
+    embed_q8_0: CudaFunction,
+    embed_q4_0: CudaFunction,
+    rmsnorm: CudaFunction,
+    rmsnorm_inplace: CudaFunction,
+    gemv_f32: CudaFunction,
+    gemv_f16: CudaFunction,
+    gemv_bf16: CudaFunction,
+    gemv_q8_0: CudaFunction,
+    gemv_q4_0: CudaFunction,
+    add_bias: CudaFunction,
+    add: CudaFunction,
+    swiglu: CudaFunction,
+    gather_rows: CudaFunction,
+    convert_f32_f16: CudaFunction,
+    convert_f32_bf16: CudaFunction,
+    dequant_f32_f16: CudaFunction,
+    dequant_bf16_f16: CudaFunction,
+    dequant_q8_0_f16: CudaFunction,
+    dequant_q4_0_f16: CudaFunction,
+    argmax: CudaFunction,
+    rope_kv_write: CudaFunction,
+    attention: CudaFunction,
+}
+
+impl Funcs {
+    fn load(modules: &HashMap<&'static str, Arc<CudaModule>>) -> Result<Funcs> {
+        let f = |module: &str, name: &str| -> Result<CudaFunction> {
+            let m = modules
+                .get(module)
+                .ok_or_else(|| Error::internal(format!("kernel module {module}.cu not embedded")))?;
+            m.load_function(name).map_err(|e| driver_err(&format!("cuModuleGetFunction({name})"), e))
+        };
+        Ok(Funcs {
+            embed_f32: f("embed", "embed_f32_f32")?,
+            embed_f16: f("embed", "embed_f16_f32")?,
+            embed_bf16: f("embed", "embed_bf16_f32")?,
+            embed_q8_0: f("embed", "embed_q8_0_f32")?,
+            embed_q4_0: f("embed", "embed_q4_0_f32")?,
+            rmsnorm: f("norm", "rmsnorm_f32")?,
+            rmsnorm_inplace: f("norm", "rmsnorm_inplace_f32")?,
+            gemv_f32: f("gemv", "gemv_f32_f32")?,
+            gemv_f16: f("gemv", "gemv_f16_f32")?,
+            gemv_bf16: f("gemv", "gemv_bf16_f32")?,
+            gemv_q8_0: f("gemv", "gemv_q8_0_f32")?,
+            gemv_q4_0: f("gemv", "gemv_q4_0_f32")?,
+            add_bias: f("elementwise", "add_bias_f32")?,
+            add: f("elementwise", "add_f32")?,
+            swiglu: f("elementwise", "swiglu_f32")?,
+            gather_rows: f("elementwise", "gather_rows_f32")?,
+            convert_f32_f16: f("elementwise", "convert_f32_f16")?,
+            convert_f32_bf16: f("elementwise", "convert_f32_bf16")?,
+            dequant_f32_f16: f("elementwise", "dequant_f32_f16")?,
+            dequant_bf16_f16: f("elementwise", "dequant_bf16_f16")?,
+            dequant_q8_0_f16: f("elementwise", "dequant_q8_0_f16")?,
+            dequant_q4_0_f16: f("elementwise", "dequant_q4_0_f16")?,
+            argmax: f("elementwise", "argmax_f32")?,
+            rope_kv_write: f("rope", "rope_kv_write_f32")?,
+            attention: f("attention", "attention_f32")?,
+        })
+    }
+}
+
 
 impl Ops {
     /// Loads every kernel module on `ctx` for a device of compute capability `sm`
     /// (embedded PTX when one fits and the driver takes it, else NVRTC) and creates
     /// a cuBLAS handle on `stream`.
+    ///
+    /// cuBLAS is optional: when its library is missing or its handle cannot be made,
+    /// `new` still succeeds, every matmul takes the GEMV kernels, and
+    /// [`Ops::describe`] says why.
     pub fn new(ctx: &Arc<CudaContext>, stream: Arc<CudaStream>, sm: u32) -> Result<Ops> {
-        todo!()
+        let (source, k) = guarded("loading CUDA kernels", || {
+            let (modules, source) = load_modules(ctx, sm, false)?;
+            Ok((source, Funcs::load(&modules)?))
+        })?;
+        let (blas, blas_note) = create_blas(&stream);
+        Ok(Ops { stream, source, k, blas, blas_note, scratch: Mutex::new(Scratch::default()), _ctx: ctx.clone() })
     }
 
     /// Where the kernels came from.
     pub fn source(&self) -> &KernelSource {
-        todo!()
+        &self.source
     }
 
     /// The stream every op launches on.
     pub fn stream(&self) -> &Arc<CudaStream> {
-        todo!()
+        &self.stream
+    }
+
+    /// One line: where the kernels came from and which matmul paths are available
+    /// (cuBLAS, or GEMV only and why).
+    pub fn describe(&self) -> String {
+        format!("kernels: {}; matmul: {}", self.source, self.blas_note)
+    }
+
+    /// Whether cuBLAS loaded (else [`MatmulPath::Auto`] always takes GEMV).
+    pub fn has_cublas(&self) -> bool {
+        self.blas.is_some()
+    }
+
+    /// Grows the cuBLAS path's scratch now (e.g. before capturing a CUDA graph):
+    /// `act_elems` activations (`n_tokens * cols` of the largest matmul) and
+    /// `weight_elems` dequantized weight elements (`rows * cols` of the largest
+    /// quantized or F32-to-F16 weight taken by cuBLAS). No-op without cuBLAS.
+    pub fn reserve_scratch(&self, act_elems: usize, weight_elems: usize) -> Result<()> {
+        if self.blas.is_none() {
+            return Ok(());
+        }
+        let mut sc = self.scratch.lock().map_err(|_| Error::internal("Ops scratch mutex poisoned"))?;
+        grow(&self.stream, &mut sc.act, act_elems, "activation scratch")?;
+        grow(&self.stream, &mut sc.weight, weight_elems, "weight scratch")?;
+        Ok(())
     }
 
     /// `out[t][:] = row ids[t] of table`, dequantized to f32, for `t < n`.
     /// `table`: `[vocab][hidden]` of any supported type. Ids are trusted (checked on the host).
+    ///
+    /// (An id >= `table.rows` gives a NaN row on the device, never an out-of-bounds read.)
     pub fn embed(&self, table: &DevWeight, ids: &CudaSlice<u32>, n: usize, out: &mut CudaSlice<f32>) -> Result<()> {
-        todo!()
+        const OP: &str = "embed";
+        check_weight(OP, table)?;
+        let (vocab, hidden) = (table.rows, table.cols);
+        need(OP, "ids", ids.len(), n)?;
+        need(OP, "out", out.len(), mul(OP, n, hidden)?)?;
+        let (n_i, hidden_i, vocab_i) = (to_i32(OP, "n", n)?, to_i32(OP, "hidden", hidden)?, to_i32(OP, "vocab", vocab)?);
+        if n == 0 || hidden == 0 {
+            return Ok(());
+        }
+        let f = match table.dtype {
+            DType::F32 => &self.k.embed_f32,
+            DType::F16 => &self.k.embed_f16,
+            DType::BF16 => &self.k.embed_bf16,
+            DType::Q8_0 => &self.k.embed_q8_0,
+            DType::Q4_0 => &self.k.embed_q4_0,
+        };
+        let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (EW_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&table.data).arg(ids).arg(out).arg(&n_i).arg(&hidden_i).arg(&vocab_i);
+        // SAFETY: the arguments match embed_<type>_f32 in kernels/embed.cu (table, ids, out
+        // pointers, then int n, hidden, vocab); check_weight verified the table holds
+        // vocab rows of row_bytes(hidden) bytes (hidden % 32 == 0 for Q8_0/Q4_0), ids
+        // holds >= n ids and out >= n*hidden f32; ids >= vocab are caught in the kernel;
+        // the grid has one block per id.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
     }
 
     /// `y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w` for `r < rows`, rows of `n`.
@@ -114,16 +328,55 @@ impl Ops {
         eps: f32,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        todo!()
+        const OP: &str = "rmsnorm";
+        let (cfg, rows_i, n_i) = match rmsnorm_launch(OP, rows, n)? {
+            Some(v) => v,
+            None => return Ok(()),
+        };
+        need(OP, "x", x.len(), mul(OP, rows, n)?)?;
+        need(OP, "y", y.len(), rows * n)?;
+        need(OP, "w", w.len(), n)?;
+        let mut b = self.stream.launch_builder(&self.k.rmsnorm);
+        b.arg(x).arg(w).arg(y).arg(&rows_i).arg(&n_i).arg(&eps);
+        // SAFETY: the arguments match rmsnorm_f32 in kernels/norm.cu (x, w, y pointers, then
+        // int rows, int n, float eps); x and y hold >= rows*n f32 and w >= n, checked above;
+        // x and y are distinct buffers (Rust borrows); one block per row, block size a
+        // multiple of 32 in 32..=1024 as the kernel requires.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
     }
 
     /// [`Self::rmsnorm`] in place (per-head Q/K norm: `rows = tokens * heads`, `n = head_dim`).
     pub fn rmsnorm_inplace(&self, x: &mut CudaSlice<f32>, w: &CudaSlice<f32>, rows: usize, n: usize, eps: f32) -> Result<()> {
-        todo!()
+        const OP: &str = "rmsnorm_inplace";
+        let (cfg, rows_i, n_i) = match rmsnorm_launch(OP, rows, n)? {
+            Some(v) => v,
+            None => return Ok(()),
+        };
+        need(OP, "x", x.len(), mul(OP, rows, n)?)?;
+        need(OP, "w", w.len(), n)?;
+        let mut b = self.stream.launch_builder(&self.k.rmsnorm_inplace);
+        b.arg(x).arg(w).arg(&rows_i).arg(&n_i).arg(&eps);
+        // SAFETY: the arguments match rmsnorm_inplace_f32 in kernels/norm.cu (x, w pointers,
+        // then int rows, int n, float eps); x holds >= rows*n f32 and w >= n, checked above;
+        // one block per row, block size a multiple of 32 in 32..=1024.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
     }
 
     /// `y[t][r] = dot(W[r], x[t])` for `t < n_tokens`, `r < w.rows`: x is
     /// `[n_tokens][w.cols]`, y is `[n_tokens][w.rows]`, f32.
+    ///
+    /// Paths: [`MatmulPath::Gemv`], or `Auto` with `n_tokens <= GEMM_MIN_TOKENS` or
+    /// without cuBLAS: the GEMV kernels (f32 accumulation, fixed reduction order per
+    /// output: batch-invariant bit for bit). `Auto` with more tokens: cuBLAS
+    /// `cublasGemmEx` with f32 output and f32 compute (`CUBLAS_COMPUTE_32F`, no TF32):
+    /// F32 weights with f32 activations (an SGEMM); F16 weights with the activations
+    /// rounded to f16 in a scratch buffer; BF16 weights with the activations rounded to
+    /// bf16; Q8_0/Q4_0 weights dequantized to f16 into a scratch buffer (every call) and
+    /// multiplied like F16. The f16/bf16 paths therefore differ from GEMV by the rounding
+    /// of the activations (about 1e-3 relative for f16, 4e-3 for bf16); activations
+    /// beyond f16's range (65504) would overflow on the f16 path.
     pub fn matmul(
         &self,
         w: &DevWeight,
@@ -132,22 +385,239 @@ impl Ops {
         y: &mut CudaSlice<f32>,
         path: MatmulPath,
     ) -> Result<()> {
-        todo!()
+        const OP: &str = "matmul";
+        check_weight(OP, w)?;
+        let (rows, cols) = (w.rows, w.cols);
+        let x_elems = mul(OP, n_tokens, cols)?;
+        let y_elems = mul(OP, n_tokens, rows)?;
+        need(OP, "x", x.len(), x_elems)?;
+        need(OP, "y", y.len(), y_elems)?;
+        let (rows_i, cols_i, n_i) =
+            (to_i32(OP, "rows", rows)?, to_i32(OP, "cols", cols)?, to_i32(OP, "n_tokens", n_tokens)?);
+        to_i32(OP, "n_tokens * cols", x_elems)?;
+        to_i32(OP, "n_tokens * rows", y_elems)?;
+        if n_tokens == 0 || rows == 0 {
+            return Ok(());
+        }
+        if cols == 0 {
+            let mut view = y.slice_mut(0..y_elems);
+            return self.stream.memset_zeros(&mut view).map_err(|e| driver_err("matmul: cuMemsetD8Async(y)", e));
+        }
+        match &self.blas {
+            Some(blas) if path == MatmulPath::Auto && n_tokens > GEMM_MIN_TOKENS => {
+                self.gemm(blas, w, x, n_tokens, y, rows_i, cols_i, n_i)
+            }
+            _ => self.gemv(w, x, y, rows_i, cols_i, n_i),
+        }
+    }
+
+    fn gemv(&self, w: &DevWeight, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: i32, cols: i32, n: i32) -> Result<()> {
+        let (f, name) = match w.dtype {
+            DType::F32 => (&self.k.gemv_f32, "gemv_f32_f32"),
+            DType::F16 => (&self.k.gemv_f16, "gemv_f16_f32"),
+            DType::BF16 => (&self.k.gemv_bf16, "gemv_bf16_f32"),
+            DType::Q8_0 => (&self.k.gemv_q8_0, "gemv_q8_0_f32"),
+            DType::Q4_0 => (&self.k.gemv_q4_0, "gemv_q4_0_f32"),
+        };
+        let rows_per_block = GEMV_THREADS / 32;
+        let cfg = LaunchConfig {
+            grid_dim: ((rows as u32).div_ceil(rows_per_block), 1, 1),
+            block_dim: (GEMV_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&w.data).arg(x).arg(y).arg(&rows).arg(&cols).arg(&n);
+        // SAFETY: the arguments match gemv_<type>_f32 in kernels/gemv.cu (W, x, y pointers,
+        // then int rows, cols, batch); matmul checked W holds rows rows of row_bytes(cols)
+        // (cols % 32 == 0 for Q8_0/Q4_0), x >= n*cols f32, y >= n*rows f32, all sizes
+        // positive and within i32; the grid covers every row at 4 rows (warps) per block.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(name, e))?;
+        Ok(())
+    }
+
+    fn gemm(
+        &self,
+        blas: &CudaBlas,
+        w: &DevWeight,
+        x: &CudaSlice<f32>,
+        n_tokens: usize,
+        y: &mut CudaSlice<f32>,
+        rows: i32,
+        cols: i32,
+        n: i32,
+    ) -> Result<()> {
+        use cublas::sys::{cublasComputeType_t, cublasOperation_t, cudaDataType};
+        const OP: &str = "matmul (cuBLAS)";
+        let x_elems = n_tokens * w.cols;
+        let w_elems = mul(OP, w.rows, w.cols)?;
+        let mut sc = self.scratch.lock().map_err(|_| Error::internal("Ops scratch mutex poisoned"))?;
+        let sc = &mut *sc;
+        // Activations in the weight's GEMM type, into the scratch (f32 weights: x as is).
+        let half_type = match w.dtype {
+            DType::F32 => None,
+            DType::BF16 => Some(cudaDataType::CUDA_R_16BF),
+            DType::F16 | DType::Q8_0 | DType::Q4_0 => Some(cudaDataType::CUDA_R_16F),
+        };
+        if let Some(t) = half_type {
+            let act = grow(&self.stream, &mut sc.act, x_elems, "activation scratch")?;
+            let f = if t == cudaDataType::CUDA_R_16BF { &self.k.convert_f32_bf16 } else { &self.k.convert_f32_f16 };
+            let n_i = to_i32(OP, "n_tokens * cols", x_elems)?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(x).arg(act).arg(&n_i);
+            // SAFETY: the arguments match convert_f32_f16 / convert_f32_bf16 in
+            // kernels/elementwise.cu (x, y pointers, int n); x holds >= n f32 (checked by
+            // matmul) and the scratch was grown to >= n 16-bit elements just above; the
+            // kernel's grid-stride loop covers n with any grid.
+            unsafe { b.launch(ew_cfg(x_elems)) }.map_err(|e| launch_err("convert activations", e))?;
+        }
+        // Quantized weights dequantized to f16 into the weight scratch.
+        if matches!(w.dtype, DType::Q8_0 | DType::Q4_0) {
+            let ws = grow(&self.stream, &mut sc.weight, w_elems, "weight scratch")?;
+            self.dequant_launch(w, ws)?;
+        }
+        let (a_type, b_type) = match w.dtype {
+            DType::F32 => (cudaDataType::CUDA_R_32F, cudaDataType::CUDA_R_32F),
+            DType::BF16 => (cudaDataType::CUDA_R_16BF, cudaDataType::CUDA_R_16BF),
+            _ => (cudaDataType::CUDA_R_16F, cudaDataType::CUDA_R_16F),
+        };
+        let alpha = 1.0f32;
+        let beta = 0.0f32;
+        let stream = &self.stream;
+        // Device pointers (the guards keep cudarc's event bookkeeping until after the call).
+        let (a_ptr, _ga) = match w.dtype {
+            DType::Q8_0 | DType::Q4_0 => {
+                sc.weight.as_ref().ok_or_else(|| Error::internal("weight scratch missing"))?.device_ptr(stream)
+            }
+            _ => w.data.device_ptr(stream),
+        };
+        let (b_ptr, _gb) = match w.dtype {
+            DType::F32 => x.device_ptr(stream),
+            _ => sc.act.as_ref().ok_or_else(|| Error::internal("activation scratch missing"))?.device_ptr(stream),
+        };
+        let (c_ptr, _gc) = y.device_ptr_mut(stream);
+        // Column-major view: W (row-major [rows][cols]) is a cols x rows column-major
+        // matrix, used transposed (m = rows, k = cols, lda = cols); x ([n][cols]) is
+        // cols x n column-major (ldb = cols); y ([n][rows]) is rows x n column-major (ldc = rows).
+        // SAFETY: A holds rows*cols elements of a_type (the weight, checked by check_weight,
+        // or the scratch grown to rows*cols f16), B holds n*cols elements of b_type (x
+        // checked by matmul, or the scratch grown to n*cols), C holds >= n*rows f32 (checked
+        // by matmul); m, n, k, lda, ldb, ldc fit i32 (checked); alpha and beta are host
+        // f32 (pointer mode host, compute type 32F); the handle's stream is `stream`.
+        unsafe {
+            cublas::result::gemm_ex(
+                *blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                rows,
+                n,
+                cols,
+                (&alpha as *const f32).cast::<c_void>(),
+                a_ptr as *const c_void,
+                a_type,
+                cols,
+                b_ptr as *const c_void,
+                b_type,
+                cols,
+                (&beta as *const f32).cast::<c_void>(),
+                c_ptr as *mut c_void,
+                cudaDataType::CUDA_R_32F,
+                rows,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublas::sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+            )
+        }
+        .map_err(|e| Error::device(format!("{OP}: cublasGemmEx({} {rows}x{cols}, {n} tokens): {e:?}", w.dtype)))
+    }
+
+    /// Dequantizes `w` (F32, BF16, Q8_0 or Q4_0) to f16 into `out` (`[rows][cols]`,
+    /// rounded to nearest); the cuBLAS path uses this for quantized weights.
+    pub fn dequantize_to_f16(&self, w: &DevWeight, out: &mut CudaSlice<f16>) -> Result<()> {
+        const OP: &str = "dequantize_to_f16";
+        check_weight(OP, w)?;
+        need(OP, "out", out.len(), mul(OP, w.rows, w.cols)?)?;
+        self.dequant_launch(w, out)
+    }
+
+    /// Launches dequant_<type>_f16 on a weight already checked by `check_weight`, into
+    /// `out` that holds >= rows*cols f16.
+    fn dequant_launch(&self, w: &DevWeight, out: &mut CudaSlice<f16>) -> Result<()> {
+        const OP: &str = "dequantize_to_f16";
+        let total = mul(OP, w.rows, w.cols)?;
+        if out.len() < total {
+            return Err(Error::internal(format!("{OP}: out holds {} f16, needs {total}", out.len())));
+        }
+        let (rows_i, cols_i) = (to_i32(OP, "rows", w.rows)?, to_i32(OP, "cols", w.cols)?);
+        if total == 0 {
+            return Ok(());
+        }
+        let f = match w.dtype {
+            DType::F32 => &self.k.dequant_f32_f16,
+            DType::BF16 => &self.k.dequant_bf16_f16,
+            DType::Q8_0 => &self.k.dequant_q8_0_f16,
+            DType::Q4_0 => &self.k.dequant_q4_0_f16,
+            DType::F16 => return Err(Error::invalid(format!("{OP}: {} is F16 already", w.name))),
+        };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&w.data).arg(out).arg(&rows_i).arg(&cols_i);
+        // SAFETY: the arguments match dequant_<type>_f16 in kernels/elementwise.cu (W, out
+        // pointers, int rows, int cols); W holds rows rows of row_bytes(cols) bytes
+        // (check_weight; cols % 32 == 0 for Q8_0/Q4_0), out holds >= rows*cols f16 (checked
+        // above); the grid-stride loop (64-bit index) covers rows*cols with any grid.
+        unsafe { b.launch(ew_cfg(total)) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
     }
 
     /// `x[r][i] += b[i]` for `r < rows`, `i < n`.
     pub fn add_bias(&self, x: &mut CudaSlice<f32>, b: &CudaSlice<f32>, rows: usize, n: usize) -> Result<()> {
-        todo!()
+        const OP: &str = "add_bias";
+        let total = mul(OP, rows, n)?;
+        need(OP, "x", x.len(), total)?;
+        need(OP, "b", b.len(), n)?;
+        let (rows_i, n_i) = (to_i32(OP, "rows", rows)?, to_i32(OP, "n", n)?);
+        if total == 0 {
+            return Ok(());
+        }
+        let mut lb = self.stream.launch_builder(&self.k.add_bias);
+        lb.arg(x).arg(b).arg(&rows_i).arg(&n_i);
+        // SAFETY: the arguments match add_bias_f32 in kernels/elementwise.cu (x, b pointers,
+        // int rows, int n); x holds >= rows*n f32 and b >= n (n > 0 since rows*n > 0), checked
+        // above; the grid-stride loop (64-bit index) covers rows*n with any grid.
+        unsafe { lb.launch(ew_cfg(total)) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
     }
 
     /// `x[i] += y[i]` for `i < n`.
     pub fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) -> Result<()> {
-        todo!()
+        const OP: &str = "add";
+        need(OP, "x", x.len(), n)?;
+        need(OP, "y", y.len(), n)?;
+        let n_i = to_i32(OP, "n", n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut b = self.stream.launch_builder(&self.k.add);
+        b.arg(x).arg(y).arg(&n_i);
+        // SAFETY: the arguments match add_f32 in kernels/elementwise.cu (x, y pointers,
+        // int n); both hold >= n f32 (checked above); grid-stride loop over n.
+        unsafe { b.launch(ew_cfg(n)) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
     }
 
     /// `g[i] = silu(g[i]) * u[i]` for `i < n`.
     pub fn swiglu(&self, g: &mut CudaSlice<f32>, u: &CudaSlice<f32>, n: usize) -> Result<()> {
-        todo!()
+        const OP: &str = "swiglu";
+        need(OP, "g", g.len(), n)?;
+        need(OP, "u", u.len(), n)?;
+        let n_i = to_i32(OP, "n", n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut b = self.stream.launch_builder(&self.k.swiglu);
+        b.arg(g).arg(u).arg(&n_i);
+        // SAFETY: the arguments match swiglu_f32 in kernels/elementwise.cu (g, u pointers,
+        // int n); both hold >= n f32 (checked above); grid-stride loop over n.
+        unsafe { b.launch(ew_cfg(n)) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
     }
 
     /// RoPE on `q` (`[n_tokens][n_heads * head_dim]`) and `k` (`[n_tokens][n_kv_heads *
@@ -155,6 +625,10 @@ impl Ops {
     /// host), pairs (i, i + hd/2) when `neox` else (2i, 2i+1); then K (rotated) and V
     /// (`[n_tokens][n_kv_heads * head_dim]`) of token t are stored as f16 into `kv` at
     /// layer `layer`, slot id `slots[t]`.
+    ///
+    /// Slot ids must be distinct within a call. (A slot id whose block is >= `kv.n_blocks`
+    /// is not written: a device-side guard, the host checks slots.) The rotation uses
+    /// unfused f32 products, bit-for-bit the CPU backend's `ops::rope`.
     pub fn rope_kv_write(
         &self,
         q: &mut CudaSlice<f32>,
@@ -169,7 +643,64 @@ impl Ops {
         kv: &mut KvPool,
         layer: usize,
     ) -> Result<()> {
-        todo!()
+        const OP: &str = "rope_kv_write";
+        let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
+        if head_dim == 0 || head_dim % 2 != 0 || n_heads == 0 || n_kv_heads == 0 {
+            return Err(Error::invalid(format!("{OP}: bad shape {shape:?} (head_dim must be even and > 0)")));
+        }
+        let q_dim = mul(OP, n_heads, head_dim)?;
+        let kv_dim = mul(OP, n_kv_heads, head_dim)?;
+        if kv.kv_dim != kv_dim {
+            return Err(Error::invalid(format!("{OP}: KV pool kv_dim {} != n_kv_heads * head_dim = {kv_dim}", kv.kv_dim)));
+        }
+        if layer >= kv.n_layers {
+            return Err(Error::invalid(format!("{OP}: layer {layer} >= {} layers", kv.n_layers)));
+        }
+        kv.checked_block_elems(OP)?;
+        need(OP, "q", q.len(), mul(OP, n_tokens, q_dim)?)?;
+        need(OP, "k", k.len(), mul(OP, n_tokens, kv_dim)?)?;
+        need(OP, "v", v.len(), n_tokens * kv_dim)?;
+        need(OP, "cos", cos.len(), mul(OP, n_tokens, head_dim / 2)?)?;
+        need(OP, "sin", sin.len(), n_tokens * (head_dim / 2))?;
+        need(OP, "slots", slots.len(), n_tokens)?;
+        to_i32(OP, "n_tokens * n_heads * head_dim", n_tokens * q_dim)?;
+        let n_t = to_i32(OP, "n_tokens", n_tokens)?;
+        let nh = to_i32(OP, "n_heads", n_heads)?;
+        let nkv = to_i32(OP, "n_kv_heads", n_kv_heads)?;
+        let hd = to_i32(OP, "head_dim", head_dim)?;
+        to_i32(OP, "kv_dim", kv_dim)?;
+        let neox_i: i32 = neox.into();
+        let n_layers = to_i32(OP, "n_layers", kv.n_layers)?;
+        let layer_i = to_i32(OP, "layer", layer)?;
+        let n_blocks = to_i32(OP, "n_blocks", kv.n_blocks)?;
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig { grid_dim: (n_tokens as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(&self.k.rope_kv_write);
+        b.arg(q)
+            .arg(k)
+            .arg(v)
+            .arg(cos)
+            .arg(sin)
+            .arg(slots)
+            .arg(&mut kv.data)
+            .arg(&n_t)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&hd)
+            .arg(&neox_i)
+            .arg(&n_layers)
+            .arg(&layer_i)
+            .arg(&n_blocks);
+        // SAFETY: the arguments match rope_kv_write_f32 in kernels/rope.cu (q, k, v, cos, sin,
+        // slots, kv pointers, then int n_tokens, n_heads, n_kv_heads, head_dim, neox,
+        // n_layers, layer, n_blocks); q, k, v, cos, sin, slots hold what n_tokens tokens need
+        // (checked above), the pool holds n_blocks blocks of n_layers*2*16*kv_dim f16 with
+        // kv_dim = n_kv_heads*head_dim and layer < n_layers (checked); slot ids whose block
+        // is >= n_blocks are skipped by the kernel; head_dim is even; one block per token.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
     }
 
     /// Causal attention over the pages: for token t of sequence `seq[t]` at position
@@ -177,6 +708,11 @@ impl Ops {
     /// `h / (n_heads / n_kv_heads)` in layer `layer`, reading position p from block
     /// `block_tables[seq[t] * max_blocks + p / 16]`, slot `p % 16`; scale
     /// `1 / sqrt(head_dim)`, softmax in f32. `q`, `out`: `[n_tokens][n_heads * head_dim]`.
+    ///
+    /// Needs `head_dim <= ATTENTION_MAX_HEAD_DIM` (256) and `n_heads % n_kv_heads == 0`.
+    /// The number of sequences is taken as `block_tables.len() / max_blocks`; a token
+    /// whose seq, position or block id is out of range gets a NaN row on the device
+    /// (never an out-of-bounds read; the host checks these).
     pub fn attention(
         &self,
         q: &CudaSlice<f32>,
@@ -190,10 +726,88 @@ impl Ops {
         shape: AttnShape,
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        todo!()
+        const OP: &str = "attention";
+        let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
+        if head_dim == 0 || head_dim > ATTENTION_MAX_HEAD_DIM || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+            return Err(Error::invalid(format!(
+                "{OP}: bad shape {shape:?} (0 < head_dim <= {ATTENTION_MAX_HEAD_DIM}, n_heads a multiple of n_kv_heads)"
+            )));
+        }
+        if n_heads > 65535 {
+            return Err(Error::invalid(format!("{OP}: n_heads {n_heads} > 65535 (grid y)")));
+        }
+        let q_dim = mul(OP, n_heads, head_dim)?;
+        let kv_dim = mul(OP, n_kv_heads, head_dim)?;
+        if kv.kv_dim != kv_dim {
+            return Err(Error::invalid(format!("{OP}: KV pool kv_dim {} != n_kv_heads * head_dim = {kv_dim}", kv.kv_dim)));
+        }
+        if layer >= kv.n_layers {
+            return Err(Error::invalid(format!("{OP}: layer {layer} >= {} layers", kv.n_layers)));
+        }
+        kv.checked_block_elems(OP)?;
+        if max_blocks == 0 {
+            return Err(Error::invalid(format!("{OP}: max_blocks must be > 0")));
+        }
+        let out_elems = mul(OP, n_tokens, q_dim)?;
+        need(OP, "q", q.len(), out_elems)?;
+        need(OP, "out", out.len(), out_elems)?;
+        need(OP, "seq", seq.len(), n_tokens)?;
+        need(OP, "pos", pos.len(), n_tokens)?;
+        need(OP, "block_tables", block_tables.len(), max_blocks)?;
+        let n_seqs = block_tables.len() / max_blocks;
+        to_i32(OP, "n_tokens * q_dim", out_elems)?;
+        to_i32(OP, "max_blocks * 16", mul(OP, max_blocks, BLOCK_POSITIONS)?)?;
+        let n_t = to_i32(OP, "n_tokens", n_tokens)?;
+        let nh = to_i32(OP, "n_heads", n_heads)?;
+        let nkv = to_i32(OP, "n_kv_heads", n_kv_heads)?;
+        let hd = to_i32(OP, "head_dim", head_dim)?;
+        to_i32(OP, "kv_dim", kv_dim)?;
+        let n_layers = to_i32(OP, "n_layers", kv.n_layers)?;
+        let layer_i = to_i32(OP, "layer", layer)?;
+        let n_blocks = to_i32(OP, "n_blocks", kv.n_blocks)?;
+        let max_blocks_i = to_i32(OP, "max_blocks", max_blocks)?;
+        let n_seqs_i = i32::try_from(n_seqs).unwrap_or(i32::MAX);
+        let scale = 1.0f32 / (head_dim as f32).sqrt();
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (n_tokens as u32, n_heads as u32, 1),
+            block_dim: (ATT_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.k.attention);
+        b.arg(q)
+            .arg(&kv.data)
+            .arg(seq)
+            .arg(pos)
+            .arg(block_tables)
+            .arg(out)
+            .arg(&n_t)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&hd)
+            .arg(&n_layers)
+            .arg(&layer_i)
+            .arg(&n_blocks)
+            .arg(&max_blocks_i)
+            .arg(&n_seqs_i)
+            .arg(&scale);
+        // SAFETY: the arguments match attention_f32 in kernels/attention.cu (q, kv, seq, pos,
+        // block_tables, out pointers, then int n_tokens, n_heads, n_kv_heads, head_dim,
+        // n_layers, layer, n_blocks, max_blocks, n_seqs, float scale); q and out hold
+        // n_tokens*n_heads*head_dim f32, seq and pos n_tokens ids, block_tables n_seqs rows
+        // of max_blocks, the pool n_blocks blocks with kv_dim = n_kv_heads*head_dim and
+        // layer < n_layers (all checked above); head_dim <= 256 (the kernel's shared q) and
+        // n_heads % n_kv_heads == 0; the kernel turns out-of-range seq/pos/block ids into NaN
+        // rows without reading them; grid (n_tokens, n_heads <= 65535), block ATT_THREADS.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
     }
 
     /// `out[i][:] = x[idx[i]][:]` for `i < n_idx`, rows of `width`.
+    ///
+    /// (An index >= `x.len() / width` gives a NaN row on the device: a guard.)
     pub fn gather_rows(
         &self,
         x: &CudaSlice<f32>,
@@ -202,17 +816,179 @@ impl Ops {
         width: usize,
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        todo!()
+        const OP: &str = "gather_rows";
+        need(OP, "idx", idx.len(), n_idx)?;
+        need(OP, "out", out.len(), mul(OP, n_idx, width)?)?;
+        let (n_i, width_i) = (to_i32(OP, "n_idx", n_idx)?, to_i32(OP, "width", width)?);
+        if n_idx == 0 || width == 0 {
+            return Ok(());
+        }
+        let x_rows = i32::try_from(x.len() / width).unwrap_or(i32::MAX);
+        let cfg = LaunchConfig { grid_dim: (n_idx as u32, 1, 1), block_dim: (EW_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(&self.k.gather_rows);
+        b.arg(x).arg(idx).arg(out).arg(&n_i).arg(&width_i).arg(&x_rows);
+        // SAFETY: the arguments match gather_rows_f32 in kernels/elementwise.cu (x, idx, out
+        // pointers, int n_idx, width, x_rows); x holds x_rows full rows (x_rows = len/width,
+        // rows at or past it are refused by the kernel), idx >= n_idx and out >= n_idx*width
+        // (checked above); one block per index.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
     }
 
     /// `out[r]` = index of the largest value of row r of `logits` (`[rows][vocab]`),
     /// the first one on ties (as the CPU backend), for `r < rows`.
+    ///
+    /// (NaN never wins; a row with nothing above -inf gives 0.)
     pub fn argmax(&self, logits: &CudaSlice<f32>, rows: usize, vocab: usize, out: &mut CudaSlice<u32>) -> Result<()> {
-        todo!()
+        const OP: &str = "argmax";
+        if vocab == 0 && rows > 0 {
+            return Err(Error::invalid(format!("{OP}: vocab must be > 0")));
+        }
+        need(OP, "logits", logits.len(), mul(OP, rows, vocab)?)?;
+        need(OP, "out", out.len(), rows)?;
+        let (rows_i, vocab_i) = (to_i32(OP, "rows", rows)?, to_i32(OP, "vocab", vocab)?);
+        if rows == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(&self.k.argmax);
+        b.arg(logits).arg(out).arg(&rows_i).arg(&vocab_i);
+        // SAFETY: the arguments match argmax_f32 in kernels/elementwise.cu (logits, out
+        // pointers, int rows, int vocab); logits holds >= rows*vocab f32 and out >= rows u32
+        // (checked above); one block per row of 512 threads (a multiple of 32, <= 1024).
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
     }
 
     /// Copies block `src` of `kv` onto block `dst` (every layer, K and V).
     pub fn copy_block(&self, kv: &mut KvPool, src: u32, dst: u32) -> Result<()> {
-        todo!()
+        const OP: &str = "copy_block";
+        let be = kv.checked_block_elems(OP)?;
+        let (s, d) = (src as usize, dst as usize);
+        if s >= kv.n_blocks || d >= kv.n_blocks {
+            return Err(Error::invalid(format!("{OP}: block {src} -> {dst} outside the pool of {} blocks", kv.n_blocks)));
+        }
+        if s == d {
+            return Ok(());
+        }
+        // Two disjoint views of the one buffer: split at the later block.
+        let r = if s < d {
+            let (lo, mut hi) = kv.data.split_at_mut(d * be);
+            let from = lo.slice(s * be..(s + 1) * be);
+            let mut to = hi.slice_mut(0..be);
+            self.stream.memcpy_dtod(&from, &mut to)
+        } else {
+            let (mut lo, hi) = kv.data.split_at_mut(s * be);
+            let from = hi.slice(0..be);
+            let mut to = lo.slice_mut(d * be..(d + 1) * be);
+            self.stream.memcpy_dtod(&from, &mut to)
+        };
+        r.map_err(|e| driver_err(&format!("{OP}: cuMemcpyDtoDAsync(block {src} -> {dst}, {} bytes)", be * 2), e))
     }
+}
+
+/// cuBLAS on `stream`, or None and why. Never panics: the library is looked for first,
+/// and the handle is created under `guarded`.
+fn create_blas(stream: &Arc<CudaStream>) -> (Option<CudaBlas>, String) {
+    // SAFETY: is_culib_present only tries to dlopen cuBLAS's library names; it calls nothing.
+    if !unsafe { cublas::sys::is_culib_present() } {
+        return (None, "GEMV kernels only (cuBLAS library not found: libcublas.so)".into());
+    }
+    let made = guarded("creating the cuBLAS handle", || {
+        CudaBlas::new(stream.clone()).map_err(|e| Error::device(format!("cublasCreate: {e:?}")))
+    });
+    match made {
+        Ok(b) => (Some(b), format!("cuBLAS GemmEx for batches > {GEMM_MIN_TOKENS} tokens, GEMV kernels otherwise")),
+        Err(e) => (None, format!("GEMV kernels only (cuBLAS unavailable: {})", e.message)),
+    }
+}
+
+/// The scratch buffer grown to at least `elems` (a fresh allocation when smaller; the
+/// old one is freed in stream order).
+fn grow<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    slot: &'a mut Option<CudaSlice<T>>,
+    elems: usize,
+    what: &str,
+) -> Result<&'a mut CudaSlice<T>> {
+    let fits = slot.as_ref().is_some_and(|s| s.len() >= elems.max(1));
+    if !fits {
+        *slot = None;
+        let s = stream.alloc_zeros::<T>(elems.max(1)).map_err(|e| {
+            Error::out_of_memory(format!(
+                "matmul {what}: allocating {} bytes: {}",
+                elems * std::mem::size_of::<T>(),
+                driver_msg("cuMemAlloc", e)
+            ))
+        })?;
+        *slot = Some(s);
+    }
+    slot.as_mut().ok_or_else(|| Error::internal("scratch vanished"))
+}
+
+/// Launch shape of the rmsnorm kernels (one block per row, enough threads for four
+/// elements each, 32..=1024), with rows and n as i32; None when there are no rows.
+fn rmsnorm_launch(op: &str, rows: usize, n: usize) -> Result<Option<(LaunchConfig, i32, i32)>> {
+    if n == 0 {
+        return Err(Error::invalid(format!("{op}: n must be > 0")));
+    }
+    let (rows_i, n_i) = (to_i32(op, "rows", rows)?, to_i32(op, "n", n)?);
+    mul(op, rows, n)?;
+    if rows == 0 {
+        return Ok(None);
+    }
+    let threads = n.div_ceil(4).next_multiple_of(32).clamp(32, 1024) as u32;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+    Ok(Some((cfg, rows_i, n_i)))
+}
+
+/// Grid-stride launch shape of the element-wise kernels for `total` elements.
+fn ew_cfg(total: usize) -> LaunchConfig {
+    let blocks = total.div_ceil(EW_THREADS as usize).clamp(1, 65535) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (EW_THREADS, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// A weight's buffer holds `rows` rows of `dtype.row_bytes(cols)` bytes.
+fn check_weight(op: &str, w: &DevWeight) -> Result<()> {
+    let row_bytes = w.dtype.row_bytes(w.cols).ok_or_else(|| {
+        Error::invalid(format!(
+            "{op}: {} ({}) has {} columns, not a multiple of {}",
+            w.name,
+            w.dtype,
+            w.cols,
+            w.dtype.block_elems()
+        ))
+    })?;
+    let bytes = mul(op, w.rows, row_bytes)?;
+    if w.data.len() < bytes {
+        return Err(Error::internal(format!(
+            "{op}: {} ({} [{} x {}]) holds {} bytes on the device, needs {bytes}",
+            w.name,
+            w.dtype,
+            w.rows,
+            w.cols,
+            w.data.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `buf` (holding `got` elements) is at least `want` elements long.
+fn need(op: &str, what: &str, got: usize, want: usize) -> Result<()> {
+    if got < want {
+        return Err(Error::invalid(format!("{op}: {what} holds {got} elements, the op needs {want}")));
+    }
+    Ok(())
+}
+
+fn mul(op: &str, a: usize, b: usize) -> Result<usize> {
+    a.checked_mul(b).ok_or_else(|| Error::invalid(format!("{op}: size {a} x {b} overflows")))
+}
+
+fn to_i32(op: &str, what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::invalid(format!("{op}: {what} = {v} does not fit the kernels' int")))
+}
+
+fn launch_err(kernel: &str, e: cudarc::driver::DriverError) -> Error {
+    driver_err(&format!("launching {kernel}"), e)
 }

@@ -1,0 +1,125 @@
+// Causal attention over the paged KV pool (f16), f32 math.
+//
+// For token t (sequence seq[t], position pos[t]) and query head h: attends over
+// positions 0..=pos[t] of KV head h / (n_heads / n_kv_heads) in layer `layer`, position
+// p read from block block_tables[seq[t] * max_blocks + p / 16], slot p % 16:
+//   out[t][h] = sum_p softmax_p(scale * dot(q[t][h], K[p])) * V[p]
+// q, out: [n_tokens][n_heads * head_dim] f32.
+// kv: [n_blocks][n_layers][K=0|V=1][16 slots][kv_dim] f16, kv_dim = n_kv_heads * head_dim.
+// block_tables: [n_seqs][max_blocks] u32.
+// Online softmax over chunks of ATT_CHUNK positions: a warp per position computes the
+// scaled score (lanes over head dims, shuffle reduction) into shared memory; then every
+// thread rescales its running output by exp(m_old - m_new) and adds the chunk's
+// exp-weighted V rows for the head dims it owns (dims tid and tid + 128). Shared memory
+// is fixed: q (ATT_MAX_HD floats) and one chunk of scores.
+// Guards (the host checks these; a bad entry gives a NaN row, never an out-of-bounds
+// read): seq[t] >= n_seqs, pos[t] >= max_blocks * 16, or a block id >= n_blocks.
+// Needs head_dim <= ATT_MAX_HD (256) and n_heads % n_kv_heads == 0 (checked by the launcher).
+// Launch: grid = (n_tokens, n_heads), block = (ATT_THREADS) exactly.
+#include <cuda_fp16.h>
+
+#define FULL_MASK 0xffffffffu
+#define BLOCK_POSITIONS 16
+#define ATT_THREADS 128
+#define ATT_CHUNK 64  // <= ATT_THREADS
+#define ATT_MAX_HD 256
+#define ATT_DPT (ATT_MAX_HD / ATT_THREADS)  // output dims per thread
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+    attention_f32(const float* __restrict__ q, const __half* __restrict__ kv, const unsigned int* __restrict__ seq,
+                  const unsigned int* __restrict__ pos, const unsigned int* __restrict__ block_tables,
+                  float* __restrict__ out, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int n_layers,
+                  int layer, int n_blocks, int max_blocks, int n_seqs, float scale) {
+    __shared__ float qs[ATT_MAX_HD];
+    __shared__ float sc[ATT_CHUNK];
+    const int t = blockIdx.x;
+    const int h = blockIdx.y;
+    if (t >= n_tokens || h >= n_heads) return;  // uniform over the block
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int nwarps = ATT_THREADS / 32;
+    const int q_dim = n_heads * head_dim;
+    const int kv_dim = n_kv_heads * head_dim;
+    const int kvh = h / (n_heads / n_kv_heads);
+    float* o = out + (size_t)t * q_dim + (size_t)h * head_dim;
+
+    const unsigned int s = seq[t];
+    const unsigned int p_last = pos[t];
+    int bad = (s >= (unsigned int)n_seqs) || ((unsigned long long)p_last >= (unsigned long long)max_blocks * BLOCK_POSITIONS);
+    const unsigned int* bt = block_tables + (size_t)(bad ? 0u : s) * max_blocks;
+    const int n_blk = bad ? 0 : (int)(p_last / BLOCK_POSITIONS) + 1;
+    for (int i = tid; i < n_blk; i += ATT_THREADS) {
+        if (bt[i] >= (unsigned int)n_blocks) bad = 1;
+    }
+    if (__syncthreads_or(bad)) {
+        for (int d = tid; d < head_dim; d += ATT_THREADS) o[d] = __int_as_float(0x7fc00000);
+        return;
+    }
+
+    const float* qh = q + (size_t)t * q_dim + (size_t)h * head_dim;
+    for (int d = tid; d < head_dim; d += ATT_THREADS) qs[d] = qh[d];
+    __syncthreads();
+
+    const size_t block_elems = (size_t)n_layers * 2 * BLOCK_POSITIONS * kv_dim;
+    const size_t k_off = (size_t)layer * 2 * BLOCK_POSITIONS * kv_dim + (size_t)kvh * head_dim;
+    const size_t v_off = k_off + (size_t)BLOCK_POSITIONS * kv_dim;
+
+    float m = __int_as_float(0xff800000);  // running max, -inf
+    float l = 0.0f;                        // running sum of exp
+    float acc[ATT_DPT];
+#pragma unroll
+    for (int j = 0; j < ATT_DPT; ++j) acc[j] = 0.0f;
+
+    const int n_pos = (int)p_last + 1;
+    for (int c0 = 0; c0 < n_pos; c0 += ATT_CHUNK) {
+        const int clen = min(ATT_CHUNK, n_pos - c0);
+        for (int i = warp; i < clen; i += nwarps) {
+            const int p = c0 + i;
+            const __half* kr = kv + (size_t)bt[p / BLOCK_POSITIONS] * block_elems + k_off +
+                               (size_t)(p % BLOCK_POSITIONS) * kv_dim;
+            float dot = 0.0f;
+            for (int d = lane; d < head_dim; d += 32) dot = fmaf(qs[d], __half2float(kr[d]), dot);
+            dot = warp_sum(dot);
+            if (lane == 0) sc[i] = dot * scale;
+        }
+        __syncthreads();
+        float cmax = __int_as_float(0xff800000);
+        for (int i = 0; i < clen; ++i) cmax = fmaxf(cmax, sc[i]);
+        const float m_new = fmaxf(m, cmax);
+        const float alpha = expf(m - m_new);  // 0 on the first chunk (m = -inf)
+        __syncthreads();                      // every thread has read the raw scores
+        if (tid < clen) sc[tid] = expf(sc[tid] - m_new);
+        __syncthreads();
+        float csum = 0.0f;
+        for (int i = 0; i < clen; ++i) csum += sc[i];
+        l = l * alpha + csum;
+#pragma unroll
+        for (int j = 0; j < ATT_DPT; ++j) acc[j] *= alpha;
+        for (int i = 0; i < clen; ++i) {
+            const int p = c0 + i;
+            const __half* vr = kv + (size_t)bt[p / BLOCK_POSITIONS] * block_elems + v_off +
+                               (size_t)(p % BLOCK_POSITIONS) * kv_dim;
+            const float e = sc[i];
+#pragma unroll
+            for (int j = 0; j < ATT_DPT; ++j) {
+                const int d = tid + j * ATT_THREADS;
+                if (d < head_dim) acc[j] = fmaf(e, __half2float(vr[d]), acc[j]);
+            }
+        }
+        m = m_new;
+        __syncthreads();  // sc is rewritten by the next chunk
+    }
+    const float inv = 1.0f / l;
+#pragma unroll
+    for (int j = 0; j < ATT_DPT; ++j) {
+        const int d = tid + j * ATT_THREADS;
+        if (d < head_dim) o[d] = acc[j] * inv;
+    }
+}

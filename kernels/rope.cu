@@ -1,0 +1,75 @@
+// RoPE on Q and K, then K (rotated) and V stored as f16 into the paged KV pool.
+//
+// q: [n_tokens][n_heads * head_dim] f32, rotated in place.
+// k: [n_tokens][n_kv_heads * head_dim] f32, rotated in place.
+// v: [n_tokens][n_kv_heads * head_dim] f32.
+// cos, sin: [n_tokens][head_dim / 2] f32 (angles computed on the host).
+// slots: [n_tokens] u32 slot ids: block = id / 16, slot = id % 16.
+// kv: the pool, f16, [n_blocks][n_layers][K=0|V=1][16 slots][kv_dim], kv_dim = n_kv_heads * head_dim.
+// Pairs (i, i + head_dim/2) when neox != 0, else (2i, 2i+1), i < head_dim/2:
+//   x0' = x0*cos[i] - x1*sin[i],  x1' = x0*sin[i] + x1*cos[i]
+// computed with unfused f32 products (__fmul_rn), so the result is bit-for-bit the
+// CPU backend's. A slot whose block is >= n_blocks is not written (guard; the host
+// checks slots). Tokens must have distinct slots.
+// Launch: grid = (n_tokens), block = (T), T a multiple of 32 (launcher: 128); each
+// thread owns whole pairs, so the in-place update is race-free.
+#include <cuda_fp16.h>
+
+#define BLOCK_POSITIONS 16
+
+__device__ __forceinline__ void rot(float x0, float x1, float c, float s, float& y0, float& y1) {
+    y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+extern "C" __global__ void rope_kv_write_f32(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
+                                             const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                             const unsigned int* __restrict__ slots, __half* __restrict__ kv,
+                                             int n_tokens, int n_heads, int n_kv_heads, int head_dim, int neox,
+                                             int n_layers, int layer, int n_blocks) {
+    const int t = blockIdx.x;
+    if (t >= n_tokens) return;
+    const int half_d = head_dim >> 1;
+    const int q_dim = n_heads * head_dim;
+    const int kv_dim = n_kv_heads * head_dim;
+    const float* c_row = cos_t + (size_t)t * half_d;
+    const float* s_row = sin_t + (size_t)t * half_d;
+
+    float* qt = q + (size_t)t * q_dim;
+    for (int i = threadIdx.x; i < n_heads * half_d; i += blockDim.x) {
+        const int h = i / half_d, j = i - h * half_d;
+        const int a = h * head_dim + (neox ? j : 2 * j);
+        const int b = neox ? a + half_d : a + 1;
+        float y0, y1;
+        rot(qt[a], qt[b], c_row[j], s_row[j], y0, y1);
+        qt[a] = y0;
+        qt[b] = y1;
+    }
+
+    const unsigned int slot_id = slots[t];
+    const unsigned int blk = slot_id / BLOCK_POSITIONS;
+    const bool store = blk < (unsigned int)n_blocks;
+    const size_t block_elems = (size_t)n_layers * 2 * BLOCK_POSITIONS * kv_dim;
+    const size_t k_base =
+        (size_t)blk * block_elems + ((size_t)layer * 2 * BLOCK_POSITIONS + slot_id % BLOCK_POSITIONS) * kv_dim;
+    const size_t v_base = k_base + (size_t)BLOCK_POSITIONS * kv_dim;
+
+    float* kt = k + (size_t)t * kv_dim;
+    for (int i = threadIdx.x; i < n_kv_heads * half_d; i += blockDim.x) {
+        const int h = i / half_d, j = i - h * half_d;
+        const int a = h * head_dim + (neox ? j : 2 * j);
+        const int b = neox ? a + half_d : a + 1;
+        float y0, y1;
+        rot(kt[a], kt[b], c_row[j], s_row[j], y0, y1);
+        kt[a] = y0;
+        kt[b] = y1;
+        if (store) {
+            kv[k_base + a] = __float2half_rn(y0);
+            kv[k_base + b] = __float2half_rn(y1);
+        }
+    }
+    if (store) {
+        const float* vt = v + (size_t)t * kv_dim;
+        for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) kv[v_base + i] = __float2half_rn(vt[i]);
+    }
+}

@@ -1,0 +1,668 @@
+//! Every device op of `llmrt::backend::cuda::ops::Ops` against its CPU twin
+//! (src/backend/cuda/reference.rs), on buffers that live on the device, with fresh
+//! xorshift inputs per case and outputs poisoned with NaN (every element an op owns
+//! must be written; elements past the op's prefix must stay untouched).
+//!
+//! Bounds (relative L2 vs the twin, which accumulates in f64):
+//! - GEMV: F32 1e-5; F16/BF16/Q8_0/Q4_0 1e-4 (twin on the same dequantized weights).
+//! - cuBLAS (`MatmulPath::Auto`, > 8 tokens): F32 (SGEMM, f32 compute) 1e-4; F16,
+//!   Q8_0, Q4_0 (activations rounded to f16, quantized weights dequantized to f16) and
+//!   BF16 (activations rounded to bf16) 1e-2.
+//! - embed, rope (q, k and the pool), dequantize_to_f16, copy_block, gather_rows, argmax: exact
+//!   (checked as rel_l2 < 1e-6, or equality).
+//! - rmsnorm, add, add_bias, swiglu: 1e-5. attention: 1e-4 (f32 online softmax over f16 K/V).
+//!
+//! Without a CUDA device every device test prints "skipped: no CUDA device (...)" and
+//! passes; scripts/gpu-check.sh runs this binary on a GPU and collects the MAXERR lines.
+
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
+use half::{bf16, f16};
+use llmrt::backend::cuda::ops::{AttnShape, DevWeight, KvPool, MatmulPath, Ops};
+use llmrt::backend::cuda::{self, reference};
+use llmrt::kv::BLOCK_POSITIONS;
+use llmrt::quant::DType;
+use llmrt::Status;
+
+struct Dev {
+    stream: Arc<CudaStream>,
+    ops: Ops,
+    _ctx: Arc<CudaContext>,
+}
+
+/// The ops on device 0 (made once per process), or None after saying why.
+fn device() -> Option<&'static Dev> {
+    static DEV: OnceLock<Option<Dev>> = OnceLock::new();
+    let dev = DEV.get_or_init(|| match cuda::probe() {
+        Err(e) => {
+            println!("skipped: no CUDA device ({e})");
+            None
+        }
+        Ok(devices) => {
+            let ctx = CudaContext::new(0).unwrap_or_else(|e| panic!("probe found {devices:?} but no context: {e:?}"));
+            let stream = ctx.default_stream();
+            let ops = Ops::new(&ctx, stream.clone(), devices[0].sm())
+                .unwrap_or_else(|e| panic!("probe found {devices:?} but loading the ops failed: {e}"));
+            println!("device: {} | {}", devices[0], ops.describe());
+            if !ops.has_cublas() {
+                println!("skipped: cuBLAS unavailable, Auto matmul checked on the GEMV path only ({})", ops.describe());
+            }
+            Some(Dev { stream, ops, _ctx: ctx })
+        }
+    });
+    if dev.is_none() {
+        println!("skipped: no CUDA device");
+    }
+    dev.as_ref()
+}
+
+impl Dev {
+    fn up<T: DeviceRepr>(&self, host: &[T]) -> CudaSlice<T> {
+        self.stream.clone_htod(host).expect("upload")
+    }
+    fn nan(&self, n: usize) -> CudaSlice<f32> {
+        self.up(&vec![f32::NAN; n])
+    }
+    fn down<T: DeviceRepr + Default + Clone>(&self, d: &CudaSlice<T>) -> Vec<T> {
+        self.stream.synchronize().expect("running the kernels (synchronize)");
+        let v = self.stream.clone_dtoh(d).expect("download");
+        self.stream.synchronize().expect("download (synchronize)");
+        v
+    }
+    fn weight(&self, name: &str, dtype: DType, rows: usize, cols: usize, bytes: &[u8]) -> DevWeight {
+        DevWeight { name: name.into(), dtype, rows, cols, data: self.up(bytes) }
+    }
+}
+
+/// xorshift64*, seeded from the case so every case gets its own inputs.
+struct Rng(u64);
+
+impl Rng {
+    fn new(parts: &[usize]) -> Rng {
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        for &p in parts {
+            s = (s ^ p as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9).rotate_left(29);
+        }
+        Rng(s | 1)
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+    fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform(lo, hi)).collect()
+    }
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i + 1));
+        }
+    }
+}
+
+/// Random weight bytes of `dtype`: values in about [-1, 1), small quantization scales.
+fn random_weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
+    let n = rows * cols;
+    match dtype {
+        DType::F32 => (0..n).flat_map(|_| rng.uniform(-1.0, 1.0).to_le_bytes()).collect(),
+        DType::F16 => (0..n).flat_map(|_| f16::from_f32(rng.uniform(-1.0, 1.0)).to_le_bytes()).collect(),
+        DType::BF16 => (0..n).flat_map(|_| bf16::from_f32(rng.uniform(-1.0, 1.0)).to_le_bytes()).collect(),
+        DType::Q8_0 | DType::Q4_0 => {
+            let nq = if dtype == DType::Q8_0 { 32 } else { 16 };
+            let mut bytes = Vec::with_capacity(n / 32 * dtype.block_bytes());
+            for _ in 0..n / 32 {
+                bytes.extend_from_slice(&f16::from_f32(rng.uniform(0.002, 0.05)).to_le_bytes());
+                bytes.extend((0..nq).map(|_| (rng.next_u64() >> 56) as u8));
+            }
+            bytes
+        }
+    }
+}
+
+fn dtype_tag(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::Q8_0 => "q8_0",
+        DType::Q4_0 => "q4_0",
+    }
+}
+
+/// Worst error seen for one op over all its cases.
+struct Worst {
+    op: String,
+    rel_l2: f64,
+    max_abs: f64,
+    case: String,
+    cases: usize,
+}
+
+impl Worst {
+    fn new(op: impl Into<String>) -> Worst {
+        Worst { op: op.into(), rel_l2: 0.0, max_abs: 0.0, case: String::new(), cases: 0 }
+    }
+
+    /// `got` against `want`: same length, every element finite (written), relative L2
+    /// error under `tol`; keeps the worst case.
+    fn check(&mut self, case: String, got: &[f32], want: &[f32], tol: f64) {
+        assert_eq!(got.len(), want.len(), "{}: {case}: output length", self.op);
+        if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+            panic!("{}: {case}: element {i} is {} (not written by the kernel?)", self.op, got[i]);
+        }
+        let (mut num, mut den, mut max_abs) = (0.0f64, 0.0f64, 0.0f64);
+        for (&g, &w) in got.iter().zip(want) {
+            let d = f64::from(g) - f64::from(w);
+            num += d * d;
+            den += f64::from(w) * f64::from(w);
+            max_abs = max_abs.max(d.abs());
+        }
+        let rel = if den > 0.0 { (num / den).sqrt() } else { num.sqrt() };
+        assert!(rel < tol, "{}: {case}: relative L2 error {rel:.3e} >= {tol:.0e}", self.op);
+        self.cases += 1;
+        self.max_abs = self.max_abs.max(max_abs);
+        if rel >= self.rel_l2 {
+            self.rel_l2 = rel;
+            self.case = case;
+        }
+    }
+
+    /// Counts an exactly-checked case.
+    fn exact(&mut self, case: String) {
+        self.cases += 1;
+        if self.case.is_empty() {
+            self.case = case;
+        }
+    }
+
+    fn report(&self) {
+        println!(
+            "MAXERR {} rel_l2={:.3e} max_abs={:.3e} cases={} worst=[{}]",
+            self.op, self.rel_l2, self.max_abs, self.cases, self.case
+        );
+    }
+}
+
+/// The elements past an op's prefix are still NaN (the op touched only its prefix).
+fn assert_tail_nan(op: &str, case: &str, got: &[f32], prefix: usize) {
+    if let Some(i) = got[prefix..].iter().position(|v| !v.is_nan()) {
+        panic!("{op}: {case}: element {} past the op's {prefix} was written", prefix + i);
+    }
+}
+
+const TAIL: usize = 5;
+
+#[test]
+fn embed_matches_cpu_for_every_dtype() {
+    let Some(d) = device() else { return };
+    for dtype in DType::all() {
+        let mut worst = Worst::new(format!("embed_{}", dtype_tag(dtype)));
+        let hiddens: &[usize] = if dtype.block_elems() == 32 { &[32, 96, 4096] } else { &[16, 77, 96, 4096] };
+        for &vocab in &[1usize, 37, 1000] {
+            for &hidden in hiddens {
+                for &n in &[1usize, 5, 19] {
+                    let mut rng = Rng::new(&[10, dtype.ggml_id() as usize, vocab, hidden, n]);
+                    let table = random_weight(&mut rng, dtype, vocab, hidden);
+                    let mut ids: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
+                    ids[n - 1] = vocab as u32 - 1;
+                    let w = d.weight("table", dtype, vocab, hidden, &table);
+                    let ids_d = d.up(&ids);
+                    let mut out = d.nan(n * hidden + TAIL);
+                    d.ops.embed(&w, &ids_d, n, &mut out).expect("embed");
+                    let got = d.down(&out);
+                    let case = format!("vocab={vocab} hidden={hidden} n={n}");
+                    assert_tail_nan("embed", &case, &got, n * hidden);
+                    let want = reference::embed(dtype, &table, vocab, hidden, &ids);
+                    worst.check(case, &got[..n * hidden], &want, 1e-6);
+                }
+            }
+        }
+        worst.report();
+    }
+    // An id past the table is a NaN row (device guard), not an out-of-bounds read.
+    let mut rng = Rng::new(&[11]);
+    let table = random_weight(&mut rng, DType::F16, 4, 64);
+    let w = d.weight("table", DType::F16, 4, 64, &table);
+    let mut out = d.nan(2 * 64);
+    d.ops.embed(&w, &d.up(&[1u32, 4]), 2, &mut out).expect("embed with a bad id");
+    let got = d.down(&out);
+    assert!(got[..64].iter().all(|v| v.is_finite()) && got[64..].iter().all(|v| v.is_nan()));
+}
+
+#[test]
+fn rmsnorm_matches_cpu_out_of_place_and_in_place() {
+    let Some(d) = device() else { return };
+    let mut worst = Worst::new("rmsnorm");
+    let mut worst_ip = Worst::new("rmsnorm_inplace");
+    for &rows in &[1usize, 7, 33] {
+        for &n in &[16usize, 77, 128, 1000, 4096] {
+            let mut rng = Rng::new(&[20, rows, n]);
+            let x = rng.vec(rows * n, -2.0, 2.0);
+            let w = rng.vec(n, 0.5, 1.5);
+            let case = format!("rows={rows} n={n}");
+            let (x_d, w_d) = (d.up(&x), d.up(&w));
+            let mut y = d.nan(rows * n + TAIL);
+            d.ops.rmsnorm(&x_d, &w_d, rows, n, 1e-6, &mut y).expect("rmsnorm");
+            let got = d.down(&y);
+            assert_tail_nan("rmsnorm", &case, &got, rows * n);
+            let want = reference::rmsnorm_f32(&x, &w, rows, n, 1e-6);
+            worst.check(case.clone(), &got[..rows * n], &want, 1e-5);
+            // In place, on a buffer with a NaN tail that must stay NaN.
+            let mut xt = x.clone();
+            xt.extend([f32::NAN; TAIL]);
+            let mut x_ip = d.up(&xt);
+            d.ops.rmsnorm_inplace(&mut x_ip, &w_d, rows, n, 1e-6).expect("rmsnorm_inplace");
+            let got = d.down(&x_ip);
+            assert_tail_nan("rmsnorm_inplace", &case, &got, rows * n);
+            worst_ip.check(case, &got[..rows * n], &want, 1e-5);
+        }
+    }
+    worst.report();
+    worst_ip.report();
+    let err = d.ops.rmsnorm(&d.up(&[1.0f32; 8]), &d.up(&[1.0f32; 4]), 2, 4, 1e-6, &mut d.nan(7)).expect_err("short y");
+    assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
+}
+
+#[test]
+fn matmul_matches_cpu_for_every_dtype_on_both_paths() {
+    let Some(d) = device() else { return };
+    let blas = d.ops.has_cublas();
+    for dtype in DType::all() {
+        let tag = dtype_tag(dtype);
+        let mut w_gemv = Worst::new(format!("matmul_gemv_{tag}"));
+        let mut w_auto = Worst::new(format!("matmul_{}_{tag}", if blas { "cublas" } else { "auto_gemv" }));
+        let gemv_tol = if dtype == DType::F32 { 1e-5 } else { 1e-4 };
+        let blas_tol = if dtype == DType::F32 { 1e-4 } else { 1e-2 };
+        let shapes: &[(usize, usize)] = if dtype.block_elems() == 32 {
+            &[(1, 32), (7, 64), (33, 160), (64, 256), (300, 1024), (512, 2048)]
+        } else {
+            &[(1, 16), (7, 77), (33, 100), (64, 256), (300, 1024), (512, 2048)]
+        };
+        for &(rows, cols) in shapes {
+            let tokens: &[usize] = if rows >= 300 { &[1, 9, 33] } else { &[1, 3, 8, 9, 11, 17, 33] };
+            for &n in tokens {
+                let mut rng = Rng::new(&[30, dtype.ggml_id() as usize, rows, cols, n]);
+                let wb = random_weight(&mut rng, dtype, rows, cols);
+                let x = rng.vec(n * cols, -1.0, 1.0);
+                let w = d.weight("w", dtype, rows, cols, &wb);
+                let x_d = d.up(&x);
+                let want = reference::matmul(dtype, &wb, rows, cols, &x, n);
+                let case = format!("rows={rows} cols={cols} n={n}");
+                for path in [MatmulPath::Gemv, MatmulPath::Auto] {
+                    let mut y = d.nan(n * rows + TAIL);
+                    d.ops.matmul(&w, &x_d, n, &mut y, path).expect("matmul");
+                    let got = d.down(&y);
+                    assert_tail_nan("matmul", &case, &got, n * rows);
+                    let via_blas = path == MatmulPath::Auto && blas && n > 8;
+                    match path {
+                        MatmulPath::Gemv => w_gemv.check(case.clone(), &got[..n * rows], &want, gemv_tol),
+                        MatmulPath::Auto => w_auto.check(
+                            format!("{case}{}", if via_blas { " cublas" } else { " gemv" }),
+                            &got[..n * rows],
+                            &want,
+                            if via_blas { blas_tol } else { gemv_tol },
+                        ),
+                    }
+                }
+            }
+        }
+        w_gemv.report();
+        w_auto.report();
+    }
+    // Refusals: Q8_0 with cols % 32 != 0, a short y.
+    let w = d.weight("w", DType::Q8_0, 1, 40, &[0u8; 34 * 2]);
+    let err = d.ops.matmul(&w, &d.up(&[0.0f32; 40]), 1, &mut d.nan(1), MatmulPath::Gemv).expect_err("cols % 32");
+    assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
+    let w = d.weight("w", DType::F32, 3, 4, &[0u8; 48]);
+    let err = d.ops.matmul(&w, &d.up(&[0.0f32; 8]), 2, &mut d.nan(5), MatmulPath::Auto).expect_err("short y");
+    assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
+}
+
+#[test]
+fn gemv_is_batch_invariant_bit_for_bit() {
+    let Some(d) = device() else { return };
+    let mut worst = Worst::new("gemv_batch_invariance");
+    for dtype in DType::all() {
+        for &(rows, cols) in &[(67usize, 256usize), (33, 4096)] {
+            let mut rng = Rng::new(&[40, dtype.ggml_id() as usize, rows, cols]);
+            let wb = random_weight(&mut rng, dtype, rows, cols);
+            let w = d.weight("w", dtype, rows, cols, &wb);
+            let x = rng.vec(11 * cols, -1.0, 1.0);
+            let mut y = d.nan(11 * rows);
+            d.ops.matmul(&w, &d.up(&x), 11, &mut y, MatmulPath::Gemv).expect("matmul batch 11");
+            let full = d.down(&y);
+            for &b in &[1usize, 3, 8, 11] {
+                for &start in &[0usize, 3, 8] {
+                    if start + b > 11 {
+                        continue;
+                    }
+                    let xs = &x[start * cols..(start + b) * cols];
+                    for path in [MatmulPath::Gemv, MatmulPath::Auto] {
+                        if path == MatmulPath::Auto && b > 8 {
+                            continue; // cuBLAS: not batch-invariant by design
+                        }
+                        let mut ys = d.nan(b * rows);
+                        d.ops.matmul(&w, &d.up(xs), b, &mut ys, path).expect("matmul sub-batch");
+                        let got = d.down(&ys);
+                        let want = &full[start * rows..(start + b) * rows];
+                        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                            assert_eq!(
+                                g.to_bits(),
+                                w.to_bits(),
+                                "{dtype} rows={rows} cols={cols}: vector {} alone in a batch of {b} ({path:?}) gives {g}, in the batch of 11 {w}",
+                                start + i / rows
+                            );
+                        }
+                        worst.exact(format!("{dtype} rows={rows} cols={cols} b={b} start={start}"));
+                    }
+                }
+            }
+        }
+    }
+    worst.report();
+}
+
+#[test]
+fn dequantize_to_f16_is_exact() {
+    let Some(d) = device() else { return };
+    let mut worst = Worst::new("dequantize_to_f16");
+    for dtype in [DType::F32, DType::BF16, DType::Q8_0, DType::Q4_0] {
+        for &(rows, cols) in &[(1usize, 32usize), (7, 96), (130, 1024)] {
+            let mut rng = Rng::new(&[50, dtype.ggml_id() as usize, rows, cols]);
+            let wb = random_weight(&mut rng, dtype, rows, cols);
+            let w = d.weight("w", dtype, rows, cols, &wb);
+            let mut out = d.up(&vec![f16::NAN; rows * cols + TAIL]);
+            d.ops.dequantize_to_f16(&w, &mut out).expect("dequantize_to_f16");
+            let got: Vec<f32> = d.down(&out).iter().map(|v| v.to_f32()).collect();
+            let case = format!("{dtype} rows={rows} cols={cols}");
+            assert_tail_nan("dequantize_to_f16", &case, &got, rows * cols);
+            let want: Vec<f32> = reference::dequantize(dtype, &wb, rows, cols)
+                .iter()
+                .map(|&v| f16::from_f32(v as f32).to_f32())
+                .collect();
+            assert_eq!(&got[..rows * cols], &want[..], "{case}");
+            worst.exact(case);
+        }
+    }
+    worst.report();
+}
+
+#[test]
+fn elementwise_ops_match_cpu() {
+    let Some(d) = device() else { return };
+    let (mut wb, mut wa, mut ws) = (Worst::new("add_bias"), Worst::new("add"), Worst::new("swiglu"));
+    for &(rows, n) in &[(1usize, 1usize), (3, 5), (7, 1000), (5, 4097)] {
+        let mut rng = Rng::new(&[60, rows, n]);
+        let total = rows * n;
+        let case = format!("rows={rows} n={n}");
+        let x = rng.vec(total, -4.0, 4.0);
+        let b = rng.vec(n, -1.0, 1.0);
+        let u = rng.vec(total, -2.0, 2.0);
+        let with_tail = |v: &[f32]| -> Vec<f32> { v.iter().copied().chain([f32::NAN; TAIL]).collect() };
+
+        let mut x_d = d.up(&with_tail(&x));
+        d.ops.add_bias(&mut x_d, &d.up(&b), rows, n).expect("add_bias");
+        let got = d.down(&x_d);
+        assert_tail_nan("add_bias", &case, &got, total);
+        wb.check(case.clone(), &got[..total], &reference::add_bias(&x, &b), 1e-5);
+
+        let mut x_d = d.up(&with_tail(&x));
+        d.ops.add(&mut x_d, &d.up(&u), total).expect("add");
+        let got = d.down(&x_d);
+        assert_tail_nan("add", &case, &got, total);
+        wa.check(case.clone(), &got[..total], &reference::add(&x, &u), 1e-5);
+
+        let mut g_d = d.up(&with_tail(&x));
+        d.ops.swiglu(&mut g_d, &d.up(&u), total).expect("swiglu");
+        let got = d.down(&g_d);
+        assert_tail_nan("swiglu", &case, &got, total);
+        ws.check(case, &got[..total], &reference::swiglu(&x, &u), 1e-5);
+    }
+    wb.report();
+    wa.report();
+    ws.report();
+}
+
+#[test]
+fn gather_rows_matches_cpu() {
+    let Some(d) = device() else { return };
+    let mut worst = Worst::new("gather_rows");
+    for &width in &[1usize, 77, 4096] {
+        for &n_idx in &[1usize, 3, 17] {
+            let mut rng = Rng::new(&[70, width, n_idx]);
+            let x_rows = 50;
+            let x = rng.vec(x_rows * width, -1.0, 1.0);
+            let mut idx: Vec<u32> = (0..n_idx).map(|_| rng.below(x_rows) as u32).collect();
+            idx[0] = x_rows as u32 - 1;
+            let mut out = d.nan(n_idx * width + TAIL);
+            d.ops.gather_rows(&d.up(&x), &d.up(&idx), n_idx, width, &mut out).expect("gather_rows");
+            let got = d.down(&out);
+            let case = format!("width={width} n_idx={n_idx}");
+            assert_tail_nan("gather_rows", &case, &got, n_idx * width);
+            worst.check(case, &got[..n_idx * width], &reference::gather_rows(&x, &idx, width), 1e-6);
+        }
+    }
+    worst.report();
+}
+
+#[test]
+fn argmax_takes_the_first_max() {
+    let Some(d) = device() else { return };
+    let mut worst = Worst::new("argmax");
+    for &vocab in &[1usize, 7, 1000, 32000, 151_936] {
+        for &rows in &[1usize, 3, 9] {
+            let mut rng = Rng::new(&[80, vocab, rows]);
+            // Few distinct values: many ties; one row all equal; one with the max last.
+            let mut logits: Vec<f32> = (0..rows * vocab).map(|_| (rng.below(8) as f32) - 4.0).collect();
+            if rows > 1 {
+                logits[vocab..2 * vocab].fill(1.5);
+            }
+            if rows > 2 {
+                logits[3 * vocab - 1] = 100.0;
+            }
+            let mut out = d.up(&vec![u32::MAX; rows + TAIL]);
+            d.ops.argmax(&d.up(&logits), rows, vocab, &mut out).expect("argmax");
+            let got = d.down(&out);
+            let want = reference::argmax(&logits, vocab);
+            let case = format!("vocab={vocab} rows={rows}");
+            assert_eq!(&got[..rows], &want[..], "{case}");
+            assert!(got[rows..].iter().all(|&v| v == u32::MAX), "{case}: wrote past rows");
+            worst.exact(case);
+        }
+    }
+    worst.report();
+}
+
+/// A pool with every element random (f16 in [-1, 1)), uploaded; returns the host copy.
+fn random_pool(d: &Dev, rng: &mut Rng, n_blocks: usize, n_layers: usize, kv_dim: usize) -> (KvPool, Vec<f16>) {
+    let mut kv = KvPool::new(&d.stream, n_blocks, n_layers, kv_dim).expect("KvPool::new");
+    let host: Vec<f16> = (0..kv.data.len()).map(|_| f16::from_f32(rng.uniform(-1.0, 1.0))).collect();
+    d.stream.memcpy_htod(&host, &mut kv.data).expect("upload pool");
+    (kv, host)
+}
+
+const SHAPES: &[(usize, usize, usize)] = &[(8, 2, 32), (4, 4, 16), (4, 1, 128), (2, 2, 256), (6, 3, 80), (2, 1, 64)];
+
+#[test]
+fn rope_kv_write_matches_cpu() {
+    let Some(d) = device() else { return };
+    let (mut wq, mut wk, mut wp) = (Worst::new("rope_q"), Worst::new("rope_k"), Worst::new("rope_kv_pool"));
+    let (n_blocks, n_layers) = (8usize, 3usize);
+    for &(nh, nkv, hd) in SHAPES {
+        let shape = AttnShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd };
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        for neox in [false, true] {
+            for &(n, layer) in &[(1usize, 0usize), (5, 1), (19, 2)] {
+                let mut rng = Rng::new(&[90, nh, nkv, hd, neox as usize, n]);
+                let q = rng.vec(n * qd, -1.0, 1.0);
+                let k = rng.vec(n * kvd, -1.0, 1.0);
+                let v = rng.vec(n * kvd, -1.0, 1.0);
+                let ang: Vec<f32> = rng.vec(n * hd / 2, -3.0, 3.0);
+                let cos: Vec<f32> = ang.iter().map(|a| a.cos()).collect();
+                let sin: Vec<f32> = ang.iter().map(|a| a.sin()).collect();
+                let mut all: Vec<u32> = (0..(n_blocks * BLOCK_POSITIONS) as u32).collect();
+                rng.shuffle(&mut all);
+                let slots = &all[..n];
+                let (mut kv, mut pool) = random_pool(d, &mut rng, n_blocks, n_layers, kvd);
+                // Poison the rows the op must write.
+                let be = kv.block_elems();
+                for &s in slots {
+                    let (b, sl) = (s as usize / BLOCK_POSITIONS, s as usize % BLOCK_POSITIONS);
+                    for which in 0..2 {
+                        let base = b * be + ((layer * 2 + which) * BLOCK_POSITIONS + sl) * kvd;
+                        pool[base..base + kvd].fill(f16::NAN);
+                    }
+                }
+                d.stream.memcpy_htod(&pool, &mut kv.data).expect("upload pool");
+                let (mut q_d, mut k_d) = (d.up(&q), d.up(&k));
+                d.ops
+                    .rope_kv_write(
+                        &mut q_d,
+                        &mut k_d,
+                        &d.up(&v),
+                        &d.up(&cos),
+                        &d.up(&sin),
+                        &d.up(slots),
+                        n,
+                        shape,
+                        neox,
+                        &mut kv,
+                        layer,
+                    )
+                    .expect("rope_kv_write");
+                let (mut qw, mut kw) = (q.clone(), k.clone());
+                reference::rope_kv_write(&mut qw, &mut kw, &v, &cos, &sin, slots, shape, neox, &mut pool, n_layers, layer);
+                let case = format!("heads={nh}/{nkv} hd={hd} neox={neox} n={n} layer={layer}");
+                wq.check(case.clone(), &d.down(&q_d), &qw, 1e-6);
+                wk.check(case.clone(), &d.down(&k_d), &kw, 1e-6);
+                let got: Vec<f32> = d.down(&kv.data).iter().map(|v| v.to_f32()).collect();
+                let want: Vec<f32> = pool.iter().map(|v| v.to_f32()).collect();
+                wp.check(case, &got, &want, 1e-6);
+            }
+        }
+    }
+    wq.report();
+    wk.report();
+    wp.report();
+}
+
+#[test]
+fn attention_matches_cpu_gqa_and_mha_over_pages() {
+    let Some(d) = device() else { return };
+    let mut worst = Worst::new("attention");
+    let (n_blocks, n_layers, layer) = (40usize, 2usize, 1usize);
+    // Sequences' lengths: one block, three blocks, > 256 positions, exactly one block,
+    // one block and one position.
+    let lens = [5usize, 37, 300, 16, 17];
+    let max_blocks = 20;
+    for &(nh, nkv, hd) in SHAPES {
+        let shape = AttnShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd };
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let mut rng = Rng::new(&[100, nh, nkv, hd]);
+        let (kv, pool) = random_pool(d, &mut rng, n_blocks, n_layers, kvd);
+        // Scattered block tables; entries past a sequence's blocks are never read.
+        let mut ids: Vec<u32> = (0..n_blocks as u32).collect();
+        rng.shuffle(&mut ids);
+        let mut tables = vec![u32::MAX; lens.len() * max_blocks];
+        let mut next = 0;
+        for (s, &len) in lens.iter().enumerate() {
+            for b in 0..len.div_ceil(BLOCK_POSITIONS) {
+                tables[s * max_blocks + b] = ids[next];
+                next += 1;
+            }
+        }
+        // Tokens: decode-like (last position), prefill-like runs, block boundaries.
+        let mut toks: Vec<(u32, u32)> =
+            vec![(0, 0), (0, 4), (1, 15), (1, 16), (1, 36), (2, 0), (2, 255), (2, 256), (2, 299), (3, 15), (4, 16)];
+        rng.shuffle(&mut toks);
+        let seq: Vec<u32> = toks.iter().map(|t| t.0).collect();
+        let pos: Vec<u32> = toks.iter().map(|t| t.1).collect();
+        let n = toks.len();
+        let q = rng.vec(n * qd, -2.0, 2.0);
+        let mut out = d.nan(n * qd + TAIL);
+        d.ops
+            .attention(&d.up(&q), &kv, layer, &d.up(&seq), &d.up(&pos), &d.up(&tables), max_blocks, n, shape, &mut out)
+            .expect("attention");
+        let got = d.down(&out);
+        let case = format!("heads={nh}/{nkv} hd={hd} tokens={n}");
+        assert_tail_nan("attention", &case, &got, n * qd);
+        let want = reference::attention(&q, &pool, n_layers, layer, &seq, &pos, &tables, max_blocks, shape);
+        worst.check(case, &got[..n * qd], &want, 1e-4);
+
+        // One token alone (decode of a single sequence) gives the same row.
+        let t = toks.iter().position(|&x| x == (2, 299)).unwrap();
+        let mut one = d.nan(qd);
+        d.ops
+            .attention(
+                &d.up(&q[t * qd..(t + 1) * qd]),
+                &kv,
+                layer,
+                &d.up(&[2u32]),
+                &d.up(&[299u32]),
+                &d.up(&tables),
+                max_blocks,
+                1,
+                shape,
+                &mut one,
+            )
+            .expect("attention, one token");
+        assert_eq!(d.down(&one), got[t * qd..(t + 1) * qd].to_vec(), "{nh}/{nkv}/{hd}: one token alone");
+    }
+    worst.report();
+
+    // Guards: a position past the table gives a NaN row, not an out-of-bounds read;
+    // bad shapes are refused.
+    let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 16 };
+    let kv = KvPool::new(&d.stream, 2, 1, 16).expect("KvPool::new");
+    let mut out = d.nan(2 * 32);
+    d.ops
+        .attention(&d.up(&[0.5f32; 64]), &kv, 0, &d.up(&[0u32, 0]), &d.up(&[3u32, 32]), &d.up(&[1u32, 0]), 2, 2, shape, &mut out)
+        .expect("attention with a bad position");
+    let got = d.down(&out);
+    assert!(got[..32].iter().all(|v| v.is_finite()), "good token");
+    assert!(got[32..].iter().all(|v| v.is_nan()), "position past the block table must give NaN");
+    let bad = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 512 };
+    let kv_big = KvPool::new(&d.stream, 1, 1, 512).expect("KvPool::new");
+    let err = d
+        .ops
+        .attention(&d.up(&[0.0f32; 1024]), &kv_big, 0, &d.up(&[0u32]), &d.up(&[0u32]), &d.up(&[0u32]), 1, 1, bad, &mut d.nan(1024))
+        .expect_err("head_dim 512");
+    assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
+}
+
+#[test]
+fn kv_pool_alloc_and_copy_block() {
+    let Some(d) = device() else { return };
+    let mut worst = Worst::new("copy_block");
+    let kv = KvPool::new(&d.stream, 3, 2, 24).expect("KvPool::new");
+    assert_eq!(kv.data.len(), 3 * kv.block_elems());
+    assert!(d.down(&kv.data).iter().all(|v| v.to_f32() == 0.0), "pool starts zeroed");
+    let err = KvPool::new(&d.stream, 1 << 20, 64, 8192).err().expect("a 32 TiB pool must fail");
+    assert_eq!(err.status, Status::LLMRT_OUT_OF_MEMORY, "{err}");
+    println!("  huge pool: {err}");
+
+    let mut rng = Rng::new(&[110]);
+    let (mut kv, mut pool) = random_pool(d, &mut rng, 6, 2, 24);
+    let be = kv.block_elems();
+    for &(src, dst) in &[(1u32, 4u32), (5, 0), (2, 2), (0, 5)] {
+        d.ops.copy_block(&mut kv, src, dst).expect("copy_block");
+        let (s, t) = (src as usize, dst as usize);
+        let block: Vec<f16> = pool[s * be..(s + 1) * be].to_vec();
+        pool[t * be..(t + 1) * be].copy_from_slice(&block);
+        let got = d.down(&kv.data);
+        let case = format!("{src}->{dst}");
+        assert!(got.iter().zip(&pool).all(|(a, b)| a.to_bits() == b.to_bits()), "copy_block {case}");
+        worst.exact(case);
+    }
+    let err = d.ops.copy_block(&mut kv, 6, 0).expect_err("block outside the pool");
+    assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
+    worst.report();
+}
