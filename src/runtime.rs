@@ -245,9 +245,11 @@ impl Model {
         self.tokenizer.as_ref().ok_or_else(|| Error::unsupported("this model carries no tokenizer"))
     }
 
-    /// Text -> ids (`add_bos`: prepend BOS when the model has one).
+    /// Text -> ids. `add_bos`: prepend BOS where the tokenizer asks for one
+    /// (llama.cpp's add_special), so callers can pass true for every model.
     pub fn tokenize(&self, text: &[u8], add_bos: bool) -> Result<Vec<u32>> {
-        self.tokenizer()?.encode(text, add_bos)
+        let t = self.tokenizer()?;
+        t.encode(text, add_bos && t.add_bos_default())
     }
 
     /// Ids -> text, as the tokenizer reproduces a whole text (one leading space of a

@@ -133,7 +133,9 @@ pub unsafe extern "C" fn llmrt_decode_sample(
 }
 
 /// Text -> token ids. `text` holds `text_len` bytes of UTF-8 (not necessarily
-/// NUL-terminated). `add_bos` prepends the model's BOS token when it has one.
+/// NUL-terminated). `add_bos` prepends the BOS token where the model's tokenizer
+/// asks for one (tokenizer.ggml.add_bos_token / tokenizer_config.json, as llama.cpp's
+/// add_special): true for Llama-style models, usually false for Qwen-style ones.
 /// When `capacity` is too small: LLMRT_BUFFER_TOO_SMALL with `*out_n` = the count
 /// needed (`tokens` may be NULL when `capacity` is 0). Models without a tokenizer:
 /// LLMRT_UNSUPPORTED.
