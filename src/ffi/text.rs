@@ -166,6 +166,9 @@ pub unsafe extern "C" fn llmrt_tokenize(
             // SAFETY: non-null, text_len readable bytes per the contract.
             unsafe { std::slice::from_raw_parts(text.cast::<u8>(), text_len) }
         };
+        if capacity > 0 {
+            need_mut(tokens, "tokens")?;
+        }
         let ids = m.tokenize(bytes, add_bos)?;
         if ids.len() > capacity {
             // SAFETY: non-null, writable per the contract.
@@ -252,6 +255,9 @@ pub unsafe extern "C" fn llmrt_token_piece(
 /// # Safety
 /// `text` holds `capacity` writable bytes or is NULL; `out_len` is non-null and writable.
 unsafe fn write_bytes(bytes: &[u8], text: *mut c_char, capacity: usize, out_len: *mut usize) -> Result<()> {
+    if capacity > 0 {
+        need_mut(text, "text")?;
+    }
     if bytes.len() > capacity {
         // SAFETY: non-null, writable per the contract.
         unsafe { out_len.write(bytes.len()) };
