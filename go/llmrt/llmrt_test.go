@@ -114,7 +114,7 @@ func TestHappyPath(t *testing.T) {
 	}
 
 	// PrefillAll: every row.
-	c2 := must(m.Reserve(uint32(n+8)))
+	c2 := must(m.Reserve(uint32(n + 8)))
 	all := must(c2.PrefillAll(ref.Tokens))
 	for i, row := range all {
 		if e := relL2(row, refLogits[i*V:(i+1)*V]); e >= 1e-4 {
@@ -148,7 +148,7 @@ func TestHappyPath(t *testing.T) {
 	}
 
 	// Greedy generation equals transformers' float64 greedy ids.
-	gc := must(m.Reserve(uint32(len(ref.GreedyPrompt)+len(ref.GreedyIDs))))
+	gc := must(m.Reserve(uint32(len(ref.GreedyPrompt) + len(ref.GreedyIDs))))
 	cur := Argmax(must(gc.Prefill(ref.GreedyPrompt)))
 	for i, wantID := range ref.GreedyIDs {
 		if cur != wantID {
