@@ -2,7 +2,8 @@
 # (plain and under valgrind), and the demo. `make help` lists the targets.
 #
 # Variables: MODEL (demo model), DEMO_ARGS (extra generate arguments),
-# VALGRIND=OFF (skip the memcheck half of `make ctest`), CARGO_TARGET_DIR.
+# VALGRIND=OFF (skip the memcheck half of `make ctest`), CARGO_TARGET_DIR,
+# PREFIX / DESTDIR (`make install`), GO (the go command).
 #
 # Hooks filled by later work:
 # - kernel-check: `make test` runs it when scripts/kernel-check.mk exists; that
@@ -23,7 +24,18 @@ MODEL     ?= tests/fixtures/llama_gqa/llama_gqa.f32.gguf
 DEMO_ARGS ?=
 GENERATE  := $(TARGET)/examples/generate
 
-.PHONY: all help build check-header ctest demo test go-test clean
+PREFIX    ?= /usr/local
+DESTDIR   ?=
+GO        ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+# Text/sampling functions the header declares (the text issue adds them): the
+# examples and the Go package compile those parts only when they are there.
+LP        := (
+HAVE_TEXT := $(shell grep -q ' llmrt_tokenize$(LP)' include/llmrt.h && grep -q ' llmrt_detokenize$(LP)' include/llmrt.h && echo 1)
+HAVE_SAMPLING := $(shell grep -q ' llmrt_decode_sample$(LP)' include/llmrt.h && grep -q ' llmrt_sampler_params_default$(LP)' include/llmrt.h && echo 1)
+API_DEFS  := $(if $(HAVE_TEXT),-DLLMRT_HAVE_TEXT=1) $(if $(HAVE_SAMPLING),-DLLMRT_HAVE_SAMPLING=1)
+GO_TAGS   := $(if $(and $(HAVE_TEXT),$(HAVE_SAMPLING)),-tags llmrt_text)
+
+.PHONY: all help build check-header ctest demo test go-test install clean
 all: build
 
 help:
@@ -32,6 +44,8 @@ help:
 	@echo "make ctest         C tests in $(BUILD_CTEST)/, then again under valgrind"
 	@echo "make demo          run examples/generate.c on MODEL=$(MODEL)"
 	@echo "make test          cargo test, check-header, ctest[, kernel-check][, go-test]"
+	@echo "make go-test       go vet, go test, go test -race of the Go package in go/"
+	@echo "make install       lib, headers, pkg-config and CMake files into PREFIX=$(PREFIX) (DESTDIR too)"
 	@echo "make clean"
 
 build:
@@ -62,8 +76,8 @@ endif
 
 $(GENERATE): examples/generate.c include/llmrt.h $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -O2 -g -Wall -Wextra -Werror -Iinclude $< -o $@ \
-	  -L$(LIBDIR) -lllmrt -Wl,-rpath,$(LIBDIR)
+	$(CC) -std=c11 -O2 -g -Wall -Wextra -Werror $(API_DEFS) -Iinclude $< -o $@ \
+	  -L$(LIBDIR) -lllmrt -Wl,-rpath,$(LIBDIR) -lm
 
 demo: build
 	$(MAKE) --no-print-directory $(GENERATE)
@@ -78,9 +92,18 @@ test:
 	$(if $(wildcard scripts/kernel-check.mk),$(MAKE) --no-print-directory kernel-check)
 	$(if $(wildcard go/go.mod),$(MAKE) --no-print-directory go-test)
 
+# The package's own #cgo lines point at ../include and ../target/release; these
+# flags come first, so a CARGO_TARGET_DIR elsewhere wins.
+GO_ENV = CGO_ENABLED=1 CGO_CFLAGS="-I$(CURDIR)/include" \
+  CGO_LDFLAGS="-L$(LIBDIR) -Wl,-rpath,$(LIBDIR)"
+
 go-test: build
-	cd go && CGO_CFLAGS="-I$(CURDIR)/include" \
-	  CGO_LDFLAGS="-L$(LIBDIR) -Wl,-rpath,$(LIBDIR)" go test ./...
+	cd go && $(GO_ENV) $(GO) vet $(GO_TAGS) ./...
+	cd go && $(GO_ENV) $(GO) test $(GO_TAGS) -count=1 ./...
+	cd go && $(GO_ENV) $(GO) test $(GO_TAGS) -count=1 -race ./...
+
+install: build
+	sh scripts/install.sh "$(PREFIX)" "$(LIBDIR)" "$(DESTDIR)"
 
 clean:
 	$(CARGO) clean

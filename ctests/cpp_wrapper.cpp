@@ -1,0 +1,288 @@
+// The C++ wrapper (include/llmrt.hpp) on the llama_gqa fixture: RAII (valgrind
+// checks that nothing leaks), move semantics, exceptions carrying the right
+// status and message, and logits identical to the C API's.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "llmrt.hpp"
+
+#ifndef LLMRT_FIXTURES_DIR
+#error "LLMRT_FIXTURES_DIR must be defined by the build (see CMakeLists.txt)"
+#endif
+
+static int g_failures = 0;
+
+#define CHECK(cond, ...)                                                                \
+    do {                                                                                \
+        if (!(cond)) {                                                                  \
+            std::fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                  \
+            std::fprintf(stderr, __VA_ARGS__);                                          \
+            std::fputc('\n', stderr);                                                   \
+            g_failures++;                                                               \
+        }                                                                               \
+    } while (0)
+
+// `expr` must throw llmrt::Error with `want` and a non-empty message.
+#define EXPECT_THROW_STATUS(want, expr)                                                 \
+    do {                                                                                \
+        bool thrown_ = false;                                                           \
+        try {                                                                           \
+            (void)(expr);                                                               \
+        } catch (const llmrt::Error &e_) {                                              \
+            thrown_ = true;                                                             \
+            CHECK(e_.status() == (want), "%s threw %s (want %s): %s", #expr,            \
+                  e_.status_name(), llmrt_status_name(want), e_.what());                \
+            CHECK(!e_.message().empty(), "%s threw with an empty message", #expr);      \
+            CHECK(std::string(e_.what()).find(e_.message()) != std::string::npos,       \
+                  "what() \"%s\" lacks the message", e_.what());                        \
+        }                                                                               \
+        CHECK(thrown_, "%s did not throw", #expr);                                      \
+    } while (0)
+
+static_assert(!std::is_copy_constructible<llmrt::Model>::value, "Model is move-only");
+static_assert(!std::is_copy_assignable<llmrt::Model>::value, "Model is move-only");
+static_assert(std::is_nothrow_move_constructible<llmrt::Model>::value, "Model moves");
+static_assert(std::is_nothrow_move_assignable<llmrt::Model>::value, "Model moves");
+static_assert(!std::is_copy_constructible<llmrt::Cache>::value, "Cache is move-only");
+static_assert(!std::is_copy_assignable<llmrt::Cache>::value, "Cache is move-only");
+static_assert(std::is_nothrow_move_constructible<llmrt::Cache>::value, "Cache moves");
+static_assert(std::is_nothrow_move_assignable<llmrt::Cache>::value, "Cache moves");
+static_assert(std::is_base_of<std::runtime_error, llmrt::Error>::value, "Error is runtime_error");
+
+static std::string fixture(const char *rel) { return std::string(LLMRT_FIXTURES_DIR) + "/" + rel; }
+
+static std::string slurp(const std::string &path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) {
+        std::fprintf(stderr, "cannot open %s\n", path.c_str());
+        std::exit(1);
+    }
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// The integers of the first "key": [ ... ] array in reference.json.
+static std::vector<uint32_t> json_ids(const std::string &json, const std::string &key) {
+    std::vector<uint32_t> out;
+    size_t p = json.find("\"" + key + "\"");
+    if (p == std::string::npos) return out;
+    p = json.find('[', p);
+    size_t end = json.find(']', p);
+    const char *s = json.c_str() + p + 1;
+    const char *stop = json.c_str() + end;
+    while (s < stop) {
+        char *next = nullptr;
+        unsigned long v = std::strtoul(s, &next, 10);
+        if (next == s) {
+            s++;
+            continue;
+        }
+        out.push_back(static_cast<uint32_t>(v));
+        s = next;
+    }
+    return out;
+}
+
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = double(a[i]) - double(b[i]);
+        num += d * d;
+        den += double(b[i]) * double(b[i]);
+    }
+    return den == 0 ? (num == 0 ? 0 : INFINITY) : std::sqrt(num / den);
+}
+
+static llmrt_model_options cpu_options() {
+    llmrt_model_options o = llmrt::default_model_options();
+    o.backend = LLMRT_BACKEND_CPU;
+    o.threads = 2;
+    return o;
+}
+
+int main() {
+    const std::string path = fixture("llama_gqa/llama_gqa.f32.gguf");
+    const std::string ref = slurp(fixture("llama_gqa/reference.json"));
+    const std::string ref_logits_bytes = slurp(fixture("llama_gqa/logits.f32"));
+    const std::vector<uint32_t> prompt = json_ids(ref, "tokens");
+    const std::vector<uint32_t> gprompt = json_ids(ref, "greedy_prompt");
+    const std::vector<uint32_t> greedy = json_ids(ref, "greedy_ids");
+    if (prompt.size() < 2 || gprompt.empty() || greedy.empty()) {
+        std::fprintf(stderr, "reference.json: no tokens / greedy_prompt / greedy_ids\n");
+        return 1;
+    }
+
+    try {
+        // ---- errors: the right status, the library's message ----
+        EXPECT_THROW_STATUS(LLMRT_IO, llmrt::Model::load(fixture("no/such/model.gguf")));
+        try {
+            llmrt::Model::load(fixture("no/such/model.gguf"));
+        } catch (const llmrt::Error &e) {
+            CHECK(std::string(e.what()).find("LLMRT_IO") != std::string::npos,
+                  "what() \"%s\" does not name the status", e.what());
+            CHECK(std::string(e.what()).find("model.gguf") != std::string::npos,
+                  "what() \"%s\" does not name the file", e.what());
+        }
+
+        llmrt::Model model = llmrt::Model::load(path, cpu_options());
+        const size_t V = model.vocab_size();
+        CHECK(model.info().n_layers > 0, "info: %u layers", model.info().n_layers);
+        CHECK(ref_logits_bytes.size() == prompt.size() * V * sizeof(float),
+              "logits.f32 has %zu bytes", ref_logits_bytes.size());
+        std::vector<float> ref_logits(prompt.size() * V);
+        std::memcpy(ref_logits.data(), ref_logits_bytes.data(), ref_logits.size() * sizeof(float));
+
+        {
+            llmrt::Cache c = model.reserve(16);
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, c.prefill({1, static_cast<uint32_t>(V)}));
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, c.decode(static_cast<uint32_t>(V)));
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, c.decode_greedy(UINT32_MAX));
+            CHECK(c.length() == 0, "failed steps advanced the cache to %u", c.length());
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, c.prefill(std::vector<uint32_t>{}));
+            EXPECT_THROW_STATUS(LLMRT_CONTEXT_FULL, model.reserve(model.info().context_length + 1));
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, c.truncate(5));
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, model.decode({c}, {1, 2}));
+            c.prefill({1, 2, 3});
+            EXPECT_THROW_STATUS(LLMRT_CONTEXT_FULL, c.prefill(std::vector<uint32_t>(14, 5)));
+            const llmrt_cache dead = c.id();
+            c.release();
+            CHECK(!c && c.id() == 0, "released Cache still holds an id");
+            llmrt::Cache stale = llmrt::Cache::adopt(model.get(), dead);
+            EXPECT_THROW_STATUS(LLMRT_UNKNOWN_CACHE, stale.length());
+            EXPECT_THROW_STATUS(LLMRT_UNKNOWN_CACHE, stale.release());
+            CHECK(!stale, "a Cache whose release failed still holds an id");
+        }
+
+        // ---- the wrapper's logits equal the C API's, and transformers' ----
+        llmrt::Cache a = model.reserve(0);
+        std::vector<float> last = a.prefill(prompt);
+        std::vector<float> c_last(V);
+        {
+            llmrt_cache raw = 0;
+            llmrt::detail::check(llmrt_cache_reserve(model.get(), 0, &raw), "reserve");
+            llmrt::detail::check(
+                llmrt_prefill(model.get(), raw, prompt.data(), prompt.size(), c_last.data()),
+                "prefill");
+            llmrt::detail::check(llmrt_cache_release(model.get(), raw), "release");
+        }
+        CHECK(last == c_last, "wrapper prefill logits differ from the C API's");
+        const double err = rel_l2(last.data(), ref_logits.data() + (prompt.size() - 1) * V, V);
+        CHECK(err < 1e-4, "last-token logits vs transformers: rel L2 %.3g", err);
+        std::printf("prefill last-token logits vs reference: rel L2 %.3g\n", err);
+
+        {
+            llmrt::Cache all_c = model.reserve(0);
+            std::vector<float> all = all_c.prefill_all(prompt);
+            CHECK(all.size() == prompt.size() * V, "prefill_all gave %zu floats", all.size());
+            for (size_t t = 0; t < prompt.size(); t++)
+                CHECK(rel_l2(all.data() + t * V, ref_logits.data() + t * V, V) < 1e-4,
+                      "prefill_all row %zu", t);
+        }
+
+        // ---- fork, batched decode, move semantics ----
+        const uint32_t t0 = llmrt::argmax(last);
+        llmrt::Cache f = a.fork();
+        CHECK(f.id() != a.id() && f.length() == a.length(), "fork id/length");
+        std::vector<float> rows = model.decode({a, f}, {t0, t0});
+        CHECK(rows.size() == 2 * V, "decode gave %zu floats", rows.size());
+        CHECK(std::equal(rows.begin(), rows.begin() + V, rows.begin() + V),
+              "same token on a cache and its fork gave different logits");
+        CHECK(a.length() == prompt.size() + 1 && f.length() == prompt.size() + 1,
+              "lengths after batched decode: %u %u", a.length(), f.length());
+
+        const llmrt_cache fid = f.id();
+        llmrt::Cache moved(std::move(f));
+        CHECK(!f && f.id() == 0, "moved-from Cache still holds an id");
+        CHECK(moved.id() == fid, "moved-to Cache lost the id");
+        llmrt::Cache assigned = model.reserve(4);
+        assigned = std::move(moved); // releases the 4-position cache
+        CHECK(assigned.id() == fid && !moved, "move assignment");
+        std::vector<uint32_t> next = model.decode_greedy({a, assigned}, {1, 2});
+        CHECK(next.size() == 2 && next[0] < V && next[1] < V, "decode_greedy batch");
+
+        // ---- truncate and replay ----
+        a.truncate(static_cast<uint32_t>(prompt.size() - 1));
+        CHECK(a.length() == prompt.size() - 1, "length %u after truncate", a.length());
+        std::vector<float> replay = a.decode(prompt.back());
+        CHECK(rel_l2(replay.data(), last.data(), V) < 1e-5, "replay after truncate differs");
+
+        // ---- greedy generation equals transformers' ----
+        {
+            llmrt::Cache g = model.reserve(static_cast<uint32_t>(gprompt.size() + greedy.size()));
+            uint32_t cur = llmrt::argmax(g.prefill(gprompt));
+            for (size_t i = 0; i < greedy.size(); i++) {
+                if (cur != greedy[i]) {
+                    CHECK(false, "greedy step %zu: %u, transformers %u", i, cur, greedy[i]);
+                    break;
+                }
+                if (i + 1 < greedy.size()) cur = g.decode_greedy(cur);
+            }
+        }
+
+        // ---- Model moves; a moved-from Model throws; caches keep working ----
+        llmrt::Model m2 = std::move(model);
+        CHECK(!model && m2, "moved-from Model still owns the model");
+        EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, model.reserve(4));
+        CHECK(a.length() == prompt.size(), "cache broke when its Model object moved");
+
+#ifdef LLMRT_HAVE_SAMPLING
+        {
+            llmrt_sampler_params sp = llmrt::default_sampler_params();
+            sp.temperature = 0.0f;
+            llmrt::Cache s1 = m2.reserve(0), s2 = m2.reserve(0);
+            std::vector<float> l1 = s1.prefill(gprompt);
+            s2.prefill_only(gprompt);
+            uint32_t g1 = llmrt::argmax(l1);
+            CHECK(s1.decode_sample(g1, sp) == s2.decode_greedy(g1), "temperature 0 is not greedy");
+            sp.temperature = 0.8f;
+            sp.seed = 42;
+            std::vector<uint32_t> sampled = m2.decode_sample({s1, s2}, {3, 3}, sp);
+            CHECK(sampled.size() == 2 && sampled[0] < V && sampled[1] < V, "decode_sample batch");
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, s1.decode_sample(UINT32_MAX, sp));
+        }
+#endif
+#ifdef LLMRT_HAVE_TEXT
+        {
+            const std::string text = "Once upon a time";
+            std::vector<uint32_t> ids = m2.tokenize(text, true);
+            CHECK(!ids.empty() && ids[0] == m2.info().bos_token, "tokenize with BOS");
+            std::vector<uint32_t> no_bos = m2.tokenize(text, false);
+            CHECK(no_bos.size() + 1 == ids.size(), "BOS adds exactly one token");
+            std::string back = m2.detokenize(no_bos);
+            CHECK(back.find("upon a time") != std::string::npos, "round trip gave \"%s\"",
+                  back.c_str());
+            // Long inputs go through the BUFFER_TOO_SMALL resize path.
+            std::string longer;
+            for (int i = 0; i < 200; i++) longer += "\xc3\xa9t\xc3\xa9 ";
+            std::vector<uint32_t> many = m2.tokenize(longer, false);
+            std::string long_back = m2.detokenize(many);
+            if (!long_back.empty() && long_back[0] == ' ' && longer[0] != ' ')
+                long_back.erase(0, 1); // SentencePiece's dummy-prefix space
+            CHECK(long_back == longer, "long round trip gave %zu bytes, want %zu",
+                  long_back.size(), longer.size());
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT,
+                                m2.detokenize(std::vector<uint32_t>{UINT32_MAX}));
+        }
+#endif
+        // Caches go before their Model: m2 was declared last, so it would be
+        // destroyed first; release them explicitly.
+        assigned.release();
+        a.release();
+    } catch (const llmrt::Error &e) {
+        std::fprintf(stderr, "unexpected llmrt::Error: %s\n", e.what());
+        return 1;
+    }
+
+    if (g_failures) {
+        std::fprintf(stderr, "cpp_wrapper: %d failure(s)\n", g_failures);
+        return 1;
+    }
+    std::printf("cpp_wrapper: ok\n");
+    return 0;
+}

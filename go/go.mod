@@ -1,0 +1,3 @@
+module github.com/llmrt/llmrt/go
+
+go 1.19

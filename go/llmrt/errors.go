@@ -1,0 +1,91 @@
+package llmrt
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Status is an llmrt_status code.
+type Status int32
+
+// The llmrt_status codes (design/API.md).
+const (
+	StatusOK              Status = 0
+	StatusInvalidArgument Status = 1  // NULL/empty/oversized argument, token id >= vocab
+	StatusIO              Status = 2  // file missing, unreadable, not a regular file
+	StatusBadModel        Status = 3  // malformed, truncated or inconsistent model file
+	StatusUnsupported     Status = 4  // architecture, tensor type or backend not available
+	StatusOutOfMemory     Status = 5  // allocation failed, KV pool exhausted
+	StatusContextFull     Status = 6  // step would exceed the cache's reserved positions
+	StatusUnknownCache    Status = 7  // cache not live: released, never issued, other model
+	StatusDevice          Status = 8  // CUDA driver/kernel error
+	StatusInternal        Status = 9  // caught panic or broken invariant (a bug)
+	StatusBufferTooSmall  Status = 10 // output buffer too small
+)
+
+var statusNames = [...]string{
+	"LLMRT_OK", "LLMRT_INVALID_ARGUMENT", "LLMRT_IO", "LLMRT_BAD_MODEL", "LLMRT_UNSUPPORTED",
+	"LLMRT_OUT_OF_MEMORY", "LLMRT_CONTEXT_FULL", "LLMRT_UNKNOWN_CACHE", "LLMRT_DEVICE",
+	"LLMRT_INTERNAL", "LLMRT_BUFFER_TOO_SMALL",
+}
+
+// String is the C name, as llmrt_status_name gives it ("LLMRT_IO", ...).
+func (s Status) String() string {
+	if s >= 0 && int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return "LLMRT_UNKNOWN_STATUS"
+}
+
+// Error is a failed llmrt call: its status and llmrt_last_error() of that call.
+// Compare with errors.Is against the Err* sentinels, which match on Status:
+//
+//	if errors.Is(err, llmrt.ErrUnknownCache) { ... }
+//
+// or get the details with errors.As(err, &e) for e of type *llmrt.Error.
+type Error struct {
+	Status Status
+	Msg    string
+	cause  error // ErrClosed for calls on a closed Model
+}
+
+func (e *Error) Error() string {
+	if e.Msg == "" {
+		return "llmrt: " + e.Status.String()
+	}
+	return "llmrt: " + e.Status.String() + ": " + e.Msg
+}
+
+// Is reports whether target is an *Error with the same Status (the sentinels).
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Status == e.Status
+}
+
+// Unwrap gives ErrClosed for calls on a closed Model, else nil.
+func (e *Error) Unwrap() error { return e.cause }
+
+// Sentinels, one per failure status: errors.Is(err, ErrIO) and so on.
+var (
+	ErrInvalidArgument = &Error{Status: StatusInvalidArgument}
+	ErrIO              = &Error{Status: StatusIO}
+	ErrBadModel        = &Error{Status: StatusBadModel}
+	ErrUnsupported     = &Error{Status: StatusUnsupported}
+	ErrOutOfMemory     = &Error{Status: StatusOutOfMemory}
+	ErrContextFull     = &Error{Status: StatusContextFull}
+	ErrUnknownCache    = &Error{Status: StatusUnknownCache}
+	ErrDevice          = &Error{Status: StatusDevice}
+	ErrInternal        = &Error{Status: StatusInternal}
+	ErrBufferTooSmall  = &Error{Status: StatusBufferTooSmall}
+)
+
+// ErrClosed: the Model was closed. Such errors also match ErrInvalidArgument.
+var ErrClosed = errors.New("llmrt: model is closed")
+
+func errClosed() error {
+	return &Error{Status: StatusInvalidArgument, Msg: "model is closed", cause: ErrClosed}
+}
+
+func errArg(format string, args ...interface{}) error {
+	return &Error{Status: StatusInvalidArgument, Msg: fmt.Sprintf(format, args...)}
+}

@@ -1,0 +1,386 @@
+/* llmrt.hpp: header-only C++17 wrapper over the llmrt C API (llmrt.h).
+ *
+ *   llmrt::Model model = llmrt::Model::load("model.gguf");
+ *   llmrt::Cache cache = model.reserve(64);
+ *   std::vector<float> logits = cache.prefill({1, 450, 4996});
+ *   uint32_t next = cache.decode_greedy(llmrt::argmax(logits));
+ *
+ * Ownership
+ * - Model owns one llmrt_model* and frees it in its destructor. Move-only; a
+ *   moved-from Model is empty (get() == nullptr) and every call on it throws
+ *   llmrt::Error(LLMRT_INVALID_ARGUMENT).
+ * - Cache owns one cache id and holds a non-owning pointer to the C model; its
+ *   destructor releases the id. Move-only. A Cache must be destroyed (or
+ *   release()d) before the Model it came from: llmrt_model_free releases every
+ *   cache of the model, and a Cache outliving it would touch a freed model.
+ *   Moving the Model object is fine (the C model stays where it is).
+ *
+ * Errors: every failing call throws llmrt::Error, a std::runtime_error whose
+ * status() is the llmrt_status and whose message() is llmrt_last_error() of the
+ * failing call; what() is "function: LLMRT_STATUS: message". Destructors never
+ * throw.
+ *
+ * Thread safety: as the C API. Any member may be called from any thread; calls
+ * that touch one model are serialised inside the library. The C++ objects
+ * themselves are not synchronised: do not move, assign or destroy a Model or
+ * Cache while another thread is using that same object, and destroy every Cache
+ * and use of a Model before destroying the Model.
+ *
+ * Text (tokenize/detokenize) and sampling are compiled when LLMRT_HAVE_TEXT /
+ * LLMRT_HAVE_SAMPLING are defined (until llmrt.h declares them unconditionally).
+ */
+#ifndef LLMRT_HPP
+#define LLMRT_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "llmrt.h"
+
+namespace llmrt {
+
+/* A failed llmrt call: the status and llmrt_last_error() of that call. */
+class Error : public std::runtime_error {
+  public:
+    Error(llmrt_status status, const std::string &function, const std::string &message)
+        : std::runtime_error(function + ": " + llmrt_status_name(status) + ": " + message),
+          status_(status), message_(message) {}
+
+    llmrt_status status() const noexcept { return status_; }
+    /* The library's message (llmrt_last_error()), without function and status. */
+    const std::string &message() const noexcept { return message_; }
+    /* "LLMRT_IO", ... */
+    const char *status_name() const noexcept { return llmrt_status_name(status_); }
+
+  private:
+    llmrt_status status_;
+    std::string message_;
+};
+
+namespace detail {
+/* Throws llmrt::Error for anything but LLMRT_OK; reads llmrt_last_error() at once,
+ * before any other llmrt call on this thread can replace it. */
+inline void check(llmrt_status status, const char *function) {
+    if (status != LLMRT_OK) throw Error(status, function, llmrt_last_error());
+}
+[[noreturn]] inline void fail(llmrt_status status, const char *function, const std::string &msg) {
+    throw Error(status, function, msg);
+}
+} // namespace detail
+
+inline const char *version() noexcept { return llmrt_version(); }
+
+/* Index of the largest of n values (the first on ties); 0 for n == 0. */
+inline uint32_t argmax(const float *values, size_t n) noexcept {
+    size_t best = 0;
+    for (size_t i = 1; i < n; i++)
+        if (values[i] > values[best]) best = i;
+    return static_cast<uint32_t>(best);
+}
+inline uint32_t argmax(const std::vector<float> &values) noexcept {
+    return argmax(values.data(), values.size());
+}
+
+/* llmrt_model_options filled with the library's defaults. */
+inline llmrt_model_options default_model_options() noexcept {
+    llmrt_model_options options;
+    llmrt_model_options_default(&options);
+    return options;
+}
+
+#ifdef LLMRT_HAVE_SAMPLING
+/* llmrt_sampler_params filled with the library's defaults. */
+inline llmrt_sampler_params default_sampler_params() noexcept {
+    llmrt_sampler_params params;
+    llmrt_sampler_params_default(&params);
+    return params;
+}
+#endif
+
+class Model;
+
+/* One KV cache (one request). Created by Model::reserve or Cache::fork. */
+class Cache {
+  public:
+    Cache() noexcept = default;
+    Cache(const Cache &) = delete;
+    Cache &operator=(const Cache &) = delete;
+    Cache(Cache &&other) noexcept
+        : model_(std::exchange(other.model_, nullptr)), id_(std::exchange(other.id_, 0)) {}
+    Cache &operator=(Cache &&other) noexcept {
+        if (this != &other) {
+            reset();
+            model_ = std::exchange(other.model_, nullptr);
+            id_ = std::exchange(other.id_, 0);
+        }
+        return *this;
+    }
+    ~Cache() { reset(); }
+
+    /* Takes ownership of an id reserved on `model` with the C API. */
+    static Cache adopt(llmrt_model *model, llmrt_cache id) noexcept { return Cache(model, id); }
+
+    llmrt_cache id() const noexcept { return id_; }
+    llmrt_model *model() const noexcept { return model_; }
+    explicit operator bool() const noexcept { return id_ != 0; }
+    /* Gives up ownership: the caller releases the id. */
+    llmrt_cache detach() noexcept {
+        model_ = nullptr;
+        return std::exchange(id_, 0);
+    }
+
+    /* Releases the id now (throws on failure); the Cache becomes empty either way. */
+    void release() {
+        llmrt_model *m = std::exchange(model_, nullptr);
+        llmrt_cache id = std::exchange(id_, 0);
+        detail::check(llmrt_cache_release(m, id), "llmrt_cache_release");
+    }
+
+    /* Positions the cache holds. */
+    uint32_t length() const {
+        uint32_t n = 0;
+        detail::check(llmrt_cache_length(model_, id_, &n), "llmrt_cache_length");
+        return n;
+    }
+
+    /* Keeps the first `positions` tokens, drops the rest. */
+    void truncate(uint32_t positions) {
+        detail::check(llmrt_cache_truncate(model_, id_, positions), "llmrt_cache_truncate");
+    }
+
+    /* A new cache with the same tokens, sharing KV blocks copy-on-write. */
+    Cache fork() const {
+        llmrt_cache out = 0;
+        detail::check(llmrt_cache_fork(model_, id_, &out), "llmrt_cache_fork");
+        return Cache(model_, out);
+    }
+
+    /* Appends tokens as one prefill; logits_out: NULL or vocab_size floats. */
+    void prefill(const uint32_t *tokens, size_t n, float *logits_out) {
+        detail::check(llmrt_prefill(model_, id_, tokens, n, logits_out), "llmrt_prefill");
+    }
+    /* Appends tokens; returns the last token's logits (vocab_size floats). */
+    std::vector<float> prefill(const std::vector<uint32_t> &tokens) {
+        std::vector<float> logits(vocab());
+        prefill(tokens.data(), tokens.size(), logits.data());
+        return logits;
+    }
+    std::vector<float> prefill(std::initializer_list<uint32_t> tokens) {
+        return prefill(std::vector<uint32_t>(tokens));
+    }
+    /* Appends tokens without computing logits. */
+    void prefill_only(const std::vector<uint32_t> &tokens) {
+        prefill(tokens.data(), tokens.size(), nullptr);
+    }
+
+    /* Appends tokens; returns every token's logits, tokens.size() x vocab_size row-major. */
+    std::vector<float> prefill_all(const std::vector<uint32_t> &tokens) {
+        std::vector<float> logits(tokens.size() * vocab());
+        detail::check(llmrt_prefill_all(model_, id_, tokens.data(), tokens.size(), logits.data()),
+                      "llmrt_prefill_all");
+        return logits;
+    }
+
+    /* One decode step on this cache alone: appends `token`, returns its logits. */
+    std::vector<float> decode(uint32_t token) {
+        std::vector<float> logits(vocab());
+        detail::check(llmrt_decode(model_, 1, &id_, &token, logits.data()), "llmrt_decode");
+        return logits;
+    }
+    /* Appends `token`; returns the argmax of its logits. */
+    uint32_t decode_greedy(uint32_t token) {
+        uint32_t next = 0;
+        detail::check(llmrt_decode_greedy(model_, 1, &id_, &token, &next), "llmrt_decode_greedy");
+        return next;
+    }
+#ifdef LLMRT_HAVE_SAMPLING
+    /* Appends `token`; returns a token sampled from its logits. */
+    uint32_t decode_sample(uint32_t token, const llmrt_sampler_params &params) {
+        uint32_t next = 0;
+        detail::check(llmrt_decode_sample(model_, 1, &id_, &token, &params, &next),
+                      "llmrt_decode_sample");
+        return next;
+    }
+#endif
+
+  private:
+    friend class Model;
+    Cache(llmrt_model *model, llmrt_cache id) noexcept : model_(model), id_(id) {}
+
+    void reset() noexcept {
+        if (id_ != 0) (void)llmrt_cache_release(model_, id_);
+        model_ = nullptr;
+        id_ = 0;
+    }
+
+    size_t vocab() const {
+        llmrt_model_info info;
+        detail::check(llmrt_model_get_info(model_, &info), "llmrt_model_get_info");
+        return info.vocab_size;
+    }
+
+    llmrt_model *model_ = nullptr;
+    llmrt_cache id_ = 0;
+};
+
+/* A batch for Model::decode*: references to distinct caches of one model. */
+using CacheBatch = std::vector<std::reference_wrapper<Cache>>;
+
+/* A loaded model. */
+class Model {
+  public:
+    Model() noexcept = default;
+    Model(const Model &) = delete;
+    Model &operator=(const Model &) = delete;
+    Model(Model &&other) noexcept
+        : model_(std::exchange(other.model_, nullptr)), info_(other.info_) {}
+    Model &operator=(Model &&other) noexcept {
+        if (this != &other) {
+            llmrt_model_free(model_);
+            model_ = std::exchange(other.model_, nullptr);
+            info_ = other.info_;
+        }
+        return *this;
+    }
+    ~Model() { llmrt_model_free(model_); }
+
+    /* Loads a GGUF file; options NULL = defaults (see default_model_options()). */
+    static Model load(const std::string &path, const llmrt_model_options *options = nullptr) {
+        llmrt_model *m = nullptr;
+        detail::check(llmrt_model_load(path.c_str(), options, &m), "llmrt_model_load");
+        Model model(m);
+        llmrt_status st = llmrt_model_get_info(m, &model.info_);
+        detail::check(st, "llmrt_model_get_info"); /* ~Model frees m */
+        return model;
+    }
+    static Model load(const std::string &path, const llmrt_model_options &options) {
+        return load(path, &options);
+    }
+
+    llmrt_model *get() const noexcept { return model_; }
+    explicit operator bool() const noexcept { return model_ != nullptr; }
+
+    /* The description read at load time. */
+    const llmrt_model_info &info() const {
+        live();
+        return info_;
+    }
+    uint32_t vocab_size() const { return info().vocab_size; }
+
+    /* A cache for `positions` tokens (0 = the full context length). */
+    Cache reserve(uint32_t positions = 0) {
+        live();
+        llmrt_cache id = 0;
+        detail::check(llmrt_cache_reserve(model_, positions, &id), "llmrt_cache_reserve");
+        return Cache(model_, id);
+    }
+
+    /* One step for several caches: appends tokens[i] to caches[i]. Returns
+     * caches.size() x vocab_size logits, row i for caches[i]. */
+    std::vector<float> decode(const CacheBatch &caches, const std::vector<uint32_t> &tokens) {
+        std::vector<llmrt_cache> ids = batch_ids(caches, tokens, "llmrt_decode");
+        std::vector<float> logits(ids.size() * static_cast<size_t>(info_.vocab_size));
+        detail::check(llmrt_decode(model_, ids.size(), ids.data(), tokens.data(), logits.data()),
+                      "llmrt_decode");
+        return logits;
+    }
+    /* As decode, returning each cache's argmax token. */
+    std::vector<uint32_t> decode_greedy(const CacheBatch &caches,
+                                        const std::vector<uint32_t> &tokens) {
+        std::vector<llmrt_cache> ids = batch_ids(caches, tokens, "llmrt_decode_greedy");
+        std::vector<uint32_t> next(ids.size());
+        detail::check(
+            llmrt_decode_greedy(model_, ids.size(), ids.data(), tokens.data(), next.data()),
+            "llmrt_decode_greedy");
+        return next;
+    }
+#ifdef LLMRT_HAVE_SAMPLING
+    /* As decode, returning one sampled token per cache (params shared by all). */
+    std::vector<uint32_t> decode_sample(const CacheBatch &caches,
+                                        const std::vector<uint32_t> &tokens,
+                                        const llmrt_sampler_params &params) {
+        std::vector<llmrt_cache> ids = batch_ids(caches, tokens, "llmrt_decode_sample");
+        std::vector<uint32_t> next(ids.size());
+        detail::check(llmrt_decode_sample(model_, ids.size(), ids.data(), tokens.data(), &params,
+                                          next.data()),
+                      "llmrt_decode_sample");
+        return next;
+    }
+#endif
+
+#ifdef LLMRT_HAVE_TEXT
+    /* Text -> token ids (BOS first when add_bos). */
+    std::vector<uint32_t> tokenize(std::string_view text, bool add_bos = true) const {
+        live();
+        std::vector<uint32_t> tokens(text.size() + 2);
+        for (int attempt = 0;; attempt++) {
+            size_t n = 0;
+            llmrt_status st = llmrt_tokenize(model_, text.data(), text.size(), add_bos,
+                                             tokens.data(), tokens.size(), &n);
+            if (st == LLMRT_BUFFER_TOO_SMALL && attempt == 0 && n > tokens.size()) {
+                tokens.resize(n);
+                continue;
+            }
+            detail::check(st, "llmrt_tokenize");
+            tokens.resize(n);
+            return tokens;
+        }
+    }
+    /* Token ids -> UTF-8 bytes (a token may end inside a multi-byte character). */
+    std::string detokenize(const uint32_t *tokens, size_t n) const {
+        live();
+        std::string text(n * 8 + 16, '\0');
+        for (int attempt = 0;; attempt++) {
+            size_t len = 0;
+            llmrt_status st = llmrt_detokenize(model_, tokens, n, &text[0], text.size(), &len);
+            if (st == LLMRT_BUFFER_TOO_SMALL && attempt == 0 && len > text.size()) {
+                text.resize(len);
+                continue;
+            }
+            detail::check(st, "llmrt_detokenize");
+            text.resize(len);
+            return text;
+        }
+    }
+    std::string detokenize(const std::vector<uint32_t> &tokens) const {
+        return detokenize(tokens.data(), tokens.size());
+    }
+    std::string detokenize(uint32_t token) const { return detokenize(&token, 1); }
+#endif
+
+  private:
+    explicit Model(llmrt_model *m) noexcept : model_(m), info_() {}
+
+    void live() const {
+        if (model_ == nullptr)
+            detail::fail(LLMRT_INVALID_ARGUMENT, "llmrt::Model", "empty (moved-from) Model");
+    }
+
+    std::vector<llmrt_cache> batch_ids(const CacheBatch &caches,
+                                       const std::vector<uint32_t> &tokens,
+                                       const char *function) const {
+        live();
+        if (caches.size() != tokens.size())
+            detail::fail(LLMRT_INVALID_ARGUMENT, function,
+                         std::to_string(caches.size()) + " caches but " +
+                             std::to_string(tokens.size()) + " tokens");
+        std::vector<llmrt_cache> ids;
+        ids.reserve(caches.size());
+        for (const Cache &c : caches) ids.push_back(c.id());
+        return ids;
+    }
+
+    llmrt_model *model_ = nullptr;
+    llmrt_model_info info_{};
+};
+
+} // namespace llmrt
+
+#endif /* LLMRT_HPP */
