@@ -27,13 +27,6 @@ GENERATE  := $(TARGET)/examples/generate
 PREFIX    ?= /usr/local
 DESTDIR   ?=
 GO        ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
-# Text/sampling functions the header declares (the text issue adds them): the
-# examples and the Go package compile those parts only when they are there.
-LP        := (
-HAVE_TEXT := $(shell grep -q ' llmrt_tokenize$(LP)' include/llmrt.h && grep -q ' llmrt_detokenize$(LP)' include/llmrt.h && echo 1)
-HAVE_SAMPLING := $(shell grep -q ' llmrt_decode_sample$(LP)' include/llmrt.h && grep -q ' llmrt_sampler_params_default$(LP)' include/llmrt.h && echo 1)
-API_DEFS  := $(if $(HAVE_TEXT),-DLLMRT_HAVE_TEXT=1) $(if $(HAVE_SAMPLING),-DLLMRT_HAVE_SAMPLING=1)
-GO_TAGS   := $(if $(and $(HAVE_TEXT),$(HAVE_SAMPLING)),-tags llmrt_text)
 
 .PHONY: all help build check-header ctest demo test go-test install clean
 all: build
@@ -76,7 +69,7 @@ endif
 
 $(GENERATE): examples/generate.c include/llmrt.h $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -O2 -g -Wall -Wextra -Werror $(API_DEFS) -Iinclude $< -o $@ \
+	$(CC) -std=c11 -O2 -g -Wall -Wextra -Werror -Iinclude $< -o $@ \
 	  -L$(LIBDIR) -lllmrt -Wl,-rpath,$(LIBDIR) -lm
 
 demo: build
@@ -98,9 +91,9 @@ GO_ENV = CGO_ENABLED=1 CGO_CFLAGS="-I$(CURDIR)/include" \
   CGO_LDFLAGS="-L$(LIBDIR) -Wl,-rpath,$(LIBDIR)"
 
 go-test: build
-	cd go && $(GO_ENV) $(GO) vet $(GO_TAGS) ./...
-	cd go && $(GO_ENV) $(GO) test $(GO_TAGS) -count=1 ./...
-	cd go && $(GO_ENV) $(GO) test $(GO_TAGS) -count=1 -race ./...
+	cd go && $(GO_ENV) $(GO) vet ./...
+	cd go && $(GO_ENV) $(GO) test -count=1 ./...
+	cd go && $(GO_ENV) $(GO) test -count=1 -race ./...
 
 install: build
 	sh scripts/install.sh "$(PREFIX)" "$(LIBDIR)" "$(DESTDIR)"

@@ -1,6 +1,9 @@
 // The C++ wrapper (include/llmrt.hpp) on the llama_gqa fixture: RAII (valgrind
 // checks that nothing leaks), move semantics, exceptions carrying the right
-// status and message, and logits identical to the C API's.
+// status and message, logits identical to the C API's, sampling, and text
+// (tokenize/detokenize round trips, streaming pieces) on llama_gqa
+// (SentencePiece) and qwen2 (byte-level BPE).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -104,6 +107,36 @@ static llmrt_model_options cpu_options() {
     o.backend = LLMRT_BACKEND_CPU;
     o.threads = 2;
     return o;
+}
+
+// Text on one fixture: the pieces of a tokenized sentence concatenate to the
+// sentence as it appears inside a text (`prefix` + sentence: SentencePiece's
+// dummy-prefix space, none for byte-level BPE), and detokenize gives back the
+// very text it was tokenized from, with BOS or without.
+static void check_text(const char *rel, const char *prefix) {
+    llmrt::Model m = llmrt::Model::load(fixture(rel), cpu_options());
+    const char *sentences[] = {
+        "The quick brown fox jumps over the lazy dog.",
+        "Hello, world!  Two spaces,\ttab and\nnewline.",
+        "caf\xc3\xa9 na\xc3\xafve \xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80 done",
+    };
+    for (const char *sentence : sentences) {
+        const std::string s = sentence;
+        std::vector<uint32_t> ids = m.tokenize(s, false);
+        std::string pieces;
+        for (uint32_t id : ids) pieces += m.token_piece(id);
+        CHECK(pieces == prefix + s, "%s: pieces of \"%s\" give \"%s\"", rel, sentence,
+              pieces.c_str());
+        std::vector<uint32_t> with_bos = m.tokenize(s, true);
+        std::string streamed;
+        for (uint32_t id : with_bos) streamed += m.token_piece(id); // BOS gives nothing
+        CHECK(streamed == pieces, "%s: BOS has a piece", rel);
+        std::string back = m.detokenize(with_bos);
+        CHECK(back == s, "%s: detokenize(tokenize(\"%s\", add_bos)) = \"%s\"", rel, sentence,
+              back.c_str());
+        CHECK(m.detokenize(ids) == s, "%s: detokenize(tokenize(\"%s\"))", rel, sentence);
+    }
+    CHECK(m.detokenize(m.tokenize("", true)).empty(), "%s: empty text round trip", rel);
 }
 
 int main() {
@@ -231,9 +264,16 @@ int main() {
         EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, model.reserve(4));
         CHECK(a.length() == prompt.size(), "cache broke when its Model object moved");
 
-#ifdef LLMRT_HAVE_SAMPLING
         {
             llmrt_sampler_params sp = llmrt::default_sampler_params();
+            // llama.cpp's defaults.
+            CHECK(sp.struct_size == sizeof(llmrt_sampler_params), "struct_size %u", sp.struct_size);
+            CHECK(sp.temperature == 0.8f && sp.top_k == 40 && sp.top_p == 0.95f &&
+                      sp.min_p == 0.05f && sp.repetition_penalty == 1.0f && sp.seed == 0,
+                  "default_sampler_params: temperature %g top_k %u top_p %g min_p %g "
+                  "repetition_penalty %g seed %llu",
+                  sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.repetition_penalty,
+                  static_cast<unsigned long long>(sp.seed));
             sp.temperature = 0.0f;
             llmrt::Cache s1 = m2.reserve(0), s2 = m2.reserve(0);
             std::vector<float> l1 = s1.prefill(gprompt);
@@ -244,36 +284,48 @@ int main() {
             sp.seed = 42;
             std::vector<uint32_t> sampled = m2.decode_sample({s1, s2}, {3, 3}, sp);
             CHECK(sampled.size() == 2 && sampled[0] < V && sampled[1] < V, "decode_sample batch");
+            CHECK(sampled[0] == sampled[1], "same seed, same history: %u vs %u", sampled[0],
+                  sampled[1]);
             EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, s1.decode_sample(UINT32_MAX, sp));
+            sp.top_p = 0.0f;
+            const uint32_t len = s1.length();
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, s1.decode_sample(3, sp));
+            CHECK(s1.length() == len, "a rejected decode_sample advanced the cache");
         }
-#endif
-#ifdef LLMRT_HAVE_TEXT
         {
             const std::string text = "Once upon a time";
             std::vector<uint32_t> ids = m2.tokenize(text, true);
             CHECK(!ids.empty() && ids[0] == m2.info().bos_token, "tokenize with BOS");
             std::vector<uint32_t> no_bos = m2.tokenize(text, false);
             CHECK(no_bos.size() + 1 == ids.size(), "BOS adds exactly one token");
+            CHECK(std::equal(no_bos.begin(), no_bos.end(), ids.begin() + 1),
+                  "tokenize(add_bos) is BOS + tokenize(no BOS)");
             std::string back = m2.detokenize(no_bos);
-            CHECK(back.find("upon a time") != std::string::npos, "round trip gave \"%s\"",
-                  back.c_str());
+            CHECK(back == text, "round trip gave \"%s\"", back.c_str());
             // Long inputs go through the BUFFER_TOO_SMALL resize path.
             std::string longer;
             for (int i = 0; i < 200; i++) longer += "\xc3\xa9t\xc3\xa9 ";
             std::vector<uint32_t> many = m2.tokenize(longer, false);
             std::string long_back = m2.detokenize(many);
-            if (!long_back.empty() && long_back[0] == ' ' && longer[0] != ' ')
-                long_back.erase(0, 1); // SentencePiece's dummy-prefix space
             CHECK(long_back == longer, "long round trip gave %zu bytes, want %zu",
                   long_back.size(), longer.size());
             EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT,
                                 m2.detokenize(std::vector<uint32_t>{UINT32_MAX}));
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT,
+                                m2.detokenize(std::vector<uint32_t>{static_cast<uint32_t>(V)}));
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, m2.token_piece(static_cast<uint32_t>(V)));
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, m2.tokenize("a\xff" "b", false));
+            CHECK(m2.token_piece(m2.info().bos_token).empty(), "BOS has a piece: \"%s\"",
+                  m2.token_piece(m2.info().bos_token).c_str());
+            CHECK(m2.token_piece(m2.info().eos_token).empty(), "EOS has a piece");
         }
-#endif
         // Caches go before their Model: m2 was declared last, so it would be
         // destroyed first; release them explicitly.
         assigned.release();
         a.release();
+
+        check_text("llama_gqa/llama_gqa.f32.gguf", " "); // SentencePiece
+        check_text("qwen2/qwen2.f32.gguf", "");          // byte-level BPE
     } catch (const llmrt::Error &e) {
         std::fprintf(stderr, "unexpected llmrt::Error: %s\n", e.what());
         return 1;

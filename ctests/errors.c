@@ -34,9 +34,7 @@ static void case_null_pointers(void) {
 
     /* void functions: NULL must not crash. */
     llmrt_model_options_default(NULL);
-#ifdef LLMRT_HAVE_SAMPLING
     llmrt_sampler_params_default(NULL);
-#endif
     llmrt_model_free(NULL);
 
     llmrt_model *m = load_fixture_model();
@@ -82,7 +80,6 @@ static void case_null_pointers(void) {
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_greedy(m, 1, &c, &tok, NULL));
     CHECK(next == 777, "failed decode_greedy wrote next_tokens");
 
-#ifdef LLMRT_HAVE_SAMPLING
     llmrt_sampler_params sp;
     llmrt_sampler_params_default(&sp);
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(NULL, 1, &c, &tok, &sp, &next));
@@ -91,10 +88,8 @@ static void case_null_pointers(void) {
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(m, 1, &c, &tok, NULL, &next));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(m, 1, &c, &tok, &sp, NULL));
     CHECK(next == 777, "failed decode_sample wrote next_tokens");
-#endif
     LEN_IS(m, c, 2);
 
-#ifdef LLMRT_HAVE_TEXT
     uint32_t ids[8];
     size_t out_n = 999;
     char text[64];
@@ -106,8 +101,10 @@ static void case_null_pointers(void) {
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_detokenize(m, NULL, 1, text, 64, &out_n));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_detokenize(m, &tok, 1, NULL, 64, &out_n));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_detokenize(m, &tok, 1, text, 64, NULL));
-    CHECK(out_n == 999, "failed tokenize/detokenize wrote the out length");
-#endif
+    EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_token_piece(NULL, tok, text, 64, &out_n));
+    EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_token_piece(m, tok, NULL, 64, &out_n));
+    EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_token_piece(m, tok, text, 64, NULL));
+    CHECK(out_n == 999, "failed tokenize/detokenize/token_piece wrote the out length");
 
     OK(llmrt_cache_release(m, c));
     llmrt_model_free(m);
@@ -285,11 +282,9 @@ static void case_token_out_of_range(void) {
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode(m, 1, &c, &bad[1], logits));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode(m, 1, &c, &huge, logits));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_greedy(m, 1, &c, &bad[1], &next));
-#ifdef LLMRT_HAVE_SAMPLING
     llmrt_sampler_params sp;
     llmrt_sampler_params_default(&sp);
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(m, 1, &c, &bad[1], &sp, &next));
-#endif
     CHECK(next == 777, "failed step wrote next_tokens");
     LEN_IS(m, c, 2);
     /* Batch: one bad token means no cache advances. */
@@ -367,11 +362,9 @@ static void case_zero_length(void) {
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_prefill_all(m, c, SOME_TOKENS, 0, logits));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode(m, 0, &c, SOME_TOKENS, logits));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_greedy(m, 0, &c, SOME_TOKENS, &next));
-#ifdef LLMRT_HAVE_SAMPLING
     llmrt_sampler_params sp;
     llmrt_sampler_params_default(&sp);
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(m, 0, &c, SOME_TOKENS, &sp, &next));
-#endif
     LEN_IS(m, c, 2);
     llmrt_model_free(m);
     free(logits);
@@ -593,6 +586,121 @@ static void case_failed_step_unchanged(void) {
     free(logits);
 }
 
+/* ---- text: invalid input ------------------------------------------------- */
+
+static void case_text_invalid(void) {
+    llmrt_model *m = load_fixture_model();
+    const llmrt_model_info info = model_info(m);
+    uint32_t ids[16];
+    for (size_t i = 0; i < 16; i++) ids[i] = 4242;
+    char text[64];
+    memset(text, '#', sizeof text);
+    size_t n = 999;
+    /* Not UTF-8: a stray 0xFF, a truncated sequence, an overlong encoding, a
+     * surrogate. The message names the byte offset of the first bad byte. */
+    static const struct {
+        const char *bytes;
+        size_t len;
+        const char *offset;
+    } bad[] = {
+        {"a\xff" "b", 3, "offset 1"},
+        {"ab\xe4\xbd", 4, "offset 2"},
+        {"\xc0\xaf", 2, "offset 0"},
+        {"x\xed\xa0\x80", 4, "offset 1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        EXPECT_STATUS_MSG(LLMRT_INVALID_ARGUMENT,
+                          llmrt_tokenize(m, bad[i].bytes, bad[i].len, true, ids, 16, &n),
+                          bad[i].offset);
+        EXPECT_STATUS(LLMRT_INVALID_ARGUMENT,
+                      llmrt_tokenize(m, bad[i].bytes, bad[i].len, false, NULL, 0, &n));
+    }
+    /* Ids out of range: detokenize and token_piece. */
+    const uint32_t over[3] = {1, info.vocab_size, 2};
+    const uint32_t huge = UINT32_MAX;
+    char vocab[32]; /* the message names the vocabulary size */
+    snprintf(vocab, sizeof vocab, "%u", info.vocab_size);
+    EXPECT_STATUS_MSG(LLMRT_INVALID_ARGUMENT, llmrt_detokenize(m, over, 3, text, sizeof text, &n),
+                      vocab);
+    EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_detokenize(m, &over[1], 1, NULL, 0, &n));
+    EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_detokenize(m, &huge, 1, text, sizeof text, &n));
+    EXPECT_STATUS(LLMRT_INVALID_ARGUMENT,
+                  llmrt_token_piece(m, info.vocab_size, text, sizeof text, &n));
+    EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_token_piece(m, UINT32_MAX, NULL, 0, &n));
+    /* A NULL buffer is only allowed with capacity 0. */
+    EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_tokenize(m, "hi", 2, true, NULL, 4, &n));
+    EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_detokenize(m, over, 1, NULL, 4, &n));
+    EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_token_piece(m, 300, NULL, 4, &n));
+    /* NULL text with a nonzero length. */
+    EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_tokenize(m, NULL, 3, true, ids, 16, &n));
+    CHECK(n == 999, "a failed text call wrote the out length (%zu)", n);
+    for (size_t i = 0; i < 16; i++) CHECK(ids[i] == 4242, "a failed tokenize wrote ids[%zu]", i);
+    for (size_t i = 0; i < sizeof text; i++)
+        CHECK(text[i] == '#', "a failed detokenize/token_piece wrote text[%zu]", i);
+    llmrt_model_free(m);
+}
+
+/* ---- sampling: invalid parameters ----------------------------------------- */
+
+static void case_sampler_invalid_params(void) {
+    llmrt_model *m = load_fixture_model();
+    llmrt_cache c = filled_cache(m, 16, 3);
+    llmrt_cache c2 = filled_cache(m, 16, 2);
+    const uint32_t tok = 4;
+    const uint32_t toks[2] = {4, 5};
+    const llmrt_cache pair[2] = {c, c2};
+    static const struct {
+        const char *what;
+        const char *field;
+        float temperature, top_p, min_p, repetition_penalty;
+    } bad[] = {
+        {"negative temperature", "temperature", -0.5f, 0.95f, 0.05f, 1.0f},
+        {"NaN temperature", "temperature", NAN, 0.95f, 0.05f, 1.0f},
+        {"infinite temperature", "temperature", INFINITY, 0.95f, 0.05f, 1.0f},
+        {"top_p 0", "top_p", 0.8f, 0.0f, 0.05f, 1.0f},
+        {"top_p > 1", "top_p", 0.8f, 1.5f, 0.05f, 1.0f},
+        {"negative top_p", "top_p", 0.8f, -0.1f, 0.05f, 1.0f},
+        {"min_p 1", "min_p", 0.8f, 0.95f, 1.0f, 1.0f},
+        {"min_p > 1", "min_p", 0.8f, 0.95f, 2.0f, 1.0f},
+        {"negative min_p", "min_p", 0.8f, 0.95f, -0.1f, 1.0f},
+        {"repetition_penalty 0", "repetition_penalty", 0.8f, 0.95f, 0.05f, 0.0f},
+        {"negative repetition_penalty", "repetition_penalty", 0.8f, 0.95f, 0.05f, -1.0f},
+        {"NaN repetition_penalty", "repetition_penalty", 0.8f, 0.95f, 0.05f, NAN},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        llmrt_sampler_params sp;
+        llmrt_sampler_params_default(&sp);
+        sp.temperature = bad[i].temperature;
+        sp.top_p = bad[i].top_p;
+        sp.min_p = bad[i].min_p;
+        sp.repetition_penalty = bad[i].repetition_penalty;
+        uint32_t next[2] = {777, 777};
+        fprintf(stderr, "-- %s\n", bad[i].what);
+        EXPECT_STATUS_MSG(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(m, 1, &c, &tok, &sp, next),
+                          bad[i].field);
+        EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(m, 2, pair, toks, &sp, next));
+        CHECK(next[0] == 777 && next[1] == 777, "%s: a failed decode_sample wrote next_tokens",
+              bad[i].what);
+        LEN_IS(m, c, 3);
+        LEN_IS(m, c2, 2);
+    }
+    /* struct_size 0 (a struct never filled by llmrt_sampler_params_default). */
+    llmrt_sampler_params sp;
+    llmrt_sampler_params_default(&sp);
+    sp.struct_size = 0;
+    uint32_t next = 777;
+    EXPECT_STATUS_MSG(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(m, 1, &c, &tok, &sp, &next),
+                      "struct_size");
+    CHECK(next == 777, "struct_size 0: a failed decode_sample wrote next_tokens");
+    LEN_IS(m, c, 3);
+    /* The defaults themselves are valid, and the failures left the cache usable. */
+    llmrt_sampler_params_default(&sp);
+    OK(llmrt_decode_sample(m, 1, &c, &tok, &sp, &next));
+    CHECK(next < model_info(m).vocab_size, "sampled token %u >= vocab", next);
+    LEN_IS(m, c, 4);
+    llmrt_model_free(m);
+}
+
 /* ---- dispatch ------------------------------------------------------------- */
 
 static const struct {
@@ -618,6 +726,8 @@ static const struct {
     {"model_free_null", case_model_free_null},
     {"last_error_per_thread", case_last_error_per_thread},
     {"failed_step_unchanged", case_failed_step_unchanged},
+    {"text_invalid", case_text_invalid},
+    {"sampler_invalid_params", case_sampler_invalid_params},
 };
 
 int main(int argc, char **argv) {

@@ -5,9 +5,11 @@
 // Each user turn is appended to the same cache and the model answers with up to
 // N tokens (default 24; greedy, stopping at EOS). `/undo` rewinds the cache to
 // before the last turn (llmrt::Cache::truncate), `/quit` ends. Turns come from
-// the command line when given, else one per line from stdin. With a header that
-// declares llmrt_tokenize (LLMRT_HAVE_TEXT) turns and answers are text; without
-// it, turns are token ids ("12,34 56") and answers are printed as ids.
+// the command line when given, else one per line from stdin. Turns are text
+// (Model::tokenize) and answers are streamed token by token with
+// Model::token_piece, a UTF-8 character split across tokens held back until it
+// is complete. A model without a tokenizer takes turns as token ids ("12,34 56")
+// and answers with ids.
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -19,7 +21,6 @@
 
 namespace {
 
-#ifdef LLMRT_HAVE_TEXT
 // The bytes of `s` that form complete UTF-8 characters; the rest stay in `s`.
 std::string take_complete_utf8(std::string &s) {
     size_t n = s.size(), cut = n;
@@ -36,12 +37,23 @@ std::string take_complete_utf8(std::string &s) {
     s.erase(0, cut);
     return ready;
 }
-#endif
+
+// Whether the model carries a tokenizer (models without one: LLMRT_UNSUPPORTED).
+bool has_tokenizer(const llmrt::Model &model) {
+    try {
+        (void)model.token_piece(0);
+        return true;
+    } catch (const llmrt::Error &e) {
+        if (e.status() == LLMRT_UNSUPPORTED) return false;
+        throw;
+    }
+}
 
 class Chat {
   public:
     Chat(llmrt::Model &model, uint32_t max_reply)
-        : model_(model), cache_(model.reserve(0)), max_reply_(max_reply) {}
+        : model_(model), cache_(model.reserve(0)), max_reply_(max_reply),
+          text_(has_tokenizer(model)) {}
 
     // One user turn: append it and print the answer.
     void turn(const std::string &line) {
@@ -57,13 +69,11 @@ class Chat {
         std::vector<uint32_t> feed = pending_;
         feed.insert(feed.end(), tokens.begin(), tokens.end());
         uint32_t cur = llmrt::argmax(cache_.prefill(feed));
-        uint32_t prev = feed.back();
         std::string tail;
         std::cout << "> " << std::flush;
         for (uint32_t i = 0; i < max_reply_; i++) {
             if (cur == model_.info().eos_token) break;
-            print_token(prev, cur, tail);
-            prev = cur;
+            print_token(cur, tail);
             if (i + 1 == max_reply_) break;
             cur = cache_.decode_greedy(cur);
         }
@@ -90,10 +100,8 @@ class Chat {
     };
 
     std::vector<uint32_t> to_tokens(const std::string &line) {
-#ifdef LLMRT_HAVE_TEXT
-        // BOS only at the very start of the conversation.
-        return model_.tokenize(line, cache_.length() == 0 && pending_.empty());
-#else
+        // BOS (where the tokenizer wants one) only at the start of the conversation.
+        if (text_) return model_.tokenize(line, cache_.length() == 0 && pending_.empty());
         std::vector<uint32_t> ids;
         std::string s = line;
         for (char &c : s)
@@ -102,31 +110,28 @@ class Chat {
         unsigned long v;
         while (in >> v) ids.push_back(static_cast<uint32_t>(v));
         if (!in.eof()) {
-            std::cout << "[this build takes token ids: \"12,34 56\"]" << std::endl;
+            std::cout << "[this model has no tokenizer: turns are token ids, \"12,34 56\"]"
+                      << std::endl;
             return {};
         }
         return ids;
-#endif
     }
 
-    void print_token(uint32_t prev, uint32_t token, std::string &tail) {
-#ifdef LLMRT_HAVE_TEXT
-        // What `token` adds after `prev` (keeps the spaces a lone token would lose).
-        std::string before = model_.detokenize(prev);
-        std::string both = model_.detokenize(std::vector<uint32_t>{prev, token});
-        tail += both.compare(0, before.size(), before) == 0 ? both.substr(before.size())
-                                                            : model_.detokenize(token);
+    // Prints `token` as it appears inside the text (its leading space kept),
+    // holding back an incomplete UTF-8 tail in `tail`.
+    void print_token(uint32_t token, std::string &tail) {
+        if (!text_) {
+            std::cout << token << ' ' << std::flush;
+            return;
+        }
+        tail += model_.token_piece(token);
         std::cout << take_complete_utf8(tail) << std::flush;
-#else
-        (void)prev;
-        (void)tail;
-        std::cout << token << ' ' << std::flush;
-#endif
     }
 
     llmrt::Model &model_;
     llmrt::Cache cache_;
     uint32_t max_reply_;
+    bool text_;
     std::vector<uint32_t> pending_;
     std::vector<Mark> undo_;
 };

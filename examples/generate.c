@@ -4,17 +4,16 @@
  *            [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S]
  *
  * Loads the model (with a progress bar) and prints its description. The prompt
- * is text (-p, tokenized with llmrt_tokenize, BOS first; default "Once upon a
- * time" when the model carries a tokenizer) or raw token ids (-i; default: BOS).
- * Then N tokens (default 32) are generated and printed as they come: as text
- * (llmrt_detokenize, multi-byte characters split across tokens held back until
- * complete) when the model has a tokenizer, else as ids. Greedy by default
- * (--temp 0); otherwise llmrt_decode_sample with the given parameters. Finally
- * the prefill and decode speeds. Exit status 1 on any failure.
- *
- * Text and sampling need llmrt_tokenize/llmrt_detokenize and
- * llmrt_decode_sample; builds against a header without them define neither
- * LLMRT_HAVE_TEXT nor LLMRT_HAVE_SAMPLING and keep ids and greedy decoding. */
+ * is text (-p, tokenized with llmrt_tokenize, BOS first where the tokenizer asks
+ * for one; default "Once upon a time" when the model carries a tokenizer) or raw
+ * token ids (-i; default: BOS). Then N tokens (default 32) are generated and
+ * printed as they come: when the model has a tokenizer, the prompt as text
+ * (llmrt_detokenize) followed by each new token's piece (llmrt_token_piece,
+ * bytes of a multi-byte character split across tokens held back until it is
+ * complete), else as ids. Greedy by default (--temp 0); otherwise
+ * llmrt_decode_sample with the library's defaults (llama.cpp's: top-k 40,
+ * top-p 0.95, min-p 0.05, repeat-penalty 1) and the parameters given. Finally
+ * the prefill and decode speeds. Exit status 1 on any failure. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <math.h>
@@ -106,7 +105,6 @@ static size_t parse_ids(const char *s, uint32_t **out) {
 
 /* ---- streaming text ------------------------------------------------------ */
 
-#ifdef LLMRT_HAVE_TEXT
 /* Length of the longest prefix of buf[0..n) that does not end inside a UTF-8
  * sequence: a trailing lead byte whose continuation bytes have not all arrived
  * is held back. Anything else (ASCII, complete or invalid sequences) passes. */
@@ -122,90 +120,72 @@ static size_t utf8_complete_prefix(const char *buf, size_t n) {
     return n;
 }
 
+/* Streaming output: buf[0..n_pending) holds the bytes of a character not yet
+ * complete (at most 3); the next piece is written right after them. */
 struct text_out {
-    char *buf; /* detokenize scratch */
+    char *buf;
     size_t cap;
-    char pending[8]; /* bytes of a character not yet complete */
     size_t n_pending;
 };
 
-/* Detokenizes tokens into out->buf (grown on LLMRT_BUFFER_TOO_SMALL). */
-static llmrt_status detok(const llmrt_model *m, const uint32_t *tokens, size_t n,
-                          struct text_out *out, size_t *len) {
-    if (out->buf == NULL) {
-        out->buf = malloc(256);
-        if (out->buf == NULL) return LLMRT_OUT_OF_MEMORY;
-        out->cap = 256;
-    }
-    for (int attempt = 0; attempt < 2; attempt++) {
-        llmrt_status st = llmrt_detokenize(m, tokens, n, out->buf, out->cap, len);
-        if (st != LLMRT_BUFFER_TOO_SMALL || *len <= out->cap) return st;
-        char *bigger = realloc(out->buf, *len);
-        if (bigger == NULL) return LLMRT_OUT_OF_MEMORY;
-        out->buf = bigger;
-        out->cap = *len;
-    }
-    return LLMRT_BUFFER_TOO_SMALL;
+/* Grows out->buf to hold at least `need` bytes. */
+static llmrt_status reserve_buf(struct text_out *out, size_t need) {
+    if (need <= out->cap) return LLMRT_OK;
+    char *bigger = realloc(out->buf, need);
+    if (bigger == NULL) return LLMRT_OUT_OF_MEMORY;
+    out->buf = bigger;
+    out->cap = need;
+    return LLMRT_OK;
 }
 
-/* Prints the bytes `token` adds after `prev`: detokenize(prev, token) minus
- * detokenize(prev), so that a tokenizer dropping the leading space of a text's
- * first token still prints spaces (prev UINT32_MAX: none, the token alone).
- * Holds back an incomplete UTF-8 tail. */
-static llmrt_status emit_token(const llmrt_model *m, uint32_t prev, uint32_t token,
-                               struct text_out *out) {
-    const char *add = NULL;
-    size_t n_add = 0;
-    llmrt_status st;
-    if (prev != UINT32_MAX) {
-        uint32_t pair[2] = {prev, token};
-        char head[64];
-        size_t len_prev = 0;
-        st = detok(m, pair, 1, out, &len_prev);
+/* Prints the prompt as text: llmrt_detokenize of all of it (the text it came
+ * from: one leading SentencePiece space dropped, control tokens omitted). */
+static llmrt_status emit_text(const llmrt_model *m, const uint32_t *tokens, size_t n,
+                              struct text_out *out) {
+    size_t len = 0;
+    llmrt_status st = llmrt_detokenize(m, tokens, n, out->buf, out->cap, &len);
+    if (st == LLMRT_BUFFER_TOO_SMALL) {
+        st = reserve_buf(out, len);
         if (st != LLMRT_OK) return st;
-        if (len_prev <= sizeof head) {
-            memcpy(head, out->buf, len_prev);
-            st = detok(m, pair, 2, out, &n_add);
-            if (st != LLMRT_OK) return st;
-            if (n_add >= len_prev && memcmp(out->buf, head, len_prev) == 0) {
-                add = out->buf + len_prev;
-                n_add -= len_prev;
-            }
-        }
+        st = llmrt_detokenize(m, tokens, n, out->buf, out->cap, &len);
     }
-    if (add == NULL) { /* no previous token, or no common prefix: the token alone */
-        st = detok(m, &token, 1, out, &n_add);
-        if (st != LLMRT_OK) return st;
-        add = out->buf;
-    }
-    char joined[8 + 256];
-    const char *p = add;
-    size_t n = n_add;
-    if (out->n_pending > 0 && n_add <= 256) {
-        memcpy(joined, out->pending, out->n_pending);
-        memcpy(joined + out->n_pending, add, n_add);
-        p = joined;
-        n = out->n_pending + n_add;
-    } else if (out->n_pending > 0) {
-        fwrite(out->pending, 1, out->n_pending, stdout);
-    }
-    size_t ready = utf8_complete_prefix(p, n);
-    fwrite(p, 1, ready, stdout);
-    out->n_pending = n - ready; /* at most 3 */
-    memmove(out->pending, p + ready, out->n_pending);
+    if (st != LLMRT_OK) return st;
+    fwrite(out->buf, 1, len, stdout);
     fflush(stdout);
     return LLMRT_OK;
 }
 
-/* Whether the model can turn ids into text (it carries a tokenizer). */
+/* Prints `token` as it appears inside the text (llmrt_token_piece: its leading
+ * space kept, nothing for control tokens), holding back an incomplete UTF-8 tail
+ * until the tokens that complete it arrive. */
+static llmrt_status emit_token(const llmrt_model *m, uint32_t token, struct text_out *out) {
+    size_t len = 0;
+    llmrt_status st = llmrt_token_piece(m, token, out->buf + out->n_pending,
+                                        out->cap - out->n_pending, &len);
+    if (st == LLMRT_BUFFER_TOO_SMALL) {
+        st = reserve_buf(out, out->n_pending + len);
+        if (st != LLMRT_OK) return st;
+        st = llmrt_token_piece(m, token, out->buf + out->n_pending, out->cap - out->n_pending,
+                               &len);
+    }
+    if (st != LLMRT_OK) return st;
+    size_t n = out->n_pending + len;
+    size_t ready = utf8_complete_prefix(out->buf, n);
+    fwrite(out->buf, 1, ready, stdout);
+    out->n_pending = n - ready; /* at most 3 */
+    memmove(out->buf, out->buf + ready, out->n_pending);
+    fflush(stdout);
+    return LLMRT_OK;
+}
+
+/* Whether the model can turn ids into text (it carries a tokenizer): models
+ * without one answer LLMRT_UNSUPPORTED. */
 static bool has_tokenizer(const llmrt_model *m, const llmrt_model_info *info) {
     uint32_t t = info->bos_token != UINT32_MAX ? info->bos_token : 0;
-    char buf[64];
     size_t len = 0;
-    llmrt_status st = llmrt_detokenize(m, &t, 1, buf, sizeof buf, &len);
+    llmrt_status st = llmrt_token_piece(m, t, NULL, 0, &len);
     return st == LLMRT_OK || st == LLMRT_BUFFER_TOO_SMALL;
 }
-#endif
 
 static int usage(const char *argv0) {
     fprintf(stderr,
@@ -216,16 +196,13 @@ static int usage(const char *argv0) {
     return 1;
 }
 
-struct sampling {
-    float temp, top_p, min_p, repeat_penalty;
-    uint32_t top_k;
-    uint64_t seed;
-};
-
 int main(int argc, char **argv) {
     const char *path = NULL, *ids_arg = NULL, *text_arg = NULL;
     uint32_t n_gen = 32, threads = 0;
-    struct sampling sp = {0.0f, 1.0f, 0.0f, 1.0f, 0, 0};
+    /* The library's defaults, but greedy unless --temp says otherwise. */
+    llmrt_sampler_params sp;
+    llmrt_sampler_params_default(&sp);
+    sp.temperature = 0.0f;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -234,11 +211,11 @@ int main(int argc, char **argv) {
         else if (v != NULL && strcmp(a, "-t") == 0) ok = parse_u32(v, &threads);
         else if (v != NULL && strcmp(a, "-p") == 0) text_arg = v;
         else if (v != NULL && strcmp(a, "-i") == 0) ids_arg = v;
-        else if (v != NULL && strcmp(a, "--temp") == 0) ok = parse_f32(v, &sp.temp);
+        else if (v != NULL && strcmp(a, "--temp") == 0) ok = parse_f32(v, &sp.temperature);
         else if (v != NULL && strcmp(a, "--top-k") == 0) ok = parse_u32(v, &sp.top_k);
         else if (v != NULL && strcmp(a, "--top-p") == 0) ok = parse_f32(v, &sp.top_p);
         else if (v != NULL && strcmp(a, "--min-p") == 0) ok = parse_f32(v, &sp.min_p);
-        else if (v != NULL && strcmp(a, "--repeat-penalty") == 0) ok = parse_f32(v, &sp.repeat_penalty);
+        else if (v != NULL && strcmp(a, "--repeat-penalty") == 0) ok = parse_f32(v, &sp.repetition_penalty);
         else if (v != NULL && strcmp(a, "--seed") == 0) ok = parse_u64(v, &sp.seed);
         else if (a[0] != '-' && path == NULL) {
             path = a;
@@ -248,19 +225,7 @@ int main(int argc, char **argv) {
         i++;
     }
     if (path == NULL || (text_arg != NULL && ids_arg != NULL)) return usage(argv[0]);
-    const bool sampling = sp.temp > 0.0f || sp.repeat_penalty != 1.0f;
-#ifndef LLMRT_HAVE_TEXT
-    if (text_arg != NULL) {
-        fprintf(stderr, "error: this build has no llmrt_tokenize: give token ids with -i\n");
-        return 1;
-    }
-#endif
-#ifndef LLMRT_HAVE_SAMPLING
-    if (sampling) {
-        fprintf(stderr, "error: this build has no llmrt_decode_sample: only --temp 0 (greedy)\n");
-        return 1;
-    }
-#endif
+    const bool sampling = sp.temperature > 0.0f || sp.repetition_penalty != 1.0f;
 
     llmrt_model_options opt;
     llmrt_model_options_default(&opt);
@@ -278,9 +243,7 @@ int main(int argc, char **argv) {
     float *logits = NULL;
     llmrt_cache cache = 0;
     bool text = false;
-#ifdef LLMRT_HAVE_TEXT
-    struct text_out out = {NULL, 0, {0}, 0};
-#endif
+    struct text_out out = {NULL, 0, 0};
     llmrt_model_info info;
     st = llmrt_model_get_info(model, &info);
     if (st != LLMRT_OK) {
@@ -296,7 +259,6 @@ int main(int argc, char **argv) {
            (double)info.weight_bytes / (1024.0 * 1024.0));
 
     size_t n_prompt = 0;
-#ifdef LLMRT_HAVE_TEXT
     text = has_tokenizer(model, &info);
     if (text_arg != NULL && !text) {
         fprintf(stderr, "error: %s carries no tokenizer: give token ids with -i\n", path);
@@ -322,7 +284,6 @@ int main(int argc, char **argv) {
             goto out;
         }
     }
-#endif
     if (ids_arg != NULL) {
         n_prompt = parse_ids(ids_arg, &prompt);
         if (n_prompt == 0) {
@@ -366,17 +327,13 @@ int main(int argc, char **argv) {
     uint32_t cur = prompt[n_prompt - 1]; /* the token fed to the next step */
     uint32_t n_decoded = 0;
     if (text) {
-#ifdef LLMRT_HAVE_TEXT
         printf("output: ");
-        for (size_t i = 0; i < n_prompt; i++) { /* echo the prompt as text */
-            if (i == 0 && prompt[0] == info.bos_token) continue;
-            st = emit_token(model, i > 0 ? prompt[i - 1] : UINT32_MAX, prompt[i], &out);
-            if (st != LLMRT_OK) {
-                fail("llmrt_detokenize", st);
-                goto out;
-            }
+        st = reserve_buf(&out, 256);
+        if (st == LLMRT_OK) st = emit_text(model, prompt, n_prompt, &out); /* the prompt */
+        if (st != LLMRT_OK) {
+            fail("llmrt_detokenize", st);
+            goto out;
         }
-#endif
     } else {
         printf("output:");
     }
@@ -390,23 +347,13 @@ int main(int argc, char **argv) {
                 if (logits[v] > logits[next]) next = v;
             t_decode = now_s();
         } else if (sampling) {
-#ifdef LLMRT_HAVE_SAMPLING
-            llmrt_sampler_params params;
-            llmrt_sampler_params_default(&params);
-            params.temperature = sp.temp;
-            params.top_k = sp.top_k;
-            params.top_p = sp.top_p;
-            params.min_p = sp.min_p;
-            params.repetition_penalty = sp.repeat_penalty;
-            params.seed = sp.seed;
-            st = llmrt_decode_sample(model, 1, &cache, &cur, &params, &next);
+            st = llmrt_decode_sample(model, 1, &cache, &cur, &sp, &next);
             if (st != LLMRT_OK) {
                 printf("\n");
                 fail("llmrt_decode_sample", st);
                 goto out;
             }
             n_decoded++;
-#endif
         } else {
             st = llmrt_decode_greedy(model, 1, &cache, &cur, &next);
             if (st != LLMRT_OK) {
@@ -417,15 +364,13 @@ int main(int argc, char **argv) {
             n_decoded++;
         }
         if (text) {
-#ifdef LLMRT_HAVE_TEXT
             if (next == info.eos_token) break;
-            st = emit_token(model, cur, next, &out);
+            st = emit_token(model, next, &out);
             if (st != LLMRT_OK) {
                 printf("\n");
-                fail("llmrt_detokenize", st);
+                fail("llmrt_token_piece", st);
                 goto out;
             }
-#endif
         } else {
             printf(" %u", next);
             fflush(stdout);
@@ -433,9 +378,7 @@ int main(int argc, char **argv) {
         cur = next;
     }
     t_decode = now_s() - t_decode;
-#ifdef LLMRT_HAVE_TEXT
-    if (out.n_pending > 0) fwrite(out.pending, 1, out.n_pending, stdout); /* a cut-off tail */
-#endif
+    if (out.n_pending > 0) fwrite(out.buf, 1, out.n_pending, stdout); /* a cut-off tail */
     printf("\n");
 
     if (n_prefill > 0)
@@ -449,9 +392,7 @@ int main(int argc, char **argv) {
 out:
     if (cache != 0) llmrt_cache_release(model, cache);
     llmrt_model_free(model);
-#ifdef LLMRT_HAVE_TEXT
     free(out.buf);
-#endif
     free(logits);
     free(prompt);
     return rc;

@@ -26,8 +26,9 @@
  * Cache while another thread is using that same object, and destroy every Cache
  * and use of a Model before destroying the Model.
  *
- * Text (tokenize/detokenize) and sampling are compiled when LLMRT_HAVE_TEXT /
- * LLMRT_HAVE_SAMPLING are defined (until llmrt.h declares them unconditionally).
+ * Text: Model::tokenize, Model::detokenize (a whole text) and Model::token_piece
+ * (one token as it appears inside a text: what streaming output prints). Sampling:
+ * default_sampler_params(), Cache::decode_sample, Model::decode_sample.
  */
 #ifndef LLMRT_HPP
 #define LLMRT_HPP
@@ -95,14 +96,13 @@ inline llmrt_model_options default_model_options() noexcept {
     return options;
 }
 
-#ifdef LLMRT_HAVE_SAMPLING
-/* llmrt_sampler_params filled with the library's defaults. */
+/* llmrt_sampler_params filled with the library's defaults (llama.cpp's: temperature
+ * 0.8, top_k 40, top_p 0.95, min_p 0.05, repetition_penalty 1, seed 0). */
 inline llmrt_sampler_params default_sampler_params() noexcept {
     llmrt_sampler_params params;
     llmrt_sampler_params_default(&params);
     return params;
 }
-#endif
 
 class Model;
 
@@ -200,7 +200,6 @@ class Cache {
         detail::check(llmrt_decode_greedy(model_, 1, &id_, &token, &next), "llmrt_decode_greedy");
         return next;
     }
-#ifdef LLMRT_HAVE_SAMPLING
     /* Appends `token`; returns a token sampled from its logits. */
     uint32_t decode_sample(uint32_t token, const llmrt_sampler_params &params) {
         uint32_t next = 0;
@@ -208,7 +207,6 @@ class Cache {
                       "llmrt_decode_sample");
         return next;
     }
-#endif
 
   private:
     friend class Model;
@@ -301,7 +299,6 @@ class Model {
             "llmrt_decode_greedy");
         return next;
     }
-#ifdef LLMRT_HAVE_SAMPLING
     /* As decode, returning one sampled token per cache (params shared by all). */
     std::vector<uint32_t> decode_sample(const CacheBatch &caches,
                                         const std::vector<uint32_t> &tokens,
@@ -313,10 +310,9 @@ class Model {
                       "llmrt_decode_sample");
         return next;
     }
-#endif
 
-#ifdef LLMRT_HAVE_TEXT
-    /* Text -> token ids (BOS first when add_bos). */
+    /* Text -> token ids. add_bos puts BOS first where the model's tokenizer asks for
+     * one (Llama-style SentencePiece models; usually not byte-level BPE ones). */
     std::vector<uint32_t> tokenize(std::string_view text, bool add_bos = true) const {
         live();
         std::vector<uint32_t> tokens(text.size() + 2);
@@ -333,7 +329,9 @@ class Model {
             return tokens;
         }
     }
-    /* Token ids -> UTF-8 bytes (a token may end inside a multi-byte character). */
+    /* Token ids -> the text they stand for: detokenize(tokenize(s)) == s (one leading
+     * SentencePiece space is dropped). A byte-fallback token may end inside a
+     * multi-byte character. For streaming, print token_piece() of each token. */
     std::string detokenize(const uint32_t *tokens, size_t n) const {
         live();
         std::string text(n * 8 + 16, '\0');
@@ -353,7 +351,26 @@ class Model {
         return detokenize(tokens.data(), tokens.size());
     }
     std::string detokenize(uint32_t token) const { return detokenize(&token, 1); }
-#endif
+
+    /* One token's bytes as they appear inside a text (keeps its leading space;
+     * control tokens give ""; a byte-fallback token gives one raw byte, possibly
+     * part of a UTF-8 character): concatenating the pieces of generated tokens
+     * gives the text. */
+    std::string token_piece(uint32_t token) const {
+        live();
+        std::string piece(32, '\0');
+        for (int attempt = 0;; attempt++) {
+            size_t len = 0;
+            llmrt_status st = llmrt_token_piece(model_, token, &piece[0], piece.size(), &len);
+            if (st == LLMRT_BUFFER_TOO_SMALL && attempt == 0 && len > piece.size()) {
+                piece.resize(len);
+                continue;
+            }
+            detail::check(st, "llmrt_token_piece");
+            piece.resize(len);
+            return piece;
+        }
+    }
 
   private:
     explicit Model(llmrt_model *m) noexcept : model_(m), info_() {}

@@ -23,8 +23,8 @@
 // Close waits for calls in flight, after which every call returns an error
 // matching ErrClosed (and ErrInvalidArgument).
 //
-// Text (Tokenize, Detokenize) and sampling (Sample) are in text.go, built with
-// `-tags llmrt_text` until the C library declares them.
+// Text (Tokenize, Detokenize, TokenPiece for streaming) and sampling
+// (DefaultSamplerParams, Sample) are in text.go.
 package llmrt
 
 /*

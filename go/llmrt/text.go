@@ -1,8 +1,5 @@
-//go:build llmrt_text
-
-// Text and sampling: llmrt_tokenize, llmrt_detokenize, llmrt_sampler_params_default
-// and llmrt_decode_sample. Built with -tags llmrt_text (the Makefile adds it when
-// include/llmrt.h declares them); the tag goes away once every llmrt.h has them.
+// Text and sampling: llmrt_tokenize, llmrt_detokenize, llmrt_token_piece,
+// llmrt_sampler_params_default and llmrt_decode_sample.
 
 package llmrt
 
@@ -19,7 +16,9 @@ import (
 	"unsafe"
 )
 
-// Tokenize turns text into token ids, BOS first when addBOS.
+// Tokenize turns text into token ids. addBOS puts BOS first where the model's
+// tokenizer asks for one (Llama-style SentencePiece models; usually not
+// byte-level BPE ones such as Qwen's), as llama.cpp's add_special.
 func (m *Model) Tokenize(text string, addBOS bool) ([]uint32, error) {
 	ctext := C.CString(text) // a copy: C must not keep Go memory
 	defer C.free(unsafe.Pointer(ctext))
@@ -43,9 +42,11 @@ func (m *Model) Tokenize(text string, addBOS bool) ([]uint32, error) {
 	}
 }
 
-// Detokenize turns token ids into text: the UTF-8 bytes the tokens stand for (a
-// token may end inside a multi-byte character, so a single token's text need
-// not be valid UTF-8).
+// Detokenize turns token ids into the text they stand for:
+// Detokenize(Tokenize(s, addBOS)) == s (one leading SentencePiece space is
+// dropped, control tokens give nothing). A byte-fallback token may end inside a
+// multi-byte character, so the text of a few tokens need not be valid UTF-8.
+// To stream generated text, print TokenPiece of each token instead.
 func (m *Model) Detokenize(tokens []uint32) (string, error) {
 	buf := make([]byte, len(tokens)*8+16)
 	for attempt := 0; ; attempt++ {
@@ -54,6 +55,32 @@ func (m *Model) Detokenize(tokens []uint32) (string, error) {
 			return call(func() C.enum_llmrt_status {
 				return C.llmrt_detokenize(p, tokensPtr(tokens), C.size_t(len(tokens)),
 					(*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), &n)
+			})
+		})
+		if attempt == 0 && errors.Is(err, ErrBufferTooSmall) && int(n) > len(buf) {
+			buf = make([]byte, int(n))
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	}
+}
+
+// TokenPiece is one token's bytes as they appear inside a text, for streaming
+// output: unlike Detokenize its leading space is kept, so concatenating the
+// pieces of generated tokens gives the text. Control tokens (BOS, EOS, ...) give
+// "", a byte-fallback token one raw byte (possibly part of a UTF-8 character:
+// hold back an incomplete tail until the next pieces complete it).
+func (m *Model) TokenPiece(token uint32) (string, error) {
+	buf := make([]byte, 32)
+	for attempt := 0; ; attempt++ {
+		var n C.size_t
+		err := m.with(func(p *C.llmrt_model) error {
+			return call(func() C.enum_llmrt_status {
+				return C.llmrt_token_piece(p, C.uint32_t(token), (*C.char)(unsafe.Pointer(&buf[0])),
+					C.size_t(len(buf)), &n)
 			})
 		})
 		if attempt == 0 && errors.Is(err, ErrBufferTooSmall) && int(n) > len(buf) {
@@ -77,7 +104,9 @@ type SamplerParams struct {
 	Seed              uint64  // same seed + same logits = same token, on every backend
 }
 
-// DefaultSamplerParams are the library's defaults (llmrt_sampler_params_default).
+// DefaultSamplerParams are the library's defaults (llmrt_sampler_params_default):
+// llama.cpp's, temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, repetition
+// penalty 1, seed 0.
 func DefaultSamplerParams() SamplerParams {
 	var p C.llmrt_sampler_params
 	C.llmrt_sampler_params_default(&p)

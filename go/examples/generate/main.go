@@ -3,9 +3,9 @@
 //	go run ./examples/generate [-p "Once upon a time" | -i 1,2,3] [-n 32] [-t 0]
 //	    [-temp 0.8 -top-k 40 -top-p 0.95 -min-p 0.05 -repeat-penalty 1.1 -seed 1] MODEL.gguf
 //
-// Without -tags llmrt_text (a C library without tokenize/sampling) the prompt
-// is token ids and decoding is greedy; with it, -p text and the sampling flags
-// work and the output is streamed as text.
+// Greedy unless -temp > 0 (or -repeat-penalty != 1); the other sampling flags
+// default to the library's (llama.cpp's) values. Generated tokens are streamed
+// as text (Model.TokenPiece), or as ids for a model without a tokenizer.
 package main
 
 import (
@@ -28,17 +28,19 @@ type sampling struct {
 func (s sampling) greedy() bool { return s.temp == 0 && s.repeatPenalty == 1 }
 
 func main() {
-	text := flag.String("p", "", "text prompt (needs the text API; default \"Once upon a time\")")
+	text := flag.String("p", "", "text prompt (default \"Once upon a time\")")
 	ids := flag.String("i", "", "prompt as comma-separated token ids")
 	n := flag.Uint("n", 32, "tokens to generate")
 	threads := flag.Uint("t", 0, "CPU threads (0 = all)")
 	var s sampling
+	d := llmrt.DefaultSamplerParams()
 	flag.Float64Var(&s.temp, "temp", 0, "temperature (0 = greedy)")
-	flag.UintVar(&s.topK, "top-k", 0, "top-k (0 = off)")
-	flag.Float64Var(&s.topP, "top-p", 1, "top-p (1 = off)")
-	flag.Float64Var(&s.minP, "min-p", 0, "min-p (0 = off)")
-	flag.Float64Var(&s.repeatPenalty, "repeat-penalty", 1, "repetition penalty (1 = off)")
-	flag.Uint64Var(&s.seed, "seed", 0, "sampling seed")
+	flag.UintVar(&s.topK, "top-k", uint(d.TopK), "top-k (0 = off)")
+	flag.Float64Var(&s.topP, "top-p", float64(d.TopP), "top-p (1 = off)")
+	flag.Float64Var(&s.minP, "min-p", float64(d.MinP), "min-p (0 = off)")
+	flag.Float64Var(&s.repeatPenalty, "repeat-penalty", float64(d.RepetitionPenalty),
+		"repetition penalty (1 = off)")
+	flag.Uint64Var(&s.seed, "seed", d.Seed, "sampling seed")
 	flag.Parse()
 	if flag.NArg() != 1 || (*text != "" && *ids != "") {
 		fmt.Fprintln(os.Stderr, "usage: generate [flags] MODEL.gguf")
@@ -80,9 +82,6 @@ func run(path, text, idList string, n, threads uint32, s sampling) error {
 			return err
 		}
 	}
-	if !s.greedy() && !haveSampling {
-		return fmt.Errorf("built without the sampling API (-tags llmrt_text): only -temp 0")
-	}
 	fmt.Println("prompt:", prompt)
 
 	c, err := m.Reserve(uint32(len(prompt)) + n)
@@ -101,7 +100,6 @@ func run(path, text, idList string, n, threads uint32, s sampling) error {
 	fmt.Print("output:")
 	td := time.Now()
 	decoded := 0
-	prev := prompt[len(prompt)-1]
 	for i := uint32(0); i < n; i++ {
 		if i > 0 || !s.greedy() {
 			var next []uint32
@@ -125,10 +123,9 @@ func run(path, text, idList string, n, threads uint32, s sampling) error {
 		if out.text && cur == info.EOSToken {
 			break
 		}
-		if err := out.token(prev, cur); err != nil {
+		if err := out.token(cur); err != nil {
 			return err
 		}
-		prev = cur
 	}
 	out.flush()
 	fmt.Println()

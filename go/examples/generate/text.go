@@ -1,23 +1,37 @@
-//go:build llmrt_text
-
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"unicode/utf8"
 
 	"github.com/llmrt/llmrt/go/llmrt"
 )
 
-const haveSampling = true
-
+// tokenize is the prompt: the text (default "Once upon a time"), BOS first where
+// the tokenizer asks for one; BOS alone for a model without a tokenizer.
 func tokenize(m *llmrt.Model, text string) ([]uint32, error) {
+	if !hasTokenizer(m) {
+		if text != "" {
+			return nil, fmt.Errorf("the model carries no tokenizer: give token ids with -i")
+		}
+		bos := m.Info().BOSToken
+		if bos == llmrt.NoToken {
+			bos = 1
+		}
+		return []uint32{bos}, nil
+	}
 	if text == "" {
 		text = "Once upon a time"
 	}
 	return m.Tokenize(text, true)
+}
+
+// hasTokenizer: models without a tokenizer answer ErrUnsupported.
+func hasTokenizer(m *llmrt.Model) bool {
+	_, err := m.TokenPiece(0)
+	return !errors.Is(err, llmrt.ErrUnsupported)
 }
 
 func sample(m *llmrt.Model, c *llmrt.Cache, tok uint32, s sampling) ([]uint32, error) {
@@ -31,7 +45,9 @@ func sample(m *llmrt.Model, c *llmrt.Cache, tok uint32, s sampling) ([]uint32, e
 	return m.Sample([]*llmrt.Cache{c}, []uint32{tok}, p)
 }
 
-// printer streams text, holding back a UTF-8 character split across tokens.
+// printer streams text: each token's piece (its leading space kept), holding
+// back a UTF-8 character split across tokens until it is complete. Models
+// without a tokenizer print ids.
 type printer struct {
 	m       *llmrt.Model
 	text    bool
@@ -39,31 +55,19 @@ type printer struct {
 }
 
 func newPrinter(m *llmrt.Model) *printer {
-	_, err := m.Detokenize([]uint32{0})
-	return &printer{m: m, text: err == nil}
+	return &printer{m: m, text: hasTokenizer(m)}
 }
 
-func (p *printer) token(prev, tok uint32) error {
+func (p *printer) token(tok uint32) error {
 	if !p.text {
 		fmt.Printf(" %d", tok)
 		return nil
 	}
-	// What tok adds after prev (keeps the space a lone first token would lose).
-	before, err := p.m.Detokenize([]uint32{prev})
+	piece, err := p.m.TokenPiece(tok)
 	if err != nil {
 		return err
 	}
-	both, err := p.m.Detokenize([]uint32{prev, tok})
-	if err != nil {
-		return err
-	}
-	add := strings.TrimPrefix(both, before)
-	if len(add) == len(both) {
-		if add, err = p.m.Detokenize([]uint32{tok}); err != nil {
-			return err
-		}
-	}
-	p.pending = append(p.pending, add...)
+	p.pending = append(p.pending, piece...)
 	cut := completeUTF8(p.pending)
 	os.Stdout.Write(p.pending[:cut])
 	p.pending = append(p.pending[:0], p.pending[cut:]...)

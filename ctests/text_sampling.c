@@ -1,0 +1,342 @@
+/* Text and sampling through the C API (llmrt_tokenize, llmrt_detokenize,
+ * llmrt_token_piece, llmrt_sampler_params_default, llmrt_decode_sample) on the
+ * fixtures: reference ids (tests/fixtures/tokenizer/vectors.json), add_bos, the
+ * buffer-size protocol, round trips, streaming pieces, seeded sampling. The
+ * invalid-input cases are in errors.c (text_invalid, sampler_invalid_params).
+ * One program, one ctest per case:
+ *     text_sampling CASE
+ * `text_sampling --list` prints the case names. */
+#include "harness.h" /* first: it sets the feature-test macros */
+
+#define QWEN2_REL "qwen2/qwen2.f32.gguf"
+
+static llmrt_model *load_rel(const char *rel) {
+    char *path = fixture_path(rel);
+    llmrt_model *m = load_model_opts(path, 0);
+    free(path);
+    return m;
+}
+
+/* "Hello world" in the llama_gqa SentencePiece vocabulary, no BOS (vectors.json). */
+static const uint32_t HELLO_IDS[8] = {316, 365, 313, 328, 323, 261, 269, 276};
+#define HELLO "Hello world"
+
+/* tokenize through the size query: NULL/0 first, then the exact size. */
+static uint32_t *tokenize_all(llmrt_model *m, const char *text, bool add_bos, size_t *out_n) {
+    size_t n = 12345;
+    llmrt_status st = llmrt_tokenize(m, text, strlen(text), add_bos, NULL, 0, &n);
+    REQUIRE(st == LLMRT_OK || st == LLMRT_BUFFER_TOO_SMALL, "size query for \"%s\": %s: %s", text,
+            llmrt_status_name(st), llmrt_last_error());
+    REQUIRE(st == LLMRT_BUFFER_TOO_SMALL || n == 0, "size query OK with %zu tokens", n);
+    uint32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    REQUIRE(ids != NULL, "out of memory");
+    size_t got = 0;
+    OK(llmrt_tokenize(m, text, strlen(text), add_bos, ids, n, &got));
+    REQUIRE(got == n, "tokenize wrote %zu ids, the size query said %zu", got, n);
+    *out_n = n;
+    return ids;
+}
+
+/* detokenize through the size query; NUL-terminated copy, length in *out_len. */
+static char *detokenize_all(llmrt_model *m, const uint32_t *ids, size_t n, size_t *out_len) {
+    size_t len = 12345;
+    llmrt_status st = llmrt_detokenize(m, ids, n, NULL, 0, &len);
+    REQUIRE(st == LLMRT_OK || st == LLMRT_BUFFER_TOO_SMALL, "detokenize size query: %s: %s",
+            llmrt_status_name(st), llmrt_last_error());
+    REQUIRE(st == LLMRT_BUFFER_TOO_SMALL || len == 0, "size query OK with %zu bytes", len);
+    char *text = malloc(len + 1);
+    REQUIRE(text != NULL, "out of memory");
+    size_t got = 0;
+    OK(llmrt_detokenize(m, ids, n, text, len, &got));
+    REQUIRE(got == len, "detokenize wrote %zu bytes, the size query said %zu", got, len);
+    text[len] = '\0';
+    *out_len = len;
+    return text;
+}
+
+/* ---- tokenize: reference ids, add_bos -------------------------------------- */
+
+static void case_tokenize_add_bos(void) {
+    llmrt_model *m = load_fixture_model();
+    const llmrt_model_info info = model_info(m);
+    CHECK(info.bos_token == 1, "llama_gqa BOS is %u, want 1", info.bos_token);
+    uint32_t ids[32];
+    size_t n = 0;
+    OK(llmrt_tokenize(m, HELLO, strlen(HELLO), false, ids, 32, &n));
+    CHECK(n == 8 && memcmp(ids, HELLO_IDS, sizeof HELLO_IDS) == 0,
+          "tokenize(\"" HELLO "\", add_bos false): %zu ids, want the 8 of vectors.json", n);
+    OK(llmrt_tokenize(m, HELLO, strlen(HELLO), true, ids, 32, &n));
+    CHECK(n == 9 && ids[0] == 1 && memcmp(ids + 1, HELLO_IDS, sizeof HELLO_IDS) == 0,
+          "tokenize(\"" HELLO "\", add_bos true): %zu ids, first %u; want BOS 1 + the 8", n,
+          ids[0]);
+    /* Not NUL-terminated: text_len is what counts. */
+    OK(llmrt_tokenize(m, HELLO "XYZ", strlen(HELLO), false, ids, 32, &n));
+    CHECK(n == 8 && memcmp(ids, HELLO_IDS, sizeof HELLO_IDS) == 0, "text_len ignored");
+    /* The empty text: nothing, or BOS alone. */
+    OK(llmrt_tokenize(m, "", 0, false, ids, 32, &n));
+    CHECK(n == 0, "empty text gave %zu ids", n);
+    OK(llmrt_tokenize(m, NULL, 0, true, ids, 32, &n));
+    CHECK(n == 1 && ids[0] == 1, "empty text with BOS gave %zu ids", n);
+    llmrt_model_free(m);
+
+    /* Byte-level BPE (qwen2): its tokenizer asks for no BOS, so add_bos adds none. */
+    m = load_rel(QWEN2_REL);
+    size_t n_with = 0, n_without = 0;
+    uint32_t *with = tokenize_all(m, HELLO, true, &n_with);
+    uint32_t *without = tokenize_all(m, HELLO, false, &n_without);
+    static const uint32_t QWEN_HELLO[7] = {40, 318, 76, 79, 259, 267, 276};
+    CHECK(n_without == 7 && memcmp(without, QWEN_HELLO, sizeof QWEN_HELLO) == 0,
+          "qwen2 tokenize(\"" HELLO "\"): %zu ids, want the 7 of vectors.json", n_without);
+    CHECK(n_with == n_without && memcmp(with, without, n_with * sizeof *with) == 0,
+          "qwen2: add_bos changed the ids (%zu vs %zu)", n_with, n_without);
+    free(with);
+    free(without);
+    llmrt_model_free(m);
+}
+
+/* ---- the buffer protocol --------------------------------------------------- */
+
+static void case_buffer_protocol(void) {
+    llmrt_model *m = load_fixture_model();
+    const size_t len = strlen(HELLO);
+    /* NULL with capacity 0 is a size query: BUFFER_TOO_SMALL with the count. */
+    size_t n = 0;
+    EXPECT_STATUS(LLMRT_BUFFER_TOO_SMALL, llmrt_tokenize(m, HELLO, len, true, NULL, 0, &n));
+    CHECK(n == 9, "size query: %zu, want 9", n);
+    n = 0;
+    EXPECT_STATUS(LLMRT_BUFFER_TOO_SMALL, llmrt_tokenize(m, HELLO, len, false, NULL, 0, &n));
+    CHECK(n == 8, "size query without BOS: %zu, want 8", n);
+    /* Too small: the needed count, the buffer untouched. */
+    uint32_t ids[16];
+    for (size_t i = 0; i < 16; i++) ids[i] = 4242;
+    n = 0;
+    EXPECT_STATUS(LLMRT_BUFFER_TOO_SMALL, llmrt_tokenize(m, HELLO, len, true, ids, 8, &n));
+    CHECK(n == 9, "BUFFER_TOO_SMALL reported %zu, want 9", n);
+    for (size_t i = 0; i < 16; i++) CHECK(ids[i] == 4242, "too-small tokenize wrote ids[%zu]", i);
+    /* Exactly enough. */
+    OK(llmrt_tokenize(m, HELLO, len, true, ids, 9, &n));
+    CHECK(n == 9 && ids[0] == 1 && ids[9] == 4242, "exact capacity: %zu ids", n);
+
+    /* detokenize: the same rules, in bytes. */
+    size_t bytes = 0;
+    EXPECT_STATUS(LLMRT_BUFFER_TOO_SMALL, llmrt_detokenize(m, ids, 9, NULL, 0, &bytes));
+    CHECK(bytes == len, "detokenize size query: %zu, want %zu", bytes, len);
+    char text[32];
+    memset(text, '#', sizeof text);
+    bytes = 0;
+    EXPECT_STATUS(LLMRT_BUFFER_TOO_SMALL, llmrt_detokenize(m, ids, 9, text, len - 1, &bytes));
+    CHECK(bytes == len, "detokenize BUFFER_TOO_SMALL reported %zu, want %zu", bytes, len);
+    for (size_t i = 0; i < sizeof text; i++)
+        CHECK(text[i] == '#', "too-small detokenize wrote text[%zu]", i);
+    OK(llmrt_detokenize(m, ids, 9, text, len, &bytes));
+    CHECK(bytes == len && memcmp(text, HELLO, len) == 0 && text[len] == '#',
+          "detokenize: \"%.*s\"", (int)bytes, text);
+    /* Nothing to write: OK with 0, even into NULL. */
+    bytes = 99;
+    OK(llmrt_detokenize(m, NULL, 0, NULL, 0, &bytes));
+    CHECK(bytes == 0, "detokenize of no ids: %zu bytes", bytes);
+    bytes = 99;
+    OK(llmrt_detokenize(m, ids, 1, NULL, 0, &bytes)); /* BOS alone: no text */
+    CHECK(bytes == 0, "detokenize(BOS): %zu bytes", bytes);
+
+    /* token_piece: "▁Hello"-style pieces keep their space; BOS gives nothing. */
+    bytes = 99;
+    OK(llmrt_token_piece(m, 1, NULL, 0, &bytes));
+    CHECK(bytes == 0, "token_piece(BOS): %zu bytes", bytes);
+    const uint32_t space = HELLO_IDS[0]; /* 316: the SentencePiece space */
+    bytes = 0;
+    EXPECT_STATUS(LLMRT_BUFFER_TOO_SMALL, llmrt_token_piece(m, space, NULL, 0, &bytes));
+    CHECK(bytes == 1, "token_piece(%u) size query: %zu, want 1", space, bytes);
+    memset(text, '#', sizeof text);
+    OK(llmrt_token_piece(m, space, text, sizeof text, &bytes));
+    CHECK(bytes == 1 && text[0] == ' ' && text[1] == '#', "token_piece(%u) = \"%.*s\"", space,
+          (int)bytes, text);
+    llmrt_model_free(m);
+}
+
+/* ---- round trips and streaming pieces -------------------------------------- */
+
+static const char *const SENTENCES[] = {
+    "Hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    " leading space, two  spaces,\ttab\nnewline",
+    "caf\xc3\xa9 na\xc3\xafve \xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80",
+    "",
+};
+
+/* detokenize(tokenize(s)) == s with and without BOS; the pieces of the ids
+ * concatenate to prefix + s. */
+static void check_round_trips(const char *rel, const char *prefix) {
+    llmrt_model *m = load_rel(rel);
+    for (size_t i = 0; i < sizeof SENTENCES / sizeof SENTENCES[0]; i++) {
+        const char *s = SENTENCES[i];
+        for (int bos = 0; bos < 2; bos++) {
+            size_t n = 0, len = 0;
+            uint32_t *ids = tokenize_all(m, s, bos == 1, &n);
+            char *back = detokenize_all(m, ids, n, &len);
+            CHECK(len == strlen(s) && memcmp(back, s, len) == 0,
+                  "%s: detokenize(tokenize(\"%s\", add_bos %d)) = \"%s\"", rel, s, bos, back);
+            /* Streaming: one piece per token, concatenated. */
+            size_t cap = 4 * strlen(s) + 64, used = 0;
+            char *joined = malloc(cap);
+            REQUIRE(joined != NULL, "out of memory");
+            for (size_t k = 0; k < n; k++) {
+                size_t plen = 0;
+                OK(llmrt_token_piece(m, ids[k], joined + used, cap - used, &plen));
+                used += plen;
+            }
+            const size_t want = strlen(prefix) + strlen(s);
+            CHECK(used == (s[0] ? want : 0) &&
+                      (s[0] == '\0' || (memcmp(joined, prefix, strlen(prefix)) == 0 &&
+                                        memcmp(joined + strlen(prefix), s, strlen(s)) == 0)),
+                  "%s: pieces of \"%s\" (add_bos %d) give \"%.*s\", want \"%s%s\"", rel, s, bos,
+                  (int)used, joined, prefix, s);
+            free(joined);
+            free(back);
+            free(ids);
+        }
+    }
+    llmrt_model_free(m);
+}
+
+static void case_round_trip_spm(void) { check_round_trips(MODEL_REL, " "); }
+static void case_round_trip_bpe(void) { check_round_trips(QWEN2_REL, ""); }
+
+/* ---- sampling ---------------------------------------------------------------- */
+
+static void case_sampler_defaults(void) {
+    llmrt_sampler_params sp;
+    memset(&sp, 0xA5, sizeof sp);
+    llmrt_sampler_params_default(&sp);
+    /* llama.cpp's defaults. */
+    CHECK(sp.struct_size == sizeof sp, "struct_size %u, want %zu", sp.struct_size, sizeof sp);
+    CHECK(sp.temperature == 0.8f, "temperature %g, want 0.8", sp.temperature);
+    CHECK(sp.top_k == 40, "top_k %u, want 40", sp.top_k);
+    CHECK(sp.top_p == 0.95f, "top_p %g, want 0.95", sp.top_p);
+    CHECK(sp.min_p == 0.05f, "min_p %g, want 0.05", sp.min_p);
+    CHECK(sp.repetition_penalty == 1.0f, "repetition_penalty %g, want 1", sp.repetition_penalty);
+    CHECK(sp.seed == 0, "seed %llu, want 0", (unsigned long long)sp.seed);
+    llmrt_sampler_params_default(NULL); /* a no-op */
+}
+
+/* `steps` tokens sampled after the reference greedy prompt, one decode_sample
+ * per step, feeding each sampled token back. */
+static void sample_run(llmrt_model *m, const llmrt_sampler_params *sp, uint32_t *out,
+                       size_t steps) {
+    llmrt_cache c = 0;
+    OK(llmrt_cache_reserve(m, 0, &c));
+    const uint32_t prompt[4] = {211, 15, 197, 380};
+    OK(llmrt_prefill(m, c, prompt, 3, NULL));
+    uint32_t tok = prompt[3];
+    for (size_t i = 0; i < steps; i++) {
+        OK(llmrt_decode_sample(m, 1, &c, &tok, sp, &out[i]));
+        tok = out[i];
+    }
+    CHECK(cache_len(m, c) == 3 + steps, "cache length %u after %zu samples", cache_len(m, c),
+          steps);
+    OK(llmrt_cache_release(m, c));
+}
+
+static void case_sample_seeded(void) {
+    llmrt_model *m = load_fixture_model();
+    const llmrt_model_info info = model_info(m);
+    enum { STEPS = 24 };
+    llmrt_sampler_params sp;
+    llmrt_sampler_params_default(&sp);
+    sp.temperature = 1.5f; /* flat enough that the seed matters on a random model */
+    sp.top_k = 0;
+    sp.top_p = 1.0f;
+    sp.min_p = 0.0f;
+    sp.seed = 42;
+    uint32_t a[STEPS], b[STEPS], other[STEPS];
+    sample_run(m, &sp, a, STEPS);
+    sample_run(m, &sp, b, STEPS);
+    CHECK(memcmp(a, b, sizeof a) == 0, "same seed, other tokens");
+    for (size_t i = 0; i < STEPS; i++) CHECK(a[i] < info.vocab_size, "token %u >= vocab", a[i]);
+    sp.seed = 43;
+    sample_run(m, &sp, other, STEPS);
+    CHECK(memcmp(a, other, sizeof a) != 0, "seeds 42 and 43 sampled the same %d tokens", STEPS);
+    /* The library's defaults are seeded too. */
+    llmrt_sampler_params_default(&sp);
+    sample_run(m, &sp, a, STEPS);
+    sample_run(m, &sp, b, STEPS);
+    CHECK(memcmp(a, b, sizeof a) == 0, "default params: same seed, other tokens");
+
+    /* A batch samples each cache with the same params: twins agree. */
+    llmrt_cache x = 0, y = 0;
+    OK(llmrt_cache_reserve(m, 8, &x));
+    OK(llmrt_prefill(m, x, (const uint32_t[]){211, 15}, 2, NULL));
+    OK(llmrt_cache_fork(m, x, &y));
+    uint32_t next[2] = {UINT32_MAX, UINT32_MAX};
+    sp.temperature = 1.5f;
+    sp.seed = 7;
+    OK(llmrt_decode_sample(m, 2, (const llmrt_cache[]){x, y}, (const uint32_t[]){197, 197}, &sp,
+                           next));
+    CHECK(next[0] == next[1] && next[0] < info.vocab_size, "twin caches sampled %u and %u",
+          next[0], next[1]);
+    llmrt_model_free(m);
+}
+
+static void case_sample_temperature_zero_is_greedy(void) {
+    llmrt_model *m = load_fixture_model();
+    enum { STEPS = 16 };
+    llmrt_sampler_params sp;
+    llmrt_sampler_params_default(&sp); /* top_k/top_p/min_p stay on: greedy ignores them */
+    sp.temperature = 0.0f;
+    sp.seed = 1234;
+    uint32_t sampled[STEPS];
+    sample_run(m, &sp, sampled, STEPS);
+    llmrt_cache c = 0;
+    OK(llmrt_cache_reserve(m, 0, &c));
+    const uint32_t prompt[4] = {211, 15, 197, 380};
+    OK(llmrt_prefill(m, c, prompt, 3, NULL));
+    uint32_t tok = prompt[3];
+    for (size_t i = 0; i < STEPS; i++) {
+        uint32_t g = UINT32_MAX;
+        OK(llmrt_decode_greedy(m, 1, &c, &tok, &g));
+        if (g != sampled[i]) {
+            FAIL("step %zu: decode_sample at temperature 0 gave %u, decode_greedy %u", i,
+                 sampled[i], g);
+            break;
+        }
+        tok = g;
+    }
+    OK(llmrt_cache_release(m, c));
+    llmrt_model_free(m);
+}
+
+/* ---- dispatch ------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    void (*run)(void);
+} CASES[] = {
+    {"tokenize_add_bos", case_tokenize_add_bos},
+    {"buffer_protocol", case_buffer_protocol},
+    {"round_trip_spm", case_round_trip_spm},
+    {"round_trip_bpe", case_round_trip_bpe},
+    {"sampler_defaults", case_sampler_defaults},
+    {"sample_seeded", case_sample_seeded},
+    {"sample_temperature_zero_is_greedy", case_sample_temperature_zero_is_greedy},
+};
+
+int main(int argc, char **argv) {
+    const size_t n = sizeof CASES / sizeof CASES[0];
+    if (argc == 2 && strcmp(argv[1], "--list") == 0) {
+        for (size_t i = 0; i < n; i++) puts(CASES[i].name);
+        return 0;
+    }
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s CASE | --list\n", argv[0]);
+        return 2;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(argv[1], CASES[i].name) == 0) {
+            CASES[i].run();
+            temp_cleanup();
+            return finish(CASES[i].name);
+        }
+    }
+    fprintf(stderr, "unknown case \"%s\" (try --list)\n", argv[1]);
+    return 2;
+}
