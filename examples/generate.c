@@ -240,6 +240,7 @@ int main(int argc, char **argv) {
 
     int rc = 1;
     uint32_t *prompt = NULL;
+    uint32_t *gen_ids = NULL; /* the generated ids, printed after the text */
     float *logits = NULL;
     llmrt_cache cache = 0;
     bool text = false;
@@ -339,6 +340,12 @@ int main(int argc, char **argv) {
     }
     fflush(stdout);
 
+    gen_ids = malloc((n_gen ? n_gen : 1) * sizeof *gen_ids);
+    uint32_t n_gen_ids = 0;
+    if (!gen_ids) {
+        fprintf(stderr, "out of memory\n");
+        goto out;
+    }
     double t_decode = now_s();
     for (uint32_t i = 0; i < n_gen; i++) {
         uint32_t next = 0;
@@ -363,6 +370,7 @@ int main(int argc, char **argv) {
             }
             n_decoded++;
         }
+        gen_ids[n_gen_ids++] = next;
         if (text) {
             if (next == info.eos_token) break;
             st = emit_token(model, next, &out);
@@ -380,6 +388,11 @@ int main(int argc, char **argv) {
     t_decode = now_s() - t_decode;
     if (out.n_pending > 0) fwrite(out.buf, 1, out.n_pending, stdout); /* a cut-off tail */
     printf("\n");
+    if (text) {
+        printf("generated ids:");
+        for (uint32_t i = 0; i < n_gen_ids; i++) printf(" %u", gen_ids[i]);
+        printf("\n");
+    }
 
     if (n_prefill > 0)
         printf("prefill: %zu tokens in %.3f s (%.1f tokens/s)\n", n_prefill, t_prefill,
@@ -393,6 +406,7 @@ out:
     if (cache != 0) llmrt_cache_release(model, cache);
     llmrt_model_free(model);
     free(out.buf);
+    free(gen_ids);
     free(logits);
     free(prompt);
     return rc;
