@@ -59,12 +59,49 @@ fn files(f: &Fixture) -> Vec<(&'static str, PathBuf)> {
     ["f32", "f16", "q8_0"].into_iter().map(|ty| (ty, f.gguf(ty))).filter(|(_, p)| p.exists()).collect()
 }
 
+/// CUDA-vs-CPU bound on the relative L2 of a logits row. The device keeps K and V in
+/// f16 (the CPU in f32), and its cuBLAS prefill (> 8 tokens) rounds activations to f16
+/// for f16/quantized weights. The CPU backend with exactly those roundings emulated gives,
+/// on the fixtures: f16 KV alone up to 7.8e-4 (llama_mha_tied f32); f16 KV plus the
+/// cuBLAS rounding up to 1.6e-3 (f16/q8_0 files), and 1.2e-3 between a GEMV and a cuBLAS
+/// prefill of the same positions (the truncate test). So 1e-3 for f32 files was too tight.
+/// Real bugs (RoPE pairing, positions, GQA mapping, KV layout) give errors of 1e-1 and up.
 fn bound(ty: &str) -> f64 {
     if ty == "f32" {
-        1e-3
+        2e-3
     } else {
         1e-2
     }
+}
+
+/// A greedy step is "decided" when the CPU's top-2 logit gap, over the row's standard
+/// deviation, is at least this: f16 KV rounding (about 1e-3 relative on the logits)
+/// cannot flip it. stories260K has a step at 9e-4 (position 37 of its 64 ids), where
+/// the emulated f16-KV run does pick the other token.
+const DECIDED_GAP: f32 = 5e-3;
+
+/// How many of `ids` (greedy continuation of `prompt`) are decided by a clear margin on
+/// the CPU `m`, teacher-forced: the index of the first undecided step, or `ids.len()`.
+/// CUDA's greedy ids must equal the reference up to there; past it an f16 KV cache
+/// may legitimately take the other branch.
+fn decided_prefix(m: &M, prompt: &[u32], ids: &[u32]) -> usize {
+    if ids.is_empty() {
+        return 0;
+    }
+    let c = m.reserve(0);
+    let toks = [prompt, &ids[..ids.len() - 1]].concat();
+    let logits = m.prefill_all(c, &toks);
+    m.release(c);
+    logits[(prompt.len() - 1) * m.vocab..]
+        .chunks_exact(m.vocab)
+        .position(|r| {
+            let mut s = r.to_vec();
+            s.sort_by(|a, b| b.total_cmp(a));
+            let mean = r.iter().map(|&x| x as f64).sum::<f64>() / r.len() as f64;
+            let sd = (r.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / r.len() as f64).sqrt();
+            ((s[0] - s[1]) as f64) < DECIDED_GAP as f64 * sd
+        })
+        .unwrap_or(ids.len())
 }
 
 /// Worst relative L2 over a set of rows.
@@ -98,7 +135,7 @@ impl Worst {
 }
 
 /// Prefill logits of every row, and decode logits step by step, CUDA vs CPU.
-fn compare_file(path: &Path, tokens: &[u32], ty: &str) {
+fn compare_file(path: &Path, tokens: &[u32], bound: f64) {
     let name = path.file_name().unwrap().to_string_lossy().trim_end_matches(".gguf").to_string();
     let (c, g) = (cpu(path), gpu(path));
     assert_eq!(c.vocab, g.vocab);
@@ -106,18 +143,18 @@ fn compare_file(path: &Path, tokens: &[u32], ty: &str) {
     let mut w = Worst::new(name);
     // Whole prompt in one prefill (the cuBLAS path when long enough).
     let (cc, gc) = (c.reserve(0), g.reserve(0));
-    w.rows(&g.prefill_all(gc, tokens), &c.prefill_all(cc, tokens), v, "prefill", bound(ty));
+    w.rows(&g.prefill_all(gc, tokens), &c.prefill_all(cc, tokens), v, "prefill", bound);
     // A short prefill then decode steps (the GEMV path), also batched with a second cache.
     let split = tokens.len() / 2;
     let (ca, ga) = (c.reserve(0), g.reserve(0));
     let (cb, gb) = (c.reserve(0), g.reserve(0));
-    w.rows(&g.prefill(ga, &tokens[..split]), &c.prefill(ca, &tokens[..split]), v, "short prefill", bound(ty));
-    w.rows(&g.prefill(gb, &tokens[..3]), &c.prefill(cb, &tokens[..3]), v, "short prefill", bound(ty));
+    w.rows(&g.prefill(ga, &tokens[..split]), &c.prefill(ca, &tokens[..split]), v, "short prefill", bound);
+    w.rows(&g.prefill(gb, &tokens[..3]), &c.prefill(cb, &tokens[..3]), v, "short prefill", bound);
     for (i, &t) in tokens[split..].iter().enumerate() {
         let other = tokens[(i * 5 + 1) % tokens.len()];
         let gl = g.decode(&[ga, gb], &[t, other]);
         let cl = c.decode(&[ca, cb], &[t, other]);
-        w.rows(&gl, &cl, v, &format!("decode step {i}"), bound(ty));
+        w.rows(&gl, &cl, v, &format!("decode step {i}"), bound);
     }
     w.print();
 }
@@ -184,7 +221,7 @@ fn logits_match_cpu_every_fixture_file() {
     let mut n = 0;
     for f in fixtures_present() {
         for (ty, path) in files(&f) {
-            compare_file(&path, &f.tokens, ty);
+            compare_file(&path, &f.tokens, bound(ty));
             n += 1;
         }
     }
@@ -199,7 +236,8 @@ fn greedy_ids_match_cpu_f32() {
     for f in fixtures_present() {
         let path = f.gguf("f32");
         let mut ids = Vec::new();
-        for m in [cpu(&path), gpu(&path)] {
+        let (c_model, g_model) = (cpu(&path), gpu(&path));
+        for m in [&c_model, &g_model] {
             let c = m.reserve(0);
             let last = m.prefill(c, &f.greedy_prompt());
             let mut got = vec![argmax(&last)];
@@ -208,9 +246,12 @@ fn greedy_ids_match_cpu_f32() {
             }
             ids.push(got);
         }
-        assert_eq!(ids[1], ids[0], "{}: CUDA greedy ids differ from the CPU's", f.name);
         assert_eq!(ids[0], f.greedy_ids()[..32], "{}: CPU greedy ids differ from transformers", f.name);
-        println!("{:<16} 32 greedy ids identical on CUDA and CPU", f.name);
+        // Identical up to the first near-tie (f16 KV on the device; see DECIDED_GAP).
+        let n = decided_prefix(&c_model, &f.greedy_prompt(), &ids[0]);
+        assert_eq!(ids[1][..n], ids[0][..n], "{}: CUDA greedy ids differ from the CPU's (decided prefix {n})", f.name);
+        let same = ids[1].iter().zip(&ids[0]).take_while(|(a, b)| a == b).count();
+        println!("{:<16} greedy ids: {same} of 32 identical on CUDA and CPU (first {n} decided by a clear margin)", f.name);
     }
 }
 
@@ -238,8 +279,15 @@ fn stories260k_greedy_on_cuda() {
     while got.len() < want.len() {
         got.push(m.decode_greedy(&[c], &[*got.last().unwrap()])[0]);
     }
-    assert_eq!(got, want, "stories260K greedy ids on CUDA differ from llama2.c's run.c");
-    compare_file(&path, &[&prompt[..], &want[..23]].concat(), "f32");
+    // run.c keeps an f32 KV cache; with f16 K/V the CPU backend, emulated, takes the
+    // other token at step 37 (a top-2 gap of 9e-4 sd). Equal up to the first near-tie.
+    let n = decided_prefix(&cpu(&path), &prompt, &want);
+    let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+    println!("stories260K greedy ids: {same} of {} identical to run.c (first {n} decided by a clear margin)", want.len());
+    assert!(n >= 32, "stories260K: only {n} decided steps (expected 37)");
+    assert_eq!(got[..n], want[..n], "stories260K greedy ids on CUDA differ from llama2.c's run.c");
+    // f16 KV alone gives up to 3.0e-3 on these rows (emulated on the CPU).
+    compare_file(&path, &[&prompt[..], &want[..23]].concat(), 1e-2);
 }
 
 /// (fixture, type) pairs the cache tests run on: both GEMV weight kinds and each arch family.
@@ -336,7 +384,9 @@ fn truncate_then_reprefill_equals_fresh_cache() {
             let mut prefix = toks[..keep as usize].to_vec();
             prefix.extend(&other);
             let want = m.prefill_all(fresh, &prefix);
-            w.rows(&got, &want[keep as usize * m.vocab..], m.vocab, &format!("keep {keep}"), 1e-3);
+            // `got` (6 tokens) takes the GEMV path, `want` (keep + 6 > 8 tokens) cuBLAS,
+            // which rounds activations to f16 for f16/q8_0 weights: bound(ty), not 1e-3.
+            w.rows(&got, &want[keep as usize * m.vocab..], m.vocab, &format!("keep {keep}"), bound(ty));
             m.release(fresh);
             assert_eq!(m.truncate(a, 0), Status::LLMRT_OK);
             m.prefill(a, toks);

@@ -36,6 +36,13 @@ pub fn default_kv_budget(free_after_weights: u64, per_position: u64, context: u6
     base.max(one_context.min(free_after_weights / 4 * 3))
 }
 
+/// Whether two matrices are the same bytes (a tied LM head is a clone of the
+/// embedding's `Matrix`). Weights may span several files (sharded safetensors), where
+/// equal offsets in different files are different tensors.
+fn same_tensor(a: &Matrix, b: &Matrix) -> bool {
+    a.file == b.file && a.offset == b.offset && a.dtype == b.dtype && a.rows == b.rows && a.cols == b.cols
+}
+
 /// One transformer block on the device.
 struct DevLayer {
     attn_norm: CudaSlice<f32>,
@@ -279,7 +286,7 @@ impl CudaBackend {
         let stream = ctx.default_stream();
         let ops = Ops::new(&ctx, stream.clone(), info.sm())?;
 
-        let tied = w.output.offset == w.token_embd.offset;
+        let tied = same_tensor(&w.output, &w.token_embd);
         let mut up = Uploader { ctx: &ctx, stream: &stream, dev: &info, weights: w, done: 0, total: w.bytes, progress };
         let token_embd = up.matrix(&w.token_embd)?;
         let output_norm = up.vector("output_norm.weight", &w.output_norm)?;
@@ -637,6 +644,23 @@ mod tests {
         assert_eq!(Plan::build(&outside, &inv, 16, 10).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
         let bad_token = [Seq { tokens: &[10], start: 0, blocks: &[0], want: Want::Last }];
         assert_eq!(Plan::build(&bad_token, &inv, 16, 10).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+    }
+
+    #[test]
+    fn tied_head_means_same_file_and_offset() {
+        let m = |file, offset| Matrix {
+            name: "t".into(),
+            dtype: crate::quant::DType::F16,
+            rows: 8,
+            cols: 4,
+            file,
+            offset,
+            row_bytes: 8,
+        };
+        assert!(same_tensor(&m(0, 64), &m(0, 64)));
+        // Two shards whose tensors start at the same offset: an untied head.
+        assert!(!same_tensor(&m(0, 64), &m(1, 64)));
+        assert!(!same_tensor(&m(0, 64), &m(0, 128)));
     }
 
     #[test]
