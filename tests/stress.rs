@@ -106,7 +106,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
                 }
             }
             // batched decode over a random subset of this thread's caches with room
-            30..=54 | 55..=64 => {
+            30..=64 => {
                 let mut batch: Vec<usize> =
                     (0..caches.len()).filter(|&j| caches[j].len < caches[j].cap && rng.below(3) != 0).collect();
                 if batch.is_empty() {
@@ -119,6 +119,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
                 let ids: Vec<u64> = batch.iter().map(|&j| caches[j].id).collect();
                 let toks: Vec<u32> = batch.iter().map(|_| tok(&mut rng)).collect();
                 if op <= 54 {
+                    // 30..=54: decode with logits; 55..=64: decode_greedy
                     let mut out = vec![f32::NAN; ids.len() * vocab];
                     let s = unsafe { llmrt_decode(model, ids.len(), ids.as_ptr(), toks.as_ptr(), out.as_mut_ptr()) };
                     rec.push(Rec::Status("decode", s));
