@@ -2,7 +2,8 @@
 # (plain and under valgrind), and the demo. `make help` lists the targets.
 #
 # Variables: MODEL (demo model), DEMO_ARGS (extra generate arguments),
-# VALGRIND=OFF (skip the memcheck half of `make ctest`), CARGO_TARGET_DIR,
+# VALGRIND=OFF (skip the memcheck half of `make ctest` and `make valgrind-rust`),
+# VALGRIND_RUST_TESTS (the Rust test binaries `make valgrind-rust` runs), CARGO_TARGET_DIR,
 # PREFIX / DESTDIR (`make install`), GO (the go command).
 #
 # Hooks filled by later work:
@@ -28,7 +29,7 @@ PREFIX    ?= /usr/local
 DESTDIR   ?=
 GO        ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 
-.PHONY: all help build check-header ctest demo test go-test install clean
+.PHONY: all help build check-header ctest demo test go-test install clean valgrind-rust tsan
 all: build
 
 help:
@@ -36,7 +37,9 @@ help:
 	@echo "make check-header  fail if include/llmrt.h differs from what build.rs generates"
 	@echo "make ctest         C tests in $(BUILD_CTEST)/, then again under valgrind"
 	@echo "make demo          run examples/generate.c on MODEL=$(MODEL)"
-	@echo "make test          cargo test, check-header, ctest[, kernel-check][, go-test]"
+	@echo "make test          cargo test, check-header, ctest, valgrind-rust[, kernel-check][, go-test]"
+	@echo "make valgrind-rust Rust integration tests under valgrind memcheck ($(VALGRIND_RUST_TESTS))"
+	@echo "make tsan          the stress test under ThreadSanitizer (nightly + rust-src; not in make test)"
 	@echo "make go-test       go vet, go test, go test -race of the Go package in go/"
 	@echo "make install       lib, headers, pkg-config and CMake files into PREFIX=$(PREFIX) (DESTDIR too)"
 	@echo "make clean"
@@ -78,10 +81,27 @@ demo: build
 
 -include scripts/kernel-check.mk
 
+# Rust integration tests under valgrind memcheck (docs/RELIABILITY.md): about two
+# minutes. The stress test runs a shorter sequence there (valgrind serialises threads).
+VALGRIND_RUST_TESTS ?= cache_semantics formats reference_parity text_api hf_parity tokenizer reliability stress
+valgrind-rust:
+	LLMRT_STRESS_OPS=60 CARGO="$(CARGO)" sh scripts/valgrind-tests.sh $(VALGRIND_RUST_TESTS)
+
+# The stress test under ThreadSanitizer: needs a nightly toolchain with rust-src
+# (`rustup component add rust-src --toolchain nightly`); std is rebuilt
+# instrumented (-Zbuild-std), so the first run takes several minutes, which is why
+# `make test` does not run it. TSAN_OPTIONS makes any report fail the run.
+TSAN_TARGET ?= x86_64-unknown-linux-gnu
+tsan:
+	RUSTFLAGS="-Zsanitizer=thread" TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	  LLMRT_STRESS_OPS=$${LLMRT_STRESS_OPS:-250} \
+	  cargo +nightly test -Zbuild-std --target $(TSAN_TARGET) --test stress -- --nocapture
+
 test:
 	$(CARGO) test --release
 	$(MAKE) --no-print-directory check-header
 	$(MAKE) --no-print-directory ctest
+	$(if $(filter OFF,$(VALGRIND)),,$(MAKE) --no-print-directory valgrind-rust)
 	$(if $(wildcard scripts/kernel-check.mk),$(MAKE) --no-print-directory kernel-check)
 	$(if $(wildcard go/go.mod),$(MAKE) --no-print-directory go-test)
 

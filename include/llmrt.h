@@ -267,7 +267,11 @@ void llmrt_model_options_default(struct llmrt_model_options *options);
  * (config.json plus model.safetensors or a sharded model.safetensors.index.json).
  * `options` may be NULL (defaults). On success `*out_model` receives
  * the model; on failure it is left untouched. Weights are memory-mapped, not
- * copied, on the CPU.
+ * copied, on the CPU; a mapped file that is truncated or rewritten after load
+ * makes later steps fail with LLMRT_IO ("model file changed since load") rather
+ * than fault. Environment LLMRT_LOAD_COPY=1 reads the files into owned memory
+ * instead (immune to later changes, costs RAM and read time). A file too large
+ * for the address space or memory: LLMRT_OUT_OF_MEMORY naming it and its size.
  *
  * # Safety
  * `path` is a NUL-terminated string; `options` is NULL or valid; `out_model` is

@@ -13,6 +13,8 @@ use crate::sample::{self, SamplerParams};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use std::path::Path;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Which backend to run on.
@@ -66,13 +68,40 @@ pub struct ModelInfo {
 struct State {
     kv: KvManager,
     backend: Box<dyn Backend>,
+    /// Set (for good) once a mapped model file was seen changed: steps fail with it.
+    file_changed: Option<Error>,
 }
 
 /// A loaded model: weights, a KV pool and a backend.
+///
+/// Panics (bugs) inside a step's compute are caught here, the step is rolled back
+/// like any failed step, and the model stays usable. A panic anywhere else while
+/// the model's lock is held (the cache bookkeeping) poisons the lock: from then on
+/// every call on the model fails with `LLMRT_INTERNAL` ("model is unusable"), and
+/// only freeing it is left. See docs/RELIABILITY.md.
 pub struct Model {
     info: ModelInfo,
     tokenizer: Option<Tokenizer>,
+    /// The weights, for the file check before each CPU step.
+    weights: Arc<Weights>,
+    /// Whether steps read the model files (CPU): then a changed file stops them.
+    reads_files: bool,
+    /// Test hook, see [`Model::debug_panic_next_step`].
+    debug_panic: AtomicU8,
     state: Mutex<State>,
+}
+
+/// Where [`Model::debug_panic_next_step`] makes the next step panic.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum DebugPanic {
+    /// Nothing armed.
+    None = 0,
+    /// Inside the step's compute, after the backend wrote the new positions' KV.
+    Compute = 1,
+    /// In the bookkeeping, with the model's lock held, outside the compute guard.
+    Bookkeeping = 2,
 }
 
 /// The tokenizer of a Hugging Face directory: tokenizer.json (with
@@ -217,7 +246,14 @@ impl Model {
             device_name: be.device_name(),
         };
         report(1.0);
-        Ok(Model { info, tokenizer, state: Mutex::new(State { kv: KvManager::new(blocks, block_bytes), backend: be }) })
+        Ok(Model {
+            info,
+            tokenizer,
+            weights,
+            reads_files: kind != BackendKind::Cuda,
+            debug_panic: AtomicU8::new(DebugPanic::None as u8),
+            state: Mutex::new(State { kv: KvManager::new(blocks, block_bytes), backend: be, file_changed: None }),
+        })
     }
 
     /// Hyperparameters and what the load chose.
@@ -225,20 +261,54 @@ impl Model {
         &self.info
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic inside a step is caught at the boundary; the bookkeeping is only
-        // committed after a step completes, so the state stays consistent.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    /// The model's state, or `LLMRT_INTERNAL` when an earlier call panicked while
+    /// holding it outside a step's compute (the bookkeeping may be half-updated).
+    fn lock(&self) -> Result<MutexGuard<'_, State>> {
+        self.state.lock().map_err(|_| {
+            Error::internal(
+                "model is unusable: an earlier call on it panicked while updating its cache bookkeeping \
+                 (a bug; the message of that call said where); free it and load it again",
+            )
+        })
+    }
+
+    /// Test hook (not part of the C API): the next step on this model panics at
+    /// `at`, to test that panics are caught and what state they leave.
+    #[doc(hidden)]
+    pub fn debug_panic_next_step(&self, at: DebugPanic) {
+        self.debug_panic.store(at as u8, Ordering::SeqCst);
+    }
+
+    fn take_debug_panic(&self, at: DebugPanic) -> bool {
+        self.debug_panic.compare_exchange(at as u8, DebugPanic::None as u8, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+    }
+
+    /// Before a CPU step: the mapped files must be as they were at load, or reading
+    /// them could fault (SIGBUS). Once changed, the model refuses steps for good.
+    fn check_files(&self, st: &mut State) -> Result<()> {
+        if let Some(e) = &st.file_changed {
+            return Err(e.clone());
+        }
+        if !self.reads_files {
+            return Ok(());
+        }
+        for f in &self.weights.files {
+            if let Err(e) = f.check_unchanged() {
+                st.file_changed = Some(e.clone());
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// Reserves a cache for `positions` tokens (0 = the full context).
     pub fn cache_reserve(&self, positions: u32) -> Result<u64> {
         let positions = if positions == 0 { self.info.context_length } else { positions };
-        self.lock().kv.reserve(positions, self.info.context_length)
+        self.lock()?.kv.reserve(positions, self.info.context_length)
     }
 
     pub fn cache_release(&self, cache: u64) -> Result<()> {
-        self.lock().kv.release(cache)
+        self.lock()?.kv.release(cache)
     }
 
     fn tokenizer(&self) -> Result<&Tokenizer> {
@@ -274,7 +344,7 @@ impl Model {
         let v = self.info.vocab_size as usize;
         let mut logits = vec![0f32; caches.len() * v];
         self.decode(caches, tokens, Some(&mut logits))?;
-        let st = self.lock();
+        let st = self.lock()?;
         for ((o, row), &c) in next.iter_mut().zip(logits.chunks_exact(v)).zip(caches) {
             let s = st.kv.get(c)?;
             *o = sample::sample(row, params, &s.tokens, s.len as u64);
@@ -284,24 +354,24 @@ impl Model {
 
     /// The tokens cache `cache` holds, in order.
     pub fn cache_tokens(&self, cache: u64) -> Result<Vec<u32>> {
-        Ok(self.lock().kv.get(cache)?.tokens.clone())
+        Ok(self.lock()?.kv.get(cache)?.tokens.clone())
     }
 
     pub fn cache_length(&self, cache: u64) -> Result<u32> {
-        Ok(self.lock().kv.get(cache)?.len)
+        Ok(self.lock()?.kv.get(cache)?.len)
     }
 
     pub fn cache_truncate(&self, cache: u64, positions: u32) -> Result<()> {
-        self.lock().kv.truncate(cache, positions)
+        self.lock()?.kv.truncate(cache, positions)
     }
 
     pub fn cache_fork(&self, source: u64) -> Result<u64> {
-        self.lock().kv.fork(source)
+        self.lock()?.kv.fork(source)
     }
 
     /// Live caches (for tests and diagnostics).
     pub fn cache_ids(&self) -> Vec<u64> {
-        self.lock().kv.cache_ids()
+        self.lock().map(|st| st.kv.cache_ids()).unwrap_or_default()
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
@@ -371,7 +441,7 @@ impl Model {
             Want::Last => caches.len(),
             Want::All => tokens.iter().map(|t| t.len()).sum(),
         };
-        let mut st = self.lock();
+        let mut st = self.lock()?;
         for (&c, t) in caches.iter().zip(tokens) {
             st.kv.check_append(c, t.len())?;
         }
@@ -384,11 +454,18 @@ impl Model {
             }
             _ => {}
         }
+        self.check_files(&mut st)?;
         // From here on only invisible changes happen until the commit.
-        let State { kv, backend } = &mut *st;
+        let State { kv, backend, .. } = &mut *st;
         for (&c, t) in caches.iter().zip(tokens) {
             let copies = kv.prepare_append(c, t.len())?;
-            backend.copy_blocks(&copies)?;
+            if let Err(e) = guarded(|| backend.copy_blocks(&copies)) {
+                kv.undo_copies(c, &copies);
+                return Err(e);
+            }
+        }
+        if self.take_debug_panic(DebugPanic::Bookkeeping) {
+            panic!("debug panic in the bookkeeping (llmrt test hook)");
         }
         let starts: Vec<usize> = caches.iter().map(|&c| kv.get(c).map(|s| s.len as usize)).collect::<Result<_>>()?;
         let tables: Vec<Vec<u32>> = caches.iter().map(|&c| kv.get(c).map(|s| s.blocks.clone())).collect::<Result<_>>()?;
@@ -402,7 +479,13 @@ impl Model {
         match out {
             Out::Logits(logits) => {
                 let mut buf = vec![0f32; rows * v];
-                backend.step(&seqs, &mut buf)?;
+                guarded(|| {
+                    backend.step(&seqs, &mut buf)?;
+                    if self.take_debug_panic(DebugPanic::Compute) {
+                        panic!("debug panic in a step's compute (llmrt test hook)");
+                    }
+                    Ok(())
+                })?;
                 for (&c, t) in caches.iter().zip(tokens) {
                     kv.commit(c, t);
                 }
@@ -412,7 +495,13 @@ impl Model {
             }
             Out::Greedy(next) => {
                 let mut ids = vec![0u32; rows];
-                backend.step_greedy(&seqs, &mut ids)?;
+                guarded(|| {
+                    backend.step_greedy(&seqs, &mut ids)?;
+                    if self.take_debug_panic(DebugPanic::Compute) {
+                        panic!("debug panic in a step's compute (llmrt test hook)");
+                    }
+                    Ok(())
+                })?;
                 for (&c, t) in caches.iter().zip(tokens) {
                     kv.commit(c, t);
                 }
@@ -421,6 +510,24 @@ impl Model {
         }
         Ok(())
     }
+}
+
+/// Runs a backend call, turning a panic into `LLMRT_INTERNAL`. Sound because a
+/// backend call only writes KV storage at positions past every cache's committed
+/// length (or block copies into blocks no committed position reads yet) and the
+/// caller's scratch buffers: the step fails like any other and nothing is committed.
+fn guarded(f: impl FnOnce() -> Result<()>) -> Result<()> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let what = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        Err(Error::internal(format!(
+            "internal error (caught panic) in the step's compute: {what}; the step was rolled back and the model \
+             stays usable"
+        )))
+    })
 }
 
 /// Where a step's results go.

@@ -255,7 +255,11 @@ struct SendPtr(*mut c_void);
 /// (config.json plus model.safetensors or a sharded model.safetensors.index.json).
 /// `options` may be NULL (defaults). On success `*out_model` receives
 /// the model; on failure it is left untouched. Weights are memory-mapped, not
-/// copied, on the CPU.
+/// copied, on the CPU; a mapped file that is truncated or rewritten after load
+/// makes later steps fail with LLMRT_IO ("model file changed since load") rather
+/// than fault. Environment LLMRT_LOAD_COPY=1 reads the files into owned memory
+/// instead (immune to later changes, costs RAM and read time). A file too large
+/// for the address space or memory: LLMRT_OUT_OF_MEMORY naming it and its size.
 ///
 /// # Safety
 /// `path` is a NUL-terminated string; `options` is NULL or valid; `out_model` is
@@ -325,6 +329,19 @@ pub unsafe extern "C" fn llmrt_model_free(model: *mut llmrt_model) {
         drop(unsafe { Box::from_raw(model) });
         Ok(())
     });
+}
+
+/// Test hook, not part of the C API (a plain Rust function: cbindgen does not
+/// export it and the cdylib has no symbol for it): the next step on `model`
+/// panics at `at`, so tests can check what a caught panic leaves behind.
+///
+/// # Safety
+/// `model` is a live model.
+#[doc(hidden)]
+pub unsafe fn debug_panic_next_step(model: *const llmrt_model, at: crate::runtime::DebugPanic) {
+    if let Ok(m) = model_ref(model) {
+        m.debug_panic_next_step(at);
+    }
 }
 
 fn copy_cstr<const N: usize>(dst: &mut [c_char; N], s: &str) {

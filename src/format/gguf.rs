@@ -24,7 +24,7 @@ use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
+use super::FileBytes;
 
 use crate::error::{Error, Result};
 use crate::quant::{ggml_type_info, DType};
@@ -210,14 +210,14 @@ impl TensorInfo {
 }
 
 enum Backing {
-    Mmap(Mmap),
+    File(FileBytes),
     Owned(Vec<u8>),
 }
 
 impl Backing {
     fn bytes(&self) -> &[u8] {
         match self {
-            Backing::Mmap(m) => m,
+            Backing::File(f) => f.bytes(),
             Backing::Owned(v) => v,
         }
     }
@@ -271,15 +271,9 @@ impl Gguf {
                 "{shown}: empty file (0 bytes; expected the GGUF magic at offset 0)"
             )));
         }
-        // SAFETY: the mapping is read-only and private, and we only ever hand
-        // out shared byte slices of it. The usual caveat of file mappings
-        // applies: if another process truncates or rewrites the file while it
-        // is mapped, reads may fault or see changed bytes. Model files are not
-        // expected to change under a running process; this is the same
-        // contract llama.cpp and every mmap-based loader rely on.
-        let map = unsafe { memmap2::MmapOptions::new().map(&file) }
-            .map_err(|e| Error::io(format!("{shown}: cannot map: {e}")))?;
-        parse(Backing::Mmap(map), path.to_path_buf())
+        // Mapped (or read, with LLMRT_LOAD_COPY=1); see FileBytes::open.
+        let data = FileBytes::open(file, &meta, path)?;
+        parse(Backing::File(data), path.to_path_buf())
     }
 
     /// Parse GGUF from owned memory (tests, fuzzing, generated models).
@@ -291,6 +285,15 @@ impl Gguf {
     /// The whole file.
     pub fn bytes(&self) -> &[u8] {
         self.backing.bytes()
+    }
+
+    /// `LLMRT_IO` when the mapped file changed since open (see
+    /// [`crate::format::WeightFile::check_unchanged`]).
+    pub fn check_unchanged(&self) -> Result<()> {
+        match &self.backing {
+            Backing::File(f) => f.check_unchanged(&self.path),
+            Backing::Owned(_) => Ok(()),
+        }
     }
 
     /// A metadata value by key.

@@ -16,6 +16,11 @@ pub trait WeightFile: Send + Sync {
     fn path(&self) -> &Path;
     /// The whole file.
     fn bytes(&self) -> &[u8];
+    /// `LLMRT_IO` when a mapped file changed (size or modification time) since
+    /// it was opened, so reading the mapping could fault; owned bytes never fail.
+    fn check_unchanged(&self) -> crate::Result<()> {
+        Ok(())
+    }
 }
 
 impl WeightFile for gguf::Gguf {
@@ -24,5 +29,91 @@ impl WeightFile for gguf::Gguf {
     }
     fn bytes(&self) -> &[u8] {
         gguf::Gguf::bytes(self)
+    }
+    fn check_unchanged(&self) -> crate::Result<()> {
+        gguf::Gguf::check_unchanged(self)
+    }
+}
+
+/// Environment variable: when set to `1`, model files are read into owned memory
+/// at load instead of being memory-mapped (see docs/RELIABILITY.md, "Files that
+/// change under a mapping"). Costs a copy of the weights in RAM and the read time.
+pub const LOAD_COPY_ENV: &str = "LLMRT_LOAD_COPY";
+
+/// Whether [`LOAD_COPY_ENV`] asks for owned copies.
+pub fn load_copy_requested() -> bool {
+    std::env::var_os(LOAD_COPY_ENV).is_some_and(|v| v == "1")
+}
+
+/// A model file's bytes: a read-only mapping that remembers what the file was at
+/// load (size and modification time, on the still-open descriptor), or an owned copy.
+pub(crate) enum FileBytes {
+    Mapped { map: memmap2::Mmap, file: std::fs::File, len: u64, mtime: Option<std::time::SystemTime> },
+    Owned(Vec<u8>),
+}
+
+impl FileBytes {
+    /// Maps `file` (already opened and checked regular, `len` bytes, non-empty), or
+    /// reads it into owned memory when `LLMRT_LOAD_COPY=1`. An address-space or
+    /// memory failure is `LLMRT_OUT_OF_MEMORY` naming the file and its size.
+    pub(crate) fn open(file: std::fs::File, meta: &std::fs::Metadata, path: &Path) -> crate::Result<FileBytes> {
+        use crate::Error;
+        let shown = path.display();
+        let len = meta.len();
+        if load_copy_requested() {
+            use std::io::Read;
+            let n = usize::try_from(len)
+                .map_err(|_| Error::out_of_memory(format!("{shown}: {len} bytes do not fit in the address space")))?;
+            let mut v: Vec<u8> = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| {
+                Error::out_of_memory(format!("{shown}: cannot allocate {len} bytes to read the model into memory"))
+            })?;
+            (&file).take(len).read_to_end(&mut v).map_err(|e| Error::io(format!("{shown}: cannot read: {e}")))?;
+            if v.len() as u64 != len {
+                return Err(Error::io(format!("{shown}: read {} of {len} bytes (the file shrank while loading)", v.len())));
+            }
+            return Ok(FileBytes::Owned(v));
+        }
+        // SAFETY: the mapping is read-only and only shared byte slices of it are
+        // handed out. A file truncated or rewritten by another process while it is
+        // mapped could fault (SIGBUS) or show changed bytes: the CPU backend checks
+        // the descriptor's size and mtime against these values before every step
+        // ([`Self::check_unchanged`]) and refuses to run once they differ; what that
+        // leaves open is described in docs/RELIABILITY.md. MAP_PRIVATE would not help:
+        // unwritten private pages still come from the file and fault the same way.
+        let map = unsafe { memmap2::MmapOptions::new().map(&file) }.map_err(|e| {
+            if e.raw_os_error() == Some(libc::ENOMEM) {
+                Error::out_of_memory(format!("{shown}: cannot map {len} bytes: {e} (address-space or memory limit)"))
+            } else {
+                Error::io(format!("{shown}: cannot map {len} bytes: {e}"))
+            }
+        })?;
+        Ok(FileBytes::Mapped { map, file, len, mtime: meta.modified().ok() })
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            FileBytes::Mapped { map, .. } => map,
+            FileBytes::Owned(v) => v,
+        }
+    }
+
+    /// `LLMRT_IO` when the mapped file's size or modification time differ from
+    /// what they were at load (one fstat; owned copies never change).
+    pub(crate) fn check_unchanged(&self, path: &Path) -> crate::Result<()> {
+        let FileBytes::Mapped { file, len, mtime, .. } = self else { return Ok(()) };
+        let shown = path.display();
+        let meta = file
+            .metadata()
+            .map_err(|e| crate::Error::io(format!("{shown}: cannot stat the loaded model file: {e}")))?;
+        if meta.len() != *len || meta.modified().ok() != *mtime {
+            return Err(crate::Error::io(format!(
+                "{shown}: model file changed since load (size {len} -> {} bytes{}); its mapping can no longer be \
+                 read safely: reload the model (or load with {LOAD_COPY_ENV}=1 to keep a private copy)",
+                meta.len(),
+                if meta.len() == *len { ", modification time changed" } else { "" }
+            )));
+        }
+        Ok(())
     }
 }

@@ -18,7 +18,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use memmap2::Mmap;
+use crate::format::FileBytes;
 
 use crate::error::{Error, Result};
 use crate::format::WeightFile;
@@ -46,7 +46,7 @@ pub struct StTensor {
 }
 
 enum Backing {
-    Mmap(Mmap),
+    File(FileBytes),
     Owned(Vec<u8>),
 }
 
@@ -77,6 +77,12 @@ impl WeightFile for SafeTensors {
     fn bytes(&self) -> &[u8] {
         SafeTensors::bytes(self)
     }
+    fn check_unchanged(&self) -> Result<()> {
+        match &self.backing {
+            Backing::File(f) => f.check_unchanged(&self.path),
+            Backing::Owned(_) => Ok(()),
+        }
+    }
 }
 
 fn elem_size(dtype: &str) -> Option<(DType, u64)> {
@@ -102,11 +108,9 @@ impl SafeTensors {
         if meta.len() == 0 {
             return Err(Error::bad_model(format!("{shown}: empty file (0 bytes; expected an 8-byte header length)")));
         }
-        // SAFETY: read-only private mapping, only shared slices are handed out; as
-        // for GGUF, the file must not be truncated or rewritten while mapped.
-        let map = unsafe { memmap2::MmapOptions::new().map(&file) }
-            .map_err(|e| Error::io(format!("{shown}: cannot map: {e}")))?;
-        parse(Backing::Mmap(map), path.to_path_buf())
+        // Mapped (or read, with LLMRT_LOAD_COPY=1); see FileBytes::open.
+        let data = FileBytes::open(file, &meta, path)?;
+        parse(Backing::File(data), path.to_path_buf())
     }
 
     /// Parse from owned memory (tests); `name` stands for the file in messages.
@@ -117,7 +121,7 @@ impl SafeTensors {
     /// The whole file.
     pub fn bytes(&self) -> &[u8] {
         match &self.backing {
-            Backing::Mmap(m) => m,
+            Backing::File(f) => f.bytes(),
             Backing::Owned(v) => v,
         }
     }
@@ -137,7 +141,7 @@ impl SafeTensors {
 fn parse(backing: Backing, path: PathBuf) -> Result<SafeTensors> {
     let shown = path.display().to_string();
     let b = match &backing {
-        Backing::Mmap(m) => &m[..],
+        Backing::File(f) => f.bytes(),
         Backing::Owned(v) => &v[..],
     };
     let len = b.len() as u64;

@@ -240,6 +240,25 @@ impl KvManager {
         result.map(|_| copies)
     }
 
+    /// Undoes the copy-on-write of [`Self::prepare_append`] when the backend could
+    /// not perform `copies` (an error or a caught panic): the table points at the
+    /// shared source blocks again, so the cache's committed positions read what they
+    /// did before. Freshly appended blocks stay (they hold no committed position).
+    pub fn undo_copies(&mut self, id: u64, copies: &[BlockCopy]) {
+        let Some(s) = self.caches.get_mut(&id) else { return };
+        let mut freed = Vec::new();
+        for c in copies {
+            if let Some(slot) = s.blocks.iter_mut().find(|b| **b == c.dst) {
+                *slot = c.src;
+                self.refcount[c.src as usize] += 1;
+                freed.push(c.dst);
+            }
+        }
+        for b in freed {
+            self.unref(b);
+        }
+    }
+
     /// Records that `tokens` were written to cache `id` after its last position.
     pub fn commit(&mut self, id: u64, tokens: &[u32]) {
         if let Some(s) = self.caches.get_mut(&id) {
@@ -327,6 +346,12 @@ mod tests {
         // truncating b into the shared first block, then writing, copies block 0.
         kv.truncate(b, 5).unwrap();
         assert_eq!(kv.get(b).unwrap().blocks.len(), 1);
+        // A copy the backend could not do is undone: b shares block 0 again.
+        let copies = kv.prepare_append(b, 1).unwrap();
+        assert_eq!(copies.len(), 1);
+        kv.undo_copies(b, &copies);
+        assert_eq!(kv.get(a).unwrap().blocks[0], kv.get(b).unwrap().blocks[0]);
+        assert_eq!(kv.blocks_in_use(), 2);
         assert_eq!(kv.prepare_append(b, 1).unwrap().len(), 1);
         kv.release(a).unwrap();
         kv.release(b).unwrap();
