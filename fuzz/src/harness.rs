@@ -23,10 +23,10 @@ use llmrt::{BackendKind, LoadOptions, Model, Result, Status};
 pub const FIXED_TEXT: &str =
     "Hello world! It's 2024.\n\n  tabs\tand  spaces <s></s><|endoftext|> caf\u{e9} \u{65e5}\u{672c} \u{1F600}";
 
-/// Positions a fuzzed model's cache is capped at, and its KV budget: a model the
-/// fuzzer builds never needs more, and a huge `context_length` must not matter.
-pub const MAX_CONTEXT: u32 = 64;
-pub const KV_BYTES: u64 = 4 << 20;
+/// Positions the steps reserve (at most): the load itself runs with the defaults
+/// (no context cap, the default KV budget), as `llmrt_model_load` does, so a huge
+/// `context_length` in a file goes through the default sizing.
+pub const MAX_POSITIONS: u32 = 64;
 
 /// Encodes and decodes with `t`: the fixed text, `extra` as given (often invalid
 /// UTF-8: an error, not a panic) and lossily decoded, and ids taken from `extra`
@@ -139,8 +139,6 @@ pub fn model(bytes: Vec<u8>) -> Result<Model> {
     let opts = LoadOptions {
         backend: BackendKind::Cpu,
         threads: 1,
-        max_context: MAX_CONTEXT,
-        kv_cache_bytes: KV_BYTES,
         ..Default::default()
     };
     let m = Model::load_gguf_bytes(bytes, "fuzz.gguf", opts)?;
@@ -166,7 +164,7 @@ pub fn steps(m: &Model) -> Result<()> {
         toks.push((toks.len() as u32 + 1) % info.vocab_size);
     }
     let _ = m.detokenize(&toks);
-    let c = m.cache_reserve(0)?;
+    let c = m.cache_reserve(info.context_length.min(MAX_POSITIONS))?;
     let mut logits = vec![0f32; 2 * v];
     m.prefill(c, &toks, Some(&mut logits), true)?;
     let mut row = vec![0f32; v];
