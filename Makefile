@@ -10,6 +10,8 @@
 # - kernel-check: `make test` runs it when scripts/kernel-check.mk exists; that
 #   file must define a `kernel-check` target (it is -included here).
 # - go-test: `make test` runs it when go/go.mod exists.
+# - fuzz-short: `make test` runs it when scripts/fuzz.mk exists (every fuzz
+#   target for a few seconds; scripts/fuzz.sh).
 
 CARGO     ?= cargo
 CMAKE     ?= cmake
@@ -37,7 +39,7 @@ help:
 	@echo "make check-header  fail if include/llmrt.h differs from what build.rs generates"
 	@echo "make ctest         C tests in $(BUILD_CTEST)/, then again under valgrind"
 	@echo "make demo          run examples/generate.c on MODEL=$(MODEL)"
-	@echo "make test          cargo test, check-header, ctest, valgrind-rust[, kernel-check][, go-test]"
+	@echo "make test          cargo test, check-header, ctest, valgrind-rust[, kernel-check][, go-test][, fuzz-short]"
 	@echo "make valgrind-rust Rust integration tests under valgrind memcheck ($(VALGRIND_RUST_TESTS))"
 	@echo "make tsan          the stress test under ThreadSanitizer (nightly + rust-src; not in make test)"
 	@echo "make go-test       go vet, go test, go test -race of the Go package in go/"
@@ -80,6 +82,7 @@ demo: build
 	$(GENERATE) $(MODEL) $(DEMO_ARGS)
 
 -include scripts/kernel-check.mk
+-include scripts/fuzz.mk
 
 # Rust integration tests under valgrind memcheck (docs/RELIABILITY.md): about two
 # minutes. The stress test runs a shorter sequence there (valgrind serialises threads).
@@ -104,6 +107,7 @@ test:
 	$(if $(filter OFF,$(VALGRIND)),,$(MAKE) --no-print-directory valgrind-rust)
 	$(if $(wildcard scripts/kernel-check.mk),$(MAKE) --no-print-directory kernel-check)
 	$(if $(wildcard go/go.mod),$(MAKE) --no-print-directory go-test)
+	$(if $(wildcard scripts/fuzz.mk),$(MAKE) --no-print-directory fuzz-short)
 
 # The package's own #cgo lines point at ../include and ../target/release; these
 # flags come first, so a CARGO_TARGET_DIR elsewhere wins.

@@ -127,6 +127,34 @@ fn hf_tokenizer(dir: &Path) -> Result<Option<Tokenizer>> {
     Ok(None)
 }
 
+/// The backend a load runs on (see [`Model::load`]).
+fn choose_backend(backend: BackendKind) -> Result<BackendKind> {
+    Ok(match backend {
+        BackendKind::Cpu => BackendKind::Cpu,
+        BackendKind::Cuda => {
+            crate::backend::cuda::probe()?;
+            BackendKind::Cuda
+        }
+        BackendKind::Auto => match crate::backend::cuda::probe() {
+            Ok(_) => BackendKind::Cuda,
+            Err(e) if e.status == crate::Status::LLMRT_UNSUPPORTED => BackendKind::Cpu,
+            Err(e) => return Err(e),
+        },
+    })
+}
+
+/// Hyperparameters, tokenizer and bound weights of a parsed GGUF file.
+fn bind_gguf(
+    file: Arc<Gguf>,
+    bind_share: f32,
+    report: &mut dyn FnMut(f32),
+) -> Result<(Config, Weights, Option<Tokenizer>)> {
+    let cfg = Config::from_gguf(&file)?;
+    let tokenizer = Tokenizer::from_gguf(&file)?;
+    let weights = Weights::bind(file, &cfg, &mut |f| report(0.1 + bind_share * f))?;
+    Ok((cfg, weights, tokenizer))
+}
+
 /// Default KV budget on the CPU: a quarter of physical memory, at least one full
 /// context (storage is allocated as blocks are first written).
 fn default_cpu_kv_budget(per_position: u64, context: u64) -> u64 {
@@ -154,18 +182,7 @@ impl Model {
             }
         };
         report(0.0);
-        let kind = match backend {
-            BackendKind::Cpu => BackendKind::Cpu,
-            BackendKind::Cuda => {
-                crate::backend::cuda::probe()?;
-                BackendKind::Cuda
-            }
-            BackendKind::Auto => match crate::backend::cuda::probe() {
-                Ok(_) => BackendKind::Cuda,
-                Err(e) if e.status == crate::Status::LLMRT_UNSUPPORTED => BackendKind::Cpu,
-                Err(e) => return Err(e),
-            },
-        };
+        let kind = choose_backend(backend)?;
         let bind_share = if kind == BackendKind::Cuda { 0.2 } else { 0.85 };
         let (cfg, weights, tokenizer) = if path.is_dir() {
             let config = path.join(crate::model::hf::CONFIG_FILE);
@@ -181,11 +198,43 @@ impl Model {
         } else {
             let file = Arc::new(Gguf::open(path)?);
             report(0.1);
-            let cfg = Config::from_gguf(&file)?;
-            let tokenizer = Tokenizer::from_gguf(&file)?;
-            let weights = Weights::bind(file, &cfg, &mut |f| report(0.1 + bind_share * f))?;
-            (cfg, weights, tokenizer)
+            bind_gguf(file, bind_share, &mut report)?
         };
+        Self::finish(path, kind, cfg, weights, tokenizer, device, threads, max_context, kv_cache_bytes, &mut report)
+    }
+
+    /// Loads a GGUF model held in memory (tests, fuzzing, generated models): as
+    /// [`Self::load`] of a file with these bytes; `name` stands for the file name in
+    /// error messages.
+    pub fn load_gguf_bytes(bytes: Vec<u8>, name: &str, opts: LoadOptions<'_>) -> Result<Model> {
+        let LoadOptions { backend, device, threads, max_context, kv_cache_bytes, mut progress } = opts;
+        let mut report = |f: f32| {
+            if let Some(p) = progress.as_mut() {
+                p(f)
+            }
+        };
+        report(0.0);
+        let kind = choose_backend(backend)?;
+        let bind_share = if kind == BackendKind::Cuda { 0.2 } else { 0.85 };
+        let file = Arc::new(Gguf::from_bytes(bytes, name)?);
+        report(0.1);
+        let (cfg, weights, tokenizer) = bind_gguf(file, bind_share, &mut report)?;
+        Self::finish(Path::new(name), kind, cfg, weights, tokenizer, device, threads, max_context, kv_cache_bytes, &mut report)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        path: &Path,
+        kind: BackendKind,
+        cfg: Config,
+        weights: Weights,
+        tokenizer: Option<Tokenizer>,
+        device: i32,
+        threads: u32,
+        max_context: u32,
+        kv_cache_bytes: u64,
+        report: &mut dyn FnMut(f32),
+    ) -> Result<Model> {
         let weights = Arc::new(weights);
         if let Some(t) = &tokenizer {
             if t.vocab_size() > cfg.vocab_size {

@@ -40,6 +40,9 @@ use crate::{Error, Result};
 /// The config file of a model directory.
 pub(crate) const CONFIG_FILE: &str = "config.json";
 
+/// Largest head dimension accepted from a config.json (real models use <= 256).
+const MAX_HEAD_DIM: usize = 1 << 16;
+
 /// What config.json says.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HfConfig {
@@ -95,6 +98,13 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
     };
     if head_dim % 2 != 0 {
         return Err(Error::bad_model(format!("{file}: head_dim {head_dim} is odd; RoPE needs pairs")));
+    }
+    // Checked here, before anything is sized by it (the llama3 RoPE divisors are
+    // head_dim / 2 floats; the weights, which would bound it, are bound later).
+    if head_dim > MAX_HEAD_DIM {
+        return Err(Error::unsupported(format!(
+            "{file}: head_dim {head_dim} is larger than the {MAX_HEAD_DIM} supported"
+        )));
     }
     let default_ctx = match model_type {
         "llama" => 2048,
@@ -425,6 +435,21 @@ mod tests {
         let e = cfg(r#""model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#).unwrap_err();
         assert_eq!(e.status, crate::Status::LLMRT_UNSUPPORTED);
         assert!(e.message.contains("yarn"));
+        // Found by the hf_config fuzz target (tests/fuzz_regressions/hf_config/): the
+        // llama3 RoPE divisors are head_dim / 2 floats, 8 GiB here; an unbounded
+        // hidden_size / num_attention_heads did the same.
+        let e = cfg(r#""model_type": "llama", "head_dim": 4294967294, "rope_scaling": {"rope_type": "llama3",
+            "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}"#)
+        .unwrap_err();
+        assert_eq!(e.status, crate::Status::LLMRT_UNSUPPORTED);
+        assert!(e.message.contains("head_dim 4294967294"), "{}", e.message);
+        let e = config_from_json(
+            br#"{"model_type": "qwen2", "hidden_size": 999999996, "num_hidden_layers": 1, "num_attention_heads": 1,
+                "intermediate_size": 8, "vocab_size": 8}"#,
+            "config.json",
+        )
+        .unwrap_err();
+        assert_eq!(e.status, crate::Status::LLMRT_UNSUPPORTED);
         let e = config_from_json(br#"{"model_type": "llama"}"#, "config.json").unwrap_err();
         assert!(e.message.contains("hidden_size") && e.message.contains("missing"), "{}", e.message);
     }

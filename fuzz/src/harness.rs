@@ -1,0 +1,185 @@
+//! The fuzz harnesses' bodies: one function per target, each a thin wrapper over a
+//! pure-bytes entry point of llmrt. Any `Err` is an accepted outcome; a panic, an
+//! abort, a hang or an allocation past the fuzzer's RSS limit is a bug.
+//!
+//! Shared by the cargo-fuzz targets (`fuzz/fuzz_targets/*.rs`, through the
+//! `llmrt_fuzz` crate) and by the main crate's `tests/fuzz_regressions.rs`
+//! (included with `#[path]`), so a reproducer is replayed through exactly the code
+//! the fuzzer ran. Only llmrt and std are used here.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use llmrt::format::gguf::Gguf;
+use llmrt::format::safetensors::SafeTensors;
+use llmrt::model::weights::Weights;
+use llmrt::model::{hf, Config};
+use llmrt::sample::SamplerParams;
+use llmrt::tokenizer::Tokenizer;
+use llmrt::{BackendKind, LoadOptions, Model, Result, Status};
+
+/// Text every tokenizer is run on: ASCII, spaces, newlines, digits, a contraction,
+/// multi-byte UTF-8 (2, 3 and 4 bytes), special-token look-alikes.
+pub const FIXED_TEXT: &str =
+    "Hello world! It's 2024.\n\n  tabs\tand  spaces <s></s><|endoftext|> caf\u{e9} \u{65e5}\u{672c} \u{1F600}";
+
+/// Positions the steps reserve (at most): the load itself runs with the defaults
+/// (no context cap, the default KV budget), as `llmrt_model_load` does, so a huge
+/// `context_length` in a file goes through the default sizing.
+pub const MAX_POSITIONS: u32 = 64;
+
+/// Encodes and decodes with `t`: the fixed text, `extra` as given (often invalid
+/// UTF-8: an error, not a panic) and lossily decoded, and ids taken from `extra`
+/// (some out of range: an error, not a panic).
+pub fn exercise_tokenizer(t: &Tokenizer, extra: &[u8]) {
+    let n = t.vocab_size();
+    let _ = (t.bos(), t.eos(), t.add_bos_default());
+    for text in [FIXED_TEXT.as_bytes(), extra, String::from_utf8_lossy(extra).as_bytes()] {
+        for add_bos in [false, true] {
+            if let Ok(ids) = t.encode(text, add_bos) {
+                assert!(ids.iter().all(|&i| (i as usize) < n), "encode gave an id >= vocab {n}");
+                let _ = t.decode(&ids).expect("decoding ids the tokenizer produced");
+                for &i in ids.iter().take(16) {
+                    let _ = t.token_piece(i).expect("piece of an id the tokenizer produced");
+                }
+            }
+        }
+    }
+    // Arbitrary ids: in range (mod n) and as given.
+    let raw: Vec<u32> = extra.chunks(2).map(|c| c.iter().fold(0u32, |a, &b| (a << 8) | b as u32)).collect();
+    let wrapped: Vec<u32> = raw.iter().map(|&i| i % n.max(1) as u32).collect();
+    let _ = t.decode(&wrapped).expect("decoding in-range ids");
+    let _ = t.decode(&raw);
+    for &i in raw.iter().take(8) {
+        let _ = t.token_piece(i);
+        let _ = t.token_text(i);
+    }
+}
+
+/// The tail of `data` used as text for a tokenizer built from `data`.
+fn tail(data: &[u8], n: usize) -> &[u8] {
+    &data[data.len().saturating_sub(n)..]
+}
+
+/// `gguf`: the header, metadata and tensor table; then the hyperparameters, the
+/// tokenizer and the weight binding; a file that binds is loaded and stepped.
+pub fn gguf(data: &[u8]) -> Result<()> {
+    let g = Gguf::from_bytes(data.to_vec(), "fuzz.gguf")?;
+    for t in &g.tensors {
+        assert_eq!(g.tensor_data(t).len() as u64, t.size, "tensor {} data extent", t.name);
+        let _ = (t.n_elements(), t.type_name());
+    }
+    for (k, _) in &g.metadata {
+        let _ = (g.get_u64(k), g.get_u32(k), g.get_f32(k), g.get_str(k), g.get_bool(k));
+    }
+    let tok = Tokenizer::from_gguf(&g);
+    if let Ok(Some(t)) = &tok {
+        exercise_tokenizer(t, tail(data, 48));
+    }
+    let cfg = Config::from_gguf(&g)?;
+    tok?;
+    let g = Arc::new(g);
+    Weights::bind(g, &cfg, &mut |_| {})?;
+    model(data.to_vec()).map(|_| ())
+}
+
+/// `tokenizer_gguf`: a GGUF's tokenizer metadata only.
+pub fn tokenizer_gguf(data: &[u8]) -> Result<()> {
+    let g = Gguf::from_bytes(data.to_vec(), "fuzz.gguf")?;
+    if let Some(t) = Tokenizer::from_gguf(&g)? {
+        exercise_tokenizer(&t, tail(data, 64));
+    }
+    Ok(())
+}
+
+/// `safetensors`: header parse and extent validation.
+pub fn safetensors(data: &[u8]) -> Result<()> {
+    let s = SafeTensors::from_bytes(data.to_vec(), "fuzz.safetensors")?;
+    let len = s.bytes().len() as u64;
+    for t in &s.tensors {
+        assert!(t.offset >= s.data_start && t.offset + t.size <= len, "tensor {} outside the file", t.name);
+        assert_eq!(s.tensor_data(t).len() as u64, t.size);
+        assert!(s.tensor(&t.name).is_some());
+    }
+    Ok(())
+}
+
+/// `hf_config`: config.json.
+pub fn hf_config(data: &[u8]) -> Result<()> {
+    let c = hf::config_from_json(data, "config.json")?;
+    if let Some(r) = &c.rope_freqs {
+        assert_eq!(r.len(), c.config.head_dim / 2);
+    }
+    Ok(())
+}
+
+/// tokenizer_config.json used for a second build of every tokenizer.json that parses.
+const TOKENIZER_CONFIG: &[u8] = br#"{"add_bos_token": true, "bos_token": {"content": "<s>"}, "eos_token": "</s>"}"#;
+
+/// `tokenizer_json`: tokenizer.json (without and with a tokenizer_config.json).
+pub fn tokenizer_json(data: &[u8]) -> Result<()> {
+    let t = Tokenizer::from_hf_json(data, None, "tokenizer.json")?;
+    exercise_tokenizer(&t, tail(data, 64));
+    if let Ok(t) = Tokenizer::from_hf_json(data, Some(TOKENIZER_CONFIG), "tokenizer.json") {
+        exercise_tokenizer(&t, b"<s>a b</s>");
+    }
+    Ok(())
+}
+
+/// `sentencepiece_model`: a sentencepiece ModelProto.
+pub fn sentencepiece_model(data: &[u8]) -> Result<()> {
+    let t = Tokenizer::from_sentencepiece_model(data, "tokenizer.model")?;
+    exercise_tokenizer(&t, tail(data, 64));
+    Ok(())
+}
+
+/// The full load path from memory, then steps (see [`steps`]). `Err` only when the
+/// load fails; a loaded model's step that fails other than for want of KV blocks panics.
+pub fn model(bytes: Vec<u8>) -> Result<Model> {
+    let opts = LoadOptions {
+        backend: BackendKind::Cpu,
+        threads: 1,
+        ..Default::default()
+    };
+    let m = Model::load_gguf_bytes(bytes, "fuzz.gguf", opts)?;
+    if let Err(e) = steps(&m) {
+        assert!(
+            e.status == Status::LLMRT_OUT_OF_MEMORY || e.status == Status::LLMRT_CONTEXT_FULL,
+            "a step of a loaded model failed: {e}"
+        );
+    }
+    Ok(m)
+}
+
+/// A prefill of 2 tokens (all logits), a decode with logits, a greedy decode, a
+/// sampled decode of two caches (one forked), a truncate and a prefill without logits.
+pub fn steps(m: &Model) -> Result<()> {
+    let info = m.info().clone();
+    let v = info.vocab_size as usize;
+    assert!(v > 0);
+    let mut toks: Vec<u32> = m.tokenize(b"Hi", true).unwrap_or_default();
+    toks.retain(|&t| (t as usize) < v);
+    toks.truncate(2);
+    while toks.len() < 2 {
+        toks.push((toks.len() as u32 + 1) % info.vocab_size);
+    }
+    let _ = m.detokenize(&toks);
+    let c = m.cache_reserve(info.context_length.min(MAX_POSITIONS))?;
+    let mut logits = vec![0f32; 2 * v];
+    m.prefill(c, &toks, Some(&mut logits), true)?;
+    let mut row = vec![0f32; v];
+    m.decode(&[c], &[toks[1]], Some(&mut row))?;
+    let mut next = [0u32];
+    m.decode_greedy(&[c], &[toks[0]], &mut next)?;
+    assert!((next[0] as usize) < v);
+    let f = m.cache_fork(c)?;
+    let p = SamplerParams { repetition_penalty: 1.1, seed: 7, ..Default::default() };
+    let mut two = [0u32; 2];
+    m.decode_sample(&[c, f], &[next[0], toks[0]], &p, &mut two)?;
+    assert!(two.iter().all(|&t| (t as usize) < v));
+    m.cache_truncate(f, 1)?;
+    m.prefill(f, &[two[1]], None, false)?;
+    m.cache_release(f)?;
+    m.cache_release(c)?;
+    Ok(())
+}

@@ -1,0 +1,311 @@
+//! A tiny valid GGUF model as an editable structure (metadata list, tensor list),
+//! and a serializer that writes whatever the structure holds: tensor offsets may be
+//! overridden, arrays may mix element types, counts and version may lie. The
+//! structure-aware fuzz target edits a `Spec` and loads `Spec::to_bytes()`.
+//!
+//! The base model: 1 layer, hidden 32, 4 heads / 2 KV heads of 8, FFN 64, vocab 64,
+//! context 64; llama, qwen2 (Q/K/V biases) or qwen3 (Q/K norms); matrices in F32,
+//! F16, BF16, Q8_0 or Q4_0; a SentencePiece (`llama`) or byte-level BPE (`gpt2`)
+//! tokenizer. Only llmrt, `half` and std are used (the main crate's tests include
+//! this file too).
+#![allow(dead_code)]
+
+use llmrt::format::gguf::Value;
+use llmrt::quant::DType;
+
+pub const VOCAB: u64 = 64;
+pub const HIDDEN: u64 = 32;
+pub const HEADS: u64 = 4;
+pub const KV_HEADS: u64 = 2;
+pub const HEAD_DIM: u64 = 8;
+pub const FFN: u64 = 64;
+
+#[derive(Clone, Debug)]
+pub struct TensorSpec {
+    pub name: String,
+    pub ne: Vec<u64>,
+    pub ggml_type: u32,
+    pub data: Vec<u8>,
+    /// Data offset written into the tensor table; `None`: where the data is placed.
+    pub offset: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub version: u32,
+    /// Alignment the data is laid out with (the metadata key is separate).
+    pub layout_alignment: u64,
+    pub kvs: Vec<(String, Value)>,
+    pub tensors: Vec<TensorSpec>,
+    /// Counts written into the header instead of the true ones.
+    pub n_tensors_override: Option<u64>,
+    pub n_kv_override: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    Qwen2,
+    Qwen3,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokKind {
+    Spm,
+    /// Byte-level BPE with this `tokenizer.ggml.pre`.
+    Gpt2(&'static str),
+    None,
+}
+
+/// Deterministic small pseudo-random numbers for weights.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> f32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.5
+    }
+}
+
+/// `n` elements of `dtype` (n a multiple of the block size for quantized types).
+pub fn tensor_bytes(dtype: DType, n: usize, rng_seed: u64) -> Vec<u8> {
+    let mut r = Lcg(rng_seed);
+    let mut out = Vec::new();
+    match dtype {
+        DType::F32 => (0..n).for_each(|_| out.extend(r.next().to_le_bytes())),
+        DType::F16 => (0..n).for_each(|_| out.extend(half::f16::from_f32(r.next()).to_le_bytes())),
+        DType::BF16 => (0..n).for_each(|_| out.extend(half::bf16::from_f32(r.next()).to_le_bytes())),
+        DType::Q8_0 => {
+            for _ in 0..n / 32 {
+                out.extend(half::f16::from_f32(0.01).to_le_bytes());
+                (0..32).for_each(|_| out.push((r.next() * 500.0) as i8 as u8));
+            }
+        }
+        DType::Q4_0 => {
+            for _ in 0..n / 32 {
+                out.extend(half::f16::from_f32(0.02).to_le_bytes());
+                (0..16).for_each(|_| out.push(((r.next() + 0.25) * 512.0) as u8));
+            }
+        }
+    }
+    out
+}
+
+fn spm_vocab() -> (Vec<String>, Vec<f32>, Vec<i32>) {
+    let mut toks: Vec<(String, i32)> = vec![("<unk>".into(), 2), ("<s>".into(), 3), ("</s>".into(), 3)];
+    for b in [0x0Au8, 0x20, 0x21, 0x2E, 0xC3, 0xA9, 0xE2, 0xF0] {
+        toks.push((format!("<0x{b:02X}>"), 6));
+    }
+    toks.push(("<|user|>".into(), 4));
+    toks.push(("\u{2581}".into(), 1));
+    for c in 'a'..='z' {
+        toks.push((c.to_string(), 1));
+    }
+    for p in ["\u{2581}t", "\u{2581}a", "th", "he", "in", "er", "an", "\u{2581}th", "\u{2581}the", "on", "re", "at",
+        "\u{2581}H", "H", "i", "\u{2581}Hi", "or", "ld", "\u{2581}w", "\u{2581}wor", "\u{2581}world"]
+    {
+        if toks.len() < VOCAB as usize && !toks.iter().any(|(t, _)| t == p) {
+            toks.push((p.into(), 1));
+        }
+    }
+    while toks.len() < VOCAB as usize {
+        let k = toks.len();
+        toks.push((format!("x{k}"), 5));
+    }
+    let scores = (0..toks.len()).map(|i| -(i as f32)).collect();
+    let types = toks.iter().map(|t| t.1).collect();
+    (toks.into_iter().map(|t| t.0).collect(), scores, types)
+}
+
+fn gpt2_vocab() -> (Vec<String>, Vec<i32>, Vec<String>) {
+    let mut toks: Vec<String> = vec!["<|endoftext|>".into()];
+    let mut types = vec![3];
+    for c in ('a'..='z').chain("HW!.,'0123456789\u{120}\u{10A}".chars()) {
+        toks.push(c.to_string());
+        types.push(1);
+    }
+    let mut merges = Vec::new();
+    for (a, b) in [("\u{120}", "t"), ("h", "e"), ("\u{120}t", "he"), ("i", "n"), ("a", "n"), ("e", "r"), ("o", "n"),
+        ("\u{120}", "w"), ("o", "r"), ("\u{120}w", "or"), ("l", "d"), ("\u{120}wor", "ld"), ("H", "i"), ("'", "s"),
+        ("\u{120}", "a"), ("r", "e"), ("a", "t"), ("\u{10A}", "\u{10A}"), ("1", "2"), ("\u{120}", "\u{120}")]
+    {
+        let m = format!("{a}{b}");
+        if toks.len() >= VOCAB as usize {
+            break;
+        }
+        if !toks.contains(&m) {
+            toks.push(m);
+            types.push(1);
+        }
+        merges.push(format!("{a} {b}"));
+    }
+    while toks.len() < VOCAB as usize {
+        let k = toks.len();
+        toks.push(format!("<|extra_{k}|>"));
+        types.push(4);
+    }
+    (toks, types, merges)
+}
+
+fn strs(v: Vec<String>) -> Value {
+    Value::Array(v.into_iter().map(Value::Str).collect())
+}
+
+impl Spec {
+    /// The valid base model.
+    pub fn tiny(arch: Arch, tok: TokKind, mat: DType, tied: bool, seed: u64) -> Spec {
+        let a = match arch {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        };
+        let mut kvs: Vec<(String, Value)> = vec![
+            ("general.architecture".into(), Value::Str(a.into())),
+            ("general.name".into(), Value::Str("tiny".into())),
+            (format!("{a}.block_count"), Value::U32(1)),
+            (format!("{a}.context_length"), Value::U32(64)),
+            (format!("{a}.embedding_length"), Value::U32(HIDDEN as u32)),
+            (format!("{a}.feed_forward_length"), Value::U32(FFN as u32)),
+            (format!("{a}.attention.head_count"), Value::U32(HEADS as u32)),
+            (format!("{a}.attention.head_count_kv"), Value::U32(KV_HEADS as u32)),
+            (format!("{a}.attention.key_length"), Value::U32(HEAD_DIM as u32)),
+            (format!("{a}.attention.value_length"), Value::U32(HEAD_DIM as u32)),
+            (format!("{a}.rope.dimension_count"), Value::U32(HEAD_DIM as u32)),
+            (format!("{a}.rope.freq_base"), Value::F32(10000.0)),
+            (format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
+        ];
+        match tok {
+            TokKind::Spm => {
+                let (t, s, ty) = spm_vocab();
+                kvs.push(("tokenizer.ggml.model".into(), Value::Str("llama".into())));
+                kvs.push(("tokenizer.ggml.tokens".into(), strs(t)));
+                kvs.push(("tokenizer.ggml.scores".into(), Value::Array(s.into_iter().map(Value::F32).collect())));
+                kvs.push(("tokenizer.ggml.token_type".into(), Value::Array(ty.into_iter().map(Value::I32).collect())));
+                kvs.push(("tokenizer.ggml.bos_token_id".into(), Value::U32(1)));
+                kvs.push(("tokenizer.ggml.eos_token_id".into(), Value::U32(2)));
+                kvs.push(("tokenizer.ggml.unknown_token_id".into(), Value::U32(0)));
+                kvs.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(true)));
+            }
+            TokKind::Gpt2(pre) => {
+                let (t, ty, m) = gpt2_vocab();
+                kvs.push(("tokenizer.ggml.model".into(), Value::Str("gpt2".into())));
+                kvs.push(("tokenizer.ggml.pre".into(), Value::Str(pre.into())));
+                kvs.push(("tokenizer.ggml.tokens".into(), strs(t)));
+                kvs.push(("tokenizer.ggml.token_type".into(), Value::Array(ty.into_iter().map(Value::I32).collect())));
+                kvs.push(("tokenizer.ggml.merges".into(), strs(m)));
+                kvs.push(("tokenizer.ggml.bos_token_id".into(), Value::U32(0)));
+                kvs.push(("tokenizer.ggml.eos_token_id".into(), Value::U32(0)));
+            }
+            TokKind::None => {}
+        }
+        let mut tensors = Vec::new();
+        let mut n = 0u64;
+        let mut t = |name: &str, ne: &[u64], dtype: DType| {
+            n += 1;
+            let elems = ne.iter().product::<u64>() as usize;
+            tensors.push(TensorSpec {
+                name: name.into(),
+                ne: ne.to_vec(),
+                ggml_type: dtype.ggml_id(),
+                data: tensor_bytes(dtype, elems, seed.wrapping_mul(31).wrapping_add(n)),
+                offset: None,
+            });
+        };
+        let (q, kv) = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM);
+        t("token_embd.weight", &[HIDDEN, VOCAB], mat);
+        if !tied {
+            t("output.weight", &[HIDDEN, VOCAB], mat);
+        }
+        t("output_norm.weight", &[HIDDEN], DType::F32);
+        t("blk.0.attn_norm.weight", &[HIDDEN], DType::F32);
+        t("blk.0.attn_q.weight", &[HIDDEN, q], mat);
+        t("blk.0.attn_k.weight", &[HIDDEN, kv], mat);
+        t("blk.0.attn_v.weight", &[HIDDEN, kv], mat);
+        t("blk.0.attn_output.weight", &[q, HIDDEN], mat);
+        if arch == Arch::Qwen2 {
+            t("blk.0.attn_q.bias", &[q], DType::F32);
+            t("blk.0.attn_k.bias", &[kv], DType::F32);
+            t("blk.0.attn_v.bias", &[kv], DType::F32);
+        }
+        if arch == Arch::Qwen3 {
+            t("blk.0.attn_q_norm.weight", &[HEAD_DIM], DType::F32);
+            t("blk.0.attn_k_norm.weight", &[HEAD_DIM], DType::F32);
+        }
+        t("blk.0.ffn_norm.weight", &[HIDDEN], DType::F32);
+        t("blk.0.ffn_gate.weight", &[HIDDEN, FFN], mat);
+        t("blk.0.ffn_up.weight", &[HIDDEN, FFN], mat);
+        t("blk.0.ffn_down.weight", &[FFN, HIDDEN], mat);
+        Spec { version: 3, layout_alignment: 32, kvs, tensors, n_tensors_override: None, n_kv_override: None }
+    }
+
+    /// The file's bytes, exactly as the structure says.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let align = self.layout_alignment.clamp(1, 1 << 16);
+        let mut out = Vec::new();
+        out.extend_from_slice(b"GGUF");
+        out.extend_from_slice(&self.version.to_le_bytes());
+        out.extend_from_slice(&self.n_tensors_override.unwrap_or(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&self.n_kv_override.unwrap_or(self.kvs.len() as u64).to_le_bytes());
+        for (k, v) in &self.kvs {
+            put_str(&mut out, k.as_bytes());
+            out.extend_from_slice(&v.type_id().to_le_bytes());
+            put_value(&mut out, v);
+        }
+        let mut offsets = Vec::with_capacity(self.tensors.len());
+        let mut off = 0u64;
+        for t in &self.tensors {
+            offsets.push(off);
+            off = (off + t.data.len() as u64).next_multiple_of(align);
+        }
+        for (t, &o) in self.tensors.iter().zip(&offsets) {
+            put_str(&mut out, t.name.as_bytes());
+            out.extend_from_slice(&(t.ne.len() as u32).to_le_bytes());
+            for d in &t.ne {
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+            out.extend_from_slice(&t.ggml_type.to_le_bytes());
+            out.extend_from_slice(&t.offset.unwrap_or(o).to_le_bytes());
+        }
+        if !self.tensors.is_empty() {
+            let len = (out.len() as u64).next_multiple_of(align) as usize;
+            out.resize(len, 0);
+        }
+        let start = out.len();
+        for (t, &o) in self.tensors.iter().zip(&offsets) {
+            out.resize(start + o as usize, 0);
+            out.extend_from_slice(&t.data);
+        }
+        out
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &[u8]) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s);
+}
+
+/// As the GGUF writer, but an array's element type is its first element's and the
+/// other elements are written as they are (a mixed array is a malformed file).
+fn put_value(out: &mut Vec<u8>, v: &Value) {
+    match v {
+        Value::U8(x) => out.push(*x),
+        Value::I8(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::Bool(x) => out.push(*x as u8),
+        Value::Str(s) => put_str(out, s.as_bytes()),
+        Value::Array(a) => {
+            let et = a.first().map_or(0, |e| e.type_id());
+            out.extend_from_slice(&et.to_le_bytes());
+            out.extend_from_slice(&(a.len() as u64).to_le_bytes());
+            for e in a {
+                put_value(out, e);
+            }
+        }
+    }
+}
