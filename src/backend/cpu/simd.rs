@@ -418,11 +418,15 @@ macro_rules! x86_kernels {
                             let xv = _mm256_loadu_si256(xq.add(c * xstride + b * QK) as *const __m256i);
                             let xs = _mm256_broadcast_ss(&*xd.add(c * dstride + b));
                             // Q4: the nibbles are unsigned (q + 8): subtract 8 * sum(x) per group.
-                            let corr = if Q4 { dpbusd(zero, _mm256_set1_epi8(8), xv) } else { zero };
+                            let negcorr = if Q4 {
+                                _mm256_sub_epi32(zero, dpbusd(zero, _mm256_set1_epi8(8), xv))
+                            } else {
+                                zero
+                            };
                             let xu = _mm256_xor_si256(xv, _mm256_set1_epi8(-128));
                             for r in 0..R {
                                 let isum = if Q4 {
-                                    _mm256_sub_epi32(dpbusd(zero, wv[r], xv), corr)
+                                    dpbusd(negcorr, wv[r], xv)
                                 } else if VNNI {
                                     // (x + 128) * w, minus 128 * w.
                                     dpbusd(aux[r], xu, wv[r])
