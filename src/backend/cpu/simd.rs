@@ -195,6 +195,7 @@ pub fn dot_f_ref(dt: DType, row: &[u8], x: &[f32]) -> f32 {
 // Safe entry points: `out[r * t + c] = dot(row r, activation row c)` for
 // `nrows` rows of `w` and all `t` activation rows.
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 /// Token rows processed per pass over a weight tile, sized so that the
 /// activations stay in the L2 cache while the weights stream once.
 fn token_chunk(t: usize, act_row_bytes: usize) -> usize {
@@ -247,6 +248,7 @@ pub fn gemm_f(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, x: 
     assert!(cols > 0 && x.len() % cols == 0);
     let t = x.len() / cols;
     assert_eq!(out.len(), nrows * t);
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     let kind = match dt {
         DType::F32 => 0,
         DType::F16 => 1,
