@@ -349,6 +349,7 @@ macro_rules! x86_kernels {
 
             const VNNI: bool = $vnni;
 
+
             /// `acc + sum over groups of 4 of u8(a) * i8(b)`.
             #[inline]
             #[target_feature(enable = $feat)]
@@ -401,6 +402,10 @@ macro_rules! x86_kernels {
                         let mut wd = [_mm256_setzero_ps(); R];
                         for r in 0..R {
                             let p = w.add(r * row_bytes + b * bb);
+                            // Weights stream from memory once: fetch the same block of
+                            // the next tile's rows (hardware prefetchers lose track of
+                            // several short interleaved row streams).
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(R * row_bytes) as *const i8);
                             wd[r] = f16_scale(p);
                             if Q4 {
                                 let v = _mm_loadu_si128(p.add(2) as *const __m128i);
@@ -536,7 +541,11 @@ macro_rules! x86_kernels {
                     while i < n8 {
                         let mut wv = [_mm256_setzero_ps(); R];
                         for r in 0..R {
-                            wv[r] = load_w::<K>(w.add(r * row_bytes + i * es));
+                            let p = w.add(r * row_bytes + i * es);
+                            if (i * es) % 64 == 0 {
+                                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(R * row_bytes) as *const i8);
+                            }
+                            wv[r] = load_w::<K>(p);
                         }
                         for c in 0..C {
                             let xv = _mm256_loadu_ps(x.add(c * xstride + i));
