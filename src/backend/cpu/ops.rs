@@ -99,9 +99,13 @@ pub fn matmul(pool: &Pool, dtype: DType, w: &[u8], row_bytes: usize, rows: usize
     // Row-major over weights: tmp[r][t], transposed into y afterwards.
     let mut tmp = vec![0f32; rows * t_count];
     par_units(pool, &mut tmp, t_count, cols * t_count, 4, run);
-    for r in 0..rows {
+    // Blocked transpose: contiguous writes, reads from a few dozen lines.
+    for r0 in (0..rows).step_by(64) {
+        let r1 = (r0 + 64).min(rows);
         for t in 0..t_count {
-            y[t * rows + r] = tmp[r * t_count + t];
+            for (o, r) in y[t * rows + r0..t * rows + r1].iter_mut().zip(r0..r1) {
+                *o = tmp[r * t_count + t];
+            }
         }
     }
 }

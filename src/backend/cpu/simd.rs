@@ -14,6 +14,12 @@
 //!   exact integer sum of elements `4l..4l+4`, and
 //!   `acc[l] = fma(d_w * d_x, isum as f32, acc[l])`; then [`reduce8`].
 //!
+//! With AVX-512 the same definitions run on 16 lanes ("wide" orders): float
+//! element `i` goes to lane `i % 16`; quantized block `b` fills lanes
+//! `8 * (b % 2) + l`; the 16 lanes are folded `a[l] + a[l + 8]` and then
+//! summed by [`reduce8`]. The kernel set is fixed per CPU, so a given machine
+//! always uses one order.
+//!
 //! The SIMD versions compute exactly these operations (the integer sums are
 //! exact in any order), so they are bit-identical to the reference; the unit
 //! tests below check that for every kernel and tile shape.
@@ -28,7 +34,8 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
-    /// AVX2 + FMA + F16C plus AVX-512 VNNI (VPDPBUSD, 256-bit with AVX-512VL).
+    /// AVX-512 (F, VL, BW) with VNNI, plus AVX2 + FMA + F16C: 512-bit kernels
+    /// with the 16-lane orders (see the module docs).
     Avx512Vnni,
     /// aarch64 NEON (quantized kernels; float ones use the reference, which
     /// compiles to fused multiply-adds there).
@@ -40,7 +47,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2+fma+f16c",
-            Isa::Avx512Vnni => "avx2+fma+f16c+avx512vnni",
+            Isa::Avx512Vnni => "avx512f/vl/bw+vnni (512-bit), avx2+fma+f16c",
             Isa::Neon => "neon",
         }
     }
@@ -68,6 +75,7 @@ pub fn detect() -> Isa {
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
             if is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vnni")
             {
                 return Isa::Avx512Vnni;
@@ -100,6 +108,21 @@ pub fn available() -> Vec<Isa> {
 pub fn reduce8(a: [f32; 8]) -> f32 {
     let b = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
     (b[0] + b[2]) + (b[1] + b[3])
+}
+
+/// The fixed 16-lane reduction of the wide orders.
+#[inline(always)]
+pub fn reduce16(a: [f32; 16]) -> f32 {
+    let mut b = [0f32; 8];
+    for l in 0..8 {
+        b[l] = a[l] + a[l + 8];
+    }
+    reduce8(b)
+}
+
+/// Whether `isa` computes the 16-lane ("wide") orders.
+pub fn wide(isa: Isa) -> bool {
+    isa == Isa::Avx512Vnni
 }
 
 /// Activations quantized to 8-bit blocks of 32 (symmetric, scale `amax / 127`
@@ -150,22 +173,28 @@ fn wq(dt: DType, blk: &[u8], j: usize) -> i32 {
     }
 }
 
-/// Reference quantized dot of one Q8_0/Q4_0 row with one [`QAct`] row.
+/// Reference quantized dot of one Q8_0/Q4_0 row with one [`QAct`] row (8 lanes).
 pub fn dot_q_ref(dt: DType, row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+    dot_q_ref_lanes(dt, false, row, xq, xd)
+}
+
+/// The same in the 8-lane (`wide = false`) or 16-lane order.
+pub fn dot_q_ref_lanes(dt: DType, wide: bool, row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
     let bb = dt.block_bytes();
-    let mut acc = [0f32; 8];
+    let mut acc = [0f32; 16];
     for (b, blk) in row.chunks_exact(bb).enumerate() {
         let s = f16_bits_to_f32(u16::from_le_bytes([blk[0], blk[1]])) * xd[b];
         let xb = &xq[b * QK..(b + 1) * QK];
-        for (l, a) in acc.iter_mut().enumerate() {
+        let base = if wide { 8 * (b % 2) } else { 0 };
+        for l in 0..8 {
             let mut isum = 0i32;
             for j in 4 * l..4 * l + 4 {
                 isum += wq(dt, blk, j) * xb[j] as i32;
             }
-            *a = s.mul_add(isum as f32, *a);
+            acc[base + l] = s.mul_add(isum as f32, acc[base + l]);
         }
     }
-    reduce8(acc)
+    reduce16(acc)
 }
 
 #[inline(always)]
@@ -177,18 +206,45 @@ fn wf(dt: DType, row: &[u8], i: usize) -> f32 {
     }
 }
 
-/// Reference dot of one float-typed row with f32 `x`.
+/// Reference dot of one float-typed row with f32 `x` (8 lanes).
 pub fn dot_f_ref(dt: DType, row: &[u8], x: &[f32]) -> f32 {
+    dot_f_ref_lanes(dt, false, row, x)
+}
+
+/// The same in the 8-lane (`wide = false`) or 16-lane order.
+pub fn dot_f_ref_lanes(dt: DType, wide: bool, row: &[u8], x: &[f32]) -> f32 {
+    let lanes = if wide { 16 } else { 8 };
     let n = x.len();
-    let n8 = n / 8 * 8;
-    let mut acc = [0f32; 8];
-    for i in 0..n8 {
-        acc[i % 8] = wf(dt, row, i).mul_add(x[i], acc[i % 8]);
+    let nl = n / lanes * lanes;
+    let mut acc = [0f32; 16];
+    for i in 0..nl {
+        acc[i % lanes] = wf(dt, row, i).mul_add(x[i], acc[i % lanes]);
     }
-    for i in n8..n {
-        acc[i - n8] = wf(dt, row, i).mul_add(x[i], acc[i - n8]);
+    for i in nl..n {
+        acc[i - nl] = wf(dt, row, i).mul_add(x[i], acc[i - nl]);
     }
-    reduce8(acc)
+    reduce16(acc)
+}
+
+/// The reference of `gemm_q` / `gemm_f` in the order of `isa`.
+pub fn gemm_ref(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, x: &[f32], cols: usize, out: &mut [f32]) {
+    let t = x.len() / cols;
+    let q = matches!(dt, DType::Q8_0 | DType::Q4_0).then(|| QAct::quantize(x, cols));
+    for r in 0..nrows {
+        let row = &w[r * row_bytes..(r + 1) * row_bytes];
+        for c in 0..t {
+            out[r * t + c] = match &q {
+                Some(a) => dot_q_ref_lanes(
+                    dt,
+                    wide(isa),
+                    row,
+                    &a.qs[c * cols..(c + 1) * cols],
+                    &a.d[c * cols / QK..(c + 1) * cols / QK],
+                ),
+                None => dot_f_ref_lanes(dt, wide(isa), row, &x[c * cols..(c + 1) * cols]),
+            };
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -216,7 +272,7 @@ pub fn gemm_q(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: 
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx512Vnni` is only chosen when the CPU has AVX2, FMA, F16C,
         // AVX-512F/VL/VNNI; the lengths the kernel indexes with were asserted above.
-        Isa::Avx512Vnni => unsafe { x86_vnni::gemm_q(dt == DType::Q4_0, w.as_ptr(), row_bytes, nrows, nb, a, out) },
+        Isa::Avx512Vnni => unsafe { x86_512::gemm_q(dt == DType::Q4_0, w.as_ptr(), row_bytes, nrows, nb, a, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx2` is only chosen when the CPU has AVX2, FMA and F16C; lengths asserted above.
         Isa::Avx2 => unsafe { x86_avx2::gemm_q(dt == DType::Q4_0, w.as_ptr(), row_bytes, nrows, nb, a, out) },
@@ -257,7 +313,7 @@ pub fn gemm_f(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, x: 
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2/FMA/F16C present whenever these sets are chosen; lengths asserted above.
-        Isa::Avx512Vnni => unsafe { x86_vnni::gemm_f(kind, w.as_ptr(), row_bytes, nrows, x, cols, out) },
+        Isa::Avx512Vnni => unsafe { x86_512::gemm_f(kind, w.as_ptr(), row_bytes, nrows, x, cols, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2/FMA/F16C present whenever this set is chosen; lengths asserted above.
         Isa::Avx2 => unsafe { x86_avx2::gemm_f(kind, w.as_ptr(), row_bytes, nrows, x, cols, out) },
@@ -278,10 +334,7 @@ pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2/FMA present whenever these sets are chosen; equal lengths asserted.
-        Isa::Avx512Vnni => unsafe { x86_vnni::dot_f32(a, b) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX2/FMA present whenever this set is chosen; equal lengths asserted.
-        Isa::Avx2 => unsafe { x86_avx2::dot_f32(a, b) },
+        Isa::Avx512Vnni | Isa::Avx2 => unsafe { x86_avx2::dot_f32(a, b) },
         _ => {
             let n = a.len();
             let n8 = n / 8 * 8;
@@ -320,6 +373,12 @@ macro_rules! dispatch_c {
 macro_rules! dispatch_f {
     ($R:literal, $ct:expr, $k:expr, $($args:expr),*) => {
         match ($ct, $k) {
+            (6, 0) => tile_f::<$R, 6, 0>($($args),*),
+            (5, 0) => tile_f::<$R, 5, 0>($($args),*),
+            (6, 1) => tile_f::<$R, 6, 1>($($args),*),
+            (5, 1) => tile_f::<$R, 5, 1>($($args),*),
+            (6, 2) => tile_f::<$R, 6, 2>($($args),*),
+            (5, 2) => tile_f::<$R, 5, 2>($($args),*),
             (4, 0) => tile_f::<$R, 4, 0>($($args),*),
             (3, 0) => tile_f::<$R, 3, 0>($($args),*),
             (2, 0) => tile_f::<$R, 2, 0>($($args),*),
@@ -457,7 +516,9 @@ macro_rules! x86_kernels {
             #[target_feature(enable = $feat)]
             pub unsafe fn gemm_q(q4: bool, w: *const u8, row_bytes: usize, nrows: usize, nb: usize, a: &QAct, out: &mut [f32]) {
                 let t = a.t;
-                let tc = token_chunk(t, a.cols);
+                // 4 x 4 tiles with the 32 registers of AVX-512VL, 4 x 2 with AVX2's 16.
+                let maxc = if VNNI { 4 } else { 2 };
+                let tc = (token_chunk(t, a.cols) / maxc * maxc).max(maxc);
                 let o = out.as_mut_ptr();
                 let mut t0 = 0;
                 // SAFETY (whole loop nest): rows `r..r + rt < nrows` of `w`, activation
@@ -471,7 +532,7 @@ macro_rules! x86_kernels {
                             let rt = if nrows - r >= 4 { 4 } else { 1 };
                             let mut c = t0;
                             while c < t1 {
-                                let ct = (t1 - c).min(4);
+                                let ct = (t1 - c).min(maxc);
                                 let wp = w.add(r * row_bytes);
                                 let xq = a.qs.as_ptr().add(c * a.cols);
                                 let xd = a.d.as_ptr().add(c * nb);
@@ -572,7 +633,11 @@ macro_rules! x86_kernels {
             #[target_feature(enable = $feat)]
             pub unsafe fn gemm_f(kind: u8, w: *const u8, row_bytes: usize, nrows: usize, x: &[f32], cols: usize, out: &mut [f32]) {
                 let t = x.len() / cols;
-                let tc = token_chunk(t, cols * 4);
+                // 4 x 6 tiles keep 24 accumulators in the 32 registers of AVX-512VL;
+                // plain AVX2 has 16 registers: 4 x 3.
+                let maxc = if VNNI { 4 } else { 3 };
+                let tc = token_chunk(t, cols * 4) / maxc * maxc;
+                let tc = tc.max(maxc);
                 let o = out.as_mut_ptr();
                 let mut t0 = 0;
                 // SAFETY (whole loop nest): as in `gemm_q`, every tile is in bounds.
@@ -584,7 +649,7 @@ macro_rules! x86_kernels {
                             let rt = if nrows - r >= 4 { 4 } else { 1 };
                             let mut c = t0;
                             while c < t1 {
-                                let ct = (t1 - c).min(4);
+                                let ct = (t1 - c).min(maxc);
                                 let wp = w.add(r * row_bytes);
                                 let xp = x.as_ptr().add(c * cols);
                                 let op = o.add(r * t + c);
@@ -615,8 +680,6 @@ macro_rules! x86_kernels {
 
 #[cfg(target_arch = "x86_64")]
 x86_kernels!(x86_avx2, "avx2,fma,f16c", false, dpbusd_avx2);
-#[cfg(target_arch = "x86_64")]
-x86_kernels!(x86_vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni", true, dpbusd_vnni);
 
 /// `acc + sum over groups of 4 of u8(a) * i8(b)` with AVX2 (VPMADDUBSW, which
 /// saturates at i16: callers keep |u8 * i8| pairs within range).
@@ -633,28 +696,294 @@ unsafe fn dpbusd_avx2(
     _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
 }
 
-/// The same with one VPDPBUSD (exact, no saturation).
+
+// ---------------------------------------------------------------------------
+// x86-64 AVX-512 (16-lane orders).
+
 #[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
-unsafe fn dpbusd_vnni(
-    acc: std::arch::x86_64::__m256i,
-    a: std::arch::x86_64::__m256i,
-    b: std::arch::x86_64::__m256i,
-) -> std::arch::x86_64::__m256i {
-    let mut r = acc;
-    // SAFETY: VPDPBUSD (AVX-512 VNNI + VL, EVEX-encoded on ymm registers) exists
-    // whenever this runs; it only reads and writes the named registers.
-    unsafe {
-        std::arch::asm!(
-            "vpdpbusd {r:y}, {a:y}, {b:y}",
-            r = inout(zmm_reg) r,
-            a = in(zmm_reg) a,
-            b = in(zmm_reg) b,
-            options(pure, nomem, nostack, preserves_flags)
-        );
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+mod x86_512 {
+    use super::{reduce16, token_chunk, QAct};
+    use crate::quant::QK;
+    use std::arch::x86_64::*;
+
+    /// `acc + sum over groups of 4 of u8(a) * i8(b)` (VPDPBUSD on zmm; exact).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    unsafe fn dpbusd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        let mut r = acc;
+        // SAFETY: VPDPBUSD (AVX-512 VNNI) exists whenever this module runs; it
+        // only reads and writes the named registers.
+        unsafe {
+            std::arch::asm!(
+                "vpdpbusd {r}, {a}, {b}",
+                r = inout(zmm_reg) r,
+                a = in(zmm_reg) a,
+                b = in(zmm_reg) b,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        r
     }
-    r
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store_reduce(v: __m512) -> f32 {
+        let mut a = [0f32; 16];
+        // SAFETY: `a` is 16 f32, the size of a __m512; unaligned store.
+        unsafe { _mm512_storeu_ps(a.as_mut_ptr(), v) };
+        reduce16(a)
+    }
+
+    /// One or two blocks' 32 weight bytes as i8 (Q8_0) or unsigned nibbles
+    /// (Q4_0, element order), block `p` in the low half, `p2` (if any) in the high.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
+    unsafe fn load_block<const Q4: bool>(p: *const u8) -> __m256i {
+        // SAFETY: the caller passes a pointer to a whole block.
+        unsafe {
+            if Q4 {
+                let v = _mm_loadu_si128(p.add(2) as *const __m128i);
+                let hi = _mm_srli_epi16(v, 4);
+                _mm256_and_si256(_mm256_set_m128i(hi, v), _mm256_set1_epi8(0x0F))
+            } else {
+                _mm256_loadu_si256(p.add(2) as *const __m256i)
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
+    unsafe fn tile_q<const R: usize, const C: usize, const Q4: bool>(
+        w: *const u8,
+        row_bytes: usize,
+        nb: usize,
+        xq: *const i8,
+        xstride: usize,
+        xd: *const f32,
+        dstride: usize,
+        out: *mut f32,
+        ostride: usize,
+    ) {
+        let bb = if Q4 { 2 + QK / 2 } else { 2 + QK };
+        let zero = _mm512_setzero_si512();
+        let mut acc = [[_mm512_setzero_ps(); C]; R];
+        let pairs = nb / 2;
+        let sel = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        // SAFETY (whole body): R rows of `nb` blocks at `w` (stride `row_bytes`),
+        // C activation rows of `nb * 32` bytes and `nb` scales; every access
+        // below is inside those (prefetches may point past them: they never fault).
+        unsafe {
+            for k in 0..=pairs {
+                let b = 2 * k;
+                if b >= nb {
+                    break;
+                }
+                let two = b + 1 < nb;
+                let mut wv = [zero; R];
+                let mut aux = [zero; R];
+                let mut wd = [_mm512_setzero_ps(); R];
+                for r in 0..R {
+                    let p = w.add(r * row_bytes + b * bb);
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(R * row_bytes) as *const i8);
+                    if !Q4 {
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(R * row_bytes + 64) as *const i8);
+                    }
+                    let d0 = (p as *const u16).read_unaligned();
+                    let lo = load_block::<Q4>(p);
+                    let (d1, hi) = if two {
+                        ((p.add(bb) as *const u16).read_unaligned(), load_block::<Q4>(p.add(bb)))
+                    } else {
+                        (0, _mm256_setzero_si256())
+                    };
+                    wv[r] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                    wd[r] = _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(d1 as i16), _mm_set1_epi16(d0 as i16)));
+                    if !Q4 {
+                        aux[r] = _mm512_sub_epi32(zero, dpbusd(zero, _mm512_set1_epi8(-128), wv[r]));
+                    }
+                }
+                for c in 0..C {
+                    let xp = xq.add(c * xstride + b * QK);
+                    let xv = if two {
+                        _mm512_loadu_si512(xp as *const __m512i)
+                    } else {
+                        _mm512_castsi256_si512(_mm256_loadu_si256(xp as *const __m256i))
+                    };
+                    let xv = if two { xv } else { _mm512_inserti64x4::<1>(xv, _mm256_setzero_si256()) };
+                    let dp = xd.add(c * dstride + b);
+                    let d2 = if two { _mm_castpd_ps(_mm_load_sd(dp as *const f64)) } else { _mm_load_ss(dp) };
+                    let xs = _mm512_permutexvar_ps(sel, _mm512_castps128_ps512(d2));
+                    let negcorr =
+                        if Q4 { _mm512_sub_epi32(zero, dpbusd(zero, _mm512_set1_epi8(8), xv)) } else { zero };
+                    let xu = _mm512_xor_si512(xv, _mm512_set1_epi8(-128));
+                    for r in 0..R {
+                        let isum = if Q4 { dpbusd(negcorr, wv[r], xv) } else { dpbusd(aux[r], xu, wv[r]) };
+                        let s = _mm512_mul_ps(wd[r], xs);
+                        acc[r][c] = if two {
+                            _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(isum), acc[r][c])
+                        } else {
+                            // Odd last block: only the low 8 lanes take part.
+                            _mm512_mask3_fmadd_ps(s, _mm512_cvtepi32_ps(isum), acc[r][c], 0x00FF)
+                        };
+                    }
+                }
+            }
+            for r in 0..R {
+                for c in 0..C {
+                    *out.add(r * ostride + c) = store_reduce(acc[r][c]);
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")]
+    pub unsafe fn gemm_q(q4: bool, w: *const u8, row_bytes: usize, nrows: usize, nb: usize, a: &QAct, out: &mut [f32]) {
+        const MAXC: usize = 4;
+        let t = a.t;
+        let tc = (token_chunk(t, a.cols) / MAXC * MAXC).max(MAXC);
+        let o = out.as_mut_ptr();
+        let mut t0 = 0;
+        // SAFETY (whole loop nest): every tile is in bounds (lengths checked by
+        // the safe wrapper).
+        unsafe {
+            while t0 < t {
+                let t1 = (t0 + tc).min(t);
+                let mut r = 0;
+                while r < nrows {
+                    let rt = if nrows - r >= 4 { 4 } else { 1 };
+                    let mut c = t0;
+                    while c < t1 {
+                        let ct = (t1 - c).min(MAXC);
+                        let wp = w.add(r * row_bytes);
+                        let xq = a.qs.as_ptr().add(c * a.cols);
+                        let xd = a.d.as_ptr().add(c * nb);
+                        let op = o.add(r * t + c);
+                        if rt == 4 {
+                            dispatch_c!(4, ct, q4, wp, row_bytes, nb, xq, a.cols, xd, nb, op, t);
+                        } else {
+                            dispatch_c!(1, ct, q4, wp, row_bytes, nb, xq, a.cols, xd, nb, op, t);
+                        }
+                        c += ct;
+                    }
+                    r += rt;
+                }
+                t0 = t1;
+            }
+        }
+    }
+
+    /// Sixteen weights of kind `K` (0 f32, 1 f16, 2 bf16) from `p` as f32.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
+    unsafe fn load_w<const K: u8>(p: *const u8) -> __m512 {
+        // SAFETY: the caller passes a pointer to 16 elements of kind K.
+        unsafe {
+            match K {
+                0 => _mm512_loadu_ps(p as *const f32),
+                1 => _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
+                _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                    p as *const __m256i,
+                )))),
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
+    unsafe fn load_w1<const K: u8>(p: *const u8, i: usize) -> f32 {
+        // SAFETY: the caller passes a row pointer with more than `i` elements.
+        unsafe {
+            match K {
+                0 => (p as *const f32).add(i).read_unaligned(),
+                1 => crate::quant::f16_bits_to_f32((p as *const u16).add(i).read_unaligned()),
+                _ => f32::from_bits(((p as *const u16).add(i).read_unaligned() as u32) << 16),
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
+    unsafe fn tile_f<const R: usize, const C: usize, const K: u8>(
+        w: *const u8,
+        row_bytes: usize,
+        n: usize,
+        x: *const f32,
+        xstride: usize,
+        out: *mut f32,
+        ostride: usize,
+    ) {
+        let es = if K == 0 { 4 } else { 2 };
+        let n16 = n / 16 * 16;
+        let mut acc = [[_mm512_setzero_ps(); C]; R];
+        // SAFETY (whole body): R rows of `n` elements at `w` (stride `row_bytes`)
+        // and C rows of `n` f32 at `x` (stride `xstride`); prefetches never fault.
+        unsafe {
+            let mut i = 0;
+            while i < n16 {
+                let mut wv = [_mm512_setzero_ps(); R];
+                for r in 0..R {
+                    let p = w.add(r * row_bytes + i * es);
+                    if (i * es) % 64 == 0 {
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(R * row_bytes) as *const i8);
+                    }
+                    wv[r] = load_w::<K>(p);
+                }
+                for c in 0..C {
+                    let xv = _mm512_loadu_ps(x.add(c * xstride + i));
+                    for r in 0..R {
+                        acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+                    }
+                }
+                i += 16;
+            }
+            for r in 0..R {
+                for c in 0..C {
+                    let mut a = [0f32; 16];
+                    _mm512_storeu_ps(a.as_mut_ptr(), acc[r][c]);
+                    for i in n16..n {
+                        let wi = load_w1::<K>(w.add(r * row_bytes), i);
+                        a[i - n16] = wi.mul_add(*x.add(c * xstride + i), a[i - n16]);
+                    }
+                    *out.add(r * ostride + c) = reduce16(a);
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")]
+    pub unsafe fn gemm_f(kind: u8, w: *const u8, row_bytes: usize, nrows: usize, x: &[f32], cols: usize, out: &mut [f32]) {
+        const MAXC: usize = 6;
+        let t = x.len() / cols;
+        let tc = (token_chunk(t, cols * 4) / MAXC * MAXC).max(MAXC);
+        let o = out.as_mut_ptr();
+        let mut t0 = 0;
+        // SAFETY (whole loop nest): every tile is in bounds (lengths checked by
+        // the safe wrapper).
+        unsafe {
+            while t0 < t {
+                let t1 = (t0 + tc).min(t);
+                let mut r = 0;
+                while r < nrows {
+                    let rt = if nrows - r >= 4 { 4 } else { 1 };
+                    let mut c = t0;
+                    while c < t1 {
+                        let ct = (t1 - c).min(MAXC);
+                        let wp = w.add(r * row_bytes);
+                        let xp = x.as_ptr().add(c * cols);
+                        let op = o.add(r * t + c);
+                        if rt == 4 {
+                            dispatch_f!(4, ct, kind, wp, row_bytes, cols, xp, cols, op, t);
+                        } else {
+                            dispatch_f!(1, ct, kind, wp, row_bytes, cols, xp, cols, op, t);
+                        }
+                        c += ct;
+                    }
+                    r += rt;
+                }
+                t0 = t1;
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -749,14 +1078,14 @@ mod tests {
     #[test]
     fn simd_kernels_are_bit_identical_to_the_reference() {
         let mut rng = Rng(0xDEADBEEF);
-        for &(rows, cols, t) in &[(9usize, 64usize, 1usize), (7, 96, 6), (13, 256, 9), (4, 32, 4)] {
+        for &(rows, cols, t) in &[(9usize, 64usize, 1usize), (7, 96, 6), (13, 256, 9), (4, 32, 4), (5, 160, 3)] {
             let x = rng.vec(t * cols);
             for dt in [DType::Q8_0, DType::Q4_0] {
                 let (w, rb) = weights(dt, rows, cols, &mut rng);
                 let a = QAct::quantize(&x, cols);
-                let mut want = vec![0f32; rows * t];
-                gemm_q(Isa::Scalar, dt, &w, rb, rows, &a, &mut want);
                 for isa in available() {
+                    let mut want = vec![0f32; rows * t];
+                    gemm_ref(isa, dt, &w, rb, rows, &x, cols, &mut want);
                     let mut got = vec![0f32; rows * t];
                     gemm_q(isa, dt, &w, rb, rows, &a, &mut got);
                     let (gb, wb): (Vec<u32>, Vec<u32>) =
@@ -765,13 +1094,13 @@ mod tests {
                 }
             }
         }
-        for &(rows, cols, t) in &[(9usize, 64usize, 1usize), (7, 13, 6), (5, 100, 9), (4, 3, 5)] {
+        for &(rows, cols, t) in &[(9usize, 64usize, 1usize), (7, 13, 6), (5, 100, 9), (4, 3, 5), (6, 40, 17), (5, 35, 7)] {
             let x = rng.vec(t * cols);
             for dt in [DType::F32, DType::F16, DType::BF16] {
                 let (w, rb) = weights(dt, rows, cols, &mut rng);
-                let mut want = vec![0f32; rows * t];
-                gemm_f(Isa::Scalar, dt, &w, rb, rows, &x, cols, &mut want);
                 for isa in available() {
+                    let mut want = vec![0f32; rows * t];
+                    gemm_ref(isa, dt, &w, rb, rows, &x, cols, &mut want);
                     let mut got = vec![0f32; rows * t];
                     gemm_f(isa, dt, &w, rb, rows, &x, cols, &mut got);
                     let (gb, wb): (Vec<u32>, Vec<u32>) =
