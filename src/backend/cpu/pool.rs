@@ -98,7 +98,7 @@ impl Pool {
         while s.remaining.load(Ordering::Acquire) != 0 {
             std::hint::spin_loop();
             spins += 1;
-            if spins % 64 == 0 && t0.elapsed() > SPIN {
+            if spins.is_multiple_of(64) && t0.elapsed() > SPIN {
                 let mut g = s.done_lock.lock().unwrap_or_else(|e| e.into_inner());
                 while s.remaining.load(Ordering::Acquire) != 0 {
                     g = s.done.wait(g).unwrap_or_else(|e| e.into_inner());
@@ -125,7 +125,7 @@ fn worker(s: &Shared, index: usize) {
         while g == seen && !s.shutdown.load(Ordering::Acquire) {
             std::hint::spin_loop();
             spins += 1;
-            if spins % 64 == 0 && t0.elapsed() > SPIN {
+            if spins.is_multiple_of(64) && t0.elapsed() > SPIN {
                 let mut sleepers = s.idle.lock().unwrap_or_else(|e| e.into_inner());
                 *sleepers += 1;
                 while s.generation.load(Ordering::Acquire) == seen && !s.shutdown.load(Ordering::Acquire) {

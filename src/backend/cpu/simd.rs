@@ -138,7 +138,7 @@ pub struct QAct {
 impl QAct {
     /// Quantizes `x` (rows of `cols`, `cols` a multiple of 32).
     pub fn quantize(x: &[f32], cols: usize) -> QAct {
-        assert!(cols % QK == 0 && x.len() % cols == 0, "activation rows of {cols} cannot be quantized");
+        assert!(cols.is_multiple_of(QK) && x.len().is_multiple_of(cols), "activation rows of {cols} cannot be quantized");
         let t = x.len() / cols;
         let mut qs = vec![0i8; x.len()];
         let mut d = vec![0f32; x.len() / QK];
@@ -187,10 +187,7 @@ pub fn dot_q_ref_lanes(dt: DType, wide: bool, row: &[u8], xq: &[i8], xd: &[f32])
         let xb = &xq[b * QK..(b + 1) * QK];
         let base = if wide { 8 * (b % 2) } else { 0 };
         for l in 0..8 {
-            let mut isum = 0i32;
-            for j in 4 * l..4 * l + 4 {
-                isum += wq(dt, blk, j) * xb[j] as i32;
-            }
+            let isum: i32 = (4 * l..4 * l + 4).map(|j| wq(dt, blk, j) * xb[j] as i32).sum();
             acc[base + l] = s.mul_add(isum as f32, acc[base + l]);
         }
     }
@@ -227,6 +224,7 @@ pub fn dot_f_ref_lanes(dt: DType, wide: bool, row: &[u8], x: &[f32]) -> f32 {
 }
 
 /// The reference of `gemm_q` / `gemm_f` in the order of `isa`.
+#[allow(clippy::too_many_arguments)]
 pub fn gemm_ref(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, x: &[f32], cols: usize, out: &mut [f32]) {
     let t = x.len() / cols;
     let q = matches!(dt, DType::Q8_0 | DType::Q4_0).then(|| QAct::quantize(x, cols));
@@ -301,7 +299,7 @@ pub fn gemm_f(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, x: 
     assert!(matches!(dt, DType::F32 | DType::F16 | DType::BF16));
     assert_eq!(dt.row_bytes(cols), Some(row_bytes));
     assert!(w.len() >= nrows * row_bytes);
-    assert!(cols > 0 && x.len() % cols == 0);
+    assert!(cols > 0 && x.len().is_multiple_of(cols));
     let t = x.len() / cols;
     assert_eq!(out.len(), nrows * t);
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
