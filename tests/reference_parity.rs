@@ -60,9 +60,20 @@ fn q8_0_logits_close_to_transformers() {
     assert!(n >= 1, "no Q8_0 fixture found");
 }
 
+/// Bound for Q8_0 files against float64 over their dequantized weights. The CPU
+/// kernels (like llama.cpp's) quantize the activations to 8-bit blocks once per
+/// step and take Q8_0 x Q8 dot products in integer arithmetic, so the activations'
+/// rounding adds to the f32 error. llama.cpp's own Q8_0 x Q8_0 path on the same
+/// file (llama_gqa.q8_0.gguf, vendored llama.cpp of llama-cpp-python 0.3.36, CPU,
+/// every position's logits via tools/llamacpp_logits.cpp) lands at a worst row
+/// relative L2 of 2.90e-2; llmrt (f32 activation scales) at 2.83e-2. The bound is
+/// llama.cpp's level, not looser.
+const Q8_0_VS_DEQUANTIZED_BOUND: f64 = 3e-2;
+
 /// The quantized and f16 files against a float64 forward pass over their own
-/// dequantized weights (tools/make_fixtures.py, numpy): llmrt dequantizes exactly, so
-/// the only difference left is f32 arithmetic, and the bound is the f32 one.
+/// dequantized weights (tools/make_fixtures.py, numpy): llmrt dequantizes F16
+/// exactly and keeps f32 activations there, so the only difference left is f32
+/// arithmetic and the bound is the f32 one; Q8_0 see [`Q8_0_VS_DEQUANTIZED_BOUND`].
 #[test]
 fn f16_and_q8_0_logits_match_float64_over_dequantized_weights() {
     let mut n = 0;
@@ -70,7 +81,8 @@ fn f16_and_q8_0_logits_match_float64_over_dequantized_weights() {
         for ty in ["f16", "q8_0"] {
             let Some(file) = f.json["checks"][format!("{ty}_logits_file")].as_str() else { continue };
             let reference = read_f32(&f.dir.join(file));
-            check_logits_against(&f, ty, &reference, "float64 over dequantized weights", 1e-4);
+            let bound = if ty == "q8_0" { Q8_0_VS_DEQUANTIZED_BOUND } else { 1e-4 };
+            check_logits_against(&f, ty, &reference, "float64 over dequantized weights", bound);
             n += 1;
         }
     }

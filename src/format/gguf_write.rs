@@ -20,6 +20,9 @@ struct TensorEntry {
     ne: Vec<u64>,
     ggml_type: u32,
     data: Vec<u8>,
+    /// Byte length of a tensor whose data is produced at write time
+    /// ([`GgufWriter::write_streamed`]); `None` when `data` holds it.
+    streamed: Option<u64>,
 }
 
 /// Builds a GGUF file in memory.
@@ -76,7 +79,56 @@ impl GgufWriter {
             ne: ne.to_vec(),
             ggml_type,
             data,
+            streamed: None,
         });
+    }
+
+    /// Add a tensor whose data is written later by [`Self::write_streamed`]'s
+    /// callback (for files too large to hold in memory).
+    pub fn tensor_streamed(&mut self, name: &str, ne: &[u64], dtype: DType) {
+        let rows: u64 = ne.iter().skip(1).product();
+        let row = dtype.row_bytes(ne[0] as usize).expect("row length must be a multiple of the block size") as u64;
+        self.tensors.push(TensorEntry {
+            name: name.to_string(),
+            ne: ne.to_vec(),
+            ggml_type: dtype.ggml_id(),
+            data: Vec::new(),
+            streamed: Some(rows * row),
+        });
+    }
+
+    fn tensor_len(t: &TensorEntry) -> u64 {
+        t.streamed.unwrap_or(t.data.len() as u64)
+    }
+
+    /// Writes the file to `path`; the data of tensor `i` added with
+    /// [`Self::tensor_streamed`] comes from `fill(i, out)`, which must write
+    /// exactly that tensor's byte length.
+    pub fn write_streamed(
+        &self,
+        path: &Path,
+        mut fill: impl FnMut(usize, &mut dyn std::io::Write) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        use std::io::Write;
+        let (header, offsets) = self.header();
+        let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+        f.write_all(&header)?;
+        let mut pos = 0u64;
+        for (i, (t, off)) in self.tensors.iter().zip(&offsets).enumerate() {
+            f.write_all(&vec![0u8; (off - pos) as usize])?;
+            match t.streamed {
+                Some(len) => {
+                    let mut c = Counting { inner: &mut f, n: 0 };
+                    fill(i, &mut c)?;
+                    if c.n != len {
+                        return Err(std::io::Error::other(format!("tensor {}: wrote {} bytes, expected {len}", t.name, c.n)));
+                    }
+                }
+                None => f.write_all(&t.data)?,
+            }
+            pos = off + Self::tensor_len(t);
+        }
+        f.flush()
     }
 
     fn effective_alignment(&self) -> u64 {
@@ -92,6 +144,18 @@ impl GgufWriter {
     /// # Panics
     /// If an array mixes element types (GGUF arrays are homogeneous).
     pub fn to_bytes(&self) -> Vec<u8> {
+        let (mut out, offsets) = self.header();
+        let data_start = out.len() as u64;
+        for (t, off) in self.tensors.iter().zip(&offsets) {
+            out.resize((data_start + off) as usize, 0);
+            out.extend_from_slice(&t.data);
+        }
+        out
+    }
+
+    /// Header bytes (through the padding before the data section) and each
+    /// tensor's offset inside the data section.
+    fn header(&self) -> (Vec<u8>, Vec<u64>) {
         let align = self.effective_alignment();
         let mut kvs: Vec<(&str, Value)> = Vec::with_capacity(self.kvs.len() + 1);
         if self.alignment != DEFAULT_ALIGNMENT
@@ -116,7 +180,7 @@ impl GgufWriter {
         let mut offsets = Vec::with_capacity(self.tensors.len());
         for t in &self.tensors {
             offsets.push(offset);
-            offset = (offset + t.data.len() as u64).next_multiple_of(align);
+            offset = (offset + Self::tensor_len(t)).next_multiple_of(align);
         }
         for (t, off) in self.tensors.iter().zip(&offsets) {
             put_str(&mut out, &t.name);
@@ -130,17 +194,28 @@ impl GgufWriter {
         if !self.tensors.is_empty() {
             pad(&mut out, align);
         }
-        let data_start = out.len() as u64;
-        for (t, off) in self.tensors.iter().zip(&offsets) {
-            out.resize((data_start + off) as usize, 0);
-            out.extend_from_slice(&t.data);
-        }
-        out
+        (out, offsets)
     }
 
     /// Write the file.
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
         std::fs::write(path, self.to_bytes())
+    }
+}
+
+struct Counting<'a, W: std::io::Write> {
+    inner: &'a mut W,
+    n: u64,
+}
+
+impl<W: std::io::Write> std::io::Write for Counting<'_, W> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        let k = self.inner.write(b)?;
+        self.n += k as u64;
+        Ok(k)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
     }
 }
 

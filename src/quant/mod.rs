@@ -99,7 +99,7 @@ impl DType {
     /// block size or the size overflows `usize`.
     pub fn row_bytes(self, n: usize) -> Option<usize> {
         let be = self.block_elems();
-        if n % be != 0 {
+        if !n.is_multiple_of(be) {
             return None;
         }
         (n / be).checked_mul(self.block_bytes())

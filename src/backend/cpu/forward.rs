@@ -6,6 +6,7 @@ use super::ops;
 use super::CpuBackend;
 use crate::backend::{Seq, Want};
 use crate::kv::BLOCK_POSITIONS;
+use super::simd;
 use crate::quant;
 
 /// Where a row of the step's activations comes from.
@@ -18,7 +19,6 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
     let cfg = &be.cfg;
     let w = be.w.clone();
     let w: &crate::model::weights::Weights = &w;
-    let threads = be.threads;
     let (h, qd, kvd, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
     let toks: Vec<Tok> = seqs
         .iter()
@@ -57,16 +57,21 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
     let mut proj = vec![0f32; n * h];
     let mut gate = vec![0f32; n * cfg.ffn];
     let mut up = vec![0f32; n * cfg.ffn];
-    let mm = |m: &crate::model::weights::Matrix, x: &[f32], y: &mut [f32]| {
-        ops::matmul(m.dtype, m.bytes(w), m.row_bytes, m.rows, m.cols, x, y, threads);
+    let pool = &be.pool;
+    let mm = |m: &crate::model::weights::Matrix, x: &ops::Act<'_>, y: &mut [f32]| {
+        debug_assert_eq!(x.cols, m.cols);
+        ops::matmul(pool, m.dtype, m.bytes(w), m.row_bytes, m.rows, x, y);
     };
 
     for (l, lw) in w.layers.iter().enumerate() {
         // Attention block.
         ops::rmsnorm(&x, &lw.attn_norm, cfg.rms_eps, &mut xn);
-        mm(&lw.wq, &xn, &mut q);
-        mm(&lw.wk, &xn, &mut k);
-        mm(&lw.wv, &xn, &mut v);
+        // One activation set (quantized once when a weight needs it) for Q, K and V.
+        let xa = ops::Act::new(&xn, h);
+        mm(&lw.wq, &xa, &mut q);
+        mm(&lw.wk, &xa, &mut k);
+        mm(&lw.wv, &xa, &mut v);
+        drop(xa);
         if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
             ops::add_bias(&mut q, bq);
             ops::add_bias(&mut k, bk);
@@ -95,15 +100,17 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
             be.kv.row_mut(b, l, 1, slot).copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
         }
         attention(be, seqs, &toks, l, &q, &mut att);
-        mm(&lw.wo, &att, &mut proj);
+        mm(&lw.wo, &ops::Act::new(&att, qd), &mut proj);
         ops::add_in_place(&mut x, &proj);
 
         // Feed-forward block (SwiGLU).
         ops::rmsnorm(&x, &lw.ffn_norm, cfg.rms_eps, &mut xn);
-        mm(&lw.w_gate, &xn, &mut gate);
-        mm(&lw.w_up, &xn, &mut up);
+        let xa = ops::Act::new(&xn, h);
+        mm(&lw.w_gate, &xa, &mut gate);
+        mm(&lw.w_up, &xa, &mut up);
+        drop(xa);
         ops::swiglu(&mut gate, &up);
-        mm(&lw.w_down, &gate, &mut proj);
+        mm(&lw.w_down, &ops::Act::new(&gate, cfg.ffn), &mut proj);
         ops::add_in_place(&mut x, &proj);
     }
 
@@ -125,41 +132,48 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
     for (dst, &r) in sel.chunks_exact_mut(h).zip(&rows) {
         ops::rmsnorm_row(&x[r * h..(r + 1) * h], &w.output_norm, cfg.rms_eps, dst);
     }
-    mm(&w.output, &sel, logits);
+    mm(&w.output, &ops::Act::new(&sel, h), logits);
 }
 
-/// Causal attention of every token over its cache's positions `0..=pos`.
+/// Causal attention of every token over its cache's positions `0..=pos`, one
+/// (token, head) pair per unit of work, walking the cache page by page.
 fn attention(be: &CpuBackend, seqs: &[Seq<'_>], toks: &[Tok], layer: usize, q: &[f32], out: &mut [f32]) {
     let cfg = &be.cfg;
-    let (qd, hd) = (cfg.q_dim(), cfg.head_dim);
+    let (qd, hd, kvd, nh) = (cfg.q_dim(), cfg.head_dim, cfg.kv_dim(), cfg.n_heads);
     let group = cfg.n_heads / cfg.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let kv = &be.kv;
+    let isa = simd::isa();
     let max_pos = toks.iter().map(|t| t.pos).max().unwrap_or(0);
-    ops::par_units(out, qd, be.threads, (max_pos + 1) * qd * 2, |t0, part| {
+    ops::par_units(&be.pool, out, hd, (max_pos + 1) * hd * 2, 1, |u0, part| {
         let mut scores = vec![0f32; max_pos + 1];
-        for (i, orow) in part.chunks_exact_mut(qd).enumerate() {
-            let tok = &toks[t0 + i];
+        for (i, o) in part.chunks_exact_mut(hd).enumerate() {
+            let (t, hq) = ((u0 + i) / nh, (u0 + i) % nh);
+            let tok = &toks[t];
             let blocks = seqs[tok.seq].blocks;
             let len = tok.pos + 1;
-            for (hq, o) in orow.chunks_exact_mut(hd).enumerate() {
-                let kvh = hq / group;
-                let qv = &q[(t0 + i) * qd + hq * hd..(t0 + i) * qd + (hq + 1) * hd];
-                let mut m = f32::NEG_INFINITY;
-                for (p, s) in scores[..len].iter_mut().enumerate() {
-                    let krow = kv.row(blocks[p / BLOCK_POSITIONS], layer, 0, p % BLOCK_POSITIONS);
-                    *s = ops::dot_f32(qv, &krow[kvh * hd..(kvh + 1) * hd]) * scale;
+            let kvh = hq / group;
+            let qv = &q[t * qd + hq * hd..t * qd + (hq + 1) * hd];
+            let mut m = f32::NEG_INFINITY;
+            for (bi, &b) in blocks[..len.div_ceil(BLOCK_POSITIONS)].iter().enumerate() {
+                let p0 = bi * BLOCK_POSITIONS;
+                let page = kv.page(b, layer, 0);
+                for (s, krow) in scores[p0..len.min(p0 + BLOCK_POSITIONS)].iter_mut().zip(page.chunks_exact(kvd)) {
+                    *s = simd::dot_f32(isa, qv, &krow[kvh * hd..(kvh + 1) * hd]) * scale;
                     m = m.max(*s);
                 }
-                let mut sum = 0f32;
-                for s in scores[..len].iter_mut() {
-                    *s = (*s - m).exp();
-                    sum += *s;
-                }
-                let inv = 1.0 / sum;
-                o.fill(0.0);
-                for (p, &s) in scores[..len].iter().enumerate() {
-                    let vrow = kv.row(blocks[p / BLOCK_POSITIONS], layer, 1, p % BLOCK_POSITIONS);
+            }
+            let mut sum = 0f32;
+            for s in scores[..len].iter_mut() {
+                *s = (*s - m).exp();
+                sum += *s;
+            }
+            let inv = 1.0 / sum;
+            o.fill(0.0);
+            for (bi, &b) in blocks[..len.div_ceil(BLOCK_POSITIONS)].iter().enumerate() {
+                let p0 = bi * BLOCK_POSITIONS;
+                let page = kv.page(b, layer, 1);
+                for (&s, vrow) in scores[p0..len.min(p0 + BLOCK_POSITIONS)].iter().zip(page.chunks_exact(kvd)) {
                     ops::axpy(o, s * inv, &vrow[kvh * hd..(kvh + 1) * hd]);
                 }
             }

@@ -3,6 +3,8 @@
 
 mod forward;
 pub mod ops;
+pub mod pool;
+pub mod simd;
 
 use super::{Backend, Seq, Want};
 use crate::kv::{BlockCopy, BlockId, BLOCK_POSITIONS};
@@ -45,10 +47,10 @@ impl KvStore {
         ((layer * 2 + v) * BLOCK_POSITIONS + slot) * self.kv_dim
     }
 
-    /// K (v = 0) or V (v = 1) of `layer` at `slot` of block `b`.
-    fn row(&self, b: BlockId, layer: usize, v: usize, slot: usize) -> &[f32] {
-        let o = self.offset(layer, v, slot);
-        &self.blocks[b as usize].as_ref().expect("block storage ensured before use")[o..o + self.kv_dim]
+    /// The K (v = 0) or V (v = 1) rows of `layer` for all slots of block `b`.
+    fn page(&self, b: BlockId, layer: usize, v: usize) -> &[f32] {
+        let o = self.offset(layer, v, 0);
+        &self.blocks[b as usize].as_ref().expect("block storage ensured before use")[o..o + BLOCK_POSITIONS * self.kv_dim]
     }
 
     fn row_mut(&mut self, b: BlockId, layer: usize, v: usize, slot: usize) -> &mut [f32] {
@@ -63,6 +65,8 @@ pub struct CpuBackend {
     cfg: Config,
     w: Arc<Weights>,
     threads: usize,
+    /// Persistent workers (`threads - 1` of them), dropped with the model.
+    pool: pool::Pool,
     kv: KvStore,
     /// RoPE inverse frequencies (`head_dim / 2`), scaling applied.
     inv_freq: Vec<f64>,
@@ -81,7 +85,8 @@ impl CpuBackend {
             })
             .collect();
         let kv = KvStore { blocks: Vec::new(), n_layers: cfg.n_layers, kv_dim: cfg.kv_dim() };
-        CpuBackend { cfg, w, threads: threads.max(1), kv, inv_freq }
+        let threads = threads.max(1);
+        CpuBackend { cfg, w, threads, pool: pool::Pool::new(threads), kv, inv_freq }
     }
 }
 
@@ -134,6 +139,6 @@ impl Backend for CpuBackend {
     }
 
     fn device_name(&self) -> String {
-        format!("cpu ({} threads)", self.threads)
+        format!("cpu ({} threads, {})", self.threads, simd::isa().name())
     }
 }

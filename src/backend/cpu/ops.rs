@@ -2,33 +2,112 @@
 //! fixed order that depends only on the operand lengths, never on the batch or
 //! the thread count, so a sequence's results are the same alone or batched.
 
-use crate::quant::{self, DType};
+use super::pool::{Pool, SendPtr};
+use super::simd::{self, QAct};
+use crate::quant::DType;
+use std::cell::OnceCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Work below this many multiply-adds runs on the calling thread.
 const PAR_THRESHOLD: usize = 1 << 15;
 
-/// Splits `data` (made of `units` units of `unit_len` items) into up to `threads`
-/// contiguous parts and runs `f(first_unit, part)` on each, in parallel.
+/// Splits `data` (made of `units` units of `unit_len` items) into chunks of
+/// whole units (a multiple of `align` units) that the pool's threads take in
+/// turn, and runs `f(first_unit, chunk)` on each. Which thread computes a unit
+/// never changes how it is computed, so results do not depend on the thread count.
 pub fn par_units<T: Send>(
+    pool: &Pool,
     data: &mut [T],
     unit_len: usize,
-    threads: usize,
     work_per_unit: usize,
+    align: usize,
     f: impl Fn(usize, &mut [T]) + Sync,
 ) {
     let units = data.len().checked_div(unit_len).unwrap_or(0);
-    let threads = threads.max(1).min(units.max(1));
-    if threads == 1 || units.saturating_mul(work_per_unit) < PAR_THRESHOLD {
+    let threads = pool.threads();
+    if threads == 1 || units < 2 || units.saturating_mul(work_per_unit) < PAR_THRESHOLD {
         f(0, data);
         return;
     }
-    let per = units.div_ceil(threads);
-    std::thread::scope(|s| {
-        let f = &f;
-        for (i, part) in data.chunks_mut(per * unit_len).enumerate() {
-            s.spawn(move || f(i * per, part));
+    // About 4 chunks per thread: balance under a shared, noisy machine.
+    let align = align.max(1);
+    let chunk = units.div_ceil(threads * 4).div_ceil(align) * align;
+    let n_chunks = units.div_ceil(chunk);
+    let next = AtomicUsize::new(0);
+    let base = SendPtr(data.as_mut_ptr());
+    let total = data.len();
+    pool.run(&|_| loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= n_chunks {
+            break;
         }
+        let u0 = i * chunk;
+        let lo = u0 * unit_len;
+        let hi = ((u0 + chunk) * unit_len).min(total);
+        let p = base;
+        // SAFETY: chunk `i` is handed out once (atomic counter), the chunks are
+        // disjoint ranges inside `data`, and `data` stays exclusively borrowed
+        // until `pool.run` returns after every part has finished.
+        let part = unsafe { std::slice::from_raw_parts_mut(p.0.add(lo), hi - lo) };
+        f(u0, part);
     });
+}
+
+/// The activations of one matmul input: f32 rows, quantized to 8 bits the first
+/// time a quantized weight needs them (then reused by every matrix that reads
+/// the same input in this step).
+pub struct Act<'a> {
+    pub x: &'a [f32],
+    pub cols: usize,
+    q: OnceCell<QAct>,
+}
+
+impl<'a> Act<'a> {
+    pub fn new(x: &'a [f32], cols: usize) -> Act<'a> {
+        Act { x, cols, q: OnceCell::new() }
+    }
+
+    fn quantized(&self) -> &QAct {
+        self.q.get_or_init(|| QAct::quantize(self.x, self.cols))
+    }
+}
+
+/// `y[t][r] = dot(W[r], x[t])` for `t < T` tokens: W is `rows x cols` in
+/// `dtype` (`row_bytes` per row), x is `T x cols`, y is `T x rows`. Tiles of
+/// weight rows are read once for all tokens (see `simd`).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(pool: &Pool, dtype: DType, w: &[u8], row_bytes: usize, rows: usize, act: &Act<'_>, y: &mut [f32]) {
+    let cols = act.cols;
+    let t_count = act.x.len() / cols;
+    debug_assert_eq!(y.len(), t_count * rows);
+    let isa = simd::isa();
+    let quant = matches!(dtype, DType::Q8_0 | DType::Q4_0);
+    let qa = if quant { Some(act.quantized()) } else { None };
+    let x = act.x;
+    let run = |r0: usize, part: &mut [f32]| {
+        let n = part.len() / t_count;
+        let wr = &w[r0 * row_bytes..(r0 + n) * row_bytes];
+        match qa {
+            Some(qa) => simd::gemm_q(isa, dtype, wr, row_bytes, n, qa, part),
+            None => simd::gemm_f(isa, dtype, wr, row_bytes, n, x, cols, part),
+        }
+    };
+    if t_count == 1 {
+        par_units(pool, y, 1, cols, 4, run);
+        return;
+    }
+    // Row-major over weights: tmp[r][t], transposed into y afterwards.
+    let mut tmp = vec![0f32; rows * t_count];
+    par_units(pool, &mut tmp, t_count, cols * t_count, 4, run);
+    // Blocked transpose: contiguous writes, reads from a few dozen lines.
+    for r0 in (0..rows).step_by(64) {
+        let r1 = (r0 + 64).min(rows);
+        for t in 0..t_count {
+            for (o, r) in y[t * rows + r0..t * rows + r1].iter_mut().zip(r0..r1) {
+                *o = tmp[r * t_count + t];
+            }
+        }
+    }
 }
 
 /// `y[t] = x[t] / rms(x[t]) * w` for each row of length `w.len()`.
@@ -45,49 +124,6 @@ pub fn rmsnorm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     let scale = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
     for ((yo, &xi), &wi) in y.iter_mut().zip(x).zip(w) {
         *yo = xi * scale * wi;
-    }
-}
-
-/// `y[t][r] = dot(W[r], x[t])` for `t < T` tokens: W is `rows x cols` in
-/// `dtype` (`row_bytes` per row), x is `T x cols`, y is `T x rows`. Each weight
-/// row is read once for all tokens.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul(
-    dtype: DType,
-    w: &[u8],
-    row_bytes: usize,
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    y: &mut [f32],
-    threads: usize,
-) {
-    let t_count = x.len() / cols;
-    debug_assert_eq!(y.len(), t_count * rows);
-    if t_count == 1 {
-        par_units(y, 1, threads, cols, |r0, part| {
-            for (i, out) in part.iter_mut().enumerate() {
-                let r = r0 + i;
-                *out = quant::dot_row(dtype, &w[r * row_bytes..(r + 1) * row_bytes], x);
-            }
-        });
-        return;
-    }
-    // Row-major over weights: tmp[r][t], transposed into y afterwards.
-    let mut tmp = vec![0f32; rows * t_count];
-    par_units(&mut tmp, t_count, threads, cols * t_count, |r0, part| {
-        for (i, outs) in part.chunks_exact_mut(t_count).enumerate() {
-            let r = r0 + i;
-            let row = &w[r * row_bytes..(r + 1) * row_bytes];
-            for (t, out) in outs.iter_mut().enumerate() {
-                *out = quant::dot_row(dtype, row, &x[t * cols..(t + 1) * cols]);
-            }
-        }
-    });
-    for r in 0..rows {
-        for t in 0..t_count {
-            y[t * rows + r] = tmp[r * t_count + t];
-        }
     }
 }
 
@@ -201,7 +237,8 @@ mod tests {
     #[test]
     fn par_units_covers_every_unit_once() {
         let mut v = vec![0u32; 1000 * 7];
-        par_units(&mut v, 7, 3, 1 << 20, |u0, part| {
+        let pool = Pool::new(3);
+        par_units(&pool, &mut v, 7, 1 << 20, 4, |u0, part| {
             for (i, c) in part.chunks_exact_mut(7).enumerate() {
                 for x in c {
                     *x += (u0 + i) as u32 + 1;

@@ -140,7 +140,7 @@ impl CudaKernels {
     /// Like [`CudaKernels::gemv_f16`] with W as ggml Q8_0 blocks: `rows * cols/32`
     /// blocks of 34 bytes (f16 scale, 32 int8), `cols` a multiple of 32.
     pub fn gemv_q8_0(&self, w_bytes: &[u8], x: &[f32], rows: usize, cols: usize, batch: usize) -> Result<Vec<f32>> {
-        if cols % QK8_0 != 0 {
+        if !cols.is_multiple_of(QK8_0) {
             return Err(Error::invalid(format!("gemv_q8_0: cols {cols} is not a multiple of {QK8_0}")));
         }
         check_len("gemv_q8_0: W bytes", w_bytes.len(), rows, cols / QK8_0 * Q8_0_BLOCK_BYTES)?;
