@@ -703,10 +703,7 @@ static void case_sampler_invalid_params(void) {
 
 /* ---- dispatch ------------------------------------------------------------- */
 
-static const struct {
-    const char *name;
-    void (*run)(void);
-} CASES[] = {
+static const test_case CASES[] = {
     {"null_pointers", case_null_pointers},
     {"missing_file", case_missing_file},
     {"directory", case_directory},
@@ -731,22 +728,5 @@ static const struct {
 };
 
 int main(int argc, char **argv) {
-    const size_t n = sizeof CASES / sizeof CASES[0];
-    if (argc == 2 && strcmp(argv[1], "--list") == 0) {
-        for (size_t i = 0; i < n; i++) puts(CASES[i].name);
-        return 0;
-    }
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s CASE | --list\n", argv[0]);
-        return 2;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (strcmp(argv[1], CASES[i].name) == 0) {
-            CASES[i].run();
-            temp_cleanup();
-            return finish(CASES[i].name);
-        }
-    }
-    fprintf(stderr, "unknown case \"%s\" (try --list)\n", argv[1]);
-    return 2;
+    return run_cases(CASES, sizeof CASES / sizeof CASES[0], argc, argv);
 }

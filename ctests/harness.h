@@ -321,4 +321,32 @@ static inline uint32_t cache_len(const llmrt_model *m, llmrt_cache c) {
     return n;
 }
 
+
+/* ---- case dispatch: `prog CASE` runs one case, `prog --list` names them ---- */
+
+typedef struct test_case {
+    const char *name;
+    void (*run)(void);
+} test_case;
+
+static inline int run_cases(const test_case *cases, size_t n, int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "--list") == 0) {
+        for (size_t i = 0; i < n; i++) puts(cases[i].name);
+        return 0;
+    }
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s CASE | --list\n", argv[0]);
+        return 2;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(argv[1], cases[i].name) == 0) {
+            cases[i].run();
+            temp_cleanup();
+            return finish(cases[i].name);
+        }
+    }
+    fprintf(stderr, "unknown case \"%s\" (try --list)\n", argv[1]);
+    return 2;
+}
+
 #endif /* LLMRT_CTEST_HARNESS_H */
