@@ -3,6 +3,9 @@
 //! "skipped: no CUDA device (<reason>)" and passes; scripts/gpu-check.sh runs this
 //! binary on a GPU machine and collects the `MAXERR` lines.
 
+mod cuda_util;
+use cuda_util::{Rng, Worst};
+
 use half::f16;
 use llmrt::backend::cuda::{self, embedded, reference, CudaKernels};
 use llmrt::Status;
@@ -23,78 +26,7 @@ fn device() -> Option<CudaKernels> {
     }
 }
 
-/// xorshift64*, seeded from the case so every size gets its own inputs.
-struct Rng(u64);
 
-impl Rng {
-    fn new(parts: &[usize]) -> Rng {
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        for &p in parts {
-            s = (s ^ p as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9).rotate_left(29);
-        }
-        Rng(s | 1)
-    }
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in [lo, hi).
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-    fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-        (0..n).map(|_| self.uniform(lo, hi)).collect()
-    }
-}
-
-/// Worst error seen for one kernel over all its cases.
-struct Worst {
-    kernel: &'static str,
-    rel_l2: f64,
-    max_abs: f64,
-    case: String,
-    cases: usize,
-}
-
-impl Worst {
-    fn new(kernel: &'static str) -> Worst {
-        Worst { kernel, rel_l2: 0.0, max_abs: 0.0, case: String::new(), cases: 0 }
-    }
-
-    /// Checks `got` against `want` (length, every element written, relative L2 error
-    /// under `tol`) and keeps the worst case.
-    fn check(&mut self, case: String, got: &[f32], want: &[f32], tol: f64) {
-        assert_eq!(got.len(), want.len(), "{}: {case}: output length", self.kernel);
-        if let Some(i) = got.iter().position(|v| !v.is_finite()) {
-            panic!("{}: {case}: element {i} is {} (not written by the kernel?)", self.kernel, got[i]);
-        }
-        let (mut num, mut den, mut max_abs) = (0.0f64, 0.0f64, 0.0f64);
-        for (&g, &w) in got.iter().zip(want) {
-            let d = f64::from(g) - f64::from(w);
-            num += d * d;
-            den += f64::from(w) * f64::from(w);
-            max_abs = max_abs.max(d.abs());
-        }
-        let rel = if den > 0.0 { (num / den).sqrt() } else { num.sqrt() };
-        println!("  {}: {case}: rel_l2={rel:.3e} max_abs={max_abs:.3e}", self.kernel);
-        assert!(rel < tol, "{}: {case}: relative L2 error {rel:.3e} >= {tol:.0e}", self.kernel);
-        self.cases += 1;
-        self.max_abs = self.max_abs.max(max_abs);
-        if rel >= self.rel_l2 {
-            self.rel_l2 = rel;
-            self.case = case;
-        }
-    }
-
-    fn report(&self) {
-        println!(
-            "MAXERR {} rel_l2={:.3e} max_abs={:.3e} cases={} worst=[{}]",
-            self.kernel, self.rel_l2, self.max_abs, self.cases, self.case
-        );
-    }
-}
 
 const ROWS: &[usize] = &[1, 7, 4096];
 const BATCHES: &[usize] = &[1, 3, 8, 11]; // 11: more than one tile of 8 vectors
@@ -143,7 +75,7 @@ fn embedded_kernels_are_complete() {
 #[test]
 fn rmsnorm_f32_matches_cpu() {
     let Some(k) = device() else { return };
-    let mut worst = Worst::new("rmsnorm_f32");
+    let mut worst = Worst::verbose("rmsnorm_f32");
     // 77: odd (scalar path); 1000: float4 path, not a power of two
     for &rows in ROWS {
         for &n in &[64usize, 136, 4096, 77, 1000] {
@@ -162,7 +94,7 @@ fn rmsnorm_f32_matches_cpu() {
 #[test]
 fn gemv_f16_matches_cpu() {
     let Some(k) = device() else { return };
-    let mut worst = Worst::new("gemv_f16_f32");
+    let mut worst = Worst::verbose("gemv_f16_f32");
     // 64, 136, 4096: 16-byte path (136 = 17 chunks of 8: a partial last warp step);
     // 100, 77: cols % 8 != 0, scalar path
     for &rows in ROWS {
@@ -194,7 +126,7 @@ fn random_q8_0(rng: &mut Rng, rows: usize, cols: usize) -> Vec<u8> {
 #[test]
 fn gemv_q8_0_matches_cpu() {
     let Some(k) = device() else { return };
-    let mut worst = Worst::new("gemv_q8_0_f32");
+    let mut worst = Worst::verbose("gemv_q8_0_f32");
     // cols must be a multiple of 32: 64 (2 blocks), 160 (5 blocks: part of a warp step), 4096
     for &rows in ROWS {
         for &cols in &[64usize, 160, 4096] {
@@ -256,7 +188,7 @@ fn nvrtc_compiles_sources() {
     let (rows, cols, batch) = (257usize, 4096usize, 3usize);
     let mut rng = Rng::new(&[4, rows, cols, batch]);
     let x = rng.vec(batch * cols, -1.0, 1.0);
-    let mut worst = Worst::new("nvrtc");
+    let mut worst = Worst::verbose("nvrtc");
     let g = rng.vec(cols, 0.5, 1.5);
     let got = k.rmsnorm_f32(&x, &g, batch, cols, 1e-6).expect("rmsnorm_f32 (NVRTC)");
     worst.check("rmsnorm_f32".into(), &got, &reference::rmsnorm_f32(&x, &g, batch, cols, 1e-6), 1e-5);
