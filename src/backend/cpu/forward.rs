@@ -58,9 +58,10 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
     let mut gate = vec![0f32; n * cfg.ffn];
     let mut up = vec![0f32; n * cfg.ffn];
     let pool = &be.pool;
+    let packed = &be.packed;
     let mm = |m: &crate::model::weights::Matrix, x: &ops::Act<'_>, y: &mut [f32]| {
         debug_assert_eq!(x.cols, m.cols);
-        ops::matmul(pool, m.dtype, m.bytes(w), m.row_bytes, m.rows, x, y);
+        ops::matmul(pool, m.dtype, m.bytes(w), m.row_bytes, m.rows, packed.get(&(m.file, m.offset)), x, y);
     };
 
     for (l, lw) in w.layers.iter().enumerate() {

@@ -4,11 +4,14 @@
 mod forward;
 pub mod ops;
 pub mod pool;
+pub mod qpack;
 pub mod simd;
 
 use super::{Backend, Seq, Want};
 use crate::kv::{BlockCopy, BlockId, BLOCK_POSITIONS};
 use crate::model::weights::Weights;
+use crate::quant::DType;
+use std::collections::HashMap;
 use crate::model::Config;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -70,10 +73,15 @@ pub struct CpuBackend {
     kv: KvStore,
     /// RoPE inverse frequencies (`head_dim / 2`), scaling applied.
     inv_freq: Vec<f64>,
+    /// Q8_0 / Q4_0 matrices repacked for the block-order kernels, keyed by
+    /// (file, offset) (empty where the kernel set reads rows as stored).
+    packed: HashMap<(usize, usize), qpack::Packed>,
 }
 
 impl CpuBackend {
-    pub fn new(cfg: Config, w: Arc<Weights>, threads: usize) -> CpuBackend {
+    /// Builds the backend; on CPUs with the block-order kernels the quantized
+    /// matrices are repacked here (a copy of their bytes in host memory).
+    pub fn new(cfg: Config, w: Arc<Weights>, threads: usize) -> Result<CpuBackend> {
         let hd = cfg.head_dim;
         let inv_freq = (0..hd / 2)
             .map(|i| {
@@ -86,8 +94,19 @@ impl CpuBackend {
             .collect();
         let kv = KvStore { blocks: Vec::new(), n_layers: cfg.n_layers, kv_dim: cfg.kv_dim() };
         let threads = threads.max(1);
-        CpuBackend { cfg, w, threads, pool: pool::Pool::new(threads), kv, inv_freq }
+        let mut packed = HashMap::new();
+        if qpack::block_order(simd::isa()) {
+            let mats = w.layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+            for m in mats.chain([&w.output]) {
+                if matches!(m.dtype, DType::Q8_0 | DType::Q4_0) && !packed.contains_key(&(m.file, m.offset)) {
+                    let p = qpack::Packed::new(m.dtype, m.bytes(&w), m.row_bytes, m.rows, m.cols, &m.name)?;
+                    packed.insert((m.file, m.offset), p);
+                }
+            }
+        }
+        Ok(CpuBackend { cfg, w, threads, pool: pool::Pool::new(threads), kv, inv_freq, packed })
     }
+
 }
 
 impl Backend for CpuBackend {

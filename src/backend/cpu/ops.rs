@@ -3,6 +3,7 @@
 //! the thread count, so a sequence's results are the same alone or batched.
 
 use super::pool::{Pool, SendPtr};
+use super::qpack::{self, Packed};
 use super::simd::{self, QAct};
 use crate::quant::DType;
 use std::cell::OnceCell;
@@ -74,31 +75,45 @@ impl<'a> Act<'a> {
 
 /// `y[t][r] = dot(W[r], x[t])` for `t < T` tokens: W is `rows x cols` in
 /// `dtype` (`row_bytes` per row), x is `T x cols`, y is `T x rows`. Tiles of
-/// weight rows are read once for all tokens (see `simd`).
+/// weight rows are read once for all tokens (see `simd`). `packed`: the same
+/// matrix repacked for the block-order kernels (`qpack`), used when present.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul(pool: &Pool, dtype: DType, w: &[u8], row_bytes: usize, rows: usize, act: &Act<'_>, y: &mut [f32]) {
+pub fn matmul(
+    pool: &Pool,
+    dtype: DType,
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    packed: Option<&Packed>,
+    act: &Act<'_>,
+    y: &mut [f32],
+) {
     let cols = act.cols;
     let t_count = act.x.len() / cols;
     debug_assert_eq!(y.len(), t_count * rows);
     let isa = simd::isa();
     let quant = matches!(dtype, DType::Q8_0 | DType::Q4_0);
     let qa = if quant { Some(act.quantized()) } else { None };
+    let packed = packed.filter(|p| quant && p.rows == rows && p.cols == cols && p.dtype == dtype);
     let x = act.x;
     let run = |r0: usize, part: &mut [f32]| {
         let n = part.len() / t_count;
         let wr = &w[r0 * row_bytes..(r0 + n) * row_bytes];
-        match qa {
-            Some(qa) => simd::gemm_q(isa, dtype, wr, row_bytes, n, qa, part),
-            None => simd::gemm_f(isa, dtype, wr, row_bytes, n, x, cols, part),
+        match (qa, packed) {
+            (Some(qa), Some(p)) => qpack::gemm(isa, p, r0, n, qa, part),
+            (Some(qa), None) => simd::gemm_q(isa, dtype, wr, row_bytes, n, qa, part),
+            _ => simd::gemm_f(isa, dtype, wr, row_bytes, n, x, cols, part),
         }
     };
+    // Packed groups of 16 rows are never split between threads.
+    let align = if packed.is_some() { qpack::GROUP } else { 4 };
     if t_count == 1 {
-        par_units(pool, y, 1, cols, 4, run);
+        par_units(pool, y, 1, cols, align, run);
         return;
     }
     // Row-major over weights: tmp[r][t], transposed into y afterwards.
     let mut tmp = vec![0f32; rows * t_count];
-    par_units(pool, &mut tmp, t_count, cols * t_count, 4, run);
+    par_units(pool, &mut tmp, t_count, cols * t_count, align, run);
     // Blocked transpose: contiguous writes, reads from a few dozen lines.
     for r0 in (0..rows).step_by(64) {
         let r1 = (r0 + 64).min(rows);

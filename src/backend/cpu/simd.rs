@@ -131,6 +131,9 @@ pub fn wide(isa: Isa) -> bool {
 pub struct QAct {
     pub qs: Vec<i8>,
     pub d: Vec<f32>,
+    /// Sum of each block's 32 quantized values (for the unsigned-operand
+    /// corrections of the packed kernels).
+    pub sums: Vec<i32>,
     pub cols: usize,
     pub t: usize,
 }
@@ -142,7 +145,8 @@ impl QAct {
         let t = x.len() / cols;
         let mut qs = vec![0i8; x.len()];
         let mut d = vec![0f32; x.len() / QK];
-        for ((xb, qb), db) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(d.iter_mut()) {
+        let mut sums = vec![0i32; x.len() / QK];
+        for (((xb, qb), db), sb) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(d.iter_mut()).zip(sums.iter_mut()) {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             let s = amax / 127.0;
             let id = if s != 0.0 { 127.0 / amax } else { 0.0 };
@@ -151,8 +155,9 @@ impl QAct {
                 *q = (v * id).round() as i8;
             }
             *db = s;
+            *sb = qb.iter().map(|&q| q as i32).sum();
         }
-        QAct { qs, d, cols, t }
+        QAct { qs, d, sums, cols, t }
     }
 }
 
@@ -232,6 +237,12 @@ pub fn gemm_ref(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, x
         let row = &w[r * row_bytes..(r + 1) * row_bytes];
         for c in 0..t {
             out[r * t + c] = match &q {
+                Some(a) if super::qpack::block_order(isa) => super::qpack::dot_block_order_ref(
+                    dt,
+                    row,
+                    &a.qs[c * cols..(c + 1) * cols],
+                    &a.d[c * cols / QK..(c + 1) * cols / QK],
+                ),
                 Some(a) => dot_q_ref_lanes(
                     dt,
                     wide(isa),
@@ -252,7 +263,7 @@ pub fn gemm_ref(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, x
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 /// Token rows processed per pass over a weight tile, sized so that the
 /// activations stay in the L2 cache while the weights stream once.
-fn token_chunk(t: usize, act_row_bytes: usize) -> usize {
+pub(crate) fn token_chunk(t: usize, act_row_bytes: usize) -> usize {
     let fit = (512 * 1024 / act_row_bytes.max(1)).max(4) / 4 * 4;
     fit.min(t).max(1)
 }
@@ -267,10 +278,21 @@ pub fn gemm_q(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: 
     assert_eq!(out.len(), nrows * a.t);
     let nb = a.cols / QK;
     match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Avx512Vnni` is only chosen when the CPU has AVX2, FMA, F16C,
-        // AVX-512F/VL/VNNI; the lengths the kernel indexes with were asserted above.
-        Isa::Avx512Vnni => unsafe { x86_512::gemm_q(dt == DType::Q4_0, w.as_ptr(), row_bytes, nrows, nb, a, out) },
+        // The block order's fast kernels read packed weights (`qpack`); rows as
+        // stored (only tests and odd callers) take the reference.
+        Isa::Avx512Vnni => {
+            for r in 0..nrows {
+                let row = &w[r * row_bytes..(r + 1) * row_bytes];
+                for c in 0..a.t {
+                    out[r * a.t + c] = super::qpack::dot_block_order_ref(
+                        dt,
+                        row,
+                        &a.qs[c * a.cols..(c + 1) * a.cols],
+                        &a.d[c * nb..(c + 1) * nb],
+                    );
+                }
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx2` is only chosen when the CPU has AVX2, FMA and F16C; lengths asserted above.
         Isa::Avx2 => unsafe { x86_avx2::gemm_q(dt == DType::Q4_0, w.as_ptr(), row_bytes, nrows, nb, a, out) },
@@ -699,16 +721,18 @@ unsafe fn dpbusd_avx2(
 // x86-64 AVX-512 (16-lane orders).
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) use x86_512::dpbusd as dpbusd512;
+
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 mod x86_512 {
-    use super::{reduce16, token_chunk, QAct};
-    use crate::quant::QK;
+    use super::{reduce16, token_chunk};
     use std::arch::x86_64::*;
 
     /// `acc + sum over groups of 4 of u8(a) * i8(b)` (VPDPBUSD on zmm; exact).
     #[inline]
     #[target_feature(enable = "avx512f,avx512vnni")]
-    unsafe fn dpbusd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    pub(crate) unsafe fn dpbusd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
         let mut r = acc;
         // SAFETY: VPDPBUSD (AVX-512 VNNI) exists whenever this module runs; it
         // only reads and writes the named registers.
@@ -722,152 +746,6 @@ mod x86_512 {
             );
         }
         r
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn store_reduce(v: __m512) -> f32 {
-        let mut a = [0f32; 16];
-        // SAFETY: `a` is 16 f32, the size of a __m512; unaligned store.
-        unsafe { _mm512_storeu_ps(a.as_mut_ptr(), v) };
-        reduce16(a)
-    }
-
-    /// One or two blocks' 32 weight bytes as i8 (Q8_0) or unsigned nibbles
-    /// (Q4_0, element order), block `p` in the low half, `p2` (if any) in the high.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-    unsafe fn load_block<const Q4: bool>(p: *const u8) -> __m256i {
-        // SAFETY: the caller passes a pointer to a whole block.
-        unsafe {
-            if Q4 {
-                let v = _mm_loadu_si128(p.add(2) as *const __m128i);
-                let hi = _mm_srli_epi16(v, 4);
-                _mm256_and_si256(_mm256_set_m128i(hi, v), _mm256_set1_epi8(0x0F))
-            } else {
-                _mm256_loadu_si256(p.add(2) as *const __m256i)
-            }
-        }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-    unsafe fn tile_q<const R: usize, const C: usize, const Q4: bool>(
-        w: *const u8,
-        row_bytes: usize,
-        nb: usize,
-        xq: *const i8,
-        xstride: usize,
-        xd: *const f32,
-        dstride: usize,
-        out: *mut f32,
-        ostride: usize,
-    ) {
-        let bb = if Q4 { 2 + QK / 2 } else { 2 + QK };
-        let zero = _mm512_setzero_si512();
-        let mut acc = [[_mm512_setzero_ps(); C]; R];
-        let pairs = nb / 2;
-        let sel = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-        // SAFETY (whole body): R rows of `nb` blocks at `w` (stride `row_bytes`),
-        // C activation rows of `nb * 32` bytes and `nb` scales; every access
-        // below is inside those (prefetches may point past them: they never fault).
-        unsafe {
-            for k in 0..=pairs {
-                let b = 2 * k;
-                if b >= nb {
-                    break;
-                }
-                let two = b + 1 < nb;
-                let mut wv = [zero; R];
-                let mut aux = [zero; R];
-                let mut wd = [_mm512_setzero_ps(); R];
-                for r in 0..R {
-                    let p = w.add(r * row_bytes + b * bb);
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(R * row_bytes) as *const i8);
-                    if !Q4 {
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(R * row_bytes + 64) as *const i8);
-                    }
-                    let d0 = (p as *const u16).read_unaligned();
-                    let lo = load_block::<Q4>(p);
-                    let (d1, hi) = if two {
-                        ((p.add(bb) as *const u16).read_unaligned(), load_block::<Q4>(p.add(bb)))
-                    } else {
-                        (0, _mm256_setzero_si256())
-                    };
-                    wv[r] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-                    wd[r] = _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(d1 as i16), _mm_set1_epi16(d0 as i16)));
-                    if !Q4 {
-                        aux[r] = _mm512_sub_epi32(zero, dpbusd(zero, _mm512_set1_epi8(-128), wv[r]));
-                    }
-                }
-                for c in 0..C {
-                    let xp = xq.add(c * xstride + b * QK);
-                    let xv = if two {
-                        _mm512_loadu_si512(xp as *const __m512i)
-                    } else {
-                        _mm512_castsi256_si512(_mm256_loadu_si256(xp as *const __m256i))
-                    };
-                    let xv = if two { xv } else { _mm512_inserti64x4::<1>(xv, _mm256_setzero_si256()) };
-                    let dp = xd.add(c * dstride + b);
-                    let d2 = if two { _mm_castpd_ps(_mm_load_sd(dp as *const f64)) } else { _mm_load_ss(dp) };
-                    let xs = _mm512_permutexvar_ps(sel, _mm512_castps128_ps512(d2));
-                    let negcorr =
-                        if Q4 { _mm512_sub_epi32(zero, dpbusd(zero, _mm512_set1_epi8(8), xv)) } else { zero };
-                    let xu = _mm512_xor_si512(xv, _mm512_set1_epi8(-128));
-                    for r in 0..R {
-                        let isum = if Q4 { dpbusd(negcorr, wv[r], xv) } else { dpbusd(aux[r], xu, wv[r]) };
-                        let s = _mm512_mul_ps(wd[r], xs);
-                        acc[r][c] = if two {
-                            _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(isum), acc[r][c])
-                        } else {
-                            // Odd last block: only the low 8 lanes take part.
-                            _mm512_mask3_fmadd_ps(s, _mm512_cvtepi32_ps(isum), acc[r][c], 0x00FF)
-                        };
-                    }
-                }
-            }
-            for r in 0..R {
-                for c in 0..C {
-                    *out.add(r * ostride + c) = store_reduce(acc[r][c]);
-                }
-            }
-        }
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")]
-    pub unsafe fn gemm_q(q4: bool, w: *const u8, row_bytes: usize, nrows: usize, nb: usize, a: &QAct, out: &mut [f32]) {
-        const MAXC: usize = 4;
-        let t = a.t;
-        let tc = (token_chunk(t, a.cols) / MAXC * MAXC).max(MAXC);
-        let o = out.as_mut_ptr();
-        let mut t0 = 0;
-        // SAFETY (whole loop nest): every tile is in bounds (lengths checked by
-        // the safe wrapper).
-        unsafe {
-            while t0 < t {
-                let t1 = (t0 + tc).min(t);
-                let mut r = 0;
-                while r < nrows {
-                    let rt = if nrows - r >= 4 { 4 } else { 1 };
-                    let mut c = t0;
-                    while c < t1 {
-                        let ct = (t1 - c).min(MAXC);
-                        let wp = w.add(r * row_bytes);
-                        let xq = a.qs.as_ptr().add(c * a.cols);
-                        let xd = a.d.as_ptr().add(c * nb);
-                        let op = o.add(r * t + c);
-                        if rt == 4 {
-                            dispatch_c!(4, ct, q4, wp, row_bytes, nb, xq, a.cols, xd, nb, op, t);
-                        } else {
-                            dispatch_c!(1, ct, q4, wp, row_bytes, nb, xq, a.cols, xd, nb, op, t);
-                        }
-                        c += ct;
-                    }
-                    r += rt;
-                }
-                t0 = t1;
-            }
-        }
     }
 
     /// Sixteen weights of kind `K` (0 f32, 1 f16, 2 bf16) from `p` as f32.
