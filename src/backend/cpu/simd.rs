@@ -800,7 +800,10 @@ mod x86_512 {
                 for r in 0..R {
                     let p = w.add(r * row_bytes + i * es);
                     if (i * es) % 64 == 0 {
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(R * row_bytes) as *const i8);
+                        // The same spot of a row streamed soon: the next tile's rows,
+                        // or for decode (one row at a time) the row 3 ahead.
+                        let ahead = if C == 1 { 3 * R * row_bytes } else { R * row_bytes };
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
                     }
                     wv[r] = load_w::<K>(p);
                 }
@@ -840,7 +843,9 @@ mod x86_512 {
                 let t1 = (t0 + tc).min(t);
                 let mut r = 0;
                 while r < nrows {
-                    let rt = if nrows - r >= 4 { 4 } else { 1 };
+                    // 4 x 6 tiles; decode (one token) streams one row at a time,
+                    // which the hardware prefetcher follows best (measured).
+                    let rt = if t > 1 && nrows - r >= 4 { 4 } else { 1 };
                     let mut c = t0;
                     while c < t1 {
                         let ct = (t1 - c).min(MAXC);
