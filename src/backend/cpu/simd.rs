@@ -748,6 +748,18 @@ mod x86_512 {
         r
     }
 
+    /// [`reduce16`] in registers, the same additions in the same order:
+    /// `b = lo256 + hi256` (b[l] = a[l] + a[l + 8]), then `c = lo128(b) + hi128(b)`
+    /// (c[j] = b[j] + b[j + 4]), then `(c0 + c2) + (c1 + c3)`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vl,avx2")]
+    unsafe fn reduce16_v(v: __m512) -> f32 {
+        let b = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))));
+        let c = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps::<1>(b));
+        let d = _mm_add_ps(c, _mm_movehl_ps(c, c));
+        _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)))
+    }
+
     /// Sixteen weights of kind `K` (0 f32, 1 f16, 2 bf16) from `p` as f32.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
@@ -817,13 +829,17 @@ mod x86_512 {
             }
             for r in 0..R {
                 for c in 0..C {
-                    let mut a = [0f32; 16];
-                    _mm512_storeu_ps(a.as_mut_ptr(), acc[r][c]);
-                    for i in n16..n {
-                        let wi = load_w1::<K>(w.add(r * row_bytes), i);
-                        a[i - n16] = wi.mul_add(*x.add(c * xstride + i), a[i - n16]);
-                    }
-                    *out.add(r * ostride + c) = reduce16(a);
+                    *out.add(r * ostride + c) = if n16 == n {
+                        reduce16_v(acc[r][c])
+                    } else {
+                        let mut a = [0f32; 16];
+                        _mm512_storeu_ps(a.as_mut_ptr(), acc[r][c]);
+                        for i in n16..n {
+                            let wi = load_w1::<K>(w.add(r * row_bytes), i);
+                            a[i - n16] = wi.mul_add(*x.add(c * xstride + i), a[i - n16]);
+                        }
+                        reduce16(a)
+                    };
                 }
             }
         }
