@@ -20,6 +20,10 @@
 //! summed by [`reduce8`]. The kernel set is fixed per CPU, so a given machine
 //! always uses one order.
 //!
+//! On AVX-512 VNNI CPUs the quantized kernels use the block order of
+//! [`super::qpack`] instead (one rounding per 32-element block) over weights
+//! repacked at load; `gemm_q` there takes the reference over rows as stored.
+//!
 //! The SIMD versions compute exactly these operations (the integer sums are
 //! exact in any order), so they are bit-identical to the reference; the unit
 //! tests below check that for every kernel and tile shape.
