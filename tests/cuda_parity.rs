@@ -209,6 +209,20 @@ fn info_reports_cuda_and_the_device() {
     assert_eq!(name, devs[0].name);
     // f16 K and V of every layer.
     assert_eq!(i.kv_bytes_per_position, (i.n_layers * 2 * i.n_kv_heads * i.head_dim * 2) as u64);
+    // The memory plan: scratch allocated, the KV pool from what was left (nine tenths of
+    // the free memory above the headroom), the sum within the device.
+    println!(
+        "memory plan: weights {} B, scratch {} B, KV pool {} B, free after load {} B of {} B",
+        i.weight_bytes, i.scratch_bytes, i.kv_pool_bytes, i.device_free_bytes, i.device_total_bytes
+    );
+    assert!(i.scratch_bytes > 0 && i.kv_pool_bytes > 0 && i.device_total_bytes > 0);
+    assert!(i.weight_bytes + i.scratch_bytes + i.kv_pool_bytes + i.device_free_bytes <= i.device_total_bytes);
+    assert!(i.kv_pool_bytes > i.device_free_bytes, "default pool {} B leaves {} B free", i.kv_pool_bytes, i.device_free_bytes);
+    // kv_cache_bytes overrides the plan: the pool is that budget in whole blocks.
+    let block = i.kv_bytes_per_position * 16;
+    let m2 = load_on(&f.gguf("f16"), LLMRT_BACKEND_CUDA, 1000 * block + 7);
+    assert_eq!(m2.info().kv_pool_bytes, 1000 * block);
+    drop(m2);
     let c = m.reserve(0);
     assert_eq!(m.prefill(c, &f.tokens).len(), m.vocab);
 }

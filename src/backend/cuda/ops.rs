@@ -285,6 +285,16 @@ impl Ops {
         Ok(())
     }
 
+    /// Bytes of the cuBLAS path's scratch now allocated.
+    pub fn scratch_bytes(&self) -> u64 {
+        match self.scratch.lock() {
+            Ok(sc) => {
+                (sc.act.as_ref().map_or(0, |a| a.len() * 2) + sc.weight.as_ref().map_or(0, |w| w.len() * 2)) as u64
+            }
+            Err(_) => 0,
+        }
+    }
+
     /// `out[t][:] = row ids[t] of table`, dequantized to f32, for `t < n`.
     /// `table`: `[vocab][hidden]` of any supported type. Ids are trusted (checked on the host).
     ///

@@ -27,13 +27,46 @@ use crate::model::weights::{Matrix, Weights};
 use crate::model::{Config, RopeStyle};
 use crate::{Error, Result};
 
-/// Default KV budget on a device when `kv_cache_bytes` is 0: half the memory left
-/// free after the weights, at most 8 GiB, but raised to one full context of one cache
-/// (`per_position * context`) when that fits in three quarters of the free memory.
-pub fn default_kv_budget(free_after_weights: u64, per_position: u64, context: u64) -> u64 {
-    let base = (8u64 << 30).min(free_after_weights / 2);
-    let one_context = per_position.saturating_mul(context);
-    base.max(one_context.min(free_after_weights / 4 * 3))
+/// Device memory kept free by the default KV budget, beyond the planned scratch: room
+/// for cuBLAS workspaces, CUDA graphs and other allocations of the process.
+pub fn kv_headroom(total: u64) -> u64 {
+    (256u64 << 20) + total / 100
+}
+
+/// Default KV budget on a device when `kv_cache_bytes` is 0, from the memory free
+/// after the weights and the planned scratch were allocated: nine tenths of what is
+/// left above [`kv_headroom`] (the last tenth leaves room for another model in the
+/// same process).
+pub fn default_kv_budget(free_after_scratch: u64, total: u64) -> u64 {
+    free_after_scratch.saturating_sub(kv_headroom(total)) / 10 * 9
+}
+
+/// Tokens of one step the scratch is planned (allocated at load) for: the context,
+/// at most [`PLAN_MAX_TOKENS`], rounded up to a power of two. Longer steps still run,
+/// growing the scratch when the device has room.
+pub fn plan_tokens(context: usize) -> usize {
+    context.clamp(1, PLAN_MAX_TOKENS).next_power_of_two()
+}
+
+/// Most tokens of one step the load-time scratch plan covers.
+pub const PLAN_MAX_TOKENS: usize = 2048;
+/// Most logits rows the load-time scratch plan covers (a decode batch, or the rows
+/// of a prefill that wants them all).
+pub const PLAN_MAX_ROWS: usize = 256;
+
+/// What the device memory went to at load (`llmrt_model_info`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// Weights as uploaded.
+    pub weight_bytes: u64,
+    /// Activations, step arrays and the cuBLAS scratch, allocated for the planned step.
+    pub scratch_bytes: u64,
+    /// The KV pool.
+    pub kv_pool_bytes: u64,
+    /// Device memory free after all of these.
+    pub free_bytes: u64,
+    /// The device's memory.
+    pub total_bytes: u64,
 }
 
 /// Whether two matrices are the same bytes (a tied LM head is a clone of the
@@ -85,6 +118,61 @@ struct Scratch {
     next: CudaSlice<u32>,
 }
 
+impl Scratch {
+    /// Grows every buffer to hold a step of `cap` tokens, `rcap` wanted rows and
+    /// `bt_len` block-table entries (contents are not kept).
+    fn ensure(
+        &mut self,
+        ctx: &Arc<CudaContext>,
+        info: &DeviceInfo,
+        stream: &Arc<CudaStream>,
+        cfg: &Config,
+        cap: usize,
+        rcap: usize,
+        bt_len: usize,
+    ) -> Result<()> {
+        let (h, qd, kvd, ffn, half, vocab) =
+            (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn, cfg.head_dim / 2, cfg.vocab_size);
+        let s = self;
+        {
+            let g = |buf: &mut CudaSlice<f32>, len: usize, what: &str| grow(ctx, info, stream, buf, len, what);
+            g(&mut s.x, cap * h, "x")?;
+            g(&mut s.xn, cap * h, "xn")?;
+            g(&mut s.q, cap * qd, "q")?;
+            g(&mut s.k, cap * kvd, "k")?;
+            g(&mut s.v, cap * kvd, "v")?;
+            g(&mut s.att, cap * qd, "att")?;
+            g(&mut s.proj, cap * h, "proj")?;
+            g(&mut s.gate, cap * ffn, "gate")?;
+            g(&mut s.up, cap * ffn, "up")?;
+            g(&mut s.cos, cap * half, "cos")?;
+            g(&mut s.sin, cap * half, "sin")?;
+            g(&mut s.sel, rcap * h, "sel")?;
+            g(&mut s.seln, rcap * h, "seln")?;
+            g(&mut s.logits, rcap * vocab, "logits")?;
+        }
+        let g = |buf: &mut CudaSlice<u32>, len: usize, what: &str| grow(ctx, info, stream, buf, len, what);
+        g(&mut s.ids, cap, "ids")?;
+        g(&mut s.seq, cap, "seq")?;
+        g(&mut s.pos, cap, "pos")?;
+        g(&mut s.slots, cap, "slots")?;
+        g(&mut s.block_tables, bt_len.next_power_of_two(), "block tables")?;
+        g(&mut s.rows, rcap, "rows")?;
+        g(&mut s.next, rcap, "next")?;
+        Ok(())
+    }
+
+    /// Bytes held by the buffers.
+    fn bytes(&self) -> u64 {
+        let f = [
+            &self.x, &self.xn, &self.q, &self.k, &self.v, &self.att, &self.proj, &self.gate, &self.up, &self.cos,
+            &self.sin, &self.sel, &self.seln, &self.logits,
+        ];
+        let u = [&self.ids, &self.seq, &self.pos, &self.slots, &self.block_tables, &self.rows, &self.next];
+        4 * (f.iter().map(|b| b.len() as u64).sum::<u64>() + u.iter().map(|b| b.len() as u64).sum::<u64>())
+    }
+}
+
 /// The CUDA backend of one model.
 pub struct CudaBackend {
     cfg: Config,
@@ -103,6 +191,8 @@ pub struct CudaBackend {
     /// RoPE inverse frequencies (`head_dim / 2`), scaling applied, as the CPU has them.
     inv_freq: Vec<f64>,
     s: Scratch,
+    /// What the device memory went to at load.
+    memory: MemoryPlan,
 }
 
 /// Allocation or copy failure: `LLMRT_OUT_OF_MEMORY` with the sizes when the device
@@ -321,20 +411,7 @@ impl CudaBackend {
         }
         (up.progress)(1.0);
 
-        // KV pool.
-        stream.synchronize().map_err(|e| driver_err("uploading weights", e))?;
-        let per_pos = kv_bytes_per_position(&cfg);
-        let block_bytes = per_pos * BLOCK_POSITIONS as u64;
-        let budget = if kv_cache_bytes == 0 {
-            let (free, _) = ctx.mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))?;
-            default_kv_budget(free as u64, per_pos, context as u64)
-        } else {
-            kv_cache_bytes
-        };
-        // Slot ids (block * 16 + slot) are u32 on the device.
-        let kv_blocks = ((budget / block_bytes) as usize).min(u32::MAX as usize / BLOCK_POSITIONS);
-        let kv = KvPool::new(&stream, kv_blocks.max(1), cfg.n_layers, cfg.kv_dim())?;
-
+        let weight_bytes = up.done;
         let hd = cfg.head_dim;
         let inv_freq = (0..hd / 2)
             .map(|i| {
@@ -347,7 +424,7 @@ impl CudaBackend {
             .collect();
         let z = |n: usize| stream.alloc_zeros::<f32>(n).map_err(|e| mem_err(&ctx, &info, "scratch buffers", n * 4, e));
         let zu = |n: usize| stream.alloc_zeros::<u32>(n).map_err(|e| mem_err(&ctx, &info, "scratch buffers", n * 4, e));
-        let s = Scratch {
+        let mut s = Scratch {
             x: z(1)?,
             xn: z(1)?,
             q: z(1)?,
@@ -370,8 +447,51 @@ impl CudaBackend {
             logits: z(1)?,
             next: zu(1)?,
         };
+        // Memory plan: the scratch of a planned step first (activations, step arrays,
+        // cuBLAS activation and dequantization scratch), then the KV pool from what is left.
+        stream.synchronize().map_err(|e| driver_err("uploading weights", e))?;
+        let pt = plan_tokens(context);
+        let pr = pt.min(PLAN_MAX_ROWS);
+        s.ensure(&ctx, &info, &stream, &cfg, pt, pr, pt.div_ceil(BLOCK_POSITIONS))?;
+        let all = layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        let all: Vec<&DevWeight> = all.chain(std::iter::once(&token_embd)).chain(output.as_ref()).collect();
+        let max_cols = all.iter().map(|w| w.cols).max().unwrap_or(0);
+        let max_quant = all
+            .iter()
+            .filter(|w| matches!(w.dtype, crate::quant::DType::Q8_0 | crate::quant::DType::Q4_0))
+            .map(|w| w.rows * w.cols)
+            .max()
+            .unwrap_or(0);
+        let act = if pt > super::ops::GEMM_MIN_TOKENS { pt * max_cols } else { 0 };
+        ops.reserve_scratch(act, max_quant)?;
+        let ops_scratch = ops.scratch_bytes();
+        stream.synchronize().map_err(|e| driver_err("allocating the scratch buffers", e))?;
+        let scratch_bytes = s.bytes() + ops_scratch;
+
+        // KV pool.
+        let per_pos = kv_bytes_per_position(&cfg);
+        let block_bytes = per_pos * BLOCK_POSITIONS as u64;
+        let budget = if kv_cache_bytes == 0 {
+            let (free, total) = ctx.mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))?;
+            default_kv_budget(free as u64, total as u64)
+        } else {
+            kv_cache_bytes
+        };
+        // Slot ids (block * 16 + slot) are u32 on the device.
+        let kv_blocks = ((budget / block_bytes) as usize).min(u32::MAX as usize / BLOCK_POSITIONS);
+        let kv = KvPool::new(&stream, kv_blocks.max(1), cfg.n_layers, cfg.kv_dim())?;
+
         stream.synchronize().map_err(|e| driver_err("allocating the KV pool", e))?;
+        let (free, total) = ctx.mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))?;
+        let memory = MemoryPlan {
+            weight_bytes,
+            scratch_bytes,
+            kv_pool_bytes: (kv.n_blocks as u64) * block_bytes,
+            free_bytes: free as u64,
+            total_bytes: total as u64,
+        };
         Ok(CudaBackend {
+            memory,
             cfg,
             info,
             ctx: ctx.clone(),
@@ -393,6 +513,11 @@ impl CudaBackend {
         self.kv_blocks
     }
 
+    /// What the device memory went to at load.
+    pub fn memory_plan(&self) -> MemoryPlan {
+        self.memory
+    }
+
     /// The device this backend runs on.
     pub fn device(&self) -> &DeviceInfo {
         &self.info
@@ -403,7 +528,6 @@ impl CudaBackend {
     fn forward(&mut self, seqs: &[Seq<'_>]) -> Result<usize> {
         let cfg = &self.cfg;
         let (h, qd, kvd, hd, ffn, vocab) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim, cfg.ffn, cfg.vocab_size);
-        let half = hd / 2;
         let eps = cfg.rms_eps;
         let shape = AttnShape { n_heads: cfg.n_heads, n_kv_heads: cfg.n_kv_heads, head_dim: hd };
         let neox = cfg.arch.rope_style == RopeStyle::Neox;
@@ -419,33 +543,7 @@ impl CudaBackend {
         let CudaBackend { ctx, info, stream, ops, token_embd, layers, output_norm, output, kv, s, .. } = self;
         let cap = n.next_power_of_two();
         let rcap = nr.next_power_of_two().max(1);
-        {
-            let g = |buf: &mut CudaSlice<f32>, len: usize, what: &str| grow(ctx, info, stream, buf, len, what);
-            g(&mut s.x, cap * h, "x")?;
-            g(&mut s.xn, cap * h, "xn")?;
-            g(&mut s.q, cap * qd, "q")?;
-            g(&mut s.k, cap * kvd, "k")?;
-            g(&mut s.v, cap * kvd, "v")?;
-            g(&mut s.att, cap * qd, "att")?;
-            g(&mut s.proj, cap * h, "proj")?;
-            g(&mut s.gate, cap * ffn, "gate")?;
-            g(&mut s.up, cap * ffn, "up")?;
-            g(&mut s.cos, cap * half, "cos")?;
-            g(&mut s.sin, cap * half, "sin")?;
-            g(&mut s.sel, rcap * h, "sel")?;
-            g(&mut s.seln, rcap * h, "seln")?;
-            g(&mut s.logits, rcap * vocab, "logits")?;
-        }
-        {
-            let g = |buf: &mut CudaSlice<u32>, len: usize, what: &str| grow(ctx, info, stream, buf, len, what);
-            g(&mut s.ids, cap, "ids")?;
-            g(&mut s.seq, cap, "seq")?;
-            g(&mut s.pos, cap, "pos")?;
-            g(&mut s.slots, cap, "slots")?;
-            g(&mut s.block_tables, bt.len().next_power_of_two(), "block tables")?;
-            g(&mut s.rows, rcap, "rows")?;
-            g(&mut s.next, rcap, "next")?;
-        }
+        s.ensure(ctx, info, stream, cfg, cap, rcap, bt.len())?;
         let up_err = |what: &str, e: DriverError| driver_err(&format!("uploading the step's {what}"), e);
         stream.memcpy_htod(&ids, &mut s.ids).map_err(|e| up_err("token ids", e))?;
         stream.memcpy_htod(&seq, &mut s.seq).map_err(|e| up_err("sequence indices", e))?;
@@ -601,6 +699,15 @@ impl Backend for CudaBackend {
     fn device_name(&self) -> String {
         self.info.name.clone()
     }
+
+    fn memory(&self) -> crate::backend::MemoryReport {
+        let m = self.memory;
+        crate::backend::MemoryReport {
+            scratch_bytes: m.scratch_bytes,
+            device_free_bytes: m.free_bytes,
+            device_total_bytes: m.total_bytes,
+        }
+    }
 }
 
 impl Drop for CudaBackend {
@@ -666,11 +773,22 @@ mod tests {
     #[test]
     fn default_kv_budget_rules() {
         let gib = 1u64 << 30;
-        // Half the free memory, at most 8 GiB.
-        assert_eq!(default_kv_budget(100 * gib, 1024, 4096), 8 * gib);
-        assert_eq!(default_kv_budget(4 * gib, 1024, 4096), 2 * gib);
-        // Raised to one full context when that fits in three quarters of the free memory.
-        assert_eq!(default_kv_budget(100 * gib, 1 << 20, 16384), 16 * gib);
-        assert_eq!(default_kv_budget(8 * gib, 1 << 20, 16384), 6 * gib);
+        let mib = 1u64 << 20;
+        // Nine tenths of what is free above 256 MiB + 1% of the device.
+        assert_eq!(kv_headroom(100 * gib), 256 * mib + gib);
+        assert_eq!(default_kv_budget(100 * gib, 100 * gib), (100 * gib - 256 * mib - gib) / 10 * 9);
+        assert_eq!(default_kv_budget(100 * mib, 10 * gib), 0);
+        // An 8B-shaped F16 model on a 141 GB device: about 110 GB of KV.
+        let free = 143_000_000_000u64 - 16_100_000_000 - 2_000_000_000;
+        let kv = default_kv_budget(free, 143_000_000_000);
+        assert!(kv > 100_000_000_000 && kv < free, "{kv}");
+    }
+
+    #[test]
+    fn plan_tokens_rules() {
+        assert_eq!(plan_tokens(0), 1);
+        assert_eq!(plan_tokens(100), 128);
+        assert_eq!(plan_tokens(2048), 2048);
+        assert_eq!(plan_tokens(131072), PLAN_MAX_TOKENS);
     }
 }
