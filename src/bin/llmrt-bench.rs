@@ -5,7 +5,7 @@
 //! ```text
 //! llmrt-bench -m FILE|synth:SHAPE:TYPE[,...] [--backend cpu|cuda] [-t 1,2] [-p 128] [-n 64]
 //!             [-b 1,4] [-d 0,512] [--ttft 2048] [-r 5] [-o md|json] [--kv-bytes N]
-//!             [--d2d] [--gemm 8192]
+//!             [--d2d] [--gemm 8192] [--json FILE]
 //! llmrt-bench --synth tinyllama|llama3-8b --type f16|q8_0|q4_0 --out DIR
 //! llmrt-bench --membw [-t 1,2]
 //! llmrt-bench --d2d [--gemm 8192]          (CUDA ceilings only)
@@ -31,6 +31,7 @@
 //! bytes read per step + KV bytes read per step) / that bandwidth, and the % reached.
 //! `--gemm N`: cuBLAS bf16 N x N x N GEMM (f32 compute) in TFLOP/s (mean of 10 after 3
 //! warm-ups); with it, each pp row gains its FLOP rate and the % of that.
+//! `--json FILE` also writes the JSON records to FILE (with `-o md` on stdout).
 
 use llmrt::format::gguf::Value;
 use llmrt::format::gguf_write::GgufWriter;
@@ -43,7 +44,7 @@ use std::time::Instant;
 fn usage() -> ! {
     eprintln!(
         "usage: llmrt-bench -m FILE|synth:SHAPE:TYPE[,...] [--backend cpu|cuda] [-t N,..] [-p N,..] [-n N,..]\n\
-         \x20                  [-b N,..] [-d N,..] [--ttft N,..] [-r N] [-o md|json] [--kv-bytes N] [--d2d] [--gemm N]\n\
+         \x20                  [-b N,..] [-d N,..] [--ttft N,..] [-r N] [-o md|json] [--kv-bytes N] [--d2d] [--gemm N] [--json FILE]\n\
          \x20      llmrt-bench --synth tinyllama|llama3-8b --type f16|q8_0|q4_0 --out DIR\n\
          \x20      llmrt-bench --membw [-t N,..]\n\
          \x20      llmrt-bench --d2d [--gemm N]"
@@ -73,6 +74,7 @@ struct Args {
     kv_bytes: u64,
     d2d: bool,
     gemm: usize,
+    json_file: Option<PathBuf>,
 }
 
 fn parse() -> Args {
@@ -95,6 +97,7 @@ fn parse() -> Args {
         kv_bytes: 0,
         d2d: false,
         gemm: 0,
+        json_file: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -126,6 +129,7 @@ fn parse() -> Args {
             "--ttft" => a.ttft = list(&val(&mut i)),
             "--kv-bytes" => a.kv_bytes = val(&mut i).parse().unwrap_or_else(|_| usage()),
             "--d2d" => a.d2d = true,
+            "--json" => a.json_file = Some(PathBuf::from(val(&mut i))),
             "--gemm" => a.gemm = val(&mut i).parse().unwrap_or_else(|_| usage()),
             "-h" | "--help" => usage(),
             other => {
@@ -807,7 +811,7 @@ fn main() {
             }
         }
     }
-    if a.output == "json" {
+    if a.output == "json" || a.json_file.is_some() {
         let arr: Vec<serde_json::Value> = recs
             .iter()
             .map(|r| {
@@ -849,7 +853,16 @@ fn main() {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&serde_json::Value::Array(arr)).expect("json"));
+        let text = serde_json::to_string_pretty(&serde_json::Value::Array(arr)).expect("json");
+        if a.output == "json" {
+            println!("{text}");
+        }
+        if let Some(p) = &a.json_file {
+            if let Err(e) = std::fs::write(p, text) {
+                eprintln!("llmrt-bench: writing {}: {e}", p.display());
+                std::process::exit(1);
+            }
+        }
     }
 }
 
