@@ -309,3 +309,189 @@ extern "C" __global__ void gemv_q4_0_f32(const unsigned char* __restrict__ W /*[
         store_tile(acc, y, rows, row, b0, nb, lane);
     }
 }
+
+// ---- fast GEMV kernels (LLMRT_CUDA_GEMV=0 or LLMRT_CUDA_FAST=0 turn them off) ----------
+//
+// Same contract and launch as the kernels above (grid = ceil(rows / 4), block = 128: a warp
+// per row), more bytes in flight per warp:
+// - gemv_fast_f16_f32 / gemv_fast_bf16_f32 (cols % 8 == 0): each lane issues GEMV_UNROLL
+//   16-byte weight loads before using the first. Lane l still accumulates chunks l, l+32,
+//   ... in increasing order with the same fmaf chain, so the result is bit-identical to
+//   gemv_f16_f32 / gemv_bf16_f32 (and batch-invariant the same way).
+// - gemv_fast_q8_0_f32 / gemv_fast_q4_0_f32 (cols % 256 == 0, so that every row starts
+//   16-byte aligned): the warp copies FAST_QBLOCKS consecutive blocks of its row with
+//   16-byte loads into its own shared-memory stage (about 4 loads per lane in flight),
+//   then lane l dequantises blocks l and l + 32 of the stage in registers. Per output,
+//   the order of the sum depends only on cols: batch-invariant. (A different order from
+//   gemv_q8_0_f32: equal within rounding, not bit for bit.)
+
+#define GEMV_UNROLL 4
+#define FAST_QBLOCKS 64
+
+__device__ __forceinline__ void f16x8_to_f32(const uint4 raw, float (&w)[8]) {
+    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(h[i]);
+        w[2 * i] = f.x;
+        w[2 * i + 1] = f.y;
+    }
+}
+
+__device__ __forceinline__ void bf16x8_to_f32(const uint4 raw, float (&w)[8]) {
+    w[0] = bf16_lo(raw.x); w[1] = bf16_hi(raw.x);
+    w[2] = bf16_lo(raw.y); w[3] = bf16_hi(raw.y);
+    w[4] = bf16_lo(raw.z); w[5] = bf16_hi(raw.z);
+    w[6] = bf16_lo(raw.w); w[7] = bf16_hi(raw.w);
+}
+
+template <bool Bf16>
+__device__ __forceinline__ void gemv_fast_half(const uint4* __restrict__ w8, const float* __restrict__ x, float* __restrict__ y,
+                                               int rows, int row, int cols, int batch, int lane) {
+    const int nchunks = cols >> 3;
+    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
+        const int nb = min(GEMV_MAX_BATCH, batch - b0);
+        float acc[GEMV_MAX_BATCH];
+#pragma unroll
+        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
+        for (int k0 = lane; k0 < nchunks; k0 += 32 * GEMV_UNROLL) {
+            uint4 raw[GEMV_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const int k = k0 + 32 * u;
+                if (k < nchunks) raw[u] = w8[k];
+            }
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const int k = k0 + 32 * u;
+                if (k < nchunks) {
+                    float w[8];
+                    if (Bf16) bf16x8_to_f32(raw[u], w);
+                    else f16x8_to_f32(raw[u], w);
+#pragma unroll
+                    for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+                        if (b < nb) {
+                            const float4* xb = reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols) + 2 * k;
+                            const float4 a = xb[0];
+                            const float4 c = xb[1];
+                            float s = acc[b];
+                            s = fmaf(w[0], a.x, s); s = fmaf(w[1], a.y, s);
+                            s = fmaf(w[2], a.z, s); s = fmaf(w[3], a.w, s);
+                            s = fmaf(w[4], c.x, s); s = fmaf(w[5], c.y, s);
+                            s = fmaf(w[6], c.z, s); s = fmaf(w[7], c.w, s);
+                            acc[b] = s;
+                        }
+                    }
+                }
+            }
+        }
+        store_tile(acc, y, rows, row, b0, nb, lane);
+    }
+}
+
+extern "C" __global__ void gemv_fast_f16_f32(const __half* __restrict__ W, const float* __restrict__ x,
+                                             float* __restrict__ y, int rows, int cols, int batch) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    gemv_fast_half<false>(reinterpret_cast<const uint4*>(W + (size_t)row * cols), x, y, rows, row, cols, batch, lane);
+}
+
+extern "C" __global__ void gemv_fast_bf16_f32(const unsigned short* __restrict__ W, const float* __restrict__ x,
+                                              float* __restrict__ y, int rows, int cols, int batch) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    gemv_fast_half<true>(reinterpret_cast<const uint4*>(W + (size_t)row * cols), x, y, rows, row, cols, batch, lane);
+}
+
+// Q8_0 / Q4_0 through a per-warp shared-memory stage. BB: block bytes (34 or 18).
+template <int BB>
+__device__ __forceinline__ void gemv_fast_quant(const unsigned char* __restrict__ W, const float* __restrict__ x,
+                                                float* __restrict__ y, int rows, int row, int cols, int batch,
+                                                int lane, uint4* stage) {
+    const int nblocks = cols / 32;
+    const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)row * nblocks * BB);
+    const unsigned char* st = reinterpret_cast<const unsigned char*>(stage);
+    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
+        const int nb = min(GEMV_MAX_BATCH, batch - b0);
+        float acc[GEMV_MAX_BATCH];
+#pragma unroll
+        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
+        for (int c0 = 0; c0 < nblocks; c0 += FAST_QBLOCKS) {
+            const int nblk = min(FAST_QBLOCKS, nblocks - c0);  // a multiple of 8
+            const int nvec = nblk * BB / 16;
+            const uint4* src = wr + (size_t)c0 * BB / 16;
+            __syncwarp();  // the previous chunk's stage reads are done
+            for (int i = lane; i < nvec; i += 32) stage[i] = src[i];
+            __syncwarp();
+#pragma unroll
+            for (int half_ = 0; half_ < 2; ++half_) {
+                const int j = lane + 32 * half_;
+                if (j < nblk) {
+                    const unsigned char* blk = st + j * BB;
+                    const float d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk)));
+                    const unsigned short* qs = reinterpret_cast<const unsigned short*>(blk + 2);
+                    float q[32];
+                    if (BB == 34) {
+#pragma unroll
+                        for (int i = 0; i < 16; ++i) {
+                            const unsigned short p = qs[i];
+                            q[2 * i] = (float)(signed char)(p & 0xff);
+                            q[2 * i + 1] = (float)(signed char)(p >> 8);
+                        }
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) {
+                            const unsigned short p = qs[i];
+                            q[2 * i] = (float)((int)(p & 0xf) - 8);
+                            q[2 * i + 16] = (float)((int)((p >> 4) & 0xf) - 8);
+                            q[2 * i + 1] = (float)((int)((p >> 8) & 0xf) - 8);
+                            q[2 * i + 17] = (float)((int)(p >> 12) - 8);
+                        }
+                    }
+#pragma unroll
+                    for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+                        if (b < nb) {
+                            const float4* xb =
+                                reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols + (size_t)(c0 + j) * 32);
+                            float s = 0.0f;
+#pragma unroll
+                            for (int v = 0; v < 8; ++v) {
+                                const float4 a = xb[v];
+                                s = fmaf(q[4 * v], a.x, s);
+                                s = fmaf(q[4 * v + 1], a.y, s);
+                                s = fmaf(q[4 * v + 2], a.z, s);
+                                s = fmaf(q[4 * v + 3], a.w, s);
+                            }
+                            acc[b] = fmaf(d, s, acc[b]);
+                        }
+                    }
+                }
+            }
+        }
+        store_tile(acc, y, rows, row, b0, nb, lane);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    gemv_fast_q8_0_f32(const unsigned char* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
+                       int rows, int cols, int batch) {
+    __shared__ uint4 stage[4][FAST_QBLOCKS * 34 / 16];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * 4 + warp;
+    if (row >= rows) return;  // warp-uniform; only __syncwarp below
+    gemv_fast_quant<34>(W, x, y, rows, row, cols, batch, lane, stage[warp]);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    gemv_fast_q4_0_f32(const unsigned char* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
+                       int rows, int cols, int batch) {
+    __shared__ uint4 stage[4][FAST_QBLOCKS * 18 / 16];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * 4 + warp;
+    if (row >= rows) return;
+    gemv_fast_quant<18>(W, x, y, rows, row, cols, batch, lane, stage[warp]);
+}

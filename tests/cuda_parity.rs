@@ -349,6 +349,52 @@ fn batched_decode_equals_single_decodes_bit_for_bit() {
     }
 }
 
+/// Decode batches of more than 8 sequences take cuBLAS (LLMRT_CUDA_DECODE_GEMM, on by
+/// default): each sequence's logits agree with its single-sequence decode within the
+/// f16-activation rounding (relative L2 < 1e-2), and with every fast path off
+/// (LLMRT_CUDA_FAST=0, the GEMV kernels at every batch) bit for bit.
+#[test]
+fn wide_decode_batch_agrees_with_single_decodes() {
+    if devices().is_none() {
+        return;
+    }
+    let exact = std::env::var("LLMRT_CUDA_FAST").is_ok_and(|v| v.trim() == "0")
+        || std::env::var("LLMRT_CUDA_DECODE_GEMM").is_ok_and(|v| v.trim() == "0");
+    for (f, ty) in cache_models() {
+        let m = gpu(&f.gguf(ty));
+        let toks = &f.tokens;
+        let n_seqs = 24;
+        let (solo, batch): (Vec<u64>, Vec<u64>) = (0..n_seqs)
+            .map(|i| {
+                let n = 1 + (i * 5) % toks.len().min(30);
+                let (a, b) = (m.reserve(64), m.reserve(64));
+                m.prefill(a, &toks[..n]);
+                m.prefill(b, &toks[..n]);
+                (a, b)
+            })
+            .unzip();
+        let mut worst = 0f64;
+        let mut next: Vec<u32> = (0..n_seqs).map(|i| toks[(i * 3 + 1) % toks.len()]).collect();
+        for step in 0..3 {
+            let bl = m.decode(&batch, &next);
+            let mut following = Vec::with_capacity(n_seqs);
+            for (i, &c) in solo.iter().enumerate() {
+                let sl = m.decode(&[c], &[next[i]]);
+                let got = &bl[i * m.vocab..(i + 1) * m.vocab];
+                if exact {
+                    assert_eq!(got, &sl[..], "{} {ty}: cache {i} step {step} (fast paths off: bit for bit)", f.name);
+                }
+                let e = rel_l2(got, &sl);
+                worst = worst.max(e);
+                assert!(e < 1e-2, "{} {ty}: cache {i} step {step}: batch-24 logits off by {e:.2e} relative", f.name);
+                following.push(argmax(&sl));
+            }
+            next = following;
+        }
+        println!("MAXERR wide_decode_batch {} {ty}: {worst:.2e} (batch of 24 vs single decodes){}", f.name, if exact { ", bit for bit" } else { "" });
+    }
+}
+
 #[test]
 fn fork_then_diverge_equals_independent_caches() {
     if devices().is_none() {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DeviceRepr, DriverError, ValidAsZeroBits};
 
 use super::device::{driver_err, guarded, probe};
-use super::ops::{AttnShape, DevWeight, KvPool, MatmulPath, Ops};
+use super::ops::{AttnShape, DevWeight, KvPool, MatmulPath, Ops, GEMM_MIN_TOKENS, SPLIT_MAX_GROUP};
 use super::DeviceInfo;
 use crate::backend::{Backend, Seq, Want};
 use crate::kv::{BlockCopy, BLOCK_POSITIONS};
@@ -116,6 +116,9 @@ struct Scratch {
     seln: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     next: CudaSlice<u32>,
+    /// Split-KV partials: `[tokens][heads][splits][head_dim]` and `[..][2]`.
+    part_o: CudaSlice<f32>,
+    part_ml: CudaSlice<f32>,
 }
 
 impl Scratch {
@@ -166,7 +169,7 @@ impl Scratch {
     fn bytes(&self) -> u64 {
         let f = [
             &self.x, &self.xn, &self.q, &self.k, &self.v, &self.att, &self.proj, &self.gate, &self.up, &self.cos,
-            &self.sin, &self.sel, &self.seln, &self.logits,
+            &self.sin, &self.sel, &self.seln, &self.logits, &self.part_o, &self.part_ml,
         ];
         let u = [&self.ids, &self.seq, &self.pos, &self.slots, &self.block_tables, &self.rows, &self.next];
         4 * (f.iter().map(|b| b.len() as u64).sum::<u64>() + u.iter().map(|b| b.len() as u64).sum::<u64>())
@@ -446,6 +449,8 @@ impl CudaBackend {
             seln: z(1)?,
             logits: z(1)?,
             next: zu(1)?,
+            part_o: z(1)?,
+            part_ml: z(1)?,
         };
         // Memory plan: the scratch of a planned step first (activations, step arrays,
         // cuBLAS activation and dequantization scratch), then the KV pool from what is left.
@@ -462,7 +467,7 @@ impl CudaBackend {
             .map(|w| w.rows * w.cols)
             .max()
             .unwrap_or(0);
-        let act = if pt > super::ops::GEMM_MIN_TOKENS { pt * max_cols } else { 0 };
+        let act = if pt > GEMM_MIN_TOKENS { pt * max_cols } else { 0 };
         ops.reserve_scratch(act, max_quant)?;
         let ops_scratch = ops.scratch_bytes();
         stream.synchronize().map_err(|e| driver_err("allocating the scratch buffers", e))?;
@@ -556,14 +561,31 @@ impl CudaBackend {
             stream.memcpy_htod(&rows, &mut s.rows).map_err(|e| up_err("wanted rows", e))?;
         }
 
-        // Decode steps (one token per sequence) take the GEMV path only, so a
-        // sequence's result does not depend on the batch it is in.
-        let path = if seqs.iter().all(|q| q.tokens.len() == 1) { MatmulPath::Gemv } else { MatmulPath::Auto };
+        // Decode steps (one token per sequence) take the GEMV kernels, whose reduction
+        // order is fixed per output: a sequence's result does not depend on the batch it
+        // is in. Decode batches of more than GEMM_MIN_TOKENS sequences take cuBLAS when
+        // the decode_gemm fast path is on (weights read once for the whole batch).
+        let fast = ops.fast_paths();
+        let decode = seqs.iter().all(|q| q.tokens.len() == 1);
+        let path = if !decode || (fast.decode_gemm && n > GEMM_MIN_TOKENS) { MatmulPath::Auto } else { MatmulPath::Gemv };
+        // Split-KV attention for decode steps (prefill keeps one block per token and head).
+        let split = if decode && fast.splitkv && shape.n_heads / shape.n_kv_heads <= SPLIT_MAX_GROUP {
+            let split = ops.split_plan(n, shape.n_kv_heads, max_blocks);
+            let (po, pm) = Ops::split_scratch_len(n, shape, split.0);
+            grow(ctx, info, stream, &mut s.part_o, po, "split-KV partials")?;
+            grow(ctx, info, stream, &mut s.part_ml, pm, "split-KV partials")?;
+            Some(split)
+        } else {
+            None
+        };
 
         ops.embed(token_embd, &s.ids, n, &mut s.x)?;
         for (l, lw) in layers.iter().enumerate() {
-            // Attention block.
-            ops.rmsnorm(&s.x, &lw.attn_norm, n, h, eps, &mut s.xn)?;
+            // Attention block. With the fused path the previous layer's last residual
+            // add already normed x into xn with this layer's attn_norm.
+            if l == 0 || !fast.fused {
+                ops.rmsnorm(&s.x, &lw.attn_norm, n, h, eps, &mut s.xn)?;
+            }
             ops.matmul(&lw.wq, &s.xn, n, &mut s.q, path)?;
             ops.matmul(&lw.wk, &s.xn, n, &mut s.k, path)?;
             ops.matmul(&lw.wv, &s.xn, n, &mut s.v, path)?;
@@ -577,17 +599,43 @@ impl CudaBackend {
                 ops.rmsnorm_inplace(&mut s.k, kn, n * shape.n_kv_heads, hd, eps)?;
             }
             ops.rope_kv_write(&mut s.q, &mut s.k, &s.v, &s.cos, &s.sin, &s.slots, n, shape, neox, kv, l)?;
-            ops.attention(&s.q, kv, l, &s.seq, &s.pos, &s.block_tables, max_blocks, n, shape, &mut s.att)?;
+            match split {
+                Some(sp) => ops.attention_split(
+                    &s.q,
+                    kv,
+                    l,
+                    &s.seq,
+                    &s.pos,
+                    &s.block_tables,
+                    max_blocks,
+                    n,
+                    shape,
+                    sp,
+                    &mut s.part_o,
+                    &mut s.part_ml,
+                    &mut s.att,
+                )?,
+                None => ops.attention(&s.q, kv, l, &s.seq, &s.pos, &s.block_tables, max_blocks, n, shape, &mut s.att)?,
+            }
             ops.matmul(&lw.wo, &s.att, n, &mut s.proj, path)?;
-            ops.add(&mut s.x, &s.proj, n * h)?;
+            if fast.fused {
+                ops.add_rmsnorm(&mut s.x, &s.proj, &lw.ffn_norm, n, h, eps, &mut s.xn)?;
+            } else {
+                ops.add(&mut s.x, &s.proj, n * h)?;
+                ops.rmsnorm(&s.x, &lw.ffn_norm, n, h, eps, &mut s.xn)?;
+            }
 
             // Feed-forward block (SwiGLU).
-            ops.rmsnorm(&s.x, &lw.ffn_norm, n, h, eps, &mut s.xn)?;
             ops.matmul(&lw.w_gate, &s.xn, n, &mut s.gate, path)?;
             ops.matmul(&lw.w_up, &s.xn, n, &mut s.up, path)?;
             ops.swiglu(&mut s.gate, &s.up, n * ffn)?;
             ops.matmul(&lw.w_down, &s.gate, n, &mut s.proj, path)?;
-            ops.add(&mut s.x, &s.proj, n * h)?;
+            match layers.get(l + 1) {
+                Some(next) if fast.fused => {
+                    ops.add_rmsnorm(&mut s.x, &s.proj, &next.attn_norm, n, h, eps, &mut s.xn)?
+                }
+                _ => ops.add(&mut s.x, &s.proj, n * h)?,
+            }
         }
 
         // Final norm and LM head, only for the wanted rows.
