@@ -321,3 +321,143 @@ extern "C" __global__ void attention_merge_f32(const float* __restrict__ part_o,
         o[d] = acc / L;
     }
 }
+
+// ---- tiled causal attention for prefill ---------------------------------------------
+//
+// attention_prefill_f32: the same result as attention_f32 for every token of a tile,
+// computed flash-style: a block takes up to PF_BQ consecutive tokens of one sequence
+// (tiles[tile] = {first token, count}; the host never lets a tile cross sequences) and
+// one query head, walks the sequence's KV blocks 0 ..= last position / 16, stages each
+// block's K and V (16 positions, f16) in shared memory with 16-byte loads, and keeps
+// per query row the running max, sum and output (online softmax): no score matrix is
+// ever stored. Row i of the tile is handled by the PF_SUB threads 8i .. 8i+7; thread
+// `sub` holds q and the output for dims sub, sub + 8, ...; the 8 partial dot products
+// are summed with xor shuffles, so each of the 8 threads has the row's 16 scores.
+// Causal mask: position p > pos[t] scores -inf. Guards as attention_f32 (NaN rows).
+// Needs head_dim % 8 == 0, head_dim <= ATT_MAX_HD, tokens of a tile at consecutive
+// positions (a sequence's new tokens are). Launch: grid = (n_tiles, n_heads), block =
+// (PF_THREADS) exactly.
+
+#define PF_BQ 16
+#define PF_SUB 8
+#define PF_THREADS (PF_BQ * PF_SUB)
+#define PF_DPT (ATT_MAX_HD / PF_SUB)  // dims per thread, at most
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+    attention_prefill_f32(const float* __restrict__ q, const __half* __restrict__ kv,
+                          const unsigned int* __restrict__ seq, const unsigned int* __restrict__ pos,
+                          const unsigned int* __restrict__ block_tables, const unsigned int* __restrict__ tiles,
+                          float* __restrict__ out, int n_tiles, int n_tokens, int n_heads, int n_kv_heads,
+                          int head_dim, int n_layers, int layer, int n_blocks, int max_blocks, int n_seqs,
+                          float scale) {
+    __shared__ __align__(16) __half ks[BLOCK_POSITIONS][ATT_MAX_HD];
+    __shared__ __align__(16) __half vs[BLOCK_POSITIONS][ATT_MAX_HD];
+    const int tile = blockIdx.x;
+    const int h = blockIdx.y;
+    if (tile >= n_tiles || h >= n_heads) return;  // uniform over the block
+    const int tid = threadIdx.x;
+    const int i = tid / PF_SUB;
+    const int sub = tid % PF_SUB;
+    const unsigned int first = tiles[2 * tile];
+    const unsigned int cnt = tiles[2 * tile + 1];
+    const int q_dim = n_heads * head_dim;
+    const int kv_dim = n_kv_heads * head_dim;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int nd = head_dim / PF_SUB;  // dims per thread
+
+    // Guards (uniform): the tile inside the step, its sequence and last position inside
+    // the block table, every block id it reads inside the pool.
+    int bad = cnt == 0 || cnt > PF_BQ || (unsigned long long)first + cnt > (unsigned long long)n_tokens;
+    const unsigned int s = bad ? 0u : seq[first];
+    const unsigned int p_max = bad ? 0u : pos[first + cnt - 1];
+    bad = bad || s >= (unsigned int)n_seqs || (unsigned long long)p_max >= (unsigned long long)max_blocks * BLOCK_POSITIONS;
+    const unsigned int* bt = block_tables + (size_t)(bad ? 0u : s) * max_blocks;
+    const int nb = bad ? 0 : (int)(p_max / BLOCK_POSITIONS) + 1;
+    for (int b = tid; b < nb; b += PF_THREADS) {
+        if (bt[b] >= (unsigned int)n_blocks) bad = 1;
+    }
+    bad = __syncthreads_or(bad);
+    const bool active = i < (int)cnt;
+    const unsigned int t = first + (active ? i : 0);
+    if (bad) {
+        if (active && first + i < (unsigned int)n_tokens) {
+            float* o = out + (size_t)(first + i) * q_dim + (size_t)h * head_dim;
+            for (int k = 0; k < nd; ++k) o[sub + PF_SUB * k] = __int_as_float(0x7fc00000);
+        }
+        return;
+    }
+    const unsigned int p_row = pos[t];
+
+    float qr[PF_DPT], acc[PF_DPT];
+    const float* qh = q + (size_t)t * q_dim + (size_t)h * head_dim;
+#pragma unroll
+    for (int k = 0; k < PF_DPT; ++k) {
+        qr[k] = (k < nd) ? qh[sub + PF_SUB * k] : 0.0f;
+        acc[k] = 0.0f;
+    }
+    float m = __int_as_float(0xff800000);
+    float l = 0.0f;
+
+    const size_t block_elems = (size_t)n_layers * 2 * BLOCK_POSITIONS * kv_dim;
+    const size_t k_off = (size_t)layer * 2 * BLOCK_POSITIONS * kv_dim + (size_t)kvh * head_dim;
+    const size_t v_off = k_off + (size_t)BLOCK_POSITIONS * kv_dim;
+    const int vec_per_row = head_dim / 8;  // 16-byte vectors of a K or V row
+
+    for (int b = 0; b < nb; ++b) {
+        __syncthreads();  // the previous block's K/V reads are done
+        const __half* kb = kv + (size_t)bt[b] * block_elems;
+        for (int e = tid; e < BLOCK_POSITIONS * vec_per_row; e += PF_THREADS) {
+            const int j = e / vec_per_row, c = e % vec_per_row;
+            const size_t off = (size_t)j * kv_dim + (size_t)c * 8;
+            *reinterpret_cast<uint4*>(&ks[j][c * 8]) = *reinterpret_cast<const uint4*>(kb + k_off + off);
+            *reinterpret_cast<uint4*>(&vs[j][c * 8]) = *reinterpret_cast<const uint4*>(kb + v_off + off);
+        }
+        __syncthreads();
+
+        float sc[BLOCK_POSITIONS];
+#pragma unroll
+        for (int j = 0; j < BLOCK_POSITIONS; ++j) {
+            float d = 0.0f;
+#pragma unroll
+            for (int k = 0; k < PF_DPT; ++k) {
+                if (k < nd) d = fmaf(qr[k], __half2float(ks[j][sub + PF_SUB * k]), d);
+            }
+            d += __shfl_xor_sync(FULL_MASK, d, 1);
+            d += __shfl_xor_sync(FULL_MASK, d, 2);
+            d += __shfl_xor_sync(FULL_MASK, d, 4);
+            const unsigned int p = (unsigned int)(b * BLOCK_POSITIONS + j);
+            sc[j] = (p <= p_row) ? d * scale : __int_as_float(0xff800000);
+        }
+        float bmax = sc[0];
+#pragma unroll
+        for (int j = 1; j < BLOCK_POSITIONS; ++j) bmax = fmaxf(bmax, sc[j]);
+        const float m_new = fmaxf(m, bmax);
+        if (m_new == __int_as_float(0xff800000)) continue;  // nothing visible yet (cannot happen: block 0 holds position 0)
+        const float alpha = expf(m - m_new);                 // 0 on the first visible block
+        float psum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BLOCK_POSITIONS; ++j) {
+            sc[j] = expf(sc[j] - m_new);
+            psum += sc[j];
+        }
+        l = l * alpha + psum;
+#pragma unroll
+        for (int k = 0; k < PF_DPT; ++k) {
+            if (k < nd) {
+                float a = acc[k] * alpha;
+#pragma unroll
+                for (int j = 0; j < BLOCK_POSITIONS; ++j) a = fmaf(sc[j], __half2float(vs[j][sub + PF_SUB * k]), a);
+                acc[k] = a;
+            }
+        }
+        m = m_new;
+    }
+    if (active) {
+        float* o = out + (size_t)t * q_dim + (size_t)h * head_dim;
+        const float inv = 1.0f / l;
+#pragma unroll
+        for (int k = 0; k < PF_DPT; ++k) {
+            if (k < nd) o[sub + PF_SUB * k] = acc[k] * inv;
+        }
+    }
+}

@@ -741,3 +741,80 @@ fn split_kv_attention_matches_cpu_and_the_one_kernel_attention() {
         .expect_err("group of 16");
     assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
 }
+
+#[test]
+fn tiled_prefill_attention_matches_cpu_and_the_one_kernel_attention() {
+    let Some(d) = device() else { return };
+    let mut worst = Worst::new("attention_prefill");
+    let mut worst_vs = Worst::new("attention_prefill_vs_attention");
+    let (n_blocks, n_layers, layer) = (60usize, 2usize, 0usize);
+    let max_blocks = 24;
+    // head_dim a multiple of 8 (16-byte K/V loads): 16 .. 256, groups 1 .. 8.
+    let shapes: &[(usize, usize, usize)] = &[(8, 2, 32), (4, 4, 16), (4, 1, 128), (2, 2, 256), (6, 3, 80), (32, 4, 64)];
+    for &(nh, nkv, hd) in shapes {
+        let shape = AttnShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd };
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let mut rng = Rng::new(&[170, nh, nkv, hd]);
+        let (kv, pool) = random_pool(d, &mut rng, n_blocks, n_layers, kvd);
+        let mut ids: Vec<u32> = (0..n_blocks as u32).collect();
+        rng.shuffle(&mut ids);
+        // Three sequences: a fresh prefill of 37 tokens (3 tiles), a continuation of 20
+        // tokens at positions 300..320 (crossing blocks), a single token at position 16.
+        let runs: [(u32, usize); 3] = [(0, 37), (300, 20), (16, 1)];
+        let mut tables = vec![u32::MAX; runs.len() * max_blocks];
+        let mut next = 0;
+        for (s, &(start, len)) in runs.iter().enumerate() {
+            for b in 0..(start as usize + len).div_ceil(BLOCK_POSITIONS) {
+                tables[s * max_blocks + b] = ids[next];
+                next += 1;
+            }
+        }
+        let (mut seq, mut pos, mut tiles) = (Vec::new(), Vec::new(), Vec::new());
+        for (s, &(start, len)) in runs.iter().enumerate() {
+            let t0 = seq.len();
+            for i in 0..len {
+                seq.push(s as u32);
+                pos.push(start + i as u32);
+            }
+            for c in (0..len).step_by(16) {
+                tiles.push((t0 + c) as u32);
+                tiles.push((len - c).min(16) as u32);
+            }
+        }
+        let n = seq.len();
+        let q = rng.vec(n * qd, -2.0, 2.0);
+        let (q_d, seq_d, pos_d, tab_d) = (d.up(&q), d.up(&seq), d.up(&pos), d.up(&tables));
+        let mut out = d.nan(n * qd + TAIL);
+        d.ops
+            .attention_prefill(&q_d, &kv, layer, &seq_d, &pos_d, &tab_d, &d.up(&tiles), tiles.len() / 2, max_blocks, n, shape, &mut out)
+            .expect("attention_prefill");
+        let got = d.down(&out);
+        let case = format!("heads={nh}/{nkv} hd={hd} tokens={n}");
+        assert_tail_nan("attention_prefill", &case, &got, n * qd);
+        let want = reference::attention(&q, &pool, n_layers, layer, &seq, &pos, &tables, max_blocks, shape);
+        worst.check(case.clone(), &got[..n * qd], &want, 1e-4);
+        let mut one = d.nan(n * qd);
+        d.ops.attention(&q_d, &kv, layer, &seq_d, &pos_d, &tab_d, max_blocks, n, shape, &mut one).expect("attention");
+        worst_vs.check(case, &got[..n * qd], &d.down(&one), 1e-5);
+    }
+    worst.report();
+    worst_vs.report();
+
+    // Guards: a tile reaching past the table gives NaN rows; head_dim % 8 != 0 is refused.
+    let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 16 };
+    let kv = KvPool::new(&d.stream, 2, 1, 16).expect("KvPool::new");
+    let mut out = d.nan(2 * 32);
+    d.ops
+        .attention_prefill(&d.up(&[0.5f32; 64]), &kv, 0, &d.up(&[0u32, 0]), &d.up(&[31u32, 32]), &d.up(&[1u32, 0]), &d.up(&[0u32, 1, 1, 1]), 2, 2, 2, shape, &mut out)
+        .expect("attention_prefill with a bad position");
+    let got = d.down(&out);
+    assert!(got[..32].iter().all(|v| v.is_finite()), "good tile");
+    assert!(got[32..].iter().all(|v| v.is_nan()), "a tile past the block table must give NaN");
+    let odd = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 20 };
+    let kv20 = KvPool::new(&d.stream, 1, 1, 20).expect("KvPool::new");
+    let err = d
+        .ops
+        .attention_prefill(&d.up(&[0.0f32; 40]), &kv20, 0, &d.up(&[0u32]), &d.up(&[0u32]), &d.up(&[0u32]), &d.up(&[0u32, 1]), 1, 1, 1, odd, &mut d.nan(40))
+        .expect_err("head_dim 20");
+    assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
+}

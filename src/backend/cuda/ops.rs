@@ -159,12 +159,14 @@ pub struct FastPaths {
     /// kernels; their logits then agree with single-sequence decodes to about 1e-3
     /// relative (activations rounded to f16/bf16), not bit for bit.
     pub decode_gemm: bool,
+    /// `LLMRT_CUDA_PREFILL_ATTN`: tiled (flash-style) causal attention for prefill steps.
+    pub prefill_attn: bool,
 }
 
 impl FastPaths {
     /// Every fast path on (`on`) or off.
     pub fn all(on: bool) -> FastPaths {
-        FastPaths { gemv: on, fused: on, splitkv: on, decode_gemm: on }
+        FastPaths { gemv: on, fused: on, splitkv: on, decode_gemm: on, prefill_attn: on }
     }
 
     /// From the environment (see the type's doc).
@@ -180,6 +182,7 @@ impl FastPaths {
             fused: flag("LLMRT_CUDA_FUSED").unwrap_or(base),
             splitkv: flag("LLMRT_CUDA_SPLITKV").unwrap_or(base),
             decode_gemm: flag("LLMRT_CUDA_DECODE_GEMM").unwrap_or(base),
+            prefill_attn: flag("LLMRT_CUDA_PREFILL_ATTN").unwrap_or(base),
         }
     }
 }
@@ -190,6 +193,9 @@ pub const SPLIT_MAX_GROUP: usize = 8;
 /// Longest split of [`Ops::attention_split`] (`SPLIT_MAX_LEN`), positions.
 /// cbindgen:ignore
 pub const SPLIT_MAX_LEN: usize = 64;
+/// Query tokens per tile of [`Ops::attention_prefill`] (`PF_BQ`).
+/// cbindgen:ignore
+pub const PREFILL_TILE: usize = 16;
 
 /// Every kernel of kernels/*.cu loaded on one context, plus cuBLAS and the
 /// scratch it needs.
@@ -240,6 +246,7 @@ struct Funcs {
     add_rmsnorm: CudaFunction,
     attention_split: CudaFunction,
     attention_merge: CudaFunction,
+    attention_prefill: CudaFunction,
     add_bias: CudaFunction,
     add: CudaFunction,
     swiglu: CudaFunction,
@@ -283,6 +290,7 @@ impl Funcs {
             add_rmsnorm: f("norm", "add_rmsnorm_f32")?,
             attention_split: f("attention", "attention_split_f32")?,
             attention_merge: f("attention", "attention_merge_f32")?,
+            attention_prefill: f("attention", "attention_prefill_f32")?,
             add_bias: f("elementwise", "add_bias_f32")?,
             add: f("elementwise", "add_f32")?,
             swiglu: f("elementwise", "swiglu_f32")?,
@@ -1107,6 +1115,118 @@ impl Ops {
         // part_ml hold n_tokens*n_heads*n_splits*(head_dim | 2) f32 and out n_tokens*q_dim
         // (checked above); grid (n_tokens, n_heads <= 65535), threads loop over head dims.
         unsafe { b.launch(cfg) }.map_err(|e| launch_err("attention_merge", e))?;
+        Ok(())
+    }
+
+    /// Whether [`Self::attention_prefill`] takes `shape` (head_dim a multiple of 8, at most 256).
+    pub fn prefill_attention_fits(shape: AttnShape) -> bool {
+        shape.head_dim > 0 && shape.head_dim % 8 == 0 && shape.head_dim <= ATTENTION_MAX_HEAD_DIM
+    }
+
+    /// [`Self::attention`] for prefill, tiled: `tiles` (`[n_tiles][2]`: first token,
+    /// count <= [`PREFILL_TILE`]) cover the tokens, each tile a run of one sequence's
+    /// tokens at consecutive positions; a block per (tile, query head) walks the
+    /// sequence's KV blocks with K/V staged in shared memory and an online softmax per
+    /// query row (no score matrix). Same result as [`Self::attention`] within f32 rounding.
+    pub fn attention_prefill(
+        &self,
+        q: &CudaSlice<f32>,
+        kv: &KvPool,
+        layer: usize,
+        seq: &CudaSlice<u32>,
+        pos: &CudaSlice<u32>,
+        block_tables: &CudaSlice<u32>,
+        tiles: &CudaSlice<u32>,
+        n_tiles: usize,
+        max_blocks: usize,
+        n_tokens: usize,
+        shape: AttnShape,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        const OP: &str = "attention_prefill";
+        let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
+        if !Self::prefill_attention_fits(shape) || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+            return Err(Error::invalid(format!(
+                "{OP}: bad shape {shape:?} (head_dim a multiple of 8 up to {ATTENTION_MAX_HEAD_DIM}, n_heads a multiple of n_kv_heads)"
+            )));
+        }
+        if n_heads > 65535 {
+            return Err(Error::invalid(format!("{OP}: n_heads {n_heads} > 65535 (grid y)")));
+        }
+        let q_dim = mul(OP, n_heads, head_dim)?;
+        let kv_dim = mul(OP, n_kv_heads, head_dim)?;
+        if kv.kv_dim != kv_dim {
+            return Err(Error::invalid(format!("{OP}: KV pool kv_dim {} != n_kv_heads * head_dim = {kv_dim}", kv.kv_dim)));
+        }
+        if layer >= kv.n_layers {
+            return Err(Error::invalid(format!("{OP}: layer {layer} >= {} layers", kv.n_layers)));
+        }
+        kv.checked_block_elems(OP)?;
+        if max_blocks == 0 {
+            return Err(Error::invalid(format!("{OP}: max_blocks must be > 0")));
+        }
+        let out_elems = mul(OP, n_tokens, q_dim)?;
+        need(OP, "q", q.len(), out_elems)?;
+        need(OP, "out", out.len(), out_elems)?;
+        need(OP, "seq", seq.len(), n_tokens)?;
+        need(OP, "pos", pos.len(), n_tokens)?;
+        need(OP, "block_tables", block_tables.len(), max_blocks)?;
+        need(OP, "tiles", tiles.len(), mul(OP, n_tiles, 2)?)?;
+        let n_seqs = block_tables.len() / max_blocks;
+        to_i32(OP, "n_tokens * q_dim", out_elems)?;
+        to_i32(OP, "max_blocks * 16", mul(OP, max_blocks, BLOCK_POSITIONS)?)?;
+        let n_ti = to_i32(OP, "n_tiles", n_tiles)?;
+        let n_t = to_i32(OP, "n_tokens", n_tokens)?;
+        let nh = to_i32(OP, "n_heads", n_heads)?;
+        let nkv = to_i32(OP, "n_kv_heads", n_kv_heads)?;
+        let hd = to_i32(OP, "head_dim", head_dim)?;
+        to_i32(OP, "kv_dim", kv_dim)?;
+        let n_layers = to_i32(OP, "n_layers", kv.n_layers)?;
+        let layer_i = to_i32(OP, "layer", layer)?;
+        let n_blocks = to_i32(OP, "n_blocks", kv.n_blocks)?;
+        let max_blocks_i = to_i32(OP, "max_blocks", max_blocks)?;
+        let n_seqs_i = i32::try_from(n_seqs).unwrap_or(i32::MAX);
+        let scale = 1.0f32 / (head_dim as f32).sqrt();
+        if n_tiles == 0 || n_tokens == 0 {
+            return Ok(());
+        }
+        if n_tiles > i32::MAX as usize / 2 {
+            return Err(Error::invalid(format!("{OP}: {n_tiles} tiles")));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (n_tiles as u32, n_heads as u32, 1),
+            block_dim: ((PREFILL_TILE * 8) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.k.attention_prefill);
+        b.arg(q)
+            .arg(&kv.data)
+            .arg(seq)
+            .arg(pos)
+            .arg(block_tables)
+            .arg(tiles)
+            .arg(out)
+            .arg(&n_ti)
+            .arg(&n_t)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&hd)
+            .arg(&n_layers)
+            .arg(&layer_i)
+            .arg(&n_blocks)
+            .arg(&max_blocks_i)
+            .arg(&n_seqs_i)
+            .arg(&scale);
+        // SAFETY: the arguments match attention_prefill_f32 in kernels/attention.cu (q, kv, seq,
+        // pos, block_tables, tiles, out pointers, then int n_tiles, n_tokens, n_heads,
+        // n_kv_heads, head_dim, n_layers, layer, n_blocks, max_blocks, n_seqs, float scale);
+        // q and out hold n_tokens*q_dim f32, seq/pos n_tokens ids, tiles n_tiles pairs,
+        // block_tables n_seqs rows of max_blocks, the pool n_blocks blocks of kv_dim with
+        // layer < n_layers (all checked above); head_dim % 8 == 0 and <= 256 (16-byte K/V
+        // loads, the kernel's shared rows); the kernel refuses tiles outside n_tokens or
+        // longer than 16 and out-of-range seq/pos/block ids (NaN rows, nothing read); grid
+        // (n_tiles, n_heads <= 65535), block 128 = PF_THREADS.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(OP, e))?;
         Ok(())
     }
 

@@ -22,7 +22,7 @@ use cudarc::driver::{
 };
 
 use super::device::{driver_err, guarded, probe};
-use super::ops::{AttnShape, DevWeight, KvPool, MatmulPath, Ops, GEMM_MIN_TOKENS, SPLIT_MAX_GROUP};
+use super::ops::{AttnShape, DevWeight, KvPool, MatmulPath, Ops, GEMM_MIN_TOKENS, PREFILL_TILE, SPLIT_MAX_GROUP};
 use super::DeviceInfo;
 use crate::backend::{Backend, Seq, Want};
 use crate::kv::{BlockCopy, BLOCK_POSITIONS};
@@ -80,6 +80,8 @@ struct Launch {
     gemm: bool,
     /// Split-KV attention `(n_splits, split_len)`, or the one-kernel attention.
     split: Option<(usize, usize)>,
+    /// Prefill attention tiles (0: not the tiled kernel).
+    n_tiles: usize,
     /// Argmax of the wanted rows into `Scratch::next`.
     greedy: bool,
 }
@@ -171,6 +173,8 @@ struct Scratch {
     part_ml: CudaSlice<f32>,
     /// The step's arrays packed as u32 words (one host-to-device copy per step).
     stage: CudaSlice<u32>,
+    /// Prefill attention tiles (`[n_tiles][2]`).
+    tiles: CudaSlice<u32>,
 }
 
 impl Scratch {
@@ -223,8 +227,10 @@ impl Scratch {
         g(&mut s.block_tables, bt_len.next_power_of_two(), "block tables")?;
         g(&mut s.rows, rcap, "rows")?;
         g(&mut s.next, rcap, "next")?;
-        // The packed step arrays: 4 per token, the block tables, the rows, cos and sin.
-        g(&mut s.stage, 4 * cap + bt_len.next_power_of_two() + rcap + 2 * cap * half, "step arrays")?;
+        g(&mut s.tiles, 2 * cap, "attention tiles")?;
+        // The packed step arrays: 4 per token, the block tables, the rows, cos and sin,
+        // the tiles (at most one per token).
+        g(&mut s.stage, 6 * cap + bt_len.next_power_of_two() + rcap + 2 * cap * half, "step arrays")?;
         Ok(grew)
     }
 
@@ -234,7 +240,7 @@ impl Scratch {
             &self.x, &self.xn, &self.q, &self.k, &self.v, &self.att, &self.proj, &self.gate, &self.up, &self.cos,
             &self.sin, &self.sel, &self.seln, &self.logits, &self.part_o, &self.part_ml,
         ];
-        let u = [&self.ids, &self.seq, &self.pos, &self.slots, &self.block_tables, &self.rows, &self.next, &self.stage];
+        let u = [&self.ids, &self.seq, &self.pos, &self.slots, &self.block_tables, &self.rows, &self.next, &self.stage, &self.tiles];
         4 * (f.iter().map(|b| b.len() as u64).sum::<u64>() + u.iter().map(|b| b.len() as u64).sum::<u64>())
     }
 }
@@ -346,11 +352,14 @@ struct Plan {
     max_blocks: usize,
     /// Token rows whose logits are wanted, in sequence order.
     rows: Vec<u32>,
+    /// Prefill attention tiles: `[n_tiles][2]` = (first token, count <= PREFILL_TILE),
+    /// runs of one sequence's tokens.
+    tiles: Vec<u32>,
 }
 
 impl Plan {
     /// Every array as u32 words in the order `launch_step` unpacks them: ids, seq, pos,
-    /// slots, block tables, rows, cos bits, sin bits.
+    /// slots, block tables, rows, cos bits, sin bits, tiles.
     fn packed(&self) -> Vec<u32> {
         let mut v = Vec::with_capacity(
             4 * self.ids.len() + self.block_tables.len() + self.rows.len() + self.cos.len() + self.sin.len(),
@@ -363,6 +372,7 @@ impl Plan {
         v.extend_from_slice(&self.rows);
         v.extend(self.cos.iter().map(|f| f.to_bits()));
         v.extend(self.sin.iter().map(|f| f.to_bits()));
+        v.extend_from_slice(&self.tiles);
         v
     }
 
@@ -382,6 +392,7 @@ impl Plan {
             block_tables: vec![0u32; seqs.len() * max_blocks],
             max_blocks,
             rows: Vec::new(),
+            tiles: Vec::new(),
         };
         for (si, s) in seqs.iter().enumerate() {
             let end = s.start + s.tokens.len();
@@ -402,6 +413,10 @@ impl Plan {
                 p.block_tables[si * max_blocks + j] = b;
             }
             let t0 = p.ids.len();
+            for c in (0..s.tokens.len()).step_by(PREFILL_TILE) {
+                p.tiles.push((t0 + c) as u32);
+                p.tiles.push((s.tokens.len() - c).min(PREFILL_TILE) as u32);
+            }
             for (i, &tok) in s.tokens.iter().enumerate() {
                 if tok as usize >= vocab {
                     return Err(Error::internal(format!("token id {tok} outside the vocabulary reached the CUDA step")));
@@ -546,6 +561,7 @@ impl CudaBackend {
             part_o: z(1)?,
             part_ml: z(1)?,
             stage: zu(1)?,
+            tiles: zu(1)?,
         };
         // Memory plan: the scratch of a planned step first (activations, step arrays,
         // cuBLAS activation and dequantization scratch), then the KV pool from what is left.
@@ -658,7 +674,9 @@ impl CudaBackend {
         } else {
             None
         };
-        let l = Launch { n, nr, n_seqs: seqs.len(), max_blocks: plan.max_blocks, gemm, split, greedy };
+        // Tiled attention for prefill steps.
+        let n_tiles = if !decode && fast.prefill_attn && Ops::prefill_attention_fits(shape) { plan.tiles.len() / 2 } else { 0 };
+        let l = Launch { n, nr, n_seqs: seqs.len(), max_blocks: plan.max_blocks, gemm, split, n_tiles, greedy };
 
         // Scratch for this launch shape; a regrown buffer invalidates the captured graphs.
         let CudaBackend { ctx, info, stream, cfg, s, graph_cache, .. } = self;
@@ -721,7 +739,7 @@ impl CudaBackend {
         let eps = cfg.rms_eps;
         let shape = AttnShape { n_heads: cfg.n_heads, n_kv_heads: cfg.n_kv_heads, head_dim: hd };
         let neox = cfg.arch.rope_style == RopeStyle::Neox;
-        let Launch { n, nr, n_seqs, max_blocks, gemm, split, greedy } = l;
+        let Launch { n, nr, n_seqs, max_blocks, gemm, split, n_tiles, greedy } = l;
         let path = if gemm { MatmulPath::Auto } else { MatmulPath::Gemv };
         let CudaBackend { stream, ops, token_embd, layers, output_norm, output, kv, s, .. } = self;
         let fast = ops.fast_paths();
@@ -730,7 +748,7 @@ impl CudaBackend {
         // [cos n*hd/2][sin n*hd/2], u32 words (cos/sin as f32 bits), as Plan::packed.
         {
             let half = hd / 2;
-            let lens = [n, n, n, n, n_seqs * max_blocks, nr, n * half, n * half];
+            let lens = [n, n, n, n, n_seqs * max_blocks, nr, n * half, n * half, 2 * n_tiles];
             let (src, _gs) = s.stage.device_ptr(stream);
             let mut off = 0usize;
             let dsts: [(&mut CudaSlice<u32>, &str); 6] = [
@@ -775,6 +793,16 @@ impl CudaBackend {
                 }
                 off += len;
             }
+            let len = lens[8];
+            if len > 0 {
+                if s.tiles.len() < len {
+                    return Err(Error::internal(format!("attention tiles: {} elements, {len} needed", s.tiles.len())));
+                }
+                let (d, _gd) = s.tiles.device_ptr_mut(stream);
+                // SAFETY: as above (the tiles are the last words of the stage).
+                unsafe { cudarc::driver::result::memcpy_dtod_async(d, src + (off * 4) as u64, len * 4, stream.cu_stream()) }
+                    .map_err(|e| driver_err("unpacking the step's attention tiles (cuMemcpyDtoDAsync)", e))?;
+            }
         }
 
         ops.embed(token_embd, &s.ids, n, &mut s.x)?;
@@ -811,6 +839,20 @@ impl CudaBackend {
                     sp,
                     &mut s.part_o,
                     &mut s.part_ml,
+                    &mut s.att,
+                )?,
+                None if n_tiles > 0 => ops.attention_prefill(
+                    &s.q,
+                    kv,
+                    li,
+                    &s.seq,
+                    &s.pos,
+                    &s.block_tables,
+                    &s.tiles,
+                    n_tiles,
+                    max_blocks,
+                    n,
+                    shape,
                     &mut s.att,
                 )?,
                 None => ops.attention(&s.q, kv, li, &s.seq, &s.pos, &s.block_tables, max_blocks, n, shape, &mut s.att)?,
@@ -989,9 +1031,19 @@ mod tests {
         assert_eq!(p.cos.len(), 12);
         assert_eq!(p.cos[2 * 2 + 1], (17.0f64 * 0.01).cos() as f32);
         assert_eq!(p.sin[5 * 2], (32.0f64).sin() as f32);
-        // Packed: ids, seq, pos, slots, tables, rows, then cos and sin bits.
+        // Tiles: one per sequence here (runs of at most 16 tokens).
+        assert_eq!(p.tiles, [0, 3, 3, 1, 4, 2]);
+        // Packed: ids, seq, pos, slots, tables, rows, cos and sin bits, tiles.
         let w = p.packed();
-        assert_eq!(w.len(), 4 * 6 + 9 + 4 + 12 + 12);
+        assert_eq!(w.len(), 4 * 6 + 9 + 4 + 12 + 12 + 6);
+        assert_eq!(&w[w.len() - 6..], &p.tiles[..]);
+        let long: Vec<u32> = (0..40).collect();
+        let blocks: Vec<u32> = (0..8).collect();
+        let two = [
+            Seq { tokens: &b, start: 3, blocks: &blocks, want: Want::Last },
+            Seq { tokens: &long, start: 5, blocks: &blocks, want: Want::Last },
+        ];
+        assert_eq!(Plan::build(&two, &inv, 16, 64, 1).unwrap().tiles, [0, 1, 1, 16, 17, 16, 33, 8]);
         assert_eq!(&w[..6], &p.ids[..]);
         assert_eq!(&w[24..33], &p.block_tables[..]);
         assert_eq!(&w[33..37], &p.rows[..]);
