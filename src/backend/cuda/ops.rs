@@ -1120,7 +1120,7 @@ impl Ops {
 
     /// Whether [`Self::attention_prefill`] takes `shape` (head_dim a multiple of 8, at most 256).
     pub fn prefill_attention_fits(shape: AttnShape) -> bool {
-        shape.head_dim > 0 && shape.head_dim % 8 == 0 && shape.head_dim <= ATTENTION_MAX_HEAD_DIM
+        shape.head_dim > 0 && shape.head_dim.is_multiple_of(8) && shape.head_dim <= ATTENTION_MAX_HEAD_DIM
     }
 
     /// [`Self::attention`] for prefill, tiled: `tiles` (`[n_tiles][2]`: first token,
