@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch peer for llmrt-bench on CUDA: the same Llama shapes with random weights,
 run the way a fast plain-PyTorch implementation does (fused QKV and gate/up weights,
-static KV cache, SDPA attention, CUDA graphs for decode), as a sanity reference.
+static KV cache, SDPA flash attention for prefill, CUDA graphs for decode), as a
+sanity reference.
 
     python3 scripts/torch_peer.py [--shape llama3-8b|tinyllama] [--dtype f16|bf16]
                                   [--depth 512] [--gen 128] [--batch 1,64] [--prefill 2048]
@@ -10,7 +11,9 @@ static KV cache, SDPA attention, CUDA graphs for decode), as a sanity reference.
 Tests (as llmrt-bench names them):
   tgN bB @ dD  N decode steps of B sequences whose caches hold D positions first; the
                whole step (embedding .. argmax, feeding the argmax back) is one CUDA
-               graph replayed N times; t/s = N * B / time.
+               graph replayed N times; t/s = N * B / time. Decode attention: grouped
+               matmuls over the static cache with a validity mask (each K/V row read
+               once per group); --sdpa-decode uses SDPA with enable_gqa instead.
   ppN          one prefill of N tokens (batch 1) into an empty cache, SDPA causal
                (flash attention on sm_80+ when torch picks it); t/s = N / time.
 Prints one "PEER {json}" line per test and, with --json, writes them all to FILE.
@@ -71,6 +74,7 @@ class Model:
         self.pk = torch.zeros(L, 1, nkv, max(prefill_len, 1), self.hd, device=device, dtype=dtype)
         self.pv = torch.zeros_like(self.pk)
         self.max_len = max_len
+        self.sdpa_decode = False
         self.weight_bytes = sum(t.numel() * t.element_size() for lw in self.layers for t in lw.values())
         self.weight_bytes += self.lm_head.numel() * self.lm_head.element_size() + self.norm.numel() * 2
 
@@ -104,7 +108,15 @@ class Model:
             kc, vc = self.k[l, :B], self.v[l, :B]
             kc.index_copy_(2, pos[:1], k)
             vc.index_copy_(2, pos[:1], v)
-            a = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
+            if self.sdpa_decode:
+                a = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
+            else:
+                # Grouped matmuls: each K/V row read once for the G query heads of its group.
+                G = self.nh // self.nkv
+                qg = q.reshape(B, self.nkv, G, hd)
+                s = torch.matmul(qg, kc.transpose(-1, -2)).float() * (1.0 / math.sqrt(hd))
+                s = s.masked_fill(~mask.view(B, 1, 1, -1), float("-inf")).softmax(-1).to(self.dtype)
+                a = torch.matmul(s, vc)
             x = x + a.reshape(B, qd) @ lw["wo"].t()
             hn = self.rmsnorm(x, lw["ffn_norm"])
             gu = hn @ lw["w13"].t()
@@ -220,6 +232,8 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-graph", action="store_true")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--sdpa-decode", action="store_true",
+                    help="decode attention through SDPA (enable_gqa, a mask) instead of grouped matmuls")
     a = ap.parse_args()
     dev = a.device
     if dev == "cuda" and not torch.cuda.is_available():
@@ -232,6 +246,7 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = True
     with torch.no_grad():
         m = Model(a.shape, dtype, dev, max(batches + [1]), max_len, a.prefill)
+        m.sdpa_decode = a.sdpa_decode
         sync(dev)
         name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
         print(f"torch_peer: torch {torch.__version__} on {name}: {a.shape} {a.dtype}, weights "
@@ -250,7 +265,8 @@ def main():
         for B in batches:
             ts = bench_decode(m, B, a.depth, a.gen, a.reps, not a.no_graph, dev)
             kv = int(B * (a.depth + (a.gen + 1) / 2) * kv_per_pos)
-            w = m.weight_bytes - m.embed.numel() * m.embed.element_size() + B * m.h * m.embed.element_size()
+            # Every matrix once (m.weight_bytes has no embedding table) + the B gathered rows.
+            w = m.weight_bytes + B * m.h * m.embed.element_size()
             emit(f"tg{a.gen}" + (f" b{B}" if B > 1 else "") + (f" @ d{a.depth}" if a.depth else ""), ts,
                  dict(n_gen=a.gen, n_seqs=B, n_depth=a.depth, step_weight_bytes=w, step_kv_bytes=kv))
         if a.prefill > 0:
