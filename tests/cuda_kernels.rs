@@ -818,3 +818,63 @@ fn tiled_prefill_attention_matches_cpu_and_the_one_kernel_attention() {
         .expect_err("head_dim 20");
     assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
 }
+
+#[test]
+fn fused_decode_launches_equal_the_separate_ops() {
+    let Some(d) = device() else { return };
+    let mut worst = Worst::new("gemv3_and_gemv_swiglu");
+    for dtype in [DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0] {
+        let tag = dtype_tag(dtype);
+        // (q rows, kv rows, ffn rows, cols): GQA-like shapes; 4096 / 14336 are Llama's.
+        for &(rq, rkv, rf, cols) in &[(64usize, 16usize, 96usize, 256usize), (130, 33, 200, 512), (256, 64, 700, 4096)] {
+            for &n in &[1usize, 3, 8, 11] {
+                let mut rng = Rng::new(&[180, dtype.ggml_id() as usize, rq, cols, n]);
+                let ws: Vec<Vec<u8>> = [rq, rkv, rkv, rf, rf].iter().map(|&r| random_weight(&mut rng, dtype, r, cols)).collect();
+                let dw: Vec<DevWeight> =
+                    ws.iter().zip([rq, rkv, rkv, rf, rf]).map(|(b, r)| d.weight("w", dtype, r, cols, b)).collect();
+                let x = rng.vec(n * cols, -1.0, 1.0);
+                let x_d = d.up(&x);
+                let case = format!("{tag} rq={rq} rkv={rkv} rf={rf} cols={cols} n={n}");
+                // Q, K, V in one launch vs three.
+                let (mut q, mut k, mut v) = (d.nan(n * rq + TAIL), d.nan(n * rkv + TAIL), d.nan(n * rkv + TAIL));
+                let fused = d.ops.matmul3([&dw[0], &dw[1], &dw[2]], &x_d, n, [&mut q, &mut k, &mut v]).expect("matmul3");
+                assert!(fused, "{case}: the fused kernel should apply");
+                for (i, (buf, rows)) in [(&q, rq), (&k, rkv), (&v, rkv)].into_iter().enumerate() {
+                    let got = d.down(buf);
+                    assert_tail_nan("matmul3", &case, &got, n * rows);
+                    let mut y = d.nan(n * rows);
+                    d.ops.matmul(&dw[i], &x_d, n, &mut y, MatmulPath::Gemv).expect("matmul");
+                    let want = d.down(&y);
+                    for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(a.to_bits(), b.to_bits(), "{case}: matrix {i} output {j}: fused {a} != separate {b}");
+                    }
+                }
+                // Gate, up, SwiGLU in one launch vs three.
+                let mut y = d.nan(n * rf + TAIL);
+                assert!(d.ops.matmul_swiglu(&dw[3], &dw[4], &x_d, n, &mut y).expect("matmul_swiglu"), "{case}");
+                let got = d.down(&y);
+                assert_tail_nan("matmul_swiglu", &case, &got, n * rf);
+                let (mut g, mut u) = (d.nan(n * rf), d.nan(n * rf));
+                d.ops.matmul(&dw[3], &x_d, n, &mut g, MatmulPath::Gemv).expect("gate");
+                d.ops.matmul(&dw[4], &x_d, n, &mut u, MatmulPath::Gemv).expect("up");
+                d.ops.swiglu(&mut g, &u, n * rf).expect("swiglu");
+                let want = d.down(&g);
+                for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{case}: swiglu output {j}: fused {a} != separate {b}");
+                }
+                let gr = reference::matmul(dtype, &ws[3], rf, cols, &x, n);
+                let ur = reference::matmul(dtype, &ws[4], rf, cols, &x, n);
+                worst.check(case, &got[..n * rf], &reference::swiglu(&gr, &ur), 1e-4);
+            }
+        }
+    }
+    worst.report();
+    // Not applicable: the plain ops (fast paths off) and mixed types say so without launching.
+    let w16 = d.weight("w", DType::F16, 4, 256, &vec![0u8; 4 * 512]);
+    let w8 = d.weight("w", DType::Q8_0, 4, 256, &vec![0u8; 4 * 8 * 34]);
+    let x = d.up(&[0.0f32; 256]);
+    let (mut a, mut b, mut c) = (d.nan(4), d.nan(4), d.nan(4));
+    assert!(!d.plain.matmul3([&w16, &w16, &w16], &x, 1, [&mut a, &mut b, &mut c]).expect("plain"));
+    assert!(!d.ops.matmul3([&w16, &w8, &w16], &x, 1, [&mut a, &mut b, &mut c]).expect("mixed"));
+    assert!(!d.ops.matmul_swiglu(&w16, &w8, &x, 1, &mut a).expect("mixed"));
+}

@@ -247,6 +247,9 @@ struct Funcs {
     attention_split: CudaFunction,
     attention_merge: CudaFunction,
     attention_prefill: CudaFunction,
+    /// gemv3_fast_<type> and gemv_swiglu_fast_<type> for F16, BF16, Q8_0, Q4_0.
+    gemv3: [CudaFunction; 4],
+    gemv_swiglu: [CudaFunction; 4],
     add_bias: CudaFunction,
     add: CudaFunction,
     swiglu: CudaFunction,
@@ -291,6 +294,18 @@ impl Funcs {
             attention_split: f("attention", "attention_split_f32")?,
             attention_merge: f("attention", "attention_merge_f32")?,
             attention_prefill: f("attention", "attention_prefill_f32")?,
+            gemv3: [
+                f("gemv", "gemv3_fast_f16_f32")?,
+                f("gemv", "gemv3_fast_bf16_f32")?,
+                f("gemv", "gemv3_fast_q8_0_f32")?,
+                f("gemv", "gemv3_fast_q4_0_f32")?,
+            ],
+            gemv_swiglu: [
+                f("gemv", "gemv_swiglu_fast_f16_f32")?,
+                f("gemv", "gemv_swiglu_fast_bf16_f32")?,
+                f("gemv", "gemv_swiglu_fast_q8_0_f32")?,
+                f("gemv", "gemv_swiglu_fast_q4_0_f32")?,
+            ],
             add_bias: f("elementwise", "add_bias_f32")?,
             add: f("elementwise", "add_f32")?,
             swiglu: f("elementwise", "swiglu_f32")?,
@@ -552,6 +567,131 @@ impl Ops {
             }
             _ => self.gemv(w, x, y, rows_i, cols_i, n_i),
         }
+    }
+
+    /// Index of the fused GEMV kernels for weights of `dtype` with `cols` columns, when
+    /// the `gemv` and `fused` fast paths are on and the shape allows.
+    fn fused_kind(&self, dtype: DType, cols: usize) -> Option<usize> {
+        if !(self.fast.gemv && self.fast.fused) {
+            return None;
+        }
+        match dtype {
+            DType::F16 if cols.is_multiple_of(8) => Some(0),
+            DType::BF16 if cols.is_multiple_of(8) => Some(1),
+            DType::Q8_0 if cols.is_multiple_of(256) => Some(2),
+            DType::Q4_0 if cols.is_multiple_of(256) => Some(3),
+            _ => None,
+        }
+    }
+
+    /// Three GEMV products of one `x` in one launch (Q, K, V of decode): `ys[s] =
+    /// W_s x` as [`Self::matmul`] with [`MatmulPath::Gemv`] computes them, bit for bit.
+    /// Returns `Ok(false)` without launching when the fused kernels do not apply (fast
+    /// paths off, mixed types or column counts, a shape the fast kernels do not take);
+    /// the caller then runs three [`Self::matmul`]s.
+    pub fn matmul3(
+        &self,
+        w: [&DevWeight; 3],
+        x: &CudaSlice<f32>,
+        n_tokens: usize,
+        ys: [&mut CudaSlice<f32>; 3],
+    ) -> Result<bool> {
+        const OP: &str = "matmul3";
+        let cols = w[0].cols;
+        if w.iter().any(|m| m.dtype != w[0].dtype || m.cols != cols) || n_tokens == 0 || cols == 0 {
+            return Ok(false);
+        }
+        let Some(kind) = self.fused_kind(w[0].dtype, cols) else { return Ok(false) };
+        let mut rows = [0i32; 3];
+        for (i, m) in w.iter().enumerate() {
+            check_weight(OP, m)?;
+            need(OP, "y", ys[i].len(), mul(OP, n_tokens, m.rows)?)?;
+            to_i32(OP, "n_tokens * rows", n_tokens * m.rows)?;
+            rows[i] = to_i32(OP, "rows", m.rows)?;
+        }
+        let x_elems = mul(OP, n_tokens, cols)?;
+        need(OP, "x", x.len(), x_elems)?;
+        to_i32(OP, "n_tokens * cols", x_elems)?;
+        let total = w.iter().map(|m| m.rows).sum::<usize>();
+        let (cols_i, n_i) = (to_i32(OP, "cols", cols)?, to_i32(OP, "n_tokens", n_tokens)?);
+        to_i32(OP, "rows", total)?;
+        if total == 0 {
+            return Ok(true);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: ((total as u32).div_ceil(GEMV_THREADS / 32), 1, 1),
+            block_dim: (GEMV_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let [y0, y1, y2] = ys;
+        let mut b = self.stream.launch_builder(&self.k.gemv3[kind]);
+        b.arg(&w[0].data)
+            .arg(&w[1].data)
+            .arg(&w[2].data)
+            .arg(x)
+            .arg(y0)
+            .arg(y1)
+            .arg(y2)
+            .arg(&rows[0])
+            .arg(&rows[1])
+            .arg(&rows[2])
+            .arg(&cols_i)
+            .arg(&n_i);
+        // SAFETY: the arguments match gemv3_fast_<type>_f32 in kernels/gemv.cu (W0, W1, W2, x,
+        // y0, y1, y2 pointers, then int r0, r1, r2, cols, batch); each W_s holds rows_s rows of
+        // row_bytes(cols) (check_weight) of the one dtype the kernel reads, x >= n*cols f32,
+        // y_s >= n*rows_s f32 (checked above), the y_s are distinct buffers (three &mut);
+        // the fast kernels' shape condition holds (fused_kind); the grid covers the stacked
+        // rows at 4 rows (warps) per block of 128 threads.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err("gemv3_fast", e))?;
+        Ok(true)
+    }
+
+    /// Gate, up and SwiGLU of decode in one launch: `y = silu(W_gate x) * (W_up x)`,
+    /// bit-identical to two [`Self::matmul`]s on the GEMV path and [`Self::swiglu`].
+    /// `Ok(false)` without launching when the fused kernel does not apply (as
+    /// [`Self::matmul3`]).
+    pub fn matmul_swiglu(
+        &self,
+        w_gate: &DevWeight,
+        w_up: &DevWeight,
+        x: &CudaSlice<f32>,
+        n_tokens: usize,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<bool> {
+        const OP: &str = "matmul_swiglu";
+        let (rows, cols) = (w_gate.rows, w_gate.cols);
+        if w_up.dtype != w_gate.dtype || w_up.cols != cols || w_up.rows != rows || n_tokens == 0 || cols == 0 {
+            return Ok(false);
+        }
+        let Some(kind) = self.fused_kind(w_gate.dtype, cols) else { return Ok(false) };
+        check_weight(OP, w_gate)?;
+        check_weight(OP, w_up)?;
+        let x_elems = mul(OP, n_tokens, cols)?;
+        let y_elems = mul(OP, n_tokens, rows)?;
+        need(OP, "x", x.len(), x_elems)?;
+        need(OP, "y", y.len(), y_elems)?;
+        let (rows_i, cols_i, n_i) =
+            (to_i32(OP, "rows", rows)?, to_i32(OP, "cols", cols)?, to_i32(OP, "n_tokens", n_tokens)?);
+        to_i32(OP, "n_tokens * cols", x_elems)?;
+        to_i32(OP, "n_tokens * rows", y_elems)?;
+        if rows == 0 {
+            return Ok(true);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: ((rows as u32).div_ceil(GEMV_THREADS / 32), 1, 1),
+            block_dim: (GEMV_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.k.gemv_swiglu[kind]);
+        b.arg(&w_gate.data).arg(&w_up.data).arg(x).arg(y).arg(&rows_i).arg(&cols_i).arg(&n_i);
+        // SAFETY: the arguments match gemv_swiglu_fast_<type>_f32 in kernels/gemv.cu (Wg, Wu,
+        // x, y pointers, then int rows, cols, batch); both weights hold rows rows of
+        // row_bytes(cols) of the dtype the kernel reads (check_weight, same dtype and shape),
+        // x >= n*cols f32 and y >= n*rows f32 (checked above), y distinct from x (&mut); the
+        // fast kernels' shape condition holds (fused_kind); grid ceil(rows/4), block 128.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err("gemv_swiglu_fast", e))?;
+        Ok(true)
     }
 
     fn gemv(&self, w: &DevWeight, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: i32, cols: i32, n: i32) -> Result<()> {

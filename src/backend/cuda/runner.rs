@@ -812,9 +812,14 @@ impl CudaBackend {
             if li == 0 || !fast.fused {
                 ops.rmsnorm(&s.x, &lw.attn_norm, n, h, eps, &mut s.xn)?;
             }
-            ops.matmul(&lw.wq, &s.xn, n, &mut s.q, path)?;
-            ops.matmul(&lw.wk, &s.xn, n, &mut s.k, path)?;
-            ops.matmul(&lw.wv, &s.xn, n, &mut s.v, path)?;
+            // Decode (GEMV path): Q, K and V in one launch when the fused kernels apply.
+            let fused3 = path == MatmulPath::Gemv
+                && ops.matmul3([&lw.wq, &lw.wk, &lw.wv], &s.xn, n, [&mut s.q, &mut s.k, &mut s.v])?;
+            if !fused3 {
+                ops.matmul(&lw.wq, &s.xn, n, &mut s.q, path)?;
+                ops.matmul(&lw.wk, &s.xn, n, &mut s.k, path)?;
+                ops.matmul(&lw.wv, &s.xn, n, &mut s.v, path)?;
+            }
             if let Some([bq, bk, bv]) = &lw.bias {
                 ops.add_bias(&mut s.q, bq, n, qd)?;
                 ops.add_bias(&mut s.k, bk, n, kvd)?;
@@ -866,9 +871,13 @@ impl CudaBackend {
             }
 
             // Feed-forward block (SwiGLU).
-            ops.matmul(&lw.w_gate, &s.xn, n, &mut s.gate, path)?;
-            ops.matmul(&lw.w_up, &s.xn, n, &mut s.up, path)?;
-            ops.swiglu(&mut s.gate, &s.up, n * ffn)?;
+            // Decode: gate, up and SwiGLU in one launch when the fused kernel applies.
+            let fused_ffn = path == MatmulPath::Gemv && ops.matmul_swiglu(&lw.w_gate, &lw.w_up, &s.xn, n, &mut s.gate)?;
+            if !fused_ffn {
+                ops.matmul(&lw.w_gate, &s.xn, n, &mut s.gate, path)?;
+                ops.matmul(&lw.w_up, &s.xn, n, &mut s.up, path)?;
+                ops.swiglu(&mut s.gate, &s.up, n * ffn)?;
+            }
             ops.matmul(&lw.w_down, &s.gate, n, &mut s.proj, path)?;
             match layers.get(li + 1) {
                 Some(next) if fast.fused => ops.add_rmsnorm(&mut s.x, &s.proj, &next.attn_norm, n, h, eps, &mut s.xn)?,
