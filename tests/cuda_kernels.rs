@@ -713,6 +713,39 @@ fn split_kv_attention_matches_cpu_and_the_one_kernel_attention() {
             worst.check(case.clone(), &got[..n * qd], &want, 1e-4);
             worst_vs.check(case, &got[..n * qd], &one, 1e-5);
         }
+        // Batch invariance: token (2, 299) alone, with a block table of its own 19 blocks
+        // (another max_blocks, so another number of splits), gives the same bits as in the
+        // batch with the planned split.
+        let t = 2usize;
+        let own: Vec<u32> = tables[2 * max_blocks..2 * max_blocks + 19].to_vec();
+        let (po, pm) = Ops::split_scratch_len(1, shape, d.ops.split_plan(1, nkv, 19).0);
+        let (mut part_o, mut part_ml, mut alone) = (d.nan(po), d.nan(pm), d.nan(qd));
+        d.ops
+            .attention_split(
+                &d.up(&q[t * qd..(t + 1) * qd]),
+                &kv,
+                layer,
+                &d.up(&[0u32]),
+                &d.up(&[299u32]),
+                &d.up(&own),
+                19,
+                1,
+                shape,
+                d.ops.split_plan(1, nkv, 19),
+                &mut part_o,
+                &mut part_ml,
+                &mut alone,
+            )
+            .expect("attention_split alone");
+        let (po, pm) = Ops::split_scratch_len(n, shape, planned.0);
+        let (mut part_o, mut part_ml, mut batch) = (d.nan(po), d.nan(pm), d.nan(n * qd));
+        d.ops
+            .attention_split(&q_d, &kv, layer, &seq_d, &pos_d, &tab_d, max_blocks, n, shape, planned, &mut part_o, &mut part_ml, &mut batch)
+            .expect("attention_split batch");
+        let (alone, batch) = (d.down(&alone), d.down(&batch));
+        for (j, (a, b)) in alone.iter().zip(&batch[t * qd..(t + 1) * qd]).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "heads={nh}/{nkv} hd={hd}: dim {j} alone {a} != in the batch {b}");
+        }
     }
     worst.report();
     worst_vs.report();

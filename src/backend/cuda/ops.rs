@@ -193,6 +193,9 @@ pub const SPLIT_MAX_GROUP: usize = 8;
 /// Longest split of [`Ops::attention_split`] (`SPLIT_MAX_LEN`), positions.
 /// cbindgen:ignore
 pub const SPLIT_MAX_LEN: usize = 64;
+/// The split length [`Ops::split_plan`] uses (fixed: batch invariance), positions.
+/// cbindgen:ignore
+pub const SPLIT_LEN: usize = 32;
 /// Query tokens per tile of [`Ops::attention_prefill`] (`PF_BQ`).
 /// cbindgen:ignore
 pub const PREFILL_TILE: usize = 16;
@@ -212,8 +215,6 @@ pub struct Ops {
     scratch: Mutex<Scratch>,
     /// Which fast paths are on.
     fast: FastPaths,
-    /// Multiprocessors of the device (sizes the split-KV grid).
-    sm_count: usize,
     _ctx: Arc<CudaContext>,
 }
 
@@ -338,10 +339,6 @@ impl Ops {
             Ok((source, Funcs::load(&modules)?))
         })?;
         let (blas, blas_note) = create_blas(&stream);
-        let sm_count = ctx
-            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| driver_err("cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)", e))?
-            .max(1) as usize;
         Ok(Ops {
             stream,
             source,
@@ -350,7 +347,6 @@ impl Ops {
             blas_note,
             scratch: Mutex::new(Scratch::default()),
             fast: FastPaths::from_env(),
-            sm_count,
             _ctx: ctx.clone(),
         })
     }
@@ -1105,13 +1101,17 @@ impl Ops {
     }
 
     /// The split of a split-KV attention step over `max_blocks` blocks of positions:
-    /// `(n_splits, split_len)`, enough (token, KV head, split) blocks to fill the device
-    /// twice over, each split a multiple of 16 positions, 16..=[`SPLIT_MAX_LEN`].
+    /// `(n_splits, SPLIT_LEN)`. The split length is fixed, so a sequence's positions fall
+    /// into the same splits whatever the batch and the other sequences' lengths; splits
+    /// past a sequence's end are empty and add exactly nothing in the merge. So a
+    /// sequence's attention is bit-identical alone or in a batch, as with the one-kernel
+    /// attention. (`n_tokens`, `n_kv_heads`: the grid is `n_tokens x n_kv_heads x
+    /// n_splits` blocks; 32 positions per split gives a 512-position batch-1 decode of an
+    /// 8-KV-head model 128 blocks.)
     pub fn split_plan(&self, n_tokens: usize, n_kv_heads: usize, max_blocks: usize) -> (usize, usize) {
+        let _ = (n_tokens, n_kv_heads);
         let max_pos = max_blocks.max(1) * BLOCK_POSITIONS;
-        let want = (2 * self.sm_count).div_ceil((n_tokens * n_kv_heads).max(1)).max(1);
-        let len = max_pos.div_ceil(want).next_multiple_of(BLOCK_POSITIONS).clamp(BLOCK_POSITIONS, SPLIT_MAX_LEN);
-        (max_pos.div_ceil(len), len)
+        (max_pos.div_ceil(SPLIT_LEN), SPLIT_LEN)
     }
 
     /// Elements of the split-KV scratch for `n_tokens` tokens: (`part_o`, `part_ml`).
