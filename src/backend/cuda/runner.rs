@@ -719,9 +719,15 @@ impl CudaBackend {
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
             .map_err(|e| cap_err("cuStreamBeginCapture", e))?;
-        let r = self.launch_step(l);
+        // A panic inside must not leave the stream capturing (every later call would fail):
+        // end the capture first, then report it.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.launch_step(l)));
         let g = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
-        r?;
+        let r = r.unwrap_or_else(|_| Err(Error::internal("panic while capturing the decode step's CUDA graph")));
+        r.map_err(|e| Error {
+            status: e.status,
+            message: format!("{} (while capturing the decode step's CUDA graph; LLMRT_CUDA_GRAPHS=0 runs without graphs)", e.message),
+        })?;
         let g = g.map_err(|e| cap_err("cuStreamEndCapture / cuGraphInstantiate", e))?;
         let g = g.ok_or_else(|| Error::device("capturing the decode step's CUDA graph gave an empty graph"))?;
         g.upload().map_err(|e| cap_err("cuGraphUpload", e))?;
