@@ -104,6 +104,11 @@ int main(void) {
     CHECK(info.kv_bytes_per_position > 0 && info.kv_bytes_per_position % kv_unit == 0,
           "kv_bytes_per_position %llu is not a multiple of 2*layers*kv_heads*head_dim = %llu",
           (unsigned long long)info.kv_bytes_per_position, (unsigned long long)kv_unit);
+    CHECK(info.kv_pool_bytes >= info.kv_bytes_per_position * info.context_length,
+          "kv_pool_bytes %llu is less than one context", (unsigned long long)info.kv_pool_bytes);
+    CHECK(info.backend == LLMRT_BACKEND_CUDA ||
+              (info.scratch_bytes == 0 && info.device_free_bytes == 0 && info.device_total_bytes == 0),
+          "CPU model reports device memory");
     for (size_t i = 0; i < n; i++)
         REQUIRE(prompt[i] < V, "reference prompt token %u >= vocab %zu", prompt[i], V);
     REQUIRE(logits_len == n * V * sizeof(float),

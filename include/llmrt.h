@@ -190,6 +190,24 @@ typedef struct llmrt_model_info {
    * "cpu (N threads)" or the GPU's name, NUL-terminated.
    */
   char device_name[64];
+  /**
+   * The KV pool shared by all caches: bytes booked for it (on CUDA allocated at
+   * load; `options.kv_cache_bytes`, or by default nine tenths of the device memory
+   * left after the weights, the scratch and a headroom of 256 MiB + 1%).
+   */
+  uint64_t kv_pool_bytes;
+  /**
+   * Device memory set aside at load for activations and step scratch (0 on the CPU).
+   */
+  uint64_t scratch_bytes;
+  /**
+   * Device memory free after the load (0 on the CPU).
+   */
+  uint64_t device_free_bytes;
+  /**
+   * The device's memory (0 on the CPU).
+   */
+  uint64_t device_total_bytes;
 } llmrt_model_info;
 
 /**

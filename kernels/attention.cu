@@ -123,3 +123,341 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
         if (d < head_dim) o[d] = acc[j] * inv;
     }
 }
+
+// ---- split-KV (flash-decoding) attention ------------------------------------------
+//
+// attention_split_f32: the partial attention of one (token t, KV head kvh, split sp),
+// for every query head of the group (G = n_heads / n_kv_heads <= SPLIT_MAX_G heads,
+// h = kvh * G + g), over positions [sp * split_len, min((sp + 1) * split_len, pos[t] + 1)):
+//   m = max score, l = sum_p exp(score_p - m), o[d] = sum_p exp(score_p - m) * V[p][d]
+// (scores scale * dot(q, K[p]) exactly as attention_f32 computes them). K and V of the
+// group are read once for all G query heads.
+//   part_o:  [n_tokens][n_heads][n_splits][head_dim] f32 (o, not normalised)
+//   part_ml: [n_tokens][n_heads][n_splits][2] f32 (m, l)
+// A split past pos[t] writes m = -inf, l = 0, o = 0. Guards as attention_f32: a bad seq,
+// position or block id gives o = NaN, m = 0, l = 1 (the merge then yields NaN).
+// Needs head_dim <= ATT_MAX_HD, G <= SPLIT_MAX_G, split_len a multiple of 16 and
+// <= SPLIT_MAX_LEN, n_splits * split_len >= max_blocks * 16 (the launcher checks).
+// Launch: grid = (n_tokens, n_kv_heads, n_splits), block = (SPLIT_THREADS) exactly.
+//
+// attention_merge_f32: out[t][h][d] = sum_s w_s o_s[d] / sum_s w_s l_s with
+// w_s = exp(m_s - max_s m_s) (0 for an empty split): the numerically safe merge.
+// Launch: grid = (n_tokens, n_heads), block = (T) a multiple of 32; threads over d.
+
+#define SPLIT_THREADS 128
+#define SPLIT_WARPS (SPLIT_THREADS / 32)
+#define SPLIT_MAX_G 8
+#define SPLIT_MAX_LEN 64
+#define SPLIT_DPT (ATT_MAX_HD / SPLIT_THREADS)  // V dims per thread
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
+    attention_split_f32(const float* __restrict__ q, const __half* __restrict__ kv,
+                        const unsigned int* __restrict__ seq, const unsigned int* __restrict__ pos,
+                        const unsigned int* __restrict__ block_tables, float* __restrict__ part_o,
+                        float* __restrict__ part_ml, int n_tokens, int n_heads, int n_kv_heads, int head_dim,
+                        int n_layers, int layer, int n_blocks, int max_blocks, int n_seqs, int n_splits,
+                        int split_len, float scale) {
+    __shared__ float qs[SPLIT_MAX_G][ATT_MAX_HD];
+    __shared__ float sc[SPLIT_MAX_G][SPLIT_MAX_LEN];
+    const int t = blockIdx.x;
+    const int kvh = blockIdx.y;
+    const int sp = blockIdx.z;
+    if (t >= n_tokens || kvh >= n_kv_heads || sp >= n_splits) return;  // uniform over the block
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int G = n_heads / n_kv_heads;
+    const int h0 = kvh * G;
+    const int q_dim = n_heads * head_dim;
+    const int kv_dim = n_kv_heads * head_dim;
+
+    const unsigned int s = seq[t];
+    const unsigned int p_last = pos[t];
+    int bad = (s >= (unsigned int)n_seqs) || ((unsigned long long)p_last >= (unsigned long long)max_blocks * BLOCK_POSITIONS);
+    const int n_pos = bad ? 0 : (int)p_last + 1;
+    const int p0 = sp * split_len;
+    const int len = min(split_len, n_pos - p0);  // <= 0: nothing in this split
+    const unsigned int* bt = block_tables + (size_t)(bad ? 0u : s) * max_blocks;
+    if (len > 0) {
+        const int b0 = p0 / BLOCK_POSITIONS, b1 = (p0 + len - 1) / BLOCK_POSITIONS;
+        for (int i = b0 + tid; i <= b1; i += SPLIT_THREADS) {
+            if (bt[i] >= (unsigned int)n_blocks) bad = 1;
+        }
+    }
+    bad = __syncthreads_or(bad);
+    const size_t part = ((size_t)t * n_heads + h0) * n_splits + sp;  // (t, h0, sp); head g adds g * n_splits
+    if (bad || len <= 0) {
+        const float o = bad ? __int_as_float(0x7fc00000) : 0.0f;
+        for (int g = 0; g < G; ++g) {
+            const size_t pg = part + (size_t)g * n_splits;
+            for (int d = tid; d < head_dim; d += SPLIT_THREADS) part_o[pg * head_dim + d] = o;
+            if (tid == 0) {
+                part_ml[pg * 2] = bad ? 0.0f : __int_as_float(0xff800000);
+                part_ml[pg * 2 + 1] = bad ? 1.0f : 0.0f;
+            }
+        }
+        return;
+    }
+
+    for (int g = 0; g < G; ++g) {
+        const float* qh = q + (size_t)t * q_dim + (size_t)(h0 + g) * head_dim;
+        for (int d = tid; d < head_dim; d += SPLIT_THREADS) qs[g][d] = qh[d];
+    }
+    __syncthreads();
+
+    const size_t block_elems = (size_t)n_layers * 2 * BLOCK_POSITIONS * kv_dim;
+    const size_t k_off = (size_t)layer * 2 * BLOCK_POSITIONS * kv_dim + (size_t)kvh * head_dim;
+    const size_t v_off = k_off + (size_t)BLOCK_POSITIONS * kv_dim;
+
+    // Scores: a warp per position, lanes over head dims (the order of attention_f32).
+    for (int i = warp; i < len; i += SPLIT_WARPS) {
+        const int p = p0 + i;
+        const __half* kr = kv + (size_t)bt[p / BLOCK_POSITIONS] * block_elems + k_off +
+                           (size_t)(p % BLOCK_POSITIONS) * kv_dim;
+        float dot[SPLIT_MAX_G];
+#pragma unroll
+        for (int g = 0; g < SPLIT_MAX_G; ++g) dot[g] = 0.0f;
+        for (int d = lane; d < head_dim; d += 32) {
+            const float kd = __half2float(kr[d]);
+#pragma unroll
+            for (int g = 0; g < SPLIT_MAX_G; ++g) {
+                if (g < G) dot[g] = fmaf(qs[g][d], kd, dot[g]);
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < SPLIT_MAX_G; ++g) {
+            if (g < G) {
+                const float v = warp_sum(dot[g]);
+                if (lane == 0) sc[g][i] = v * scale;
+            }
+        }
+    }
+    __syncthreads();
+
+    // Softmax within the split: warp w takes heads w, w + SPLIT_WARPS.
+    __shared__ float ms[SPLIT_MAX_G];
+    __shared__ float ls[SPLIT_MAX_G];
+    for (int g = warp; g < G; g += SPLIT_WARPS) {
+        float m = __int_as_float(0xff800000);
+        for (int i = lane; i < len; i += 32) m = fmaxf(m, sc[g][i]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int i = lane; i < len; i += 32) {
+            const float e = expf(sc[g][i] - m);
+            sc[g][i] = e;
+            l += e;
+        }
+        l = warp_sum(l);
+        if (lane == 0) {
+            ms[g] = m;
+            ls[g] = l;
+        }
+    }
+    __syncthreads();
+
+    // V: thread over head dims, every head of the group.
+    float acc[SPLIT_MAX_G][SPLIT_DPT];
+#pragma unroll
+    for (int g = 0; g < SPLIT_MAX_G; ++g)
+#pragma unroll
+        for (int j = 0; j < SPLIT_DPT; ++j) acc[g][j] = 0.0f;
+    for (int i = 0; i < len; ++i) {
+        const int p = p0 + i;
+        const __half* vr = kv + (size_t)bt[p / BLOCK_POSITIONS] * block_elems + v_off +
+                           (size_t)(p % BLOCK_POSITIONS) * kv_dim;
+#pragma unroll
+        for (int j = 0; j < SPLIT_DPT; ++j) {
+            const int d = tid + j * SPLIT_THREADS;
+            if (d < head_dim) {
+                const float v = __half2float(vr[d]);
+#pragma unroll
+                for (int g = 0; g < SPLIT_MAX_G; ++g) {
+                    if (g < G) acc[g][j] = fmaf(sc[g][i], v, acc[g][j]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < SPLIT_MAX_G; ++g) {
+        if (g < G) {
+            const size_t pg = part + (size_t)g * n_splits;
+#pragma unroll
+            for (int j = 0; j < SPLIT_DPT; ++j) {
+                const int d = tid + j * SPLIT_THREADS;
+                if (d < head_dim) part_o[pg * head_dim + d] = acc[g][j];
+            }
+            if (tid == 0) {
+                part_ml[pg * 2] = ms[g];
+                part_ml[pg * 2 + 1] = ls[g];
+            }
+        }
+    }
+}
+
+extern "C" __global__ void attention_merge_f32(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                                               float* __restrict__ out, int n_tokens, int n_heads, int head_dim,
+                                               int n_splits) {
+    const int t = blockIdx.x;
+    const int h = blockIdx.y;
+    if (t >= n_tokens || h >= n_heads) return;
+    const size_t base = ((size_t)t * n_heads + h) * n_splits;
+    float M = __int_as_float(0xff800000);
+    for (int s = 0; s < n_splits; ++s) M = fmaxf(M, part_ml[(base + s) * 2]);
+    float* o = out + ((size_t)t * n_heads + h) * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float L = 0.0f, acc = 0.0f;
+        for (int s = 0; s < n_splits; ++s) {
+            const float m = part_ml[(base + s) * 2];
+            const float w = (m == __int_as_float(0xff800000)) ? 0.0f : expf(m - M);
+            L = fmaf(w, part_ml[(base + s) * 2 + 1], L);
+            acc = fmaf(w, part_o[(base + s) * head_dim + d], acc);
+        }
+        o[d] = acc / L;
+    }
+}
+
+// ---- tiled causal attention for prefill ---------------------------------------------
+//
+// attention_prefill_f32: the same result as attention_f32 for every token of a tile,
+// computed flash-style: a block takes up to PF_BQ consecutive tokens of one sequence
+// (tiles[tile] = {first token, count}; the host never lets a tile cross sequences) and
+// one query head, walks the sequence's KV blocks 0 ..= last position / 16, stages each
+// block's K and V (16 positions, f16) in shared memory with 16-byte loads, and keeps
+// per query row the running max, sum and output (online softmax): no score matrix is
+// ever stored. Row i of the tile is handled by the PF_SUB threads 8i .. 8i+7; thread
+// `sub` holds q and the output for dims sub, sub + 8, ...; the 8 partial dot products
+// are summed with xor shuffles, so each of the 8 threads has the row's 16 scores.
+// Causal mask: position p > pos[t] scores -inf. Guards as attention_f32 (NaN rows).
+// Needs head_dim % 8 == 0, head_dim <= ATT_MAX_HD, tokens of a tile at consecutive
+// positions (a sequence's new tokens are). Launch: grid = (n_tiles, n_heads), block =
+// (PF_THREADS) exactly.
+
+#define PF_BQ 16
+#define PF_SUB 8
+#define PF_THREADS (PF_BQ * PF_SUB)
+#define PF_DPT (ATT_MAX_HD / PF_SUB)  // dims per thread, at most
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+    attention_prefill_f32(const float* __restrict__ q, const __half* __restrict__ kv,
+                          const unsigned int* __restrict__ seq, const unsigned int* __restrict__ pos,
+                          const unsigned int* __restrict__ block_tables, const unsigned int* __restrict__ tiles,
+                          float* __restrict__ out, int n_tiles, int n_tokens, int n_heads, int n_kv_heads,
+                          int head_dim, int n_layers, int layer, int n_blocks, int max_blocks, int n_seqs,
+                          float scale) {
+    __shared__ __align__(16) __half ks[BLOCK_POSITIONS][ATT_MAX_HD];
+    __shared__ __align__(16) __half vs[BLOCK_POSITIONS][ATT_MAX_HD];
+    const int tile = blockIdx.x;
+    const int h = blockIdx.y;
+    if (tile >= n_tiles || h >= n_heads) return;  // uniform over the block
+    const int tid = threadIdx.x;
+    const int i = tid / PF_SUB;
+    const int sub = tid % PF_SUB;
+    const unsigned int first = tiles[2 * tile];
+    const unsigned int cnt = tiles[2 * tile + 1];
+    const int q_dim = n_heads * head_dim;
+    const int kv_dim = n_kv_heads * head_dim;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int nd = head_dim / PF_SUB;  // dims per thread
+
+    // Guards (uniform): the tile inside the step, its sequence and last position inside
+    // the block table, every block id it reads inside the pool.
+    int bad = cnt == 0 || cnt > PF_BQ || (unsigned long long)first + cnt > (unsigned long long)n_tokens;
+    const unsigned int s = bad ? 0u : seq[first];
+    const unsigned int p_max = bad ? 0u : pos[first + cnt - 1];
+    bad = bad || s >= (unsigned int)n_seqs || (unsigned long long)p_max >= (unsigned long long)max_blocks * BLOCK_POSITIONS;
+    const unsigned int* bt = block_tables + (size_t)(bad ? 0u : s) * max_blocks;
+    const int nb = bad ? 0 : (int)(p_max / BLOCK_POSITIONS) + 1;
+    for (int b = tid; b < nb; b += PF_THREADS) {
+        if (bt[b] >= (unsigned int)n_blocks) bad = 1;
+    }
+    bad = __syncthreads_or(bad);
+    const bool active = i < (int)cnt;
+    const unsigned int t = first + (active ? i : 0);
+    if (bad) {
+        if (active && first + i < (unsigned int)n_tokens) {
+            float* o = out + (size_t)(first + i) * q_dim + (size_t)h * head_dim;
+            for (int k = 0; k < nd; ++k) o[sub + PF_SUB * k] = __int_as_float(0x7fc00000);
+        }
+        return;
+    }
+    const unsigned int p_row = pos[t];
+
+    float qr[PF_DPT], acc[PF_DPT];
+    const float* qh = q + (size_t)t * q_dim + (size_t)h * head_dim;
+#pragma unroll
+    for (int k = 0; k < PF_DPT; ++k) {
+        qr[k] = (k < nd) ? qh[sub + PF_SUB * k] : 0.0f;
+        acc[k] = 0.0f;
+    }
+    float m = __int_as_float(0xff800000);
+    float l = 0.0f;
+
+    const size_t block_elems = (size_t)n_layers * 2 * BLOCK_POSITIONS * kv_dim;
+    const size_t k_off = (size_t)layer * 2 * BLOCK_POSITIONS * kv_dim + (size_t)kvh * head_dim;
+    const size_t v_off = k_off + (size_t)BLOCK_POSITIONS * kv_dim;
+    const int vec_per_row = head_dim / 8;  // 16-byte vectors of a K or V row
+
+    for (int b = 0; b < nb; ++b) {
+        __syncthreads();  // the previous block's K/V reads are done
+        const __half* kb = kv + (size_t)bt[b] * block_elems;
+        for (int e = tid; e < BLOCK_POSITIONS * vec_per_row; e += PF_THREADS) {
+            const int j = e / vec_per_row, c = e % vec_per_row;
+            const size_t off = (size_t)j * kv_dim + (size_t)c * 8;
+            *reinterpret_cast<uint4*>(&ks[j][c * 8]) = *reinterpret_cast<const uint4*>(kb + k_off + off);
+            *reinterpret_cast<uint4*>(&vs[j][c * 8]) = *reinterpret_cast<const uint4*>(kb + v_off + off);
+        }
+        __syncthreads();
+
+        float sc[BLOCK_POSITIONS];
+#pragma unroll
+        for (int j = 0; j < BLOCK_POSITIONS; ++j) {
+            float d = 0.0f;
+#pragma unroll
+            for (int k = 0; k < PF_DPT; ++k) {
+                if (k < nd) d = fmaf(qr[k], __half2float(ks[j][sub + PF_SUB * k]), d);
+            }
+            d += __shfl_xor_sync(FULL_MASK, d, 1);
+            d += __shfl_xor_sync(FULL_MASK, d, 2);
+            d += __shfl_xor_sync(FULL_MASK, d, 4);
+            const unsigned int p = (unsigned int)(b * BLOCK_POSITIONS + j);
+            sc[j] = (p <= p_row) ? d * scale : __int_as_float(0xff800000);
+        }
+        float bmax = sc[0];
+#pragma unroll
+        for (int j = 1; j < BLOCK_POSITIONS; ++j) bmax = fmaxf(bmax, sc[j]);
+        const float m_new = fmaxf(m, bmax);
+        if (m_new == __int_as_float(0xff800000)) continue;  // nothing visible yet (cannot happen: block 0 holds position 0)
+        const float alpha = expf(m - m_new);                 // 0 on the first visible block
+        float psum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BLOCK_POSITIONS; ++j) {
+            sc[j] = expf(sc[j] - m_new);
+            psum += sc[j];
+        }
+        l = l * alpha + psum;
+#pragma unroll
+        for (int k = 0; k < PF_DPT; ++k) {
+            if (k < nd) {
+                float a = acc[k] * alpha;
+#pragma unroll
+                for (int j = 0; j < BLOCK_POSITIONS; ++j) a = fmaf(sc[j], __half2float(vs[j][sub + PF_SUB * k]), a);
+                acc[k] = a;
+            }
+        }
+        m = m_new;
+    }
+    if (active) {
+        float* o = out + (size_t)t * q_dim + (size_t)h * head_dim;
+        const float inv = 1.0f / l;
+#pragma unroll
+        for (int k = 0; k < PF_DPT; ++k) {
+            if (k < nd) o[sub + PF_SUB * k] = acc[k] * inv;
+        }
+    }
+}

@@ -309,3 +309,389 @@ extern "C" __global__ void gemv_q4_0_f32(const unsigned char* __restrict__ W /*[
         store_tile(acc, y, rows, row, b0, nb, lane);
     }
 }
+
+// ---- fast GEMV kernels (LLMRT_CUDA_GEMV=0 or LLMRT_CUDA_FAST=0 turn them off) ----------
+//
+// Same contract and launch as the kernels above (grid = ceil(rows / 4), block = 128: a warp
+// per row), more bytes in flight per warp:
+// - gemv_fast_f16_f32 / gemv_fast_bf16_f32 (cols % 8 == 0): each lane issues GEMV_UNROLL
+//   16-byte weight loads before using the first. Lane l still accumulates chunks l, l+32,
+//   ... in increasing order with the same fmaf chain, so the result is bit-identical to
+//   gemv_f16_f32 / gemv_bf16_f32 (and batch-invariant the same way).
+// - gemv_fast_q8_0_f32 / gemv_fast_q4_0_f32 (cols % 256 == 0, so that every row starts
+//   16-byte aligned): the warp copies FAST_QBLOCKS consecutive blocks of its row with
+//   16-byte loads into its own shared-memory stage (about 4 loads per lane in flight),
+//   then lane l dequantises blocks l and l + 32 of the stage in registers. Per output,
+//   the order of the sum depends only on cols: batch-invariant. (A different order from
+//   gemv_q8_0_f32: equal within rounding, not bit for bit.)
+
+#define GEMV_UNROLL 4
+#define FAST_QBLOCKS 64
+
+__device__ __forceinline__ void f16x8_to_f32(const uint4 raw, float (&w)[8]) {
+    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(h[i]);
+        w[2 * i] = f.x;
+        w[2 * i + 1] = f.y;
+    }
+}
+
+__device__ __forceinline__ void bf16x8_to_f32(const uint4 raw, float (&w)[8]) {
+    w[0] = bf16_lo(raw.x); w[1] = bf16_hi(raw.x);
+    w[2] = bf16_lo(raw.y); w[3] = bf16_hi(raw.y);
+    w[4] = bf16_lo(raw.z); w[5] = bf16_hi(raw.z);
+    w[6] = bf16_lo(raw.w); w[7] = bf16_hi(raw.w);
+}
+
+template <bool Bf16>
+__device__ __forceinline__ void gemv_fast_half(const uint4* __restrict__ w8, const float* __restrict__ x, float* __restrict__ y,
+                                               int rows, int row, int cols, int batch, int lane) {
+    const int nchunks = cols >> 3;
+    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
+        const int nb = min(GEMV_MAX_BATCH, batch - b0);
+        float acc[GEMV_MAX_BATCH];
+#pragma unroll
+        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
+        for (int k0 = lane; k0 < nchunks; k0 += 32 * GEMV_UNROLL) {
+            uint4 raw[GEMV_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const int k = k0 + 32 * u;
+                if (k < nchunks) raw[u] = w8[k];
+            }
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const int k = k0 + 32 * u;
+                if (k < nchunks) {
+                    float w[8];
+                    if (Bf16) bf16x8_to_f32(raw[u], w);
+                    else f16x8_to_f32(raw[u], w);
+#pragma unroll
+                    for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+                        if (b < nb) {
+                            const float4* xb = reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols) + 2 * k;
+                            const float4 a = xb[0];
+                            const float4 c = xb[1];
+                            float s = acc[b];
+                            s = fmaf(w[0], a.x, s); s = fmaf(w[1], a.y, s);
+                            s = fmaf(w[2], a.z, s); s = fmaf(w[3], a.w, s);
+                            s = fmaf(w[4], c.x, s); s = fmaf(w[5], c.y, s);
+                            s = fmaf(w[6], c.z, s); s = fmaf(w[7], c.w, s);
+                            acc[b] = s;
+                        }
+                    }
+                }
+            }
+        }
+        store_tile(acc, y, rows, row, b0, nb, lane);
+    }
+}
+
+extern "C" __global__ void gemv_fast_f16_f32(const __half* __restrict__ W, const float* __restrict__ x,
+                                             float* __restrict__ y, int rows, int cols, int batch) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    gemv_fast_half<false>(reinterpret_cast<const uint4*>(W + (size_t)row * cols), x, y, rows, row, cols, batch, lane);
+}
+
+extern "C" __global__ void gemv_fast_bf16_f32(const unsigned short* __restrict__ W, const float* __restrict__ x,
+                                              float* __restrict__ y, int rows, int cols, int batch) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    gemv_fast_half<true>(reinterpret_cast<const uint4*>(W + (size_t)row * cols), x, y, rows, row, cols, batch, lane);
+}
+
+// Q8_0 / Q4_0 through a per-warp shared-memory stage. BB: block bytes (34 or 18).
+template <int BB>
+__device__ __forceinline__ void gemv_fast_quant(const unsigned char* __restrict__ W, const float* __restrict__ x,
+                                                float* __restrict__ y, int rows, int row, int cols, int batch,
+                                                int lane, uint4* stage) {
+    const int nblocks = cols / 32;
+    const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)row * nblocks * BB);
+    const unsigned char* st = reinterpret_cast<const unsigned char*>(stage);
+    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
+        const int nb = min(GEMV_MAX_BATCH, batch - b0);
+        float acc[GEMV_MAX_BATCH];
+#pragma unroll
+        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
+        for (int c0 = 0; c0 < nblocks; c0 += FAST_QBLOCKS) {
+            const int nblk = min(FAST_QBLOCKS, nblocks - c0);  // a multiple of 8
+            const int nvec = nblk * BB / 16;
+            const uint4* src = wr + (size_t)c0 * BB / 16;
+            __syncwarp();  // the previous chunk's stage reads are done
+            for (int i = lane; i < nvec; i += 32) stage[i] = src[i];
+            __syncwarp();
+#pragma unroll
+            for (int half_ = 0; half_ < 2; ++half_) {
+                const int j = lane + 32 * half_;
+                if (j < nblk) {
+                    const unsigned char* blk = st + j * BB;
+                    const float d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk)));
+                    const unsigned short* qs = reinterpret_cast<const unsigned short*>(blk + 2);
+                    float q[32];
+                    if (BB == 34) {
+#pragma unroll
+                        for (int i = 0; i < 16; ++i) {
+                            const unsigned short p = qs[i];
+                            q[2 * i] = (float)(signed char)(p & 0xff);
+                            q[2 * i + 1] = (float)(signed char)(p >> 8);
+                        }
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) {
+                            const unsigned short p = qs[i];
+                            q[2 * i] = (float)((int)(p & 0xf) - 8);
+                            q[2 * i + 16] = (float)((int)((p >> 4) & 0xf) - 8);
+                            q[2 * i + 1] = (float)((int)((p >> 8) & 0xf) - 8);
+                            q[2 * i + 17] = (float)((int)(p >> 12) - 8);
+                        }
+                    }
+#pragma unroll
+                    for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+                        if (b < nb) {
+                            const float4* xb =
+                                reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols + (size_t)(c0 + j) * 32);
+                            float s = 0.0f;
+#pragma unroll
+                            for (int v = 0; v < 8; ++v) {
+                                const float4 a = xb[v];
+                                s = fmaf(q[4 * v], a.x, s);
+                                s = fmaf(q[4 * v + 1], a.y, s);
+                                s = fmaf(q[4 * v + 2], a.z, s);
+                                s = fmaf(q[4 * v + 3], a.w, s);
+                            }
+                            acc[b] = fmaf(d, s, acc[b]);
+                        }
+                    }
+                }
+            }
+        }
+        store_tile(acc, y, rows, row, b0, nb, lane);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    gemv_fast_q8_0_f32(const unsigned char* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
+                       int rows, int cols, int batch) {
+    __shared__ uint4 stage[4][FAST_QBLOCKS * 34 / 16];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * 4 + warp;
+    if (row >= rows) return;  // warp-uniform; only __syncwarp below
+    gemv_fast_quant<34>(W, x, y, rows, row, cols, batch, lane, stage[warp]);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    gemv_fast_q4_0_f32(const unsigned char* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
+                       int rows, int cols, int batch) {
+    __shared__ uint4 stage[4][FAST_QBLOCKS * 18 / 16];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * 4 + warp;
+    if (row >= rows) return;
+    gemv_fast_quant<18>(W, x, y, rows, row, cols, batch, lane, stage[warp]);
+}
+
+// ---- fused launches for decode (the `fused` fast path) --------------------------------
+//
+// gemv3_fast_<type>_f32: three products with the same x in one launch (Q, K and V):
+//   y_s[b][r] = dot(W_s[r], x[b]) for s < 3, r < rows_s. Warp R of the grid takes row R of
+//   the rows of W0, then W1, then W2 stacked. Per output the same instructions as
+//   gemv_fast_<type>_f32 (bit-identical). Launch: grid = ceil((rows0+rows1+rows2) / 4),
+//   block = 128.
+// gemv_swiglu_fast_<type>_f32: the gate and up products and SwiGLU in one launch:
+//   y[b][r] = silu(dot(Wg[r], x[b])) * dot(Wu[r], x[b]), bit-identical to
+//   gemv_fast_<type>_f32 twice then swiglu_f32. Launch: grid = ceil(rows / 4), block = 128.
+// Shape conditions as the fast kernels (F16/BF16: cols % 8 == 0; Q8_0/Q4_0: cols % 256 == 0).
+
+// KIND: 0 f16, 1 bf16, 2 q8_0, 3 q4_0. The warp-reduced sums of row `row` of W for
+// vectors b0 .. b0+nb (every lane gets them), as the fast kernels compute them.
+template <int KIND>
+__device__ __forceinline__ void row_tile(const unsigned char* __restrict__ W, const float* __restrict__ x, int row,
+                                         int cols, int b0, int nb, int lane, uint4* stage,
+                                         float (&sums)[GEMV_MAX_BATCH]) {
+    float acc[GEMV_MAX_BATCH];
+#pragma unroll
+    for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
+    if (KIND <= 1) {
+        const uint4* w8 = reinterpret_cast<const uint4*>(W + (size_t)row * cols * 2);
+        const int nchunks = cols >> 3;
+        for (int k0 = lane; k0 < nchunks; k0 += 32 * GEMV_UNROLL) {
+            uint4 raw[GEMV_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const int k = k0 + 32 * u;
+                if (k < nchunks) raw[u] = w8[k];
+            }
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const int k = k0 + 32 * u;
+                if (k < nchunks) {
+                    float w[8];
+                    if (KIND == 1) bf16x8_to_f32(raw[u], w);
+                    else f16x8_to_f32(raw[u], w);
+#pragma unroll
+                    for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+                        if (b < nb) {
+                            const float4* xb = reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols) + 2 * k;
+                            const float4 a = xb[0];
+                            const float4 c = xb[1];
+                            float s = acc[b];
+                            s = fmaf(w[0], a.x, s); s = fmaf(w[1], a.y, s);
+                            s = fmaf(w[2], a.z, s); s = fmaf(w[3], a.w, s);
+                            s = fmaf(w[4], c.x, s); s = fmaf(w[5], c.y, s);
+                            s = fmaf(w[6], c.z, s); s = fmaf(w[7], c.w, s);
+                            acc[b] = s;
+                        }
+                    }
+                }
+            }
+        }
+    } else {
+        const int BB = KIND == 2 ? 34 : 18;
+        const int nblocks = cols / 32;
+        const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)row * nblocks * BB);
+        const unsigned char* st = reinterpret_cast<const unsigned char*>(stage);
+        for (int c0 = 0; c0 < nblocks; c0 += FAST_QBLOCKS) {
+            const int nblk = min(FAST_QBLOCKS, nblocks - c0);
+            const int nvec = nblk * BB / 16;
+            const uint4* src = wr + (size_t)c0 * BB / 16;
+            __syncwarp();
+            for (int i = lane; i < nvec; i += 32) stage[i] = src[i];
+            __syncwarp();
+#pragma unroll
+            for (int half_ = 0; half_ < 2; ++half_) {
+                const int j = lane + 32 * half_;
+                if (j < nblk) {
+                    const unsigned char* blk = st + j * BB;
+                    const float d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk)));
+                    const unsigned short* qs = reinterpret_cast<const unsigned short*>(blk + 2);
+                    float q[32];
+                    if (KIND == 2) {
+#pragma unroll
+                        for (int i = 0; i < 16; ++i) {
+                            const unsigned short p = qs[i];
+                            q[2 * i] = (float)(signed char)(p & 0xff);
+                            q[2 * i + 1] = (float)(signed char)(p >> 8);
+                        }
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) {
+                            const unsigned short p = qs[i];
+                            q[2 * i] = (float)((int)(p & 0xf) - 8);
+                            q[2 * i + 16] = (float)((int)((p >> 4) & 0xf) - 8);
+                            q[2 * i + 1] = (float)((int)((p >> 8) & 0xf) - 8);
+                            q[2 * i + 17] = (float)((int)(p >> 12) - 8);
+                        }
+                    }
+#pragma unroll
+                    for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+                        if (b < nb) {
+                            const float4* xb =
+                                reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols + (size_t)(c0 + j) * 32);
+                            float s = 0.0f;
+#pragma unroll
+                            for (int v = 0; v < 8; ++v) {
+                                const float4 a = xb[v];
+                                s = fmaf(q[4 * v], a.x, s);
+                                s = fmaf(q[4 * v + 1], a.y, s);
+                                s = fmaf(q[4 * v + 2], a.z, s);
+                                s = fmaf(q[4 * v + 3], a.w, s);
+                            }
+                            acc[b] = fmaf(d, s, acc[b]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < GEMV_MAX_BATCH; ++b) sums[b] = warp_sum(acc[b]);
+}
+
+#define FUSED_STAGE (FAST_QBLOCKS * 34 / 16)
+
+template <int KIND>
+__device__ __forceinline__ void gemv3_body(const unsigned char* W0, const unsigned char* W1, const unsigned char* W2,
+                                           const float* __restrict__ x, float* y0, float* y1, float* y2, int r0, int r1,
+                                           int r2, int cols, int batch, uint4 (*stage)[FUSED_STAGE]) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    int row = blockIdx.x * 4 + warp;
+    const unsigned char* W;
+    float* y;
+    int rows;
+    if (row < r0) { W = W0; y = y0; rows = r0; }
+    else if (row < r0 + r1) { row -= r0; W = W1; y = y1; rows = r1; }
+    else if (row < r0 + r1 + r2) { row -= r0 + r1; W = W2; y = y2; rows = r2; }
+    else return;  // warp-uniform; only __syncwarp in row_tile
+    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
+        const int nb = min(GEMV_MAX_BATCH, batch - b0);
+        float sums[GEMV_MAX_BATCH];
+        row_tile<KIND>(W, x, row, cols, b0, nb, lane, stage[warp], sums);
+#pragma unroll
+        for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+            if (lane == 0 && b < nb) y[(size_t)(b0 + b) * rows + row] = sums[b];
+        }
+    }
+}
+
+template <int KIND>
+__device__ __forceinline__ void swiglu_body(const unsigned char* Wg, const unsigned char* Wu, const float* __restrict__ x,
+                                            float* __restrict__ y, int rows, int cols, int batch,
+                                            uint4 (*stage)[FUSED_STAGE], float (*gsum)[GEMV_MAX_BATCH]) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * 4 + warp;
+    if (row >= rows) return;
+    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
+        const int nb = min(GEMV_MAX_BATCH, batch - b0);
+        // The gate sums wait in shared memory (not registers) while the up row is read.
+        float t[GEMV_MAX_BATCH];
+        row_tile<KIND>(Wg, x, row, cols, b0, nb, lane, stage[warp], t);
+        if (lane < GEMV_MAX_BATCH) {
+#pragma unroll
+            for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+                if (b == lane) gsum[warp][b] = t[b];
+            }
+        }
+        __syncwarp();
+        row_tile<KIND>(Wu, x, row, cols, b0, nb, lane, stage[warp], t);
+#pragma unroll
+        for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+            // As swiglu_f32: a / (1 + exp(-a)) * u.
+            if (lane == b && b < nb) {
+                const float g = gsum[warp][b];
+                y[(size_t)(b0 + b) * rows + row] = g / (1.0f + expf(-g)) * t[b];
+            }
+        }
+        __syncwarp();  // gsum is rewritten by the next tile
+    }
+}
+
+#define FUSED_KERNELS(NAME, KIND)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) gemv3_fast_##NAME##_f32(                                    \
+        const unsigned char* __restrict__ W0, const unsigned char* __restrict__ W1,                                \
+        const unsigned char* __restrict__ W2, const float* __restrict__ x, float* __restrict__ y0,                 \
+        float* __restrict__ y1, float* __restrict__ y2, int r0, int r1, int r2, int cols, int batch) {              \
+        __shared__ uint4 stage[KIND >= 2 ? 4 : 1][KIND >= 2 ? FUSED_STAGE : 1];                                     \
+        gemv3_body<KIND>(W0, W1, W2, x, y0, y1, y2, r0, r1, r2, cols, batch,                                       \
+                         reinterpret_cast<uint4(*)[FUSED_STAGE]>(&stage[0][0]));                                   \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) gemv_swiglu_fast_##NAME##_f32(                              \
+        const unsigned char* __restrict__ Wg, const unsigned char* __restrict__ Wu, const float* __restrict__ x,   \
+        float* __restrict__ y, int rows, int cols, int batch) {                                                    \
+        __shared__ uint4 stage[KIND >= 2 ? 4 : 1][KIND >= 2 ? FUSED_STAGE : 1];                                     \
+        __shared__ float gsum[4][GEMV_MAX_BATCH];                                                                  \
+        swiglu_body<KIND>(Wg, Wu, x, y, rows, cols, batch, reinterpret_cast<uint4(*)[FUSED_STAGE]>(&stage[0][0]),  \
+                          gsum);                                                                                   \
+    }
+
+FUSED_KERNELS(f16, 0)
+FUSED_KERNELS(bf16, 1)
+FUSED_KERNELS(q8_0, 2)
+FUSED_KERNELS(q4_0, 3)

@@ -9,6 +9,13 @@
 //
 // rmsnorm_inplace_f32: the same with y == x (per-head Q/K norm). A separate entry so
 //   that no pointer pair is declared __restrict__ while aliasing; same launch shape.
+//
+// add_rmsnorm_f32: the residual add and the next norm in one pass:
+//   x[r][i] += d[r][i]; y[r][i] = rmsnorm(x[r])[i] * w[i]
+//   Bit-identical to add_f32 then rmsnorm_f32: the add is the same f32 add, and the norm
+//   is the same rmsnorm_row on the updated row. Each thread adds exactly the elements it
+//   later reads in rmsnorm_row (same loop shape), so no barrier is needed between the two.
+//   Same launch shape as rmsnorm_f32.
 #include <cuda_fp16.h>
 
 #define FULL_MASK 0xffffffffu
@@ -78,4 +85,27 @@ extern "C" __global__ void rmsnorm_inplace_f32(float* x /*[rows][n], in place*/,
     if (row >= rows) return;
     float* xr = x + (size_t)row * n;
     rmsnorm_row<true>(xr, w, xr, n, eps);
+}
+
+extern "C" __global__ void add_rmsnorm_f32(float* __restrict__ x /*[rows][n], updated*/,
+                                           const float* __restrict__ d /*[rows][n]*/,
+                                           const float* __restrict__ w, float* __restrict__ y, int rows, int n,
+                                           float eps) {
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    float* xr = x + (size_t)row * n;
+    const float* dr = d + (size_t)row * n;
+    if ((n & 3) == 0) {
+        float4* x4 = reinterpret_cast<float4*>(xr);
+        const float4* d4 = reinterpret_cast<const float4*>(dr);
+        for (int i = threadIdx.x; i < (n >> 2); i += blockDim.x) {
+            float4 v = x4[i];
+            const float4 a = d4[i];
+            v.x += a.x; v.y += a.y; v.z += a.z; v.w += a.w;
+            x4[i] = v;
+        }
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] += dr[i];
+    }
+    rmsnorm_row<false>(xr, w, y + (size_t)row * n, n, eps);
 }

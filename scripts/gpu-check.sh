@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
 # Run the prebuilt test executables of gpu-bin/ (made by scripts/gpu-prepare.sh) on a
-# GPU machine that has the NVIDIA driver but no Rust. Prints nvidia-smi, runs each
-# executable from the repository root with --test-threads=1 --nocapture (logs into $OUT
-# when OUT is set; LLMRT_FIXTURES points at tests/fixtures), then, when cuda_parity is
-# there, its ignored benchmark (`cuda_parity --ignored bench_decode`: CPU vs CUDA
-# tokens/s); then a table: executable, passed/failed/skipped counts, wall time, the
-# MAXERR lines (worst error per kernel / per model file) and the BENCH lines.
+# GPU machine that has the NVIDIA driver but no Rust, then the benchmarks. In order:
+#  1. nvidia-smi; each test executable from the repository root with --test-threads=1
+#     --nocapture (logs into $OUT when OUT is set; LLMRT_FIXTURES points at
+#     tests/fixtures): the kernels against their CPU twins, the runner against the CPU.
+#  2. cuda_parity again with every fast path off (LLMRT_CUDA_FAST=0: unfused ops, one
+#     attention kernel, no CUDA graphs), so a failure in step 1 points at a fast path
+#     or at the plain one.
+#  3. llmrt-bench on CUDA (synthetic models built in device-free host memory, nothing
+#     downloaded): the copy bandwidth and the cuBLAS bf16 8192^3 rate measured in the
+#     same process; Llama-3-8B shape F16: pp2048, tg128 at 512 positions of context at
+#     batch 1/8/32/64, TTFT of 2048; Q8_0 and Q4_0: tg128 @ d512 batch 1; TinyLlama
+#     F16/Q8_0/Q4_0: pp512, tg128.
+#  4. scripts/torch_peer.py (PyTorch, same shapes, SDPA, CUDA graphs) when python3 has
+#     torch with CUDA.
+#  5. A table: executables, passed/failed/skipped, wall time, MAXERR lines, the bench
+#     rows, and scripts/gpu_bench_summary.py's targets (issue 7) with the ratios.
 #
 #   usage: scripts/gpu-check.sh [GPU_BIN_DIR]       (default: gpu-bin/ at the repo root)
-#   env:   OUT              folder for logs and summary.txt (default: a temp folder)
-#          GPU_CHECK_TIMEOUT seconds per executable (default 150)
-#          GPU_CHECK_BUDGET  seconds for everything, benchmark included (default 450)
-#          GPU_CHECK_BENCH_TIMEOUT seconds for the benchmark (default 240; 0 skips it)
+#   env:   OUT              folder for logs, JSON and summary.txt (default: a temp folder)
+#          GPU_CHECK_TIMEOUT seconds per test executable (default 150)
+#          GPU_CHECK_BUDGET  seconds for everything (default 480)
+#          GPU_CHECK_BENCH   0 skips steps 3 and 4 (default 1)
+#          GPU_CHECK_TORCH   0 skips step 4 (default 1)
+#          GPU_CHECK_BENCH_DECODE 1 also runs the old `cuda_parity --ignored bench_decode`
 #
 # Exit status: 0 all passed on a device; 1 a test failed or timed out; 2 the tests
 # skipped because they saw no CUDA device; 3 nothing to run.
@@ -19,8 +31,11 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${1:-$ROOT/gpu-bin}"
 PER_BIN_TIMEOUT="${GPU_CHECK_TIMEOUT:-150}"
-BUDGET="${GPU_CHECK_BUDGET:-450}"
+BUDGET="${GPU_CHECK_BUDGET:-480}"
 BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-240}"
+RUN_BENCH="${GPU_CHECK_BENCH:-1}"
+RUN_TORCH="${GPU_CHECK_TORCH:-1}"
+RUN_BENCH_DECODE="${GPU_CHECK_BENCH_DECODE:-0}"
 cd "$ROOT"
 export LLMRT_FIXTURES="${LLMRT_FIXTURES:-$ROOT/tests/fixtures}"
 START=$(date +%s)
@@ -110,63 +125,113 @@ fi
 say "cuBLAS: lib ${cublas_lib:-not found}"
 
 rows=() maxerrs=() status=0 saw_no_device=0
-for exe in "$BIN"/*; do
-  name="$(basename "$exe")"
-  [ -f "$exe" ] && [ "$name" != MANIFEST ] || continue
-  [ -x "$exe" ] || chmod +x "$exe" 2>/dev/null || true
-  left=$(( BUDGET - ($(date +%s) - START) ))
+left_s() { echo $(( BUDGET - ($(date +%s) - START) )); }
+
+# run_test NAME LOGNAME [ENV=VALUE ...]: one test executable, a row in the table.
+run_test() {
+  local name="$1" logname="$2"; shift 2
+  local exe="$BIN/$name"
+  local left limit
+  left=$(left_s)
   limit=$(( left < PER_BIN_TIMEOUT ? left : PER_BIN_TIMEOUT ))
   if [ "$limit" -lt 5 ]; then
-    rows+=("$(printf '%-16s %-16s %7s %7s %8s %8s' "$name" "NOT-RUN(budget)" - - - -)"); status=1; continue
+    rows+=("$(printf '%-22s %-16s %7s %7s %8s %8s' "$logname" "NOT-RUN(budget)" - - - -)"); status=1; return
   fi
-  echo "== $name --test-threads=1 --nocapture (timeout ${limit}s)"
+  echo "== $logname: $* $name --test-threads=1 --nocapture (timeout ${limit}s)"
+  local t0 rc wall res passed failed skipped nodev verdict
   t0=$(date +%s.%N)
-  timeout "$limit" "$exe" --test-threads=1 --nocapture > >(tee "$LOG/$name.log") 2>&1
+  env "$@" timeout "$limit" "$exe" --test-threads=1 --nocapture > >(tee "$LOG/$logname.log") 2>&1
   rc=$?
   wait  # for tee
   wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-  res="$(grep -E '^test result:' "$LOG/$name.log" | tail -1)"
+  res="$(grep -E '^test result:' "$LOG/$logname.log" | tail -1)"
   passed="$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<<"$res")"
   failed="$(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<<"$res")"
-  skipped="$(grep -c 'skipped:' "$LOG/$name.log")"
-  nodev="$(grep -c 'skipped: no CUDA device' "$LOG/$name.log")"
+  skipped="$(grep -c 'skipped:' "$LOG/$logname.log")"
+  nodev="$(grep -c 'skipped: no CUDA device' "$LOG/$logname.log")"
   verdict=ok
   if [ "$rc" = 124 ]; then verdict="TIMEOUT(${limit}s)"; status=1
   elif [ "$rc" != 0 ]; then verdict="FAILED(rc=$rc)"; status=1
   elif [ "$nodev" -gt 0 ]; then verdict="NO-DEVICE"; saw_no_device=1
   fi
-  rows+=("$(printf '%-16s %-16s %7s %7s %8s %8s' "$name" "$verdict" "${passed:-?}" "${failed:-?}" "$skipped" "$wall")")
-  while IFS= read -r l; do maxerrs+=("$name: ${l#MAXERR }"); done < <(grep -E '^MAXERR ' "$LOG/$name.log")
-done
+  rows+=("$(printf '%-22s %-16s %7s %7s %8s %8s' "$logname" "$verdict" "${passed:-?}" "${failed:-?}" "$skipped" "$wall")")
+  while IFS= read -r l; do maxerrs+=("$logname: ${l#MAXERR }"); done < <(grep -E '^MAXERR ' "$LOG/$logname.log")
+}
 
-# The benchmark: an ignored test of cuda_parity, run on its own.
+# 1. every test executable as shipped (fast paths on).
+for exe in "$BIN"/*; do
+  name="$(basename "$exe")"
+  [ -f "$exe" ] && [ "$name" != MANIFEST ] && [ "$name" != llmrt-bench ] || continue
+  [ -x "$exe" ] || chmod +x "$exe" 2>/dev/null || true
+  run_test "$name" "$name"
+done
+# 2. the runner again with every fast path off.
+if [ -x "$BIN/cuda_parity" ] && [ "$saw_no_device" = 0 ]; then
+  run_test cuda_parity "cuda_parity[FAST=0]" LLMRT_CUDA_FAST=0
+fi
+
+# The old CPU-vs-CUDA decode benchmark (an ignored test of cuda_parity), on request.
 benches=()
-if [ -x "$BIN/cuda_parity" ] && [ "$BENCH_TIMEOUT" -gt 0 ]; then
-  left=$(( BUDGET - ($(date +%s) - START) ))
+if [ -x "$BIN/cuda_parity" ] && [ "$RUN_BENCH_DECODE" = 1 ]; then
+  left=$(left_s)
   limit=$(( left < BENCH_TIMEOUT ? left : BENCH_TIMEOUT ))
-  if [ "$limit" -lt 20 ]; then
-    rows+=("$(printf '%-16s %-16s %7s %7s %8s %8s' bench_decode "NOT-RUN(budget)" - - - -)")
-  else
+  if [ "$limit" -ge 20 ]; then
     echo "== cuda_parity --ignored bench_decode (timeout ${limit}s)"
-    t0=$(date +%s.%N)
     timeout "$limit" "$BIN/cuda_parity" --ignored --exact bench_decode --test-threads=1 --nocapture \
       > >(tee "$LOG/bench_decode.log") 2>&1
+    wait
+    while IFS= read -r l; do benches+=("${l#BENCH }"); done < <(grep -E '^BENCH ' "$LOG/bench_decode.log")
+  fi
+fi
+
+# 3. llmrt-bench on CUDA. bench NAME TIMEOUT ARGS...: one process, md rows into
+# bench-NAME.log, JSON records into bench-NAME.json.
+bench_rows=()
+bench() {
+  local name="$1" want="$2"; shift 2
+  local left limit rc
+  left=$(left_s)
+  limit=$(( left < want ? left : want ))
+  if [ "$limit" -lt 20 ]; then
+    bench_rows+=("$name: NOT-RUN(budget)"); status=1; return
+  fi
+  echo "== llmrt-bench $name: $* (timeout ${limit}s)"
+  timeout "$limit" "$BIN/llmrt-bench" --backend cuda --json "$LOG/bench-$name.json" "$@" \
+    > >(tee "$LOG/bench-$name.log") 2>&1
+  rc=$?
+  wait
+  if [ "$rc" = 124 ]; then bench_rows+=("$name: TIMEOUT(${limit}s) (rows so far below)"); status=1
+  elif [ "$rc" != 0 ]; then bench_rows+=("$name: FAILED(rc=$rc): $(grep -m1 'llmrt-bench:' "$LOG/bench-$name.log" | grep -v 'built in memory')"); status=1
+  fi
+  while IFS= read -r l; do bench_rows+=("$l"); done < <(grep -E '^\| [a-z]' "$LOG/bench-$name.log" | grep -v '^| model')
+  while IFS= read -r l; do bench_rows+=("$name: $l"); done < <(grep -E '^CEILING ' "$LOG/bench-$name.log")
+}
+if [ "$RUN_BENCH" = 1 ] && [ -x "$BIN/llmrt-bench" ] && [ "$saw_no_device" = 0 ]; then
+  bench 8b-f16 150 -m synth:llama3-8b:f16 --d2d --gemm 8192 -p 2048 -n 128 -d 512 -b 1,8,32,64 --ttft 2048 -r 2
+  bench 8b-q8_0 60 -m synth:llama3-8b:q8_0 --d2d -p 0 -n 128 -d 512 -b 1 -r 2
+  bench 8b-q4_0 60 -m synth:llama3-8b:q4_0 --d2d -p 0 -n 128 -d 512 -b 1 -r 2
+  bench tinyllama 60 -m synth:tinyllama:f16,synth:tinyllama:q8_0,synth:tinyllama:q4_0 --d2d -p 512 -n 128 -b 1 -r 2
+fi
+
+# 4. the PyTorch peer.
+if [ "$RUN_BENCH" = 1 ] && [ "$RUN_TORCH" = 1 ] && [ "$saw_no_device" = 0 ]; then
+  left=$(left_s)
+  limit=$(( left < 150 ? left : 150 ))
+  if [ "$limit" -ge 30 ] && command -v python3 >/dev/null 2>&1; then
+    echo "== torch_peer (timeout ${limit}s)"
+    timeout "$limit" python3 "$ROOT/scripts/torch_peer.py" --shape llama3-8b --dtype f16 --depth 512 --gen 128 \
+      --batch 1,64 --prefill 2048 --reps 2 --json "$LOG/torch-peer.json" > >(tee "$LOG/torch-peer.log") 2>&1
     rc=$?
     wait
-    wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-    verdict=ok
-    if [ "$rc" = 124 ]; then verdict="TIMEOUT(${limit}s)"; status=1
-    elif [ "$rc" != 0 ]; then verdict="FAILED(rc=$rc)"; status=1
-    elif grep -q 'skipped: no CUDA device' "$LOG/bench_decode.log"; then verdict="NO-DEVICE"
-    fi
-    rows+=("$(printf '%-16s %-16s %7s %7s %8s %8s' bench_decode "$verdict" - - - "$wall")")
-    while IFS= read -r l; do benches+=("${l#BENCH }"); done < <(grep -E '^BENCH ' "$LOG/bench_decode.log")
+    [ "$rc" = 0 ] || bench_rows+=("torch_peer: rc=$rc (see torch-peer.log)")
+  else
+    bench_rows+=("torch_peer: NOT-RUN (budget ${limit}s or no python3)")
   fi
 fi
 
 say ""
 say "== summary (logs in $LOG)"
-say "$(printf '%-16s %-16s %7s %7s %8s %8s' binary verdict passed failed skipped wall_s)"
+say "$(printf '%-22s %-16s %7s %7s %8s %8s' binary verdict passed failed skipped wall_s)"
 for r in "${rows[@]}"; do say "$r"; done
 say ""
 say "max errors (relative L2 vs the CPU twin; worst case in brackets):"
@@ -176,6 +241,15 @@ if [ ${#benches[@]} -gt 0 ]; then
   say ""
   say "benchmark (tokens/s; CPU and CUDA in the same run):"
   for b in "${benches[@]}"; do say "  $b"; done
+fi
+if [ ${#bench_rows[@]} -gt 0 ]; then
+  say ""
+  say "llmrt-bench on CUDA (t/s; bound = (weights + KV bytes per step) / copy bandwidth; pp: TFLOP/s vs cuBLAS bf16):"
+  for b in "${bench_rows[@]}"; do say "  $b"; done
+  if command -v python3 >/dev/null 2>&1; then
+    say ""
+    python3 "$ROOT/scripts/gpu_bench_summary.py" "$LOG" 2>&1 | tee -a "$SUMMARY"
+  fi
 fi
 grep -ho 'skipped: .*' "$LOG"/*.log 2>/dev/null | sort | uniq -c | sed 's/^ */  /' | tee -a "$SUMMARY"
 [ "$status" = 0 ] && [ "$saw_no_device" = 1 ] && status=2

@@ -6,6 +6,7 @@
 #   TEST_TARGET: names of test targets to ship (tests/<name>.rs, or "llmrt" for the
 #                library's unit tests); default: cuda_smoke cuda_parity, and
 #                cuda_kernels when tests/cuda_kernels.rs exists.
+#   The benchmark binary llmrt-bench (src/bin/llmrt-bench.rs) is always shipped too.
 #
 # Installs the pinned nvcc first (scripts/install-nvcc.sh, idempotent) unless NVCC is
 # set, so the executables embed PTX for sm_80/sm_90; refuses to ship without it.
@@ -28,6 +29,7 @@ echo "gpu-prepare: cargo test --release --no-run (targets: ${TARGETS[*]})" >&2
 JSON="$(mktemp)"
 trap 'rm -f "$JSON"' EXIT
 cargo test --release --no-run --message-format=json > "$JSON"
+cargo build --release --bin llmrt-bench --message-format=json >> "$JSON"
 
 OUTDIR="$ROOT/gpu-bin"
 rm -rf "$OUTDIR"
@@ -45,11 +47,15 @@ for line in open(path):
         continue
     if m.get("reason") != "compiler-artifact" or not m.get("executable"):
         continue
+    name = m["target"]["name"]
+    if name == "llmrt-bench" and "bin" in m["target"].get("kind", []):
+        found[name] = m["executable"]
+        continue
     if not m.get("profile", {}).get("test"):
         continue
-    name = m["target"]["name"]
     if name in wanted:
         found[name] = m["executable"]
+wanted.add("llmrt-bench")
 missing = wanted - set(found)
 if missing:
     sys.exit("gpu-prepare: no test executable for: " + ", ".join(sorted(missing)))

@@ -61,6 +61,12 @@ pub struct ModelInfo {
     pub weight_bytes: u64,
     pub kv_bytes_per_position: u64,
     pub kv_pool_bytes: u64,
+    /// Device scratch allocated at load (0 on the CPU).
+    pub scratch_bytes: u64,
+    /// Device memory free after the load (0 on the CPU).
+    pub device_free_bytes: u64,
+    /// The device's memory (0 on the CPU).
+    pub device_total_bytes: u64,
     pub architecture: String,
     pub device_name: String,
 }
@@ -277,6 +283,7 @@ impl Model {
         };
         let per_pos = be.kv_bytes_per_position();
         let block_bytes = per_pos * BLOCK_POSITIONS as u64;
+        let mem = be.memory();
         let info = ModelInfo {
             vocab_size: cfg.vocab_size as u32,
             context_length: context,
@@ -291,6 +298,9 @@ impl Model {
             weight_bytes: weights.bytes,
             kv_bytes_per_position: per_pos,
             kv_pool_bytes: blocks as u64 * block_bytes,
+            scratch_bytes: mem.scratch_bytes,
+            device_free_bytes: mem.device_free_bytes,
+            device_total_bytes: mem.device_total_bytes,
             architecture: cfg.arch.name.clone(),
             device_name: be.device_name(),
         };

@@ -11,6 +11,10 @@
 //! - embed, rope (q, k and the pool), dequantize_to_f16, copy_block, gather_rows, argmax: exact
 //!   (checked as rel_l2 < 1e-6, or equality).
 //! - rmsnorm, add, add_bias, swiglu: 1e-5. attention: 1e-4 (f32 online softmax over f16 K/V).
+//! - Fast paths (`FastPaths`), each against its twin and against the plain kernel: fast
+//!   F16/BF16 GEMV bit-identical to the plain GEMV; fast Q8_0/Q4_0 GEMV 1e-4;
+//!   add_rmsnorm bit-identical to add then rmsnorm; split-KV attention 1e-4 (and 1e-5
+//!   against the one-kernel attention).
 //!
 //! Without a CUDA device every device test prints "skipped: no CUDA device (...)" and
 //! passes; scripts/gpu-check.sh runs this binary on a GPU and collects the MAXERR lines.
@@ -22,7 +26,7 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
 use half::{bf16, f16};
-use llmrt::backend::cuda::ops::{AttnShape, DevWeight, KvPool, MatmulPath, Ops};
+use llmrt::backend::cuda::ops::{AttnShape, DevWeight, FastPaths, KvPool, MatmulPath, Ops};
 use llmrt::backend::cuda::{self, reference};
 use llmrt::kv::BLOCK_POSITIONS;
 use llmrt::quant::DType;
@@ -30,7 +34,10 @@ use llmrt::Status;
 
 struct Dev {
     stream: Arc<CudaStream>,
+    /// Every fast path on (whatever the environment says).
     ops: Ops,
+    /// Every fast path off: the plain kernels the fast ones are checked against.
+    plain: Ops,
     _ctx: Arc<CudaContext>,
 }
 
@@ -45,13 +52,16 @@ fn device() -> Option<&'static Dev> {
         Ok(devices) => {
             let ctx = CudaContext::new(0).unwrap_or_else(|e| panic!("probe found {devices:?} but no context: {e:?}"));
             let stream = ctx.default_stream();
-            let ops = Ops::new(&ctx, stream.clone(), devices[0].sm())
+            let mut ops = Ops::new(&ctx, stream.clone(), devices[0].sm())
                 .unwrap_or_else(|e| panic!("probe found {devices:?} but loading the ops failed: {e}"));
+            ops.set_fast_paths(FastPaths::all(true));
+            let mut plain = Ops::new(&ctx, stream.clone(), devices[0].sm()).expect("second Ops");
+            plain.set_fast_paths(FastPaths::all(false));
             println!("device: {} | {}", devices[0], ops.describe());
             if !ops.has_cublas() {
                 println!("skipped: cuBLAS unavailable, Auto matmul checked on the GEMV path only ({})", ops.describe());
             }
-            Some(Dev { stream, ops, _ctx: ctx })
+            Some(Dev { stream, ops, plain, _ctx: ctx })
         }
     });
     if dev.is_none() {
@@ -583,4 +593,321 @@ fn kv_pool_alloc_and_copy_block() {
     let err = d.ops.copy_block(&mut kv, 6, 0).expect_err("block outside the pool");
     assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
     worst.report();
+}
+
+#[test]
+fn fast_gemv_matches_plain_and_cpu() {
+    let Some(d) = device() else { return };
+    for dtype in [DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0] {
+        let tag = dtype_tag(dtype);
+        let mut worst = Worst::new(format!("gemv_fast_{tag}"));
+        // cols % 256 == 0 takes the fast quantized kernels; 4096 / 14336 are Llama's.
+        for &(rows, cols) in &[(5usize, 256usize), (67, 512), (130, 1280), (33, 4096), (9, 14336)] {
+            for &n in &[1usize, 2, 8, 11] {
+                let mut rng = Rng::new(&[140, dtype.ggml_id() as usize, rows, cols, n]);
+                let wb = random_weight(&mut rng, dtype, rows, cols);
+                let x = rng.vec(n * cols, -1.0, 1.0);
+                let w = d.weight("w", dtype, rows, cols, &wb);
+                let x_d = d.up(&x);
+                let mut y = d.nan(n * rows + TAIL);
+                d.ops.matmul(&w, &x_d, n, &mut y, MatmulPath::Gemv).expect("fast gemv");
+                let got = d.down(&y);
+                let case = format!("rows={rows} cols={cols} n={n}");
+                assert_tail_nan("gemv_fast", &case, &got, n * rows);
+                let want = reference::matmul(dtype, &wb, rows, cols, &x, n);
+                worst.check(case.clone(), &got[..n * rows], &want, 1e-4);
+                if matches!(dtype, DType::F16 | DType::BF16) {
+                    let mut yp = d.nan(n * rows);
+                    d.plain.matmul(&w, &x_d, n, &mut yp, MatmulPath::Gemv).expect("plain gemv");
+                    let plain = d.down(&yp);
+                    for (i, (a, b)) in got.iter().zip(&plain).enumerate() {
+                        assert_eq!(a.to_bits(), b.to_bits(), "{tag} {case}: output {i}: fast {a} != plain {b}");
+                    }
+                }
+            }
+        }
+        worst.report();
+    }
+}
+
+#[test]
+fn add_rmsnorm_equals_add_then_rmsnorm() {
+    let Some(d) = device() else { return };
+    let mut worst = Worst::new("add_rmsnorm");
+    for &rows in &[1usize, 7, 64] {
+        for &n in &[16usize, 77, 2048, 4096] {
+            let mut rng = Rng::new(&[150, rows, n]);
+            let x = rng.vec(rows * n, -2.0, 2.0);
+            let r = rng.vec(rows * n, -2.0, 2.0);
+            let w = rng.vec(n, 0.5, 1.5);
+            let case = format!("rows={rows} n={n}");
+            let (r_d, w_d) = (d.up(&r), d.up(&w));
+            let mut x_f = d.up(&x);
+            let mut y_f = d.nan(rows * n + TAIL);
+            d.ops.add_rmsnorm(&mut x_f, &r_d, &w_d, rows, n, 1e-5, &mut y_f).expect("add_rmsnorm");
+            let mut x_p = d.up(&x);
+            let mut y_p = d.nan(rows * n);
+            d.ops.add(&mut x_p, &r_d, rows * n).expect("add");
+            d.ops.rmsnorm(&x_p, &w_d, rows, n, 1e-5, &mut y_p).expect("rmsnorm");
+            let (gx, gy, px, py) = (d.down(&x_f), d.down(&y_f), d.down(&x_p), d.down(&y_p));
+            assert_tail_nan("add_rmsnorm", &case, &gy, rows * n);
+            for (i, (a, b)) in gx.iter().zip(&px).chain(gy.iter().zip(&py)).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{case}: element {i}: fused {a} != unfused {b}");
+            }
+            let sum: Vec<f32> = x.iter().zip(&r).map(|(a, b)| a + b).collect();
+            worst.check(case, &gy[..rows * n], &reference::rmsnorm_f32(&sum, &w, rows, n, 1e-5), 1e-5);
+        }
+    }
+    worst.report();
+}
+
+#[test]
+fn split_kv_attention_matches_cpu_and_the_one_kernel_attention() {
+    let Some(d) = device() else { return };
+    let mut worst = Worst::new("attention_split");
+    let mut worst_vs = Worst::new("attention_split_vs_attention");
+    let (n_blocks, n_layers, layer) = (100usize, 2usize, 1usize);
+    let lens = [5usize, 37, 300, 16, 17, 1000];
+    let max_blocks = 63;
+    // Groups of 1, 2, 3, 4 and 8 query heads per KV head; head dims 16..256.
+    let shapes: &[(usize, usize, usize)] =
+        &[(8, 2, 32), (4, 4, 16), (4, 1, 128), (2, 2, 256), (6, 3, 80), (32, 8, 128), (32, 4, 64)];
+    for &(nh, nkv, hd) in shapes {
+        let shape = AttnShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd };
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let mut rng = Rng::new(&[160, nh, nkv, hd]);
+        let (kv, pool) = random_pool(d, &mut rng, n_blocks, n_layers, kvd);
+        let mut ids: Vec<u32> = (0..n_blocks as u32).collect();
+        rng.shuffle(&mut ids);
+        let mut tables = vec![u32::MAX; lens.len() * max_blocks];
+        let mut next = 0;
+        for (s, &len) in lens.iter().enumerate() {
+            for b in 0..len.div_ceil(BLOCK_POSITIONS) {
+                tables[s * max_blocks + b] = ids[next];
+                next += 1;
+            }
+        }
+        // Decode-like tokens: one per sequence at its last position, and a few more.
+        let toks: Vec<(u32, u32)> = vec![(0, 4), (1, 36), (2, 299), (3, 15), (4, 16), (5, 999), (2, 0), (5, 511)];
+        let seq: Vec<u32> = toks.iter().map(|t| t.0).collect();
+        let pos: Vec<u32> = toks.iter().map(|t| t.1).collect();
+        let n = toks.len();
+        let q = rng.vec(n * qd, -2.0, 2.0);
+        let (q_d, seq_d, pos_d, tab_d) = (d.up(&q), d.up(&seq), d.up(&pos), d.up(&tables));
+        let want = reference::attention(&q, &pool, n_layers, layer, &seq, &pos, &tables, max_blocks, shape);
+        let mut one = d.nan(n * qd);
+        d.ops.attention(&q_d, &kv, layer, &seq_d, &pos_d, &tab_d, max_blocks, n, shape, &mut one).expect("attention");
+        let one = d.down(&one);
+        // The planned split, and every split length by hand.
+        let planned = d.ops.split_plan(n, nkv, max_blocks);
+        for split in [planned, (max_blocks, 16), (max_blocks.div_ceil(2), 32), (max_blocks.div_ceil(4), 64)] {
+            let (po, pm) = Ops::split_scratch_len(n, shape, split.0);
+            let (mut part_o, mut part_ml) = (d.nan(po), d.nan(pm));
+            let mut out = d.nan(n * qd + TAIL);
+            d.ops
+                .attention_split(&q_d, &kv, layer, &seq_d, &pos_d, &tab_d, max_blocks, n, shape, split, &mut part_o, &mut part_ml, &mut out)
+                .expect("attention_split");
+            let got = d.down(&out);
+            let case = format!("heads={nh}/{nkv} hd={hd} split={split:?}");
+            assert_tail_nan("attention_split", &case, &got, n * qd);
+            worst.check(case.clone(), &got[..n * qd], &want, 1e-4);
+            worst_vs.check(case, &got[..n * qd], &one, 1e-5);
+        }
+        // Batch invariance: token (2, 299) alone, with a block table of its own 19 blocks
+        // (another max_blocks, so another number of splits), gives the same bits as in the
+        // batch with the planned split.
+        let t = 2usize;
+        let own: Vec<u32> = tables[2 * max_blocks..2 * max_blocks + 19].to_vec();
+        let (po, pm) = Ops::split_scratch_len(1, shape, d.ops.split_plan(1, nkv, 19).0);
+        let (mut part_o, mut part_ml, mut alone) = (d.nan(po), d.nan(pm), d.nan(qd));
+        d.ops
+            .attention_split(
+                &d.up(&q[t * qd..(t + 1) * qd]),
+                &kv,
+                layer,
+                &d.up(&[0u32]),
+                &d.up(&[299u32]),
+                &d.up(&own),
+                19,
+                1,
+                shape,
+                d.ops.split_plan(1, nkv, 19),
+                &mut part_o,
+                &mut part_ml,
+                &mut alone,
+            )
+            .expect("attention_split alone");
+        let (po, pm) = Ops::split_scratch_len(n, shape, planned.0);
+        let (mut part_o, mut part_ml, mut batch) = (d.nan(po), d.nan(pm), d.nan(n * qd));
+        d.ops
+            .attention_split(&q_d, &kv, layer, &seq_d, &pos_d, &tab_d, max_blocks, n, shape, planned, &mut part_o, &mut part_ml, &mut batch)
+            .expect("attention_split batch");
+        let (alone, batch) = (d.down(&alone), d.down(&batch));
+        for (j, (a, b)) in alone.iter().zip(&batch[t * qd..(t + 1) * qd]).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "heads={nh}/{nkv} hd={hd}: dim {j} alone {a} != in the batch {b}");
+        }
+    }
+    worst.report();
+    worst_vs.report();
+
+    // Guards: a position past the table gives a NaN row; a group of 16 and splits that
+    // do not cover the table are refused.
+    let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 16 };
+    let kv = KvPool::new(&d.stream, 2, 1, 16).expect("KvPool::new");
+    let (mut po, mut pm) = (d.nan(2 * 2 * 2 * 16), d.nan(2 * 2 * 2 * 2));
+    let mut out = d.nan(2 * 32);
+    d.ops
+        .attention_split(&d.up(&[0.5f32; 64]), &kv, 0, &d.up(&[0u32, 0]), &d.up(&[3u32, 32]), &d.up(&[1u32, 0]), 2, 2, shape, (2, 16), &mut po, &mut pm, &mut out)
+        .expect("attention_split with a bad position");
+    let got = d.down(&out);
+    assert!(got[..32].iter().all(|v| v.is_finite()), "good token");
+    assert!(got[32..].iter().all(|v| v.is_nan()), "position past the block table must give NaN");
+    let err = d
+        .ops
+        .attention_split(&d.up(&[0.5f32; 64]), &kv, 0, &d.up(&[0u32]), &d.up(&[3u32]), &d.up(&[1u32, 0]), 2, 1, shape, (1, 16), &mut po, &mut pm, &mut out)
+        .expect_err("splits short of the table");
+    assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
+    let g16 = AttnShape { n_heads: 16, n_kv_heads: 1, head_dim: 16 };
+    let err = d
+        .ops
+        .attention_split(&d.up(&[0.5f32; 256]), &kv, 0, &d.up(&[0u32]), &d.up(&[3u32]), &d.up(&[1u32, 0]), 2, 1, g16, (2, 16), &mut po, &mut pm, &mut d.nan(256))
+        .expect_err("group of 16");
+    assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
+}
+
+#[test]
+fn tiled_prefill_attention_matches_cpu_and_the_one_kernel_attention() {
+    let Some(d) = device() else { return };
+    let mut worst = Worst::new("attention_prefill");
+    let mut worst_vs = Worst::new("attention_prefill_vs_attention");
+    let (n_blocks, n_layers, layer) = (60usize, 2usize, 0usize);
+    let max_blocks = 24;
+    // head_dim a multiple of 8 (16-byte K/V loads): 16 .. 256, groups 1 .. 8.
+    let shapes: &[(usize, usize, usize)] = &[(8, 2, 32), (4, 4, 16), (4, 1, 128), (2, 2, 256), (6, 3, 80), (32, 4, 64)];
+    for &(nh, nkv, hd) in shapes {
+        let shape = AttnShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd };
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let mut rng = Rng::new(&[170, nh, nkv, hd]);
+        let (kv, pool) = random_pool(d, &mut rng, n_blocks, n_layers, kvd);
+        let mut ids: Vec<u32> = (0..n_blocks as u32).collect();
+        rng.shuffle(&mut ids);
+        // Three sequences: a fresh prefill of 37 tokens (3 tiles), a continuation of 20
+        // tokens at positions 300..320 (crossing blocks), a single token at position 16.
+        let runs: [(u32, usize); 3] = [(0, 37), (300, 20), (16, 1)];
+        let mut tables = vec![u32::MAX; runs.len() * max_blocks];
+        let mut next = 0;
+        for (s, &(start, len)) in runs.iter().enumerate() {
+            for b in 0..(start as usize + len).div_ceil(BLOCK_POSITIONS) {
+                tables[s * max_blocks + b] = ids[next];
+                next += 1;
+            }
+        }
+        let (mut seq, mut pos, mut tiles) = (Vec::new(), Vec::new(), Vec::new());
+        for (s, &(start, len)) in runs.iter().enumerate() {
+            let t0 = seq.len();
+            for i in 0..len {
+                seq.push(s as u32);
+                pos.push(start + i as u32);
+            }
+            for c in (0..len).step_by(16) {
+                tiles.push((t0 + c) as u32);
+                tiles.push((len - c).min(16) as u32);
+            }
+        }
+        let n = seq.len();
+        let q = rng.vec(n * qd, -2.0, 2.0);
+        let (q_d, seq_d, pos_d, tab_d) = (d.up(&q), d.up(&seq), d.up(&pos), d.up(&tables));
+        let mut out = d.nan(n * qd + TAIL);
+        d.ops
+            .attention_prefill(&q_d, &kv, layer, &seq_d, &pos_d, &tab_d, &d.up(&tiles), tiles.len() / 2, max_blocks, n, shape, &mut out)
+            .expect("attention_prefill");
+        let got = d.down(&out);
+        let case = format!("heads={nh}/{nkv} hd={hd} tokens={n}");
+        assert_tail_nan("attention_prefill", &case, &got, n * qd);
+        let want = reference::attention(&q, &pool, n_layers, layer, &seq, &pos, &tables, max_blocks, shape);
+        worst.check(case.clone(), &got[..n * qd], &want, 1e-4);
+        let mut one = d.nan(n * qd);
+        d.ops.attention(&q_d, &kv, layer, &seq_d, &pos_d, &tab_d, max_blocks, n, shape, &mut one).expect("attention");
+        worst_vs.check(case, &got[..n * qd], &d.down(&one), 1e-5);
+    }
+    worst.report();
+    worst_vs.report();
+
+    // Guards: a tile reaching past the table gives NaN rows; head_dim % 8 != 0 is refused.
+    let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 16 };
+    let kv = KvPool::new(&d.stream, 2, 1, 16).expect("KvPool::new");
+    let mut out = d.nan(2 * 32);
+    d.ops
+        .attention_prefill(&d.up(&[0.5f32; 64]), &kv, 0, &d.up(&[0u32, 0]), &d.up(&[31u32, 32]), &d.up(&[1u32, 0]), &d.up(&[0u32, 1, 1, 1]), 2, 2, 2, shape, &mut out)
+        .expect("attention_prefill with a bad position");
+    let got = d.down(&out);
+    assert!(got[..32].iter().all(|v| v.is_finite()), "good tile");
+    assert!(got[32..].iter().all(|v| v.is_nan()), "a tile past the block table must give NaN");
+    let odd = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 20 };
+    let kv20 = KvPool::new(&d.stream, 1, 1, 20).expect("KvPool::new");
+    let err = d
+        .ops
+        .attention_prefill(&d.up(&[0.0f32; 40]), &kv20, 0, &d.up(&[0u32]), &d.up(&[0u32]), &d.up(&[0u32]), &d.up(&[0u32, 1]), 1, 1, 1, odd, &mut d.nan(40))
+        .expect_err("head_dim 20");
+    assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
+}
+
+#[test]
+fn fused_decode_launches_equal_the_separate_ops() {
+    let Some(d) = device() else { return };
+    let mut worst = Worst::new("gemv3_and_gemv_swiglu");
+    for dtype in [DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0] {
+        let tag = dtype_tag(dtype);
+        // (q rows, kv rows, ffn rows, cols): GQA-like shapes; 4096 / 14336 are Llama's.
+        for &(rq, rkv, rf, cols) in &[(64usize, 16usize, 96usize, 256usize), (130, 33, 200, 512), (256, 64, 700, 4096)] {
+            for &n in &[1usize, 3, 8, 11] {
+                let mut rng = Rng::new(&[180, dtype.ggml_id() as usize, rq, cols, n]);
+                let ws: Vec<Vec<u8>> = [rq, rkv, rkv, rf, rf].iter().map(|&r| random_weight(&mut rng, dtype, r, cols)).collect();
+                let dw: Vec<DevWeight> =
+                    ws.iter().zip([rq, rkv, rkv, rf, rf]).map(|(b, r)| d.weight("w", dtype, r, cols, b)).collect();
+                let x = rng.vec(n * cols, -1.0, 1.0);
+                let x_d = d.up(&x);
+                let case = format!("{tag} rq={rq} rkv={rkv} rf={rf} cols={cols} n={n}");
+                // Q, K, V in one launch vs three.
+                let (mut q, mut k, mut v) = (d.nan(n * rq + TAIL), d.nan(n * rkv + TAIL), d.nan(n * rkv + TAIL));
+                let fused = d.ops.matmul3([&dw[0], &dw[1], &dw[2]], &x_d, n, [&mut q, &mut k, &mut v]).expect("matmul3");
+                assert!(fused, "{case}: the fused kernel should apply");
+                for (i, (buf, rows)) in [(&q, rq), (&k, rkv), (&v, rkv)].into_iter().enumerate() {
+                    let got = d.down(buf);
+                    assert_tail_nan("matmul3", &case, &got, n * rows);
+                    let mut y = d.nan(n * rows);
+                    d.ops.matmul(&dw[i], &x_d, n, &mut y, MatmulPath::Gemv).expect("matmul");
+                    let want = d.down(&y);
+                    for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(a.to_bits(), b.to_bits(), "{case}: matrix {i} output {j}: fused {a} != separate {b}");
+                    }
+                }
+                // Gate, up, SwiGLU in one launch vs three.
+                let mut y = d.nan(n * rf + TAIL);
+                assert!(d.ops.matmul_swiglu(&dw[3], &dw[4], &x_d, n, &mut y).expect("matmul_swiglu"), "{case}");
+                let got = d.down(&y);
+                assert_tail_nan("matmul_swiglu", &case, &got, n * rf);
+                let (mut g, mut u) = (d.nan(n * rf), d.nan(n * rf));
+                d.ops.matmul(&dw[3], &x_d, n, &mut g, MatmulPath::Gemv).expect("gate");
+                d.ops.matmul(&dw[4], &x_d, n, &mut u, MatmulPath::Gemv).expect("up");
+                d.ops.swiglu(&mut g, &u, n * rf).expect("swiglu");
+                let want = d.down(&g);
+                for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{case}: swiglu output {j}: fused {a} != separate {b}");
+                }
+                let gr = reference::matmul(dtype, &ws[3], rf, cols, &x, n);
+                let ur = reference::matmul(dtype, &ws[4], rf, cols, &x, n);
+                worst.check(case, &got[..n * rf], &reference::swiglu(&gr, &ur), 1e-4);
+            }
+        }
+    }
+    worst.report();
+    // Not applicable: the plain ops (fast paths off) and mixed types say so without launching.
+    let w16 = d.weight("w", DType::F16, 4, 256, &vec![0u8; 4 * 512]);
+    let w8 = d.weight("w", DType::Q8_0, 4, 256, &vec![0u8; 4 * 8 * 34]);
+    let x = d.up(&[0.0f32; 256]);
+    let (mut a, mut b, mut c) = (d.nan(4), d.nan(4), d.nan(4));
+    assert!(!d.plain.matmul3([&w16, &w16, &w16], &x, 1, [&mut a, &mut b, &mut c]).expect("plain"));
+    assert!(!d.ops.matmul3([&w16, &w8, &w16], &x, 1, [&mut a, &mut b, &mut c]).expect("mixed"));
+    assert!(!d.ops.matmul_swiglu(&w16, &w8, &x, 1, &mut a).expect("mixed"));
 }

@@ -209,6 +209,20 @@ fn info_reports_cuda_and_the_device() {
     assert_eq!(name, devs[0].name);
     // f16 K and V of every layer.
     assert_eq!(i.kv_bytes_per_position, (i.n_layers * 2 * i.n_kv_heads * i.head_dim * 2) as u64);
+    // The memory plan: scratch allocated, the KV pool from what was left (nine tenths of
+    // the free memory above the headroom), the sum within the device.
+    println!(
+        "memory plan: weights {} B, scratch {} B, KV pool {} B, free after load {} B of {} B",
+        i.weight_bytes, i.scratch_bytes, i.kv_pool_bytes, i.device_free_bytes, i.device_total_bytes
+    );
+    assert!(i.scratch_bytes > 0 && i.kv_pool_bytes > 0 && i.device_total_bytes > 0);
+    assert!(i.weight_bytes + i.scratch_bytes + i.kv_pool_bytes + i.device_free_bytes <= i.device_total_bytes);
+    assert!(i.kv_pool_bytes > i.device_free_bytes, "default pool {} B leaves {} B free", i.kv_pool_bytes, i.device_free_bytes);
+    // kv_cache_bytes overrides the plan: the pool is that budget in whole blocks.
+    let block = i.kv_bytes_per_position * 16;
+    let m2 = load_on(&f.gguf("f16"), LLMRT_BACKEND_CUDA, 1000 * block + 7);
+    assert_eq!(m2.info().kv_pool_bytes, 1000 * block);
+    drop(m2);
     let c = m.reserve(0);
     assert_eq!(m.prefill(c, &f.tokens).len(), m.vocab);
 }
@@ -332,6 +346,52 @@ fn batched_decode_equals_single_decodes_bit_for_bit() {
         let want: Vec<u32> = l.chunks_exact(m.vocab).map(argmax).collect();
         assert_eq!(g, want, "{} {ty}: decode_greedy differs from argmax of decode", f.name);
         println!("{:<16} {ty:<5} batch of 8 == single decodes, bit for bit; greedy == argmax", f.name);
+    }
+}
+
+/// Decode batches of more than 8 sequences take cuBLAS (LLMRT_CUDA_DECODE_GEMM, on by
+/// default): each sequence's logits agree with its single-sequence decode within the
+/// f16-activation rounding (relative L2 < 1e-2), and with every fast path off
+/// (LLMRT_CUDA_FAST=0, the GEMV kernels at every batch) bit for bit.
+#[test]
+fn wide_decode_batch_agrees_with_single_decodes() {
+    if devices().is_none() {
+        return;
+    }
+    let exact = std::env::var("LLMRT_CUDA_FAST").is_ok_and(|v| v.trim() == "0")
+        || std::env::var("LLMRT_CUDA_DECODE_GEMM").is_ok_and(|v| v.trim() == "0");
+    for (f, ty) in cache_models() {
+        let m = gpu(&f.gguf(ty));
+        let toks = &f.tokens;
+        let n_seqs = 24;
+        let (solo, batch): (Vec<u64>, Vec<u64>) = (0..n_seqs)
+            .map(|i| {
+                let n = 1 + (i * 5) % toks.len().min(30);
+                let (a, b) = (m.reserve(64), m.reserve(64));
+                m.prefill(a, &toks[..n]);
+                m.prefill(b, &toks[..n]);
+                (a, b)
+            })
+            .unzip();
+        let mut worst = 0f64;
+        let mut next: Vec<u32> = (0..n_seqs).map(|i| toks[(i * 3 + 1) % toks.len()]).collect();
+        for step in 0..3 {
+            let bl = m.decode(&batch, &next);
+            let mut following = Vec::with_capacity(n_seqs);
+            for (i, &c) in solo.iter().enumerate() {
+                let sl = m.decode(&[c], &[next[i]]);
+                let got = &bl[i * m.vocab..(i + 1) * m.vocab];
+                if exact {
+                    assert_eq!(got, &sl[..], "{} {ty}: cache {i} step {step} (fast paths off: bit for bit)", f.name);
+                }
+                let e = rel_l2(got, &sl);
+                worst = worst.max(e);
+                assert!(e < 1e-2, "{} {ty}: cache {i} step {step}: batch-24 logits off by {e:.2e} relative", f.name);
+                following.push(argmax(&sl));
+            }
+            next = following;
+        }
+        println!("MAXERR wide_decode_batch {} {ty}: {worst:.2e} (batch of 24 vs single decodes){}", f.name, if exact { ", bit for bit" } else { "" });
     }
 }
 

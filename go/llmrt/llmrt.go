@@ -102,6 +102,10 @@ type Info struct {
 	KVBytesPerPosition uint64
 	Architecture       string // "llama", "qwen2", ...
 	DeviceName         string // "cpu (N threads)" or the GPU's name
+	KVPoolBytes        uint64 // the KV pool shared by all caches
+	ScratchBytes       uint64 // device scratch set aside at load (0 on the CPU)
+	DeviceFreeBytes    uint64 // device memory free after the load (0 on the CPU)
+	DeviceTotalBytes   uint64 // the device's memory (0 on the CPU)
 }
 
 // NoToken is Info.BOSToken / EOSToken for a model without that token.
@@ -171,6 +175,10 @@ func Load(path string, opts *Options) (*Model, error) {
 		KVBytesPerPosition: uint64(ci.kv_bytes_per_position),
 		Architecture:       C.GoString(&ci.architecture[0]),
 		DeviceName:         C.GoString(&ci.device_name[0]),
+		KVPoolBytes:        uint64(ci.kv_pool_bytes),
+		ScratchBytes:       uint64(ci.scratch_bytes),
+		DeviceFreeBytes:    uint64(ci.device_free_bytes),
+		DeviceTotalBytes:   uint64(ci.device_total_bytes),
 	}
 	runtime.SetFinalizer(m, func(m *Model) { _ = m.Close() })
 	return m, nil

@@ -61,4 +61,20 @@ pub trait Backend: Send {
     fn kv_bytes_per_position(&self) -> u64;
     /// A short description for `llmrt_model_info.device_name`.
     fn device_name(&self) -> String;
+
+    /// Where a device backend's memory went (zeros on the CPU).
+    fn memory(&self) -> MemoryReport {
+        MemoryReport::default()
+    }
+}
+
+/// A device backend's memory beyond weights and KV (`llmrt_model_info`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryReport {
+    /// Activation and step scratch allocated at load for the planned step.
+    pub scratch_bytes: u64,
+    /// Device memory free after the load (weights, scratch, KV pool).
+    pub device_free_bytes: u64,
+    /// The device's memory.
+    pub device_total_bytes: u64,
 }

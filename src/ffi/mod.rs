@@ -99,6 +99,16 @@ pub struct llmrt_model_info {
     pub architecture: [c_char; 32],
     /// "cpu (N threads)" or the GPU's name, NUL-terminated.
     pub device_name: [c_char; 64],
+    /// The KV pool shared by all caches: bytes booked for it (on CUDA allocated at
+    /// load; `options.kv_cache_bytes`, or by default nine tenths of the device memory
+    /// left after the weights, the scratch and a headroom of 256 MiB + 1%).
+    pub kv_pool_bytes: u64,
+    /// Device memory set aside at load for activations and step scratch (0 on the CPU).
+    pub scratch_bytes: u64,
+    /// Device memory free after the load (0 on the CPU).
+    pub device_free_bytes: u64,
+    /// The device's memory (0 on the CPU).
+    pub device_total_bytes: u64,
 }
 
 thread_local! {
@@ -381,6 +391,10 @@ pub unsafe extern "C" fn llmrt_model_get_info(model: *const llmrt_model, out_inf
             kv_bytes_per_position: i.kv_bytes_per_position,
             architecture: [0; 32],
             device_name: [0; 64],
+            kv_pool_bytes: i.kv_pool_bytes,
+            scratch_bytes: i.scratch_bytes,
+            device_free_bytes: i.device_free_bytes,
+            device_total_bytes: i.device_total_bytes,
         };
         copy_cstr(&mut info.architecture, &i.architecture);
         copy_cstr(&mut info.device_name, &i.device_name);

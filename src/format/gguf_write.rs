@@ -131,6 +131,17 @@ impl GgufWriter {
         f.flush()
     }
 
+    /// The header of a file whose tensors were all added with [`Self::tensor_streamed`],
+    /// and each tensor's (absolute byte offset, length) in that file: a caller that
+    /// builds the file in memory copies the header to offset 0 and fills each range
+    /// (the gaps between ranges are alignment padding, zero).
+    pub fn streamed_layout(&self) -> (Vec<u8>, Vec<(u64, u64)>) {
+        let (header, offsets) = self.header();
+        let start = header.len() as u64;
+        let ranges = self.tensors.iter().zip(&offsets).map(|(t, off)| (start + off, Self::tensor_len(t))).collect();
+        (header, ranges)
+    }
+
     fn effective_alignment(&self) -> u64 {
         if self.alignment == 0 {
             1

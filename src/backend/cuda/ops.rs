@@ -141,6 +141,65 @@ pub enum MatmulPath {
     Auto,
 }
 
+/// The fast paths of the CUDA runner, each with an environment switch so that one GPU
+/// session can tell which part is broken: `LLMRT_CUDA_FAST=0` turns all of them off;
+/// `LLMRT_CUDA_<NAME>=0` (or `=1`) turns one off (or on) whatever `LLMRT_CUDA_FAST` says.
+/// Read once, when [`Ops`] is made; tests flip them with [`Ops::set_fast_paths`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastPaths {
+    /// `LLMRT_CUDA_GEMV`: the fast GEMV kernels (more 16-byte loads in flight; quantized
+    /// rows staged through shared memory) where the shape allows.
+    pub gemv: bool,
+    /// `LLMRT_CUDA_FUSED`: the residual add fused with the next RMSNorm.
+    pub fused: bool,
+    /// `LLMRT_CUDA_SPLITKV`: split-KV (flash-decoding) attention for decode steps.
+    pub splitkv: bool,
+    /// `LLMRT_CUDA_DECODE_GEMM`: decode steps of more than [`GEMM_MIN_TOKENS`] sequences
+    /// take cuBLAS (weights read once for the batch, tensor cores) instead of the GEMV
+    /// kernels; their logits then agree with single-sequence decodes to about 1e-3
+    /// relative (activations rounded to f16/bf16), not bit for bit.
+    pub decode_gemm: bool,
+    /// `LLMRT_CUDA_PREFILL_ATTN`: tiled (flash-style) causal attention for prefill steps.
+    pub prefill_attn: bool,
+}
+
+impl FastPaths {
+    /// Every fast path on (`on`) or off.
+    pub fn all(on: bool) -> FastPaths {
+        FastPaths { gemv: on, fused: on, splitkv: on, decode_gemm: on, prefill_attn: on }
+    }
+
+    /// From the environment (see the type's doc).
+    pub fn from_env() -> FastPaths {
+        let flag = |name: &str| match std::env::var(name).ok().as_deref().map(str::trim) {
+            Some("0") | Some("off") | Some("false") => Some(false),
+            Some("1") | Some("on") | Some("true") => Some(true),
+            _ => None,
+        };
+        let base = flag("LLMRT_CUDA_FAST").unwrap_or(true);
+        FastPaths {
+            gemv: flag("LLMRT_CUDA_GEMV").unwrap_or(base),
+            fused: flag("LLMRT_CUDA_FUSED").unwrap_or(base),
+            splitkv: flag("LLMRT_CUDA_SPLITKV").unwrap_or(base),
+            decode_gemm: flag("LLMRT_CUDA_DECODE_GEMM").unwrap_or(base),
+            prefill_attn: flag("LLMRT_CUDA_PREFILL_ATTN").unwrap_or(base),
+        }
+    }
+}
+
+/// Most query heads per KV head [`Ops::attention_split`] takes (`SPLIT_MAX_G`).
+/// cbindgen:ignore
+pub const SPLIT_MAX_GROUP: usize = 8;
+/// Longest split of [`Ops::attention_split`] (`SPLIT_MAX_LEN`), positions.
+/// cbindgen:ignore
+pub const SPLIT_MAX_LEN: usize = 64;
+/// The split length [`Ops::split_plan`] uses (fixed: batch invariance), positions.
+/// cbindgen:ignore
+pub const SPLIT_LEN: usize = 32;
+/// Query tokens per tile of [`Ops::attention_prefill`] (`PF_BQ`).
+/// cbindgen:ignore
+pub const PREFILL_TILE: usize = 16;
+
 /// Every kernel of kernels/*.cu loaded on one context, plus cuBLAS and the
 /// scratch it needs.
 pub struct Ops {
@@ -154,6 +213,8 @@ pub struct Ops {
     /// Device scratch of the cuBLAS path, grown as needed, reused across calls (all
     /// work is ordered on `stream`, so reuse by the next call is safe).
     scratch: Mutex<Scratch>,
+    /// Which fast paths are on.
+    fast: FastPaths,
     _ctx: Arc<CudaContext>,
 }
 
@@ -179,6 +240,17 @@ struct Funcs {
     gemv_bf16: CudaFunction,
     gemv_q8_0: CudaFunction,
     gemv_q4_0: CudaFunction,
+    gemv_fast_f16: CudaFunction,
+    gemv_fast_bf16: CudaFunction,
+    gemv_fast_q8_0: CudaFunction,
+    gemv_fast_q4_0: CudaFunction,
+    add_rmsnorm: CudaFunction,
+    attention_split: CudaFunction,
+    attention_merge: CudaFunction,
+    attention_prefill: CudaFunction,
+    /// gemv3_fast_<type> and gemv_swiglu_fast_<type> for F16, BF16, Q8_0, Q4_0.
+    gemv3: [CudaFunction; 4],
+    gemv_swiglu: [CudaFunction; 4],
     add_bias: CudaFunction,
     add: CudaFunction,
     swiglu: CudaFunction,
@@ -215,6 +287,26 @@ impl Funcs {
             gemv_bf16: f("gemv", "gemv_bf16_f32")?,
             gemv_q8_0: f("gemv", "gemv_q8_0_f32")?,
             gemv_q4_0: f("gemv", "gemv_q4_0_f32")?,
+            gemv_fast_f16: f("gemv", "gemv_fast_f16_f32")?,
+            gemv_fast_bf16: f("gemv", "gemv_fast_bf16_f32")?,
+            gemv_fast_q8_0: f("gemv", "gemv_fast_q8_0_f32")?,
+            gemv_fast_q4_0: f("gemv", "gemv_fast_q4_0_f32")?,
+            add_rmsnorm: f("norm", "add_rmsnorm_f32")?,
+            attention_split: f("attention", "attention_split_f32")?,
+            attention_merge: f("attention", "attention_merge_f32")?,
+            attention_prefill: f("attention", "attention_prefill_f32")?,
+            gemv3: [
+                f("gemv", "gemv3_fast_f16_f32")?,
+                f("gemv", "gemv3_fast_bf16_f32")?,
+                f("gemv", "gemv3_fast_q8_0_f32")?,
+                f("gemv", "gemv3_fast_q4_0_f32")?,
+            ],
+            gemv_swiglu: [
+                f("gemv", "gemv_swiglu_fast_f16_f32")?,
+                f("gemv", "gemv_swiglu_fast_bf16_f32")?,
+                f("gemv", "gemv_swiglu_fast_q8_0_f32")?,
+                f("gemv", "gemv_swiglu_fast_q4_0_f32")?,
+            ],
             add_bias: f("elementwise", "add_bias_f32")?,
             add: f("elementwise", "add_f32")?,
             swiglu: f("elementwise", "swiglu_f32")?,
@@ -247,7 +339,26 @@ impl Ops {
             Ok((source, Funcs::load(&modules)?))
         })?;
         let (blas, blas_note) = create_blas(&stream);
-        Ok(Ops { stream, source, k, blas, blas_note, scratch: Mutex::new(Scratch::default()), _ctx: ctx.clone() })
+        Ok(Ops {
+            stream,
+            source,
+            k,
+            blas,
+            blas_note,
+            scratch: Mutex::new(Scratch::default()),
+            fast: FastPaths::from_env(),
+            _ctx: ctx.clone(),
+        })
+    }
+
+    /// Which fast paths are on.
+    pub fn fast_paths(&self) -> FastPaths {
+        self.fast
+    }
+
+    /// Turns fast paths on or off (tests compare both paths in one process).
+    pub fn set_fast_paths(&mut self, fast: FastPaths) {
+        self.fast = fast;
     }
 
     /// Where the kernels came from.
@@ -263,7 +374,7 @@ impl Ops {
     /// One line: where the kernels came from and which matmul paths are available
     /// (cuBLAS, or GEMV only and why).
     pub fn describe(&self) -> String {
-        format!("kernels: {}; matmul: {}", self.source, self.blas_note)
+        format!("kernels: {}; matmul: {}; fast paths: {:?}", self.source, self.blas_note, self.fast)
     }
 
     /// Whether cuBLAS loaded (else [`MatmulPath::Auto`] always takes GEMV).
@@ -283,6 +394,16 @@ impl Ops {
         grow(&self.stream, &mut sc.act, act_elems, "activation scratch")?;
         grow(&self.stream, &mut sc.weight, weight_elems, "weight scratch")?;
         Ok(())
+    }
+
+    /// Bytes of the cuBLAS path's scratch now allocated.
+    pub fn scratch_bytes(&self) -> u64 {
+        match self.scratch.lock() {
+            Ok(sc) => {
+                (sc.act.as_ref().map_or(0, |a| a.len() * 2) + sc.weight.as_ref().map_or(0, |w| w.len() * 2)) as u64
+            }
+            Err(_) => 0,
+        }
     }
 
     /// `out[t][:] = row ids[t] of table`, dequantized to f32, for `t < n`.
@@ -364,6 +485,39 @@ impl Ops {
         Ok(())
     }
 
+    /// The residual add fused with the next norm: `x[r] += d[r]`, then
+    /// `y[r] = rmsnorm(x[r]) * w` for `r < rows`, rows of `n`. Bit-identical to
+    /// [`Self::add`] then [`Self::rmsnorm`].
+    pub fn add_rmsnorm(
+        &self,
+        x: &mut CudaSlice<f32>,
+        d: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        rows: usize,
+        n: usize,
+        eps: f32,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        const OP: &str = "add_rmsnorm";
+        let (cfg, rows_i, n_i) = match rmsnorm_launch(OP, rows, n)? {
+            Some(v) => v,
+            None => return Ok(()),
+        };
+        let total = mul(OP, rows, n)?;
+        need(OP, "x", x.len(), total)?;
+        need(OP, "d", d.len(), total)?;
+        need(OP, "y", y.len(), total)?;
+        need(OP, "w", w.len(), n)?;
+        let mut b = self.stream.launch_builder(&self.k.add_rmsnorm);
+        b.arg(x).arg(d).arg(w).arg(y).arg(&rows_i).arg(&n_i).arg(&eps);
+        // SAFETY: the arguments match add_rmsnorm_f32 in kernels/norm.cu (x, d, w, y pointers,
+        // then int rows, int n, float eps); x, d and y hold >= rows*n f32 and w >= n, checked
+        // above; x, d and y are distinct buffers (Rust borrows: x and y are &mut); one block
+        // per row, block size a multiple of 32 in 32..=1024 as the kernel requires.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
+    }
+
     /// `y[t][r] = dot(W[r], x[t])` for `t < n_tokens`, `r < w.rows`: x is
     /// `[n_tokens][w.cols]`, y is `[n_tokens][w.rows]`, f32.
     ///
@@ -411,13 +565,150 @@ impl Ops {
         }
     }
 
+    /// Index of the fused GEMV kernels for weights of `dtype` with `cols` columns, when
+    /// the `gemv` and `fused` fast paths are on and the shape allows.
+    fn fused_kind(&self, dtype: DType, cols: usize) -> Option<usize> {
+        if !(self.fast.gemv && self.fast.fused) {
+            return None;
+        }
+        match dtype {
+            DType::F16 if cols.is_multiple_of(8) => Some(0),
+            DType::BF16 if cols.is_multiple_of(8) => Some(1),
+            DType::Q8_0 if cols.is_multiple_of(256) => Some(2),
+            DType::Q4_0 if cols.is_multiple_of(256) => Some(3),
+            _ => None,
+        }
+    }
+
+    /// Three GEMV products of one `x` in one launch (Q, K, V of decode): `ys[s] =
+    /// W_s x` as [`Self::matmul`] with [`MatmulPath::Gemv`] computes them, bit for bit.
+    /// Returns `Ok(false)` without launching when the fused kernels do not apply (fast
+    /// paths off, mixed types or column counts, a shape the fast kernels do not take);
+    /// the caller then runs three [`Self::matmul`]s.
+    pub fn matmul3(
+        &self,
+        w: [&DevWeight; 3],
+        x: &CudaSlice<f32>,
+        n_tokens: usize,
+        ys: [&mut CudaSlice<f32>; 3],
+    ) -> Result<bool> {
+        const OP: &str = "matmul3";
+        let cols = w[0].cols;
+        if w.iter().any(|m| m.dtype != w[0].dtype || m.cols != cols) || n_tokens == 0 || cols == 0 {
+            return Ok(false);
+        }
+        let Some(kind) = self.fused_kind(w[0].dtype, cols) else { return Ok(false) };
+        let mut rows = [0i32; 3];
+        for (i, m) in w.iter().enumerate() {
+            check_weight(OP, m)?;
+            need(OP, "y", ys[i].len(), mul(OP, n_tokens, m.rows)?)?;
+            to_i32(OP, "n_tokens * rows", n_tokens * m.rows)?;
+            rows[i] = to_i32(OP, "rows", m.rows)?;
+        }
+        let x_elems = mul(OP, n_tokens, cols)?;
+        need(OP, "x", x.len(), x_elems)?;
+        to_i32(OP, "n_tokens * cols", x_elems)?;
+        let total = w.iter().map(|m| m.rows).sum::<usize>();
+        let (cols_i, n_i) = (to_i32(OP, "cols", cols)?, to_i32(OP, "n_tokens", n_tokens)?);
+        to_i32(OP, "rows", total)?;
+        if total == 0 {
+            return Ok(true);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: ((total as u32).div_ceil(GEMV_THREADS / 32), 1, 1),
+            block_dim: (GEMV_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let [y0, y1, y2] = ys;
+        let mut b = self.stream.launch_builder(&self.k.gemv3[kind]);
+        b.arg(&w[0].data)
+            .arg(&w[1].data)
+            .arg(&w[2].data)
+            .arg(x)
+            .arg(y0)
+            .arg(y1)
+            .arg(y2)
+            .arg(&rows[0])
+            .arg(&rows[1])
+            .arg(&rows[2])
+            .arg(&cols_i)
+            .arg(&n_i);
+        // SAFETY: the arguments match gemv3_fast_<type>_f32 in kernels/gemv.cu (W0, W1, W2, x,
+        // y0, y1, y2 pointers, then int r0, r1, r2, cols, batch); each W_s holds rows_s rows of
+        // row_bytes(cols) (check_weight) of the one dtype the kernel reads, x >= n*cols f32,
+        // y_s >= n*rows_s f32 (checked above), the y_s are distinct buffers (three &mut);
+        // the fast kernels' shape condition holds (fused_kind); the grid covers the stacked
+        // rows at 4 rows (warps) per block of 128 threads.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err("gemv3_fast", e))?;
+        Ok(true)
+    }
+
+    /// Gate, up and SwiGLU of decode in one launch: `y = silu(W_gate x) * (W_up x)`,
+    /// bit-identical to two [`Self::matmul`]s on the GEMV path and [`Self::swiglu`].
+    /// `Ok(false)` without launching when the fused kernel does not apply (as
+    /// [`Self::matmul3`]).
+    pub fn matmul_swiglu(
+        &self,
+        w_gate: &DevWeight,
+        w_up: &DevWeight,
+        x: &CudaSlice<f32>,
+        n_tokens: usize,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<bool> {
+        const OP: &str = "matmul_swiglu";
+        let (rows, cols) = (w_gate.rows, w_gate.cols);
+        if w_up.dtype != w_gate.dtype || w_up.cols != cols || w_up.rows != rows || n_tokens == 0 || cols == 0 {
+            return Ok(false);
+        }
+        let Some(kind) = self.fused_kind(w_gate.dtype, cols) else { return Ok(false) };
+        check_weight(OP, w_gate)?;
+        check_weight(OP, w_up)?;
+        let x_elems = mul(OP, n_tokens, cols)?;
+        let y_elems = mul(OP, n_tokens, rows)?;
+        need(OP, "x", x.len(), x_elems)?;
+        need(OP, "y", y.len(), y_elems)?;
+        let (rows_i, cols_i, n_i) =
+            (to_i32(OP, "rows", rows)?, to_i32(OP, "cols", cols)?, to_i32(OP, "n_tokens", n_tokens)?);
+        to_i32(OP, "n_tokens * cols", x_elems)?;
+        to_i32(OP, "n_tokens * rows", y_elems)?;
+        if rows == 0 {
+            return Ok(true);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: ((rows as u32).div_ceil(GEMV_THREADS / 32), 1, 1),
+            block_dim: (GEMV_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.k.gemv_swiglu[kind]);
+        b.arg(&w_gate.data).arg(&w_up.data).arg(x).arg(y).arg(&rows_i).arg(&cols_i).arg(&n_i);
+        // SAFETY: the arguments match gemv_swiglu_fast_<type>_f32 in kernels/gemv.cu (Wg, Wu,
+        // x, y pointers, then int rows, cols, batch); both weights hold rows rows of
+        // row_bytes(cols) of the dtype the kernel reads (check_weight, same dtype and shape),
+        // x >= n*cols f32 and y >= n*rows f32 (checked above), y distinct from x (&mut); the
+        // fast kernels' shape condition holds (fused_kind); grid ceil(rows/4), block 128.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err("gemv_swiglu_fast", e))?;
+        Ok(true)
+    }
+
     fn gemv(&self, w: &DevWeight, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: i32, cols: i32, n: i32) -> Result<()> {
-        let (f, name) = match w.dtype {
-            DType::F32 => (&self.k.gemv_f32, "gemv_f32_f32"),
-            DType::F16 => (&self.k.gemv_f16, "gemv_f16_f32"),
-            DType::BF16 => (&self.k.gemv_bf16, "gemv_bf16_f32"),
-            DType::Q8_0 => (&self.k.gemv_q8_0, "gemv_q8_0_f32"),
-            DType::Q4_0 => (&self.k.gemv_q4_0, "gemv_q4_0_f32"),
+        // The fast kernels' shape conditions: 16-byte chunks of 8 halves; quantized rows
+        // starting 16-byte aligned (cols % 256 == 0: a multiple of 8 blocks).
+        let fast = self.fast.gemv
+            && match w.dtype {
+                DType::F16 | DType::BF16 => cols % 8 == 0,
+                DType::Q8_0 | DType::Q4_0 => cols % 256 == 0,
+                DType::F32 => false,
+            };
+        let (f, name) = match (w.dtype, fast) {
+            (DType::F16, true) => (&self.k.gemv_fast_f16, "gemv_fast_f16_f32"),
+            (DType::BF16, true) => (&self.k.gemv_fast_bf16, "gemv_fast_bf16_f32"),
+            (DType::Q8_0, true) => (&self.k.gemv_fast_q8_0, "gemv_fast_q8_0_f32"),
+            (DType::Q4_0, true) => (&self.k.gemv_fast_q4_0, "gemv_fast_q4_0_f32"),
+            (DType::F32, _) => (&self.k.gemv_f32, "gemv_f32_f32"),
+            (DType::F16, false) => (&self.k.gemv_f16, "gemv_f16_f32"),
+            (DType::BF16, false) => (&self.k.gemv_bf16, "gemv_bf16_f32"),
+            (DType::Q8_0, false) => (&self.k.gemv_q8_0, "gemv_q8_0_f32"),
+            (DType::Q4_0, false) => (&self.k.gemv_q4_0, "gemv_q4_0_f32"),
         };
         let rows_per_block = GEMV_THREADS / 32;
         let cfg = LaunchConfig {
@@ -427,10 +718,14 @@ impl Ops {
         };
         let mut b = self.stream.launch_builder(f);
         b.arg(&w.data).arg(x).arg(y).arg(&rows).arg(&cols).arg(&n);
-        // SAFETY: the arguments match gemv_<type>_f32 in kernels/gemv.cu (W, x, y pointers,
-        // then int rows, cols, batch); matmul checked W holds rows rows of row_bytes(cols)
-        // (cols % 32 == 0 for Q8_0/Q4_0), x >= n*cols f32, y >= n*rows f32, all sizes
-        // positive and within i32; the grid covers every row at 4 rows (warps) per block.
+        // SAFETY: the arguments match gemv_<type>_f32 and gemv_fast_<type>_f32 in
+        // kernels/gemv.cu (W, x, y pointers, then int rows, cols, batch); matmul checked W
+        // holds rows rows of row_bytes(cols) (cols % 32 == 0 for Q8_0/Q4_0), x >= n*cols
+        // f32, y >= n*rows f32, all sizes positive and within i32; the fast kernels' shape
+        // conditions were checked above (cols % 8 for F16/BF16, cols % 256 for Q8_0/Q4_0,
+        // device buffers 256-byte aligned); the grid covers every row at 4 rows (warps)
+        // per block of 128 threads, as every GEMV kernel (and the fast quantized kernels'
+        // per-warp shared stage) requires.
         unsafe { b.launch(cfg) }.map_err(|e| launch_err(name, e))?;
         Ok(())
     }
@@ -801,6 +1096,276 @@ impl Ops {
         // layer < n_layers (all checked above); head_dim <= 256 (the kernel's shared q) and
         // n_heads % n_kv_heads == 0; the kernel turns out-of-range seq/pos/block ids into NaN
         // rows without reading them; grid (n_tokens, n_heads <= 65535), block ATT_THREADS.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
+    }
+
+    /// The split of a split-KV attention step over `max_blocks` blocks of positions:
+    /// `(n_splits, SPLIT_LEN)`. The split length is fixed, so a sequence's positions fall
+    /// into the same splits whatever the batch and the other sequences' lengths; splits
+    /// past a sequence's end are empty and add exactly nothing in the merge. So a
+    /// sequence's attention is bit-identical alone or in a batch, as with the one-kernel
+    /// attention. (`n_tokens`, `n_kv_heads`: the grid is `n_tokens x n_kv_heads x
+    /// n_splits` blocks; 32 positions per split gives a 512-position batch-1 decode of an
+    /// 8-KV-head model 128 blocks.)
+    pub fn split_plan(&self, n_tokens: usize, n_kv_heads: usize, max_blocks: usize) -> (usize, usize) {
+        let _ = (n_tokens, n_kv_heads);
+        let max_pos = max_blocks.max(1) * BLOCK_POSITIONS;
+        (max_pos.div_ceil(SPLIT_LEN), SPLIT_LEN)
+    }
+
+    /// Elements of the split-KV scratch for `n_tokens` tokens: (`part_o`, `part_ml`).
+    pub fn split_scratch_len(n_tokens: usize, shape: AttnShape, n_splits: usize) -> (usize, usize) {
+        let rows = n_tokens * shape.n_heads * n_splits;
+        (rows * shape.head_dim, rows * 2)
+    }
+
+    /// [`Self::attention`] as split-KV (flash-decoding): each (token, KV head, split of
+    /// `split.1` positions) computes the partial softmax of every query head of the group
+    /// over its positions into `part_o` / `part_ml` (sized by [`Self::split_scratch_len`]),
+    /// and a merge kernel combines the splits with the safe rescale into `out`. Same
+    /// result as [`Self::attention`] within f32 rounding (scores computed the same way).
+    ///
+    /// Needs `n_heads / n_kv_heads <= SPLIT_MAX_GROUP` (8) besides what
+    /// [`Self::attention`] needs, and `split` from [`Self::split_plan`] (or any split
+    /// length that is a multiple of 16 up to 64 with `n_splits * len >= max_blocks * 16`).
+    pub fn attention_split(
+        &self,
+        q: &CudaSlice<f32>,
+        kv: &KvPool,
+        layer: usize,
+        seq: &CudaSlice<u32>,
+        pos: &CudaSlice<u32>,
+        block_tables: &CudaSlice<u32>,
+        max_blocks: usize,
+        n_tokens: usize,
+        shape: AttnShape,
+        split: (usize, usize),
+        part_o: &mut CudaSlice<f32>,
+        part_ml: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        const OP: &str = "attention_split";
+        let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
+        if head_dim == 0 || head_dim > ATTENTION_MAX_HEAD_DIM || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+            return Err(Error::invalid(format!(
+                "{OP}: bad shape {shape:?} (0 < head_dim <= {ATTENTION_MAX_HEAD_DIM}, n_heads a multiple of n_kv_heads)"
+            )));
+        }
+        if n_heads / n_kv_heads > SPLIT_MAX_GROUP {
+            return Err(Error::invalid(format!(
+                "{OP}: {} query heads per KV head, at most {SPLIT_MAX_GROUP}",
+                n_heads / n_kv_heads
+            )));
+        }
+        let (n_splits, split_len) = split;
+        if split_len == 0 || split_len % BLOCK_POSITIONS != 0 || split_len > SPLIT_MAX_LEN {
+            return Err(Error::invalid(format!("{OP}: split length {split_len} (a multiple of 16, at most {SPLIT_MAX_LEN})")));
+        }
+        if max_blocks == 0 || n_splits.checked_mul(split_len).is_none_or(|v| v < max_blocks * BLOCK_POSITIONS) {
+            return Err(Error::invalid(format!(
+                "{OP}: {n_splits} splits of {split_len} do not cover {max_blocks} blocks of positions"
+            )));
+        }
+        if n_splits > 65535 || n_kv_heads > 65535 || n_heads > 65535 {
+            return Err(Error::invalid(format!("{OP}: {n_splits} splits / {n_heads} heads exceed the grid (65535)")));
+        }
+        let q_dim = mul(OP, n_heads, head_dim)?;
+        let kv_dim = mul(OP, n_kv_heads, head_dim)?;
+        if kv.kv_dim != kv_dim {
+            return Err(Error::invalid(format!("{OP}: KV pool kv_dim {} != n_kv_heads * head_dim = {kv_dim}", kv.kv_dim)));
+        }
+        if layer >= kv.n_layers {
+            return Err(Error::invalid(format!("{OP}: layer {layer} >= {} layers", kv.n_layers)));
+        }
+        kv.checked_block_elems(OP)?;
+        let out_elems = mul(OP, n_tokens, q_dim)?;
+        need(OP, "q", q.len(), out_elems)?;
+        need(OP, "out", out.len(), out_elems)?;
+        need(OP, "seq", seq.len(), n_tokens)?;
+        need(OP, "pos", pos.len(), n_tokens)?;
+        need(OP, "block_tables", block_tables.len(), max_blocks)?;
+        let parts = mul(OP, mul(OP, n_tokens, n_heads)?, n_splits)?;
+        need(OP, "part_o", part_o.len(), mul(OP, parts, head_dim)?)?;
+        need(OP, "part_ml", part_ml.len(), mul(OP, parts, 2)?)?;
+        to_i32(OP, "n_tokens * n_heads * n_splits * head_dim", parts * head_dim)?;
+        let n_seqs = block_tables.len() / max_blocks;
+        to_i32(OP, "n_tokens * q_dim", out_elems)?;
+        to_i32(OP, "max_blocks * 16", mul(OP, max_blocks, BLOCK_POSITIONS)?)?;
+        let n_t = to_i32(OP, "n_tokens", n_tokens)?;
+        let nh = to_i32(OP, "n_heads", n_heads)?;
+        let nkv = to_i32(OP, "n_kv_heads", n_kv_heads)?;
+        let hd = to_i32(OP, "head_dim", head_dim)?;
+        let n_layers = to_i32(OP, "n_layers", kv.n_layers)?;
+        let layer_i = to_i32(OP, "layer", layer)?;
+        let n_blocks = to_i32(OP, "n_blocks", kv.n_blocks)?;
+        let max_blocks_i = to_i32(OP, "max_blocks", max_blocks)?;
+        let n_seqs_i = i32::try_from(n_seqs).unwrap_or(i32::MAX);
+        let ns = to_i32(OP, "n_splits", n_splits)?;
+        let sl = to_i32(OP, "split_len", split_len)?;
+        let scale = 1.0f32 / (head_dim as f32).sqrt();
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (n_tokens as u32, n_kv_heads as u32, n_splits as u32),
+            block_dim: (ATT_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.k.attention_split);
+        b.arg(q)
+            .arg(&kv.data)
+            .arg(seq)
+            .arg(pos)
+            .arg(block_tables)
+            .arg(&mut *part_o)
+            .arg(&mut *part_ml)
+            .arg(&n_t)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&hd)
+            .arg(&n_layers)
+            .arg(&layer_i)
+            .arg(&n_blocks)
+            .arg(&max_blocks_i)
+            .arg(&n_seqs_i)
+            .arg(&ns)
+            .arg(&sl)
+            .arg(&scale);
+        // SAFETY: the arguments match attention_split_f32 in kernels/attention.cu (q, kv, seq,
+        // pos, block_tables, part_o, part_ml pointers, then int n_tokens, n_heads, n_kv_heads,
+        // head_dim, n_layers, layer, n_blocks, max_blocks, n_seqs, n_splits, split_len, float
+        // scale); q holds n_tokens*q_dim f32, seq/pos n_tokens ids, block_tables n_seqs rows of
+        // max_blocks, the pool n_blocks blocks of kv_dim = n_kv_heads*head_dim with layer <
+        // n_layers, part_o/part_ml n_tokens*n_heads*n_splits*(head_dim | 2) f32 (all checked
+        // above); head_dim <= 256, group <= 8, split_len a multiple of 16 <= 64 and the splits
+        // cover max_blocks*16 positions (checked); out-of-range seq/pos/block ids give NaN
+        // rows without being read; grid (n_tokens, n_kv_heads, n_splits), block 128 = SPLIT_THREADS.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(OP, e))?;
+
+        let cfg = LaunchConfig {
+            grid_dim: (n_tokens as u32, n_heads as u32, 1),
+            block_dim: (ATT_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.k.attention_merge);
+        b.arg(&*part_o).arg(&*part_ml).arg(out).arg(&n_t).arg(&nh).arg(&hd).arg(&ns);
+        // SAFETY: the arguments match attention_merge_f32 in kernels/attention.cu (part_o,
+        // part_ml, out pointers, then int n_tokens, n_heads, head_dim, n_splits); part_o and
+        // part_ml hold n_tokens*n_heads*n_splits*(head_dim | 2) f32 and out n_tokens*q_dim
+        // (checked above); grid (n_tokens, n_heads <= 65535), threads loop over head dims.
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err("attention_merge", e))?;
+        Ok(())
+    }
+
+    /// Whether [`Self::attention_prefill`] takes `shape` (head_dim a multiple of 8, at most 256).
+    pub fn prefill_attention_fits(shape: AttnShape) -> bool {
+        shape.head_dim > 0 && shape.head_dim.is_multiple_of(8) && shape.head_dim <= ATTENTION_MAX_HEAD_DIM
+    }
+
+    /// [`Self::attention`] for prefill, tiled: `tiles` (`[n_tiles][2]`: first token,
+    /// count <= [`PREFILL_TILE`]) cover the tokens, each tile a run of one sequence's
+    /// tokens at consecutive positions; a block per (tile, query head) walks the
+    /// sequence's KV blocks with K/V staged in shared memory and an online softmax per
+    /// query row (no score matrix). Same result as [`Self::attention`] within f32 rounding.
+    pub fn attention_prefill(
+        &self,
+        q: &CudaSlice<f32>,
+        kv: &KvPool,
+        layer: usize,
+        seq: &CudaSlice<u32>,
+        pos: &CudaSlice<u32>,
+        block_tables: &CudaSlice<u32>,
+        tiles: &CudaSlice<u32>,
+        n_tiles: usize,
+        max_blocks: usize,
+        n_tokens: usize,
+        shape: AttnShape,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        const OP: &str = "attention_prefill";
+        let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
+        if !Self::prefill_attention_fits(shape) || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+            return Err(Error::invalid(format!(
+                "{OP}: bad shape {shape:?} (head_dim a multiple of 8 up to {ATTENTION_MAX_HEAD_DIM}, n_heads a multiple of n_kv_heads)"
+            )));
+        }
+        if n_heads > 65535 {
+            return Err(Error::invalid(format!("{OP}: n_heads {n_heads} > 65535 (grid y)")));
+        }
+        let q_dim = mul(OP, n_heads, head_dim)?;
+        let kv_dim = mul(OP, n_kv_heads, head_dim)?;
+        if kv.kv_dim != kv_dim {
+            return Err(Error::invalid(format!("{OP}: KV pool kv_dim {} != n_kv_heads * head_dim = {kv_dim}", kv.kv_dim)));
+        }
+        if layer >= kv.n_layers {
+            return Err(Error::invalid(format!("{OP}: layer {layer} >= {} layers", kv.n_layers)));
+        }
+        kv.checked_block_elems(OP)?;
+        if max_blocks == 0 {
+            return Err(Error::invalid(format!("{OP}: max_blocks must be > 0")));
+        }
+        let out_elems = mul(OP, n_tokens, q_dim)?;
+        need(OP, "q", q.len(), out_elems)?;
+        need(OP, "out", out.len(), out_elems)?;
+        need(OP, "seq", seq.len(), n_tokens)?;
+        need(OP, "pos", pos.len(), n_tokens)?;
+        need(OP, "block_tables", block_tables.len(), max_blocks)?;
+        need(OP, "tiles", tiles.len(), mul(OP, n_tiles, 2)?)?;
+        let n_seqs = block_tables.len() / max_blocks;
+        to_i32(OP, "n_tokens * q_dim", out_elems)?;
+        to_i32(OP, "max_blocks * 16", mul(OP, max_blocks, BLOCK_POSITIONS)?)?;
+        let n_ti = to_i32(OP, "n_tiles", n_tiles)?;
+        let n_t = to_i32(OP, "n_tokens", n_tokens)?;
+        let nh = to_i32(OP, "n_heads", n_heads)?;
+        let nkv = to_i32(OP, "n_kv_heads", n_kv_heads)?;
+        let hd = to_i32(OP, "head_dim", head_dim)?;
+        to_i32(OP, "kv_dim", kv_dim)?;
+        let n_layers = to_i32(OP, "n_layers", kv.n_layers)?;
+        let layer_i = to_i32(OP, "layer", layer)?;
+        let n_blocks = to_i32(OP, "n_blocks", kv.n_blocks)?;
+        let max_blocks_i = to_i32(OP, "max_blocks", max_blocks)?;
+        let n_seqs_i = i32::try_from(n_seqs).unwrap_or(i32::MAX);
+        let scale = 1.0f32 / (head_dim as f32).sqrt();
+        if n_tiles == 0 || n_tokens == 0 {
+            return Ok(());
+        }
+        if n_tiles > i32::MAX as usize / 2 {
+            return Err(Error::invalid(format!("{OP}: {n_tiles} tiles")));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (n_tiles as u32, n_heads as u32, 1),
+            block_dim: ((PREFILL_TILE * 8) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.k.attention_prefill);
+        b.arg(q)
+            .arg(&kv.data)
+            .arg(seq)
+            .arg(pos)
+            .arg(block_tables)
+            .arg(tiles)
+            .arg(out)
+            .arg(&n_ti)
+            .arg(&n_t)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&hd)
+            .arg(&n_layers)
+            .arg(&layer_i)
+            .arg(&n_blocks)
+            .arg(&max_blocks_i)
+            .arg(&n_seqs_i)
+            .arg(&scale);
+        // SAFETY: the arguments match attention_prefill_f32 in kernels/attention.cu (q, kv, seq,
+        // pos, block_tables, tiles, out pointers, then int n_tiles, n_tokens, n_heads,
+        // n_kv_heads, head_dim, n_layers, layer, n_blocks, max_blocks, n_seqs, float scale);
+        // q and out hold n_tokens*q_dim f32, seq/pos n_tokens ids, tiles n_tiles pairs,
+        // block_tables n_seqs rows of max_blocks, the pool n_blocks blocks of kv_dim with
+        // layer < n_layers (all checked above); head_dim % 8 == 0 and <= 256 (16-byte K/V
+        // loads, the kernel's shared rows); the kernel refuses tiles outside n_tokens or
+        // longer than 16 and out-of-range seq/pos/block ids (NaN rows, nothing read); grid
+        // (n_tiles, n_heads <= 65535), block 128 = PF_THREADS.
         unsafe { b.launch(cfg) }.map_err(|e| launch_err(OP, e))?;
         Ok(())
     }

@@ -14,12 +14,15 @@
 //! - Scratch activations are kept between steps and grow (to the next power of two
 //!   of tokens) when a step needs more.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DeviceRepr, DriverError, ValidAsZeroBits};
+use cudarc::driver::{
+    sys, CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, ValidAsZeroBits,
+};
 
 use super::device::{driver_err, guarded, probe};
-use super::ops::{AttnShape, DevWeight, KvPool, MatmulPath, Ops};
+use super::ops::{AttnShape, DevWeight, KvPool, MatmulPath, Ops, GEMM_MIN_TOKENS, PREFILL_TILE, SPLIT_MAX_GROUP};
 use super::DeviceInfo;
 use crate::backend::{Backend, Seq, Want};
 use crate::kv::{BlockCopy, BLOCK_POSITIONS};
@@ -27,14 +30,96 @@ use crate::model::weights::{Matrix, Weights};
 use crate::model::{Config, RopeStyle};
 use crate::{Error, Result};
 
-/// Default KV budget on a device when `kv_cache_bytes` is 0: half the memory left
-/// free after the weights, at most 8 GiB, but raised to one full context of one cache
-/// (`per_position * context`) when that fits in three quarters of the free memory.
-pub fn default_kv_budget(free_after_weights: u64, per_position: u64, context: u64) -> u64 {
-    let base = (8u64 << 30).min(free_after_weights / 2);
-    let one_context = per_position.saturating_mul(context);
-    base.max(one_context.min(free_after_weights / 4 * 3))
+/// Device memory kept free by the default KV budget, beyond the planned scratch: room
+/// for cuBLAS workspaces, CUDA graphs and other allocations of the process.
+pub fn kv_headroom(total: u64) -> u64 {
+    (256u64 << 20) + total / 100
 }
+
+/// Default KV budget on a device when `kv_cache_bytes` is 0, from the memory free
+/// after the weights and the planned scratch were allocated: nine tenths of what is
+/// left above [`kv_headroom`] (the last tenth leaves room for another model in the
+/// same process).
+pub fn default_kv_budget(free_after_scratch: u64, total: u64) -> u64 {
+    free_after_scratch.saturating_sub(kv_headroom(total)) / 10 * 9
+}
+
+/// Tokens of one step the scratch is planned (allocated at load) for: the context,
+/// at most [`PLAN_MAX_TOKENS`], rounded up to a power of two. Longer steps still run,
+/// growing the scratch when the device has room.
+pub fn plan_tokens(context: usize) -> usize {
+    context.clamp(1, PLAN_MAX_TOKENS).next_power_of_two()
+}
+
+/// Most tokens of one step the load-time scratch plan covers.
+pub const PLAN_MAX_TOKENS: usize = 2048;
+/// Most logits rows the load-time scratch plan covers (a decode batch, or the rows
+/// of a prefill that wants them all).
+pub const PLAN_MAX_ROWS: usize = 256;
+
+/// Decode steps replayed from CUDA graphs pad their block tables to a multiple of this
+/// many blocks (128 positions), so one captured graph serves 128 context lengths.
+pub const GRAPH_BLOCK_BUCKET: usize = 8;
+/// Captured graphs kept per model (launch shapes: batch size, block bucket, ...); the
+/// cache is emptied when full and whenever a scratch buffer is reallocated.
+const GRAPH_CACHE_MAX: usize = 64;
+
+/// The launch shape of a step's device work: everything [`CudaBackend::launch_step`]
+/// passes to the kernels besides buffers, so a graph captured for one `Launch` replays
+/// any step with the same `Launch` (buffers unchanged).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Launch {
+    /// Tokens of the step.
+    n: usize,
+    /// Wanted logits rows.
+    nr: usize,
+    n_seqs: usize,
+    /// Columns of the (padded) block tables.
+    max_blocks: usize,
+    /// Matmuls may take cuBLAS (`MatmulPath::Auto`); else GEMV only.
+    gemm: bool,
+    /// Split-KV attention `(n_splits, split_len)`, or the one-kernel attention.
+    split: Option<(usize, usize)>,
+    /// Prefill attention tiles (0: not the tiled kernel).
+    n_tiles: usize,
+    /// Argmax of the wanted rows into `Scratch::next`.
+    greedy: bool,
+}
+
+/// What the device memory went to at load (`llmrt_model_info`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// Weights as uploaded.
+    pub weight_bytes: u64,
+    /// Activations, step arrays and the cuBLAS scratch, allocated for the planned step.
+    pub scratch_bytes: u64,
+    /// The KV pool.
+    pub kv_pool_bytes: u64,
+    /// Device memory free after all of these.
+    pub free_bytes: u64,
+    /// The device's memory.
+    pub total_bytes: u64,
+}
+
+/// `LLMRT_CUDA_GRAPHS` (default on; `LLMRT_CUDA_FAST=0` turns it off with the other fast
+/// paths; `LLMRT_CUDA_GRAPHS=1` turns it back on).
+fn graphs_enabled() -> bool {
+    let flag = |name: &str| match std::env::var(name).ok().as_deref().map(str::trim) {
+        Some("0") | Some("off") | Some("false") => Some(false),
+        Some("1") | Some("on") | Some("true") => Some(true),
+        _ => None,
+    };
+    flag("LLMRT_CUDA_GRAPHS").unwrap_or_else(|| flag("LLMRT_CUDA_FAST").unwrap_or(true))
+}
+
+/// A captured CUDA graph owned by one backend.
+struct Graph(CudaGraph);
+
+// SAFETY: CUDA graph handles may be used from any thread as long as calls on one graph
+// are serialised (CUDA's graph thread-safety rule). A Graph lives in one CudaBackend's
+// cache and is only touched through `&mut CudaBackend` (the model's mutex), one thread
+// at a time; it holds no thread-local state.
+unsafe impl Send for Graph {}
 
 /// Whether two matrices are the same bytes (a tied LM head is a clone of the
 /// embedding's `Matrix`). Weights may span several files (sharded safetensors), where
@@ -83,6 +168,81 @@ struct Scratch {
     seln: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     next: CudaSlice<u32>,
+    /// Split-KV partials: `[tokens][heads][splits][head_dim]` and `[..][2]`.
+    part_o: CudaSlice<f32>,
+    part_ml: CudaSlice<f32>,
+    /// The step's arrays packed as u32 words (one host-to-device copy per step).
+    stage: CudaSlice<u32>,
+    /// Prefill attention tiles (`[n_tiles][2]`).
+    tiles: CudaSlice<u32>,
+}
+
+impl Scratch {
+    /// Grows every buffer to hold a step of `cap` tokens, `rcap` wanted rows and
+    /// `bt_len` block-table entries (contents are not kept). Returns whether any buffer
+    /// was reallocated (device pointers changed).
+    #[allow(clippy::too_many_arguments)]
+    fn ensure(
+        &mut self,
+        ctx: &Arc<CudaContext>,
+        info: &DeviceInfo,
+        stream: &Arc<CudaStream>,
+        cfg: &Config,
+        cap: usize,
+        rcap: usize,
+        bt_len: usize,
+    ) -> Result<bool> {
+        let (h, qd, kvd, ffn, half, vocab) =
+            (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn, cfg.head_dim / 2, cfg.vocab_size);
+        let s = self;
+        let mut grew = false;
+        {
+            let mut g = |buf: &mut CudaSlice<f32>, len: usize, what: &str| -> Result<()> {
+                grew |= grow(ctx, info, stream, buf, len, what)?;
+                Ok(())
+            };
+            g(&mut s.x, cap * h, "x")?;
+            g(&mut s.xn, cap * h, "xn")?;
+            g(&mut s.q, cap * qd, "q")?;
+            g(&mut s.k, cap * kvd, "k")?;
+            g(&mut s.v, cap * kvd, "v")?;
+            g(&mut s.att, cap * qd, "att")?;
+            g(&mut s.proj, cap * h, "proj")?;
+            g(&mut s.gate, cap * ffn, "gate")?;
+            g(&mut s.up, cap * ffn, "up")?;
+            g(&mut s.cos, cap * half, "cos")?;
+            g(&mut s.sin, cap * half, "sin")?;
+            g(&mut s.sel, rcap * h, "sel")?;
+            g(&mut s.seln, rcap * h, "seln")?;
+            g(&mut s.logits, rcap * vocab, "logits")?;
+        }
+        let mut g = |buf: &mut CudaSlice<u32>, len: usize, what: &str| -> Result<()> {
+            grew |= grow(ctx, info, stream, buf, len, what)?;
+            Ok(())
+        };
+        g(&mut s.ids, cap, "ids")?;
+        g(&mut s.seq, cap, "seq")?;
+        g(&mut s.pos, cap, "pos")?;
+        g(&mut s.slots, cap, "slots")?;
+        g(&mut s.block_tables, bt_len.next_power_of_two(), "block tables")?;
+        g(&mut s.rows, rcap, "rows")?;
+        g(&mut s.next, rcap, "next")?;
+        g(&mut s.tiles, 2 * cap, "attention tiles")?;
+        // The packed step arrays: 4 per token, the block tables, the rows, cos and sin,
+        // the tiles (at most one per token).
+        g(&mut s.stage, 6 * cap + bt_len.next_power_of_two() + rcap + 2 * cap * half, "step arrays")?;
+        Ok(grew)
+    }
+
+    /// Bytes held by the buffers.
+    fn bytes(&self) -> u64 {
+        let f = [
+            &self.x, &self.xn, &self.q, &self.k, &self.v, &self.att, &self.proj, &self.gate, &self.up, &self.cos,
+            &self.sin, &self.sel, &self.seln, &self.logits, &self.part_o, &self.part_ml,
+        ];
+        let u = [&self.ids, &self.seq, &self.pos, &self.slots, &self.block_tables, &self.rows, &self.next, &self.stage, &self.tiles];
+        4 * (f.iter().map(|b| b.len() as u64).sum::<u64>() + u.iter().map(|b| b.len() as u64).sum::<u64>())
+    }
 }
 
 /// The CUDA backend of one model.
@@ -103,6 +263,12 @@ pub struct CudaBackend {
     /// RoPE inverse frequencies (`head_dim / 2`), scaling applied, as the CPU has them.
     inv_freq: Vec<f64>,
     s: Scratch,
+    /// What the device memory went to at load.
+    memory: MemoryPlan,
+    /// Decode steps on the GEMV path replay CUDA graphs (`LLMRT_CUDA_GRAPHS`, on by default).
+    graphs: bool,
+    /// Captured graphs by launch shape.
+    graph_cache: HashMap<Launch, Graph>,
 }
 
 /// Allocation or copy failure: `LLMRT_OUT_OF_MEMORY` with the sizes when the device
@@ -149,7 +315,8 @@ impl Uploader<'_> {
     }
 }
 
-/// Makes `buf` hold at least `len` elements (contents are not kept).
+/// Makes `buf` hold at least `len` elements (contents are not kept); returns whether it
+/// was reallocated.
 fn grow<T: DeviceRepr + ValidAsZeroBits>(
     ctx: &Arc<CudaContext>,
     dev: &DeviceInfo,
@@ -157,12 +324,13 @@ fn grow<T: DeviceRepr + ValidAsZeroBits>(
     buf: &mut CudaSlice<T>,
     len: usize,
     what: &str,
-) -> Result<()> {
+) -> Result<bool> {
     if buf.len() < len {
         let bytes = len * std::mem::size_of::<T>();
         *buf = stream.alloc_zeros::<T>(len).map_err(|e| mem_err(ctx, dev, &format!("scratch buffer {what}"), bytes, e))?;
+        return Ok(true);
     }
-    Ok(())
+    Ok(false)
 }
 
 /// The host-side arrays of one step.
@@ -184,13 +352,36 @@ struct Plan {
     max_blocks: usize,
     /// Token rows whose logits are wanted, in sequence order.
     rows: Vec<u32>,
+    /// Prefill attention tiles: `[n_tiles][2]` = (first token, count <= PREFILL_TILE),
+    /// runs of one sequence's tokens.
+    tiles: Vec<u32>,
 }
 
 impl Plan {
-    fn build(seqs: &[Seq<'_>], inv_freq: &[f64], n_blocks: usize, vocab: usize) -> Result<Plan> {
+    /// Every array as u32 words in the order `launch_step` unpacks them: ids, seq, pos,
+    /// slots, block tables, rows, cos bits, sin bits, tiles.
+    fn packed(&self) -> Vec<u32> {
+        let mut v = Vec::with_capacity(
+            4 * self.ids.len() + self.block_tables.len() + self.rows.len() + self.cos.len() + self.sin.len(),
+        );
+        v.extend_from_slice(&self.ids);
+        v.extend_from_slice(&self.seq);
+        v.extend_from_slice(&self.pos);
+        v.extend_from_slice(&self.slots);
+        v.extend_from_slice(&self.block_tables);
+        v.extend_from_slice(&self.rows);
+        v.extend(self.cos.iter().map(|f| f.to_bits()));
+        v.extend(self.sin.iter().map(|f| f.to_bits()));
+        v.extend_from_slice(&self.tiles);
+        v
+    }
+
+    /// The arrays of `seqs`; the block tables are padded to a multiple of `bucket` columns.
+    fn build(seqs: &[Seq<'_>], inv_freq: &[f64], n_blocks: usize, vocab: usize, bucket: usize) -> Result<Plan> {
         let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         let half = inv_freq.len();
         let max_blocks = seqs.iter().map(|s| (s.start + s.tokens.len()).div_ceil(BLOCK_POSITIONS)).max().unwrap_or(1).max(1);
+        let max_blocks = max_blocks.next_multiple_of(bucket.max(1));
         let mut p = Plan {
             ids: Vec::with_capacity(n),
             seq: Vec::with_capacity(n),
@@ -201,6 +392,7 @@ impl Plan {
             block_tables: vec![0u32; seqs.len() * max_blocks],
             max_blocks,
             rows: Vec::new(),
+            tiles: Vec::new(),
         };
         for (si, s) in seqs.iter().enumerate() {
             let end = s.start + s.tokens.len();
@@ -221,6 +413,10 @@ impl Plan {
                 p.block_tables[si * max_blocks + j] = b;
             }
             let t0 = p.ids.len();
+            for c in (0..s.tokens.len()).step_by(PREFILL_TILE) {
+                p.tiles.push((t0 + c) as u32);
+                p.tiles.push((s.tokens.len() - c).min(PREFILL_TILE) as u32);
+            }
             for (i, &tok) in s.tokens.iter().enumerate() {
                 if tok as usize >= vocab {
                     return Err(Error::internal(format!("token id {tok} outside the vocabulary reached the CUDA step")));
@@ -283,7 +479,13 @@ impl CudaBackend {
     ) -> Result<CudaBackend> {
         let ctx = CudaContext::new(info.ordinal)
             .map_err(|e| driver_err(&format!("cuDevicePrimaryCtxRetain(cuda:{})", info.ordinal), e))?;
-        let stream = ctx.default_stream();
+        // One stream of our own for everything (graph capture needs a non-default stream).
+        // Every buffer is used on this one stream only, so cudarc's cross-stream event
+        // tracking is not needed (and would put event records into captured graphs).
+        // SAFETY: disable_event_tracking only stops cudarc from recording/waiting events
+        // around buffer uses; with a single stream, stream order already orders every use.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| driver_err("cuStreamCreate", e))?;
         let ops = Ops::new(&ctx, stream.clone(), info.sm())?;
 
         let tied = same_tensor(&w.output, &w.token_embd);
@@ -321,20 +523,7 @@ impl CudaBackend {
         }
         (up.progress)(1.0);
 
-        // KV pool.
-        stream.synchronize().map_err(|e| driver_err("uploading weights", e))?;
-        let per_pos = kv_bytes_per_position(&cfg);
-        let block_bytes = per_pos * BLOCK_POSITIONS as u64;
-        let budget = if kv_cache_bytes == 0 {
-            let (free, _) = ctx.mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))?;
-            default_kv_budget(free as u64, per_pos, context as u64)
-        } else {
-            kv_cache_bytes
-        };
-        // Slot ids (block * 16 + slot) are u32 on the device.
-        let kv_blocks = ((budget / block_bytes) as usize).min(u32::MAX as usize / BLOCK_POSITIONS);
-        let kv = KvPool::new(&stream, kv_blocks.max(1), cfg.n_layers, cfg.kv_dim())?;
-
+        let weight_bytes = up.done;
         let hd = cfg.head_dim;
         let inv_freq = (0..hd / 2)
             .map(|i| {
@@ -347,7 +536,7 @@ impl CudaBackend {
             .collect();
         let z = |n: usize| stream.alloc_zeros::<f32>(n).map_err(|e| mem_err(&ctx, &info, "scratch buffers", n * 4, e));
         let zu = |n: usize| stream.alloc_zeros::<u32>(n).map_err(|e| mem_err(&ctx, &info, "scratch buffers", n * 4, e));
-        let s = Scratch {
+        let mut s = Scratch {
             x: z(1)?,
             xn: z(1)?,
             q: z(1)?,
@@ -369,9 +558,58 @@ impl CudaBackend {
             seln: z(1)?,
             logits: z(1)?,
             next: zu(1)?,
+            part_o: z(1)?,
+            part_ml: z(1)?,
+            stage: zu(1)?,
+            tiles: zu(1)?,
         };
+        // Memory plan: the scratch of a planned step first (activations, step arrays,
+        // cuBLAS activation and dequantization scratch), then the KV pool from what is left.
+        stream.synchronize().map_err(|e| driver_err("uploading weights", e))?;
+        let pt = plan_tokens(context);
+        let pr = pt.min(PLAN_MAX_ROWS);
+        s.ensure(&ctx, &info, &stream, &cfg, pt, pr, pt.div_ceil(BLOCK_POSITIONS))?;
+        let all = layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        let all: Vec<&DevWeight> = all.chain(std::iter::once(&token_embd)).chain(output.as_ref()).collect();
+        let max_cols = all.iter().map(|w| w.cols).max().unwrap_or(0);
+        let max_quant = all
+            .iter()
+            .filter(|w| matches!(w.dtype, crate::quant::DType::Q8_0 | crate::quant::DType::Q4_0))
+            .map(|w| w.rows * w.cols)
+            .max()
+            .unwrap_or(0);
+        let act = if pt > GEMM_MIN_TOKENS { pt * max_cols } else { 0 };
+        ops.reserve_scratch(act, max_quant)?;
+        let ops_scratch = ops.scratch_bytes();
+        stream.synchronize().map_err(|e| driver_err("allocating the scratch buffers", e))?;
+        let scratch_bytes = s.bytes() + ops_scratch;
+
+        // KV pool.
+        let per_pos = kv_bytes_per_position(&cfg);
+        let block_bytes = per_pos * BLOCK_POSITIONS as u64;
+        let budget = if kv_cache_bytes == 0 {
+            let (free, total) = ctx.mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))?;
+            default_kv_budget(free as u64, total as u64)
+        } else {
+            kv_cache_bytes
+        };
+        // Slot ids (block * 16 + slot) are u32 on the device.
+        let kv_blocks = ((budget / block_bytes) as usize).min(u32::MAX as usize / BLOCK_POSITIONS);
+        let kv = KvPool::new(&stream, kv_blocks.max(1), cfg.n_layers, cfg.kv_dim())?;
+
         stream.synchronize().map_err(|e| driver_err("allocating the KV pool", e))?;
+        let (free, total) = ctx.mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))?;
+        let memory = MemoryPlan {
+            weight_bytes,
+            scratch_bytes,
+            kv_pool_bytes: (kv.n_blocks as u64) * block_bytes,
+            free_bytes: free as u64,
+            total_bytes: total as u64,
+        };
         Ok(CudaBackend {
+            memory,
+            graphs: graphs_enabled(),
+            graph_cache: HashMap::new(),
             cfg,
             info,
             ctx: ctx.clone(),
@@ -393,82 +631,201 @@ impl CudaBackend {
         self.kv_blocks
     }
 
+    /// What the device memory went to at load.
+    pub fn memory_plan(&self) -> MemoryPlan {
+        self.memory
+    }
+
     /// The device this backend runs on.
     pub fn device(&self) -> &DeviceInfo {
         &self.info
     }
 
     /// Runs the forward pass of a step up to the LM head; the wanted rows' logits
-    /// are left in `self.s.logits`. Returns the number of wanted rows.
-    fn forward(&mut self, seqs: &[Seq<'_>]) -> Result<usize> {
-        let cfg = &self.cfg;
-        let (h, qd, kvd, hd, ffn, vocab) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim, cfg.ffn, cfg.vocab_size);
-        let half = hd / 2;
-        let eps = cfg.rms_eps;
-        let shape = AttnShape { n_heads: cfg.n_heads, n_kv_heads: cfg.n_kv_heads, head_dim: hd };
-        let neox = cfg.arch.rope_style == RopeStyle::Neox;
+    /// are left in `self.s.logits` (and with `greedy` their argmax ids in `self.s.next`).
+    /// Returns the number of wanted rows.
+    ///
+    /// The host builds the step's arrays and uploads them packed into one buffer (one
+    /// host-to-device copy); everything else is device work, [`Self::launch_step`],
+    /// replayed from a CUDA graph for decode steps on the GEMV path (when graphs are on).
+    fn forward(&mut self, seqs: &[Seq<'_>], greedy: bool) -> Result<usize> {
         let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         if n == 0 {
             return Ok(0);
         }
-        let Plan { ids, seq, pos, slots, cos, sin, block_tables: bt, max_blocks, rows } =
-            Plan::build(seqs, &self.inv_freq, self.kv.n_blocks, vocab)?;
-        let nr = rows.len();
+        let vocab = self.cfg.vocab_size;
+        let shape = AttnShape { n_heads: self.cfg.n_heads, n_kv_heads: self.cfg.n_kv_heads, head_dim: self.cfg.head_dim };
+        let fast = self.ops.fast_paths();
+        let decode = seqs.iter().all(|q| q.tokens.len() == 1);
+        // Decode steps (one token per sequence) take the GEMV kernels, whose reduction
+        // order is fixed per output: a sequence's result does not depend on the batch it
+        // is in. Decode batches of more than GEMM_MIN_TOKENS sequences take cuBLAS when
+        // the decode_gemm fast path is on (weights read once for the whole batch).
+        let gemm = !decode || (fast.decode_gemm && n > GEMM_MIN_TOKENS && self.ops.has_cublas());
+        let graph = self.graphs && decode && !gemm;
+        // Graphed steps pad the block tables to a bucket of GRAPH_BLOCK_BUCKET blocks so
+        // that one graph serves many context lengths.
+        let bucket = if graph { GRAPH_BLOCK_BUCKET } else { 1 };
+        let plan = Plan::build(seqs, &self.inv_freq, self.kv.n_blocks, vocab, bucket)?;
+        let nr = plan.rows.len();
+        // Split-KV attention for decode steps (prefill keeps one block per token and head).
+        let split = if decode && fast.splitkv && shape.n_heads / shape.n_kv_heads <= SPLIT_MAX_GROUP {
+            Some(self.ops.split_plan(n, shape.n_kv_heads, plan.max_blocks))
+        } else {
+            None
+        };
+        // Tiled attention for prefill steps.
+        let n_tiles = if !decode && fast.prefill_attn && Ops::prefill_attention_fits(shape) { plan.tiles.len() / 2 } else { 0 };
+        let l = Launch { n, nr, n_seqs: seqs.len(), max_blocks: plan.max_blocks, gemm, split, n_tiles, greedy };
 
-        // Device side.
-        let CudaBackend { ctx, info, stream, ops, token_embd, layers, output_norm, output, kv, s, .. } = self;
-        let cap = n.next_power_of_two();
-        let rcap = nr.next_power_of_two().max(1);
-        {
-            let g = |buf: &mut CudaSlice<f32>, len: usize, what: &str| grow(ctx, info, stream, buf, len, what);
-            g(&mut s.x, cap * h, "x")?;
-            g(&mut s.xn, cap * h, "xn")?;
-            g(&mut s.q, cap * qd, "q")?;
-            g(&mut s.k, cap * kvd, "k")?;
-            g(&mut s.v, cap * kvd, "v")?;
-            g(&mut s.att, cap * qd, "att")?;
-            g(&mut s.proj, cap * h, "proj")?;
-            g(&mut s.gate, cap * ffn, "gate")?;
-            g(&mut s.up, cap * ffn, "up")?;
-            g(&mut s.cos, cap * half, "cos")?;
-            g(&mut s.sin, cap * half, "sin")?;
-            g(&mut s.sel, rcap * h, "sel")?;
-            g(&mut s.seln, rcap * h, "seln")?;
-            g(&mut s.logits, rcap * vocab, "logits")?;
+        // Scratch for this launch shape; a regrown buffer invalidates the captured graphs.
+        let CudaBackend { ctx, info, stream, cfg, s, graph_cache, .. } = self;
+        let mut grew = s.ensure(ctx, info, stream, cfg, n.next_power_of_two(), nr.next_power_of_two().max(1), plan.block_tables.len())?;
+        if let Some((ns, _)) = split {
+            let (po, pm) = Ops::split_scratch_len(n, shape, ns);
+            grew |= grow(ctx, info, stream, &mut s.part_o, po, "split-KV partials")?;
+            grew |= grow(ctx, info, stream, &mut s.part_ml, pm, "split-KV partials")?;
         }
-        {
-            let g = |buf: &mut CudaSlice<u32>, len: usize, what: &str| grow(ctx, info, stream, buf, len, what);
-            g(&mut s.ids, cap, "ids")?;
-            g(&mut s.seq, cap, "seq")?;
-            g(&mut s.pos, cap, "pos")?;
-            g(&mut s.slots, cap, "slots")?;
-            g(&mut s.block_tables, bt.len().next_power_of_two(), "block tables")?;
-            g(&mut s.rows, rcap, "rows")?;
-            g(&mut s.next, rcap, "next")?;
+        let packed = plan.packed();
+        grew |= grow(ctx, info, stream, &mut s.stage, packed.len(), "step arrays")?;
+        if grew {
+            graph_cache.clear();
         }
-        let up_err = |what: &str, e: DriverError| driver_err(&format!("uploading the step's {what}"), e);
-        stream.memcpy_htod(&ids, &mut s.ids).map_err(|e| up_err("token ids", e))?;
-        stream.memcpy_htod(&seq, &mut s.seq).map_err(|e| up_err("sequence indices", e))?;
-        stream.memcpy_htod(&pos, &mut s.pos).map_err(|e| up_err("positions", e))?;
-        stream.memcpy_htod(&slots, &mut s.slots).map_err(|e| up_err("slot ids", e))?;
-        stream.memcpy_htod(&bt, &mut s.block_tables).map_err(|e| up_err("block tables", e))?;
-        stream.memcpy_htod(&cos, &mut s.cos).map_err(|e| up_err("RoPE cos", e))?;
-        stream.memcpy_htod(&sin, &mut s.sin).map_err(|e| up_err("RoPE sin", e))?;
-        if nr > 0 {
-            stream.memcpy_htod(&rows, &mut s.rows).map_err(|e| up_err("wanted rows", e))?;
-        }
+        stream.memcpy_htod(&packed, &mut s.stage).map_err(|e| driver_err("uploading the step's arrays", e))?;
 
-        // Decode steps (one token per sequence) take the GEMV path only, so a
-        // sequence's result does not depend on the batch it is in.
-        let path = if seqs.iter().all(|q| q.tokens.len() == 1) { MatmulPath::Gemv } else { MatmulPath::Auto };
+        if graph {
+            if !self.graph_cache.contains_key(&l) {
+                if self.graph_cache.len() >= GRAPH_CACHE_MAX {
+                    self.graph_cache.clear();
+                }
+                let g = self.capture(l)?;
+                self.graph_cache.insert(l, Graph(g));
+            }
+            let g = self.graph_cache.get(&l).ok_or_else(|| Error::internal("captured graph vanished"))?;
+            g.0.launch().map_err(|e| {
+                driver_err("cuGraphLaunch (the decode step's CUDA graph; LLMRT_CUDA_GRAPHS=0 runs without graphs)", e)
+            })?;
+        } else {
+            self.launch_step(l)?;
+        }
+        Ok(nr)
+    }
+
+    /// Captures [`Self::launch_step`] of launch shape `l` into a CUDA graph (nothing runs).
+    fn capture(&mut self, l: Launch) -> Result<CudaGraph> {
+        let cap_err = |what: &str, e: DriverError| {
+            driver_err(&format!("{what} (capturing the decode step's CUDA graph; LLMRT_CUDA_GRAPHS=0 runs without graphs)"), e)
+        };
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(|e| cap_err("cuStreamBeginCapture", e))?;
+        // A panic inside must not leave the stream capturing (every later call would fail):
+        // end the capture first, then report it.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.launch_step(l)));
+        let g = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        let r = r.unwrap_or_else(|_| Err(Error::internal("panic while capturing the decode step's CUDA graph")));
+        r.map_err(|e| Error {
+            status: e.status,
+            message: format!("{} (while capturing the decode step's CUDA graph; LLMRT_CUDA_GRAPHS=0 runs without graphs)", e.message),
+        })?;
+        let g = g.map_err(|e| cap_err("cuStreamEndCapture / cuGraphInstantiate", e))?;
+        let g = g.ok_or_else(|| Error::device("capturing the decode step's CUDA graph gave an empty graph"))?;
+        g.upload().map_err(|e| cap_err("cuGraphUpload", e))?;
+        Ok(g)
+    }
+
+    /// The device work of a step of launch shape `l` whose packed arrays are in
+    /// `s.stage`: unpack them (device-to-device copies), then every layer, the final
+    /// norm and the LM head for the wanted rows (and their argmax with `l.greedy`).
+    /// Launches only: no allocation, no host copy, no synchronisation (so it can be
+    /// captured into a graph).
+    fn launch_step(&mut self, l: Launch) -> Result<()> {
+        let cfg = &self.cfg;
+        let (h, qd, kvd, hd, ffn, vocab) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim, cfg.ffn, cfg.vocab_size);
+        let eps = cfg.rms_eps;
+        let shape = AttnShape { n_heads: cfg.n_heads, n_kv_heads: cfg.n_kv_heads, head_dim: hd };
+        let neox = cfg.arch.rope_style == RopeStyle::Neox;
+        let Launch { n, nr, n_seqs, max_blocks, gemm, split, n_tiles, greedy } = l;
+        let path = if gemm { MatmulPath::Auto } else { MatmulPath::Gemv };
+        let CudaBackend { stream, ops, token_embd, layers, output_norm, output, kv, s, .. } = self;
+        let fast = ops.fast_paths();
+
+        // Unpack: [ids n][seq n][pos n][slots n][block tables n_seqs*max_blocks][rows nr]
+        // [cos n*hd/2][sin n*hd/2], u32 words (cos/sin as f32 bits), as Plan::packed.
+        {
+            let half = hd / 2;
+            let lens = [n, n, n, n, n_seqs * max_blocks, nr, n * half, n * half, 2 * n_tiles];
+            let (src, _gs) = s.stage.device_ptr(stream);
+            let mut off = 0usize;
+            let dsts: [(&mut CudaSlice<u32>, &str); 6] = [
+                (&mut s.ids, "token ids"),
+                (&mut s.seq, "sequence indices"),
+                (&mut s.pos, "positions"),
+                (&mut s.slots, "slot ids"),
+                (&mut s.block_tables, "block tables"),
+                (&mut s.rows, "wanted rows"),
+            ];
+            let total: usize = lens.iter().sum();
+            if s.stage.len() < total {
+                return Err(Error::internal(format!("step arrays: stage holds {} words, {total} needed", s.stage.len())));
+            }
+            for (i, (dst, what)) in dsts.into_iter().enumerate() {
+                let len = lens[i];
+                if len > 0 {
+                    if dst.len() < len {
+                        return Err(Error::internal(format!("{what}: {} elements, {len} needed", dst.len())));
+                    }
+                    let (d, _gd) = dst.device_ptr_mut(stream);
+                    // SAFETY: src + off*4 .. + len*4 lies in the stage (total <= stage.len(),
+                    // checked above) and d .. + len*4 in dst (checked); both are device
+                    // allocations of this context, distinct buffers; the copy is ordered on
+                    // `stream` like every use of them.
+                    unsafe { cudarc::driver::result::memcpy_dtod_async(d, src + (off * 4) as u64, len * 4, stream.cu_stream()) }
+                        .map_err(|e| driver_err(&format!("unpacking the step's {what} (cuMemcpyDtoDAsync)"), e))?;
+                }
+                off += len;
+            }
+            for (i, (dst, what)) in [(&mut s.cos, "RoPE cos"), (&mut s.sin, "RoPE sin")].into_iter().enumerate() {
+                let len = lens[6 + i];
+                if len > 0 {
+                    if dst.len() < len {
+                        return Err(Error::internal(format!("{what}: {} elements, {len} needed", dst.len())));
+                    }
+                    let (d, _gd) = dst.device_ptr_mut(stream);
+                    // SAFETY: as above; f32 and u32 words are both 4 bytes (the stage holds the
+                    // f32 bits the host wrote).
+                    unsafe { cudarc::driver::result::memcpy_dtod_async(d, src + (off * 4) as u64, len * 4, stream.cu_stream()) }
+                        .map_err(|e| driver_err(&format!("unpacking the step's {what} (cuMemcpyDtoDAsync)"), e))?;
+                }
+                off += len;
+            }
+            let len = lens[8];
+            if len > 0 {
+                if s.tiles.len() < len {
+                    return Err(Error::internal(format!("attention tiles: {} elements, {len} needed", s.tiles.len())));
+                }
+                let (d, _gd) = s.tiles.device_ptr_mut(stream);
+                // SAFETY: as above (the tiles are the last words of the stage).
+                unsafe { cudarc::driver::result::memcpy_dtod_async(d, src + (off * 4) as u64, len * 4, stream.cu_stream()) }
+                    .map_err(|e| driver_err("unpacking the step's attention tiles (cuMemcpyDtoDAsync)", e))?;
+            }
+        }
 
         ops.embed(token_embd, &s.ids, n, &mut s.x)?;
-        for (l, lw) in layers.iter().enumerate() {
-            // Attention block.
-            ops.rmsnorm(&s.x, &lw.attn_norm, n, h, eps, &mut s.xn)?;
-            ops.matmul(&lw.wq, &s.xn, n, &mut s.q, path)?;
-            ops.matmul(&lw.wk, &s.xn, n, &mut s.k, path)?;
-            ops.matmul(&lw.wv, &s.xn, n, &mut s.v, path)?;
+        for (li, lw) in layers.iter().enumerate() {
+            // Attention block. With the fused path the previous layer's last residual
+            // add already normed x into xn with this layer's attn_norm.
+            if li == 0 || !fast.fused {
+                ops.rmsnorm(&s.x, &lw.attn_norm, n, h, eps, &mut s.xn)?;
+            }
+            // Decode (GEMV path): Q, K and V in one launch when the fused kernels apply.
+            let fused3 = path == MatmulPath::Gemv
+                && ops.matmul3([&lw.wq, &lw.wk, &lw.wv], &s.xn, n, [&mut s.q, &mut s.k, &mut s.v])?;
+            if !fused3 {
+                ops.matmul(&lw.wq, &s.xn, n, &mut s.q, path)?;
+                ops.matmul(&lw.wk, &s.xn, n, &mut s.k, path)?;
+                ops.matmul(&lw.wv, &s.xn, n, &mut s.v, path)?;
+            }
             if let Some([bq, bk, bv]) = &lw.bias {
                 ops.add_bias(&mut s.q, bq, n, qd)?;
                 ops.add_bias(&mut s.k, bk, n, kvd)?;
@@ -478,18 +835,60 @@ impl CudaBackend {
                 ops.rmsnorm_inplace(&mut s.q, qn, n * shape.n_heads, hd, eps)?;
                 ops.rmsnorm_inplace(&mut s.k, kn, n * shape.n_kv_heads, hd, eps)?;
             }
-            ops.rope_kv_write(&mut s.q, &mut s.k, &s.v, &s.cos, &s.sin, &s.slots, n, shape, neox, kv, l)?;
-            ops.attention(&s.q, kv, l, &s.seq, &s.pos, &s.block_tables, max_blocks, n, shape, &mut s.att)?;
+            ops.rope_kv_write(&mut s.q, &mut s.k, &s.v, &s.cos, &s.sin, &s.slots, n, shape, neox, kv, li)?;
+            match split {
+                Some(sp) => ops.attention_split(
+                    &s.q,
+                    kv,
+                    li,
+                    &s.seq,
+                    &s.pos,
+                    &s.block_tables,
+                    max_blocks,
+                    n,
+                    shape,
+                    sp,
+                    &mut s.part_o,
+                    &mut s.part_ml,
+                    &mut s.att,
+                )?,
+                None if n_tiles > 0 => ops.attention_prefill(
+                    &s.q,
+                    kv,
+                    li,
+                    &s.seq,
+                    &s.pos,
+                    &s.block_tables,
+                    &s.tiles,
+                    n_tiles,
+                    max_blocks,
+                    n,
+                    shape,
+                    &mut s.att,
+                )?,
+                None => ops.attention(&s.q, kv, li, &s.seq, &s.pos, &s.block_tables, max_blocks, n, shape, &mut s.att)?,
+            }
             ops.matmul(&lw.wo, &s.att, n, &mut s.proj, path)?;
-            ops.add(&mut s.x, &s.proj, n * h)?;
+            if fast.fused {
+                ops.add_rmsnorm(&mut s.x, &s.proj, &lw.ffn_norm, n, h, eps, &mut s.xn)?;
+            } else {
+                ops.add(&mut s.x, &s.proj, n * h)?;
+                ops.rmsnorm(&s.x, &lw.ffn_norm, n, h, eps, &mut s.xn)?;
+            }
 
             // Feed-forward block (SwiGLU).
-            ops.rmsnorm(&s.x, &lw.ffn_norm, n, h, eps, &mut s.xn)?;
-            ops.matmul(&lw.w_gate, &s.xn, n, &mut s.gate, path)?;
-            ops.matmul(&lw.w_up, &s.xn, n, &mut s.up, path)?;
-            ops.swiglu(&mut s.gate, &s.up, n * ffn)?;
+            // Decode: gate, up and SwiGLU in one launch when the fused kernel applies.
+            let fused_ffn = path == MatmulPath::Gemv && ops.matmul_swiglu(&lw.w_gate, &lw.w_up, &s.xn, n, &mut s.gate)?;
+            if !fused_ffn {
+                ops.matmul(&lw.w_gate, &s.xn, n, &mut s.gate, path)?;
+                ops.matmul(&lw.w_up, &s.xn, n, &mut s.up, path)?;
+                ops.swiglu(&mut s.gate, &s.up, n * ffn)?;
+            }
             ops.matmul(&lw.w_down, &s.gate, n, &mut s.proj, path)?;
-            ops.add(&mut s.x, &s.proj, n * h)?;
+            match layers.get(li + 1) {
+                Some(next) if fast.fused => ops.add_rmsnorm(&mut s.x, &s.proj, &next.attn_norm, n, h, eps, &mut s.xn)?,
+                _ => ops.add(&mut s.x, &s.proj, n * h)?,
+            }
         }
 
         // Final norm and LM head, only for the wanted rows.
@@ -498,8 +897,11 @@ impl CudaBackend {
             ops.rmsnorm(&s.sel, output_norm, nr, h, eps, &mut s.seln)?;
             let head = output.as_ref().unwrap_or(token_embd);
             ops.matmul(head, &s.seln, nr, &mut s.logits, path)?;
+            if greedy {
+                ops.argmax(&s.logits, nr, vocab, &mut s.next)?;
+            }
         }
-        Ok(nr)
+        Ok(())
     }
 
     /// Makes the context current on the calling thread (callers may step a model
@@ -560,7 +962,7 @@ impl Backend for CudaBackend {
         }
         guarded("CUDA step", || {
             self.bind()?;
-            let nr = self.forward(seqs)?;
+            let nr = self.forward(seqs, false)?;
             if nr != wanted {
                 return Err(Error::internal(format!("step produced {nr} logits rows, {wanted} wanted")));
             }
@@ -573,17 +975,15 @@ impl Backend for CudaBackend {
     }
 
     fn step_greedy(&mut self, seqs: &[Seq<'_>], next: &mut [u32]) -> Result<()> {
-        let vocab = self.cfg.vocab_size;
         if next.len() != seqs.len() || seqs.iter().any(|s| s.want != Want::Last) {
             return Err(Error::internal("greedy step: one Want::Last row per sequence expected"));
         }
         guarded("CUDA greedy step", || {
             self.bind()?;
-            let nr = self.forward(seqs)?;
+            let nr = self.forward(seqs, true)?;
             if nr != next.len() {
                 return Err(Error::internal(format!("step produced {nr} rows, {} wanted", next.len())));
             }
-            self.ops.argmax(&self.s.logits, nr, vocab, &mut self.s.next)?;
             let view = self.s.next.slice(0..nr);
             self.stream.memcpy_dtoh(&view, next).map_err(|e| driver_err("downloading argmax ids", e))?;
             self.sync("running the CUDA greedy step")
@@ -600,6 +1000,15 @@ impl Backend for CudaBackend {
 
     fn device_name(&self) -> String {
         self.info.name.clone()
+    }
+
+    fn memory(&self) -> crate::backend::MemoryReport {
+        let m = self.memory;
+        crate::backend::MemoryReport {
+            scratch_bytes: m.scratch_bytes,
+            device_free_bytes: m.free_bytes,
+            device_total_bytes: m.total_bytes,
+        }
     }
 }
 
@@ -625,7 +1034,7 @@ mod tests {
             Seq { tokens: &b, start: 0, blocks: &[2], want: Want::Last },
             Seq { tokens: &c, start: 31, blocks: &[0, 1, 5, 7], want: Want::Nothing },
         ];
-        let p = Plan::build(&seqs, &inv, 16, 10).unwrap();
+        let p = Plan::build(&seqs, &inv, 16, 10, 1).unwrap();
         assert_eq!(p.ids, [5, 6, 7, 9, 1, 2]);
         assert_eq!(p.seq, [0, 0, 0, 1, 2, 2]);
         assert_eq!(p.pos, [15, 16, 17, 0, 31, 32]);
@@ -637,13 +1046,36 @@ mod tests {
         assert_eq!(p.cos.len(), 12);
         assert_eq!(p.cos[2 * 2 + 1], (17.0f64 * 0.01).cos() as f32);
         assert_eq!(p.sin[5 * 2], (32.0f64).sin() as f32);
+        // Tiles: one per sequence here (runs of at most 16 tokens).
+        assert_eq!(p.tiles, [0, 3, 3, 1, 4, 2]);
+        // Packed: ids, seq, pos, slots, tables, rows, cos and sin bits, tiles.
+        let w = p.packed();
+        assert_eq!(w.len(), 4 * 6 + 9 + 4 + 12 + 12 + 6);
+        assert_eq!(&w[w.len() - 6..], &p.tiles[..]);
+        let long: Vec<u32> = (0..40).collect();
+        let blocks: Vec<u32> = (0..8).collect();
+        let two = [
+            Seq { tokens: &b, start: 3, blocks: &blocks, want: Want::Last },
+            Seq { tokens: &long, start: 5, blocks: &blocks, want: Want::Last },
+        ];
+        assert_eq!(Plan::build(&two, &inv, 16, 64, 1).unwrap().tiles, [0, 1, 1, 16, 17, 16, 33, 8]);
+        assert_eq!(&w[..6], &p.ids[..]);
+        assert_eq!(&w[24..33], &p.block_tables[..]);
+        assert_eq!(&w[33..37], &p.rows[..]);
+        assert_eq!(w[37 + 2 * 2 + 1], p.cos[2 * 2 + 1].to_bits());
+        assert_eq!(w[37 + 12 + 5 * 2], p.sin[5 * 2].to_bits());
+        // A bucket of 8 pads the tables to 8 columns with zeros.
+        let pb = Plan::build(&seqs, &inv, 16, 10, 8).unwrap();
+        assert_eq!(pb.max_blocks, 8);
+        assert_eq!(&pb.block_tables[..8], &[3, 4, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&pb.block_tables[16..19], &[0, 1, 5]);
 
         let short = [Seq { tokens: &a, start: 15, blocks: &[3], want: Want::Last }];
-        assert_eq!(Plan::build(&short, &inv, 16, 10).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+        assert_eq!(Plan::build(&short, &inv, 16, 10, 1).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
         let outside = [Seq { tokens: &b, start: 0, blocks: &[16], want: Want::Last }];
-        assert_eq!(Plan::build(&outside, &inv, 16, 10).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+        assert_eq!(Plan::build(&outside, &inv, 16, 10, 1).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
         let bad_token = [Seq { tokens: &[10], start: 0, blocks: &[0], want: Want::Last }];
-        assert_eq!(Plan::build(&bad_token, &inv, 16, 10).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+        assert_eq!(Plan::build(&bad_token, &inv, 16, 10, 1).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
     }
 
     #[test]
@@ -666,11 +1098,22 @@ mod tests {
     #[test]
     fn default_kv_budget_rules() {
         let gib = 1u64 << 30;
-        // Half the free memory, at most 8 GiB.
-        assert_eq!(default_kv_budget(100 * gib, 1024, 4096), 8 * gib);
-        assert_eq!(default_kv_budget(4 * gib, 1024, 4096), 2 * gib);
-        // Raised to one full context when that fits in three quarters of the free memory.
-        assert_eq!(default_kv_budget(100 * gib, 1 << 20, 16384), 16 * gib);
-        assert_eq!(default_kv_budget(8 * gib, 1 << 20, 16384), 6 * gib);
+        let mib = 1u64 << 20;
+        // Nine tenths of what is free above 256 MiB + 1% of the device.
+        assert_eq!(kv_headroom(100 * gib), 256 * mib + gib);
+        assert_eq!(default_kv_budget(100 * gib, 100 * gib), (100 * gib - 256 * mib - gib) / 10 * 9);
+        assert_eq!(default_kv_budget(100 * mib, 10 * gib), 0);
+        // An 8B-shaped F16 model on a 141 GB device: about 110 GB of KV.
+        let free = 143_000_000_000u64 - 16_100_000_000 - 2_000_000_000;
+        let kv = default_kv_budget(free, 143_000_000_000);
+        assert!(kv > 100_000_000_000 && kv < free, "{kv}");
+    }
+
+    #[test]
+    fn plan_tokens_rules() {
+        assert_eq!(plan_tokens(0), 1);
+        assert_eq!(plan_tokens(100), 128);
+        assert_eq!(plan_tokens(2048), 2048);
+        assert_eq!(plan_tokens(131072), PLAN_MAX_TOKENS);
     }
 }
