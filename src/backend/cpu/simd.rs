@@ -810,18 +810,13 @@ mod x86_512 {
         // SAFETY (whole body): R rows of `n` elements at `w` (stride `row_bytes`)
         // and C rows of `n` f32 at `x` (stride `xstride`); prefetches never fault.
         unsafe {
-            let mut i = 0;
-            while i < n16 {
+            // The same spot of a row streamed soon: the next tile's rows, or for
+            // decode (one row at a time) the row 3 ahead.
+            let ahead = if C == 1 { 3 * R * row_bytes } else { R * row_bytes };
+            let step = |i: usize, acc: &mut [[__m512; C]; R]| {
                 let mut wv = [_mm512_setzero_ps(); R];
                 for r in 0..R {
-                    let p = w.add(r * row_bytes + i * es);
-                    if (i * es) % 64 == 0 {
-                        // The same spot of a row streamed soon: the next tile's rows,
-                        // or for decode (one row at a time) the row 3 ahead.
-                        let ahead = if C == 1 { 3 * R * row_bytes } else { R * row_bytes };
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-                    }
-                    wv[r] = load_w::<K>(p);
+                    wv[r] = load_w::<K>(w.add(r * row_bytes + i * es));
                 }
                 for c in 0..C {
                     let xv = _mm512_loadu_ps(x.add(c * xstride + i));
@@ -829,7 +824,27 @@ mod x86_512 {
                         acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
                     }
                 }
-                i += 16;
+            };
+            // 32 elements per turn: one prefetch per row per 64 bytes (f16/bf16),
+            // two for f32; each lane still sums its elements in increasing order.
+            let mut i = 0;
+            while i + 32 <= n16 {
+                for r in 0..R {
+                    let p = w.add(r * row_bytes + i * es).wrapping_add(ahead);
+                    _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+                    if K == 0 {
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64) as *const i8);
+                    }
+                }
+                step(i, &mut acc);
+                step(i + 16, &mut acc);
+                i += 32;
+            }
+            if i < n16 {
+                for r in 0..R {
+                    _mm_prefetch::<_MM_HINT_T0>(w.add(r * row_bytes + i * es).wrapping_add(ahead) as *const i8);
+                }
+                step(i, &mut acc);
             }
             for r in 0..R {
                 for c in 0..C {
