@@ -296,6 +296,13 @@ impl Gguf {
         }
     }
 
+    /// See [`FileBytes::release`] (bytes relative to the start of the file).
+    pub fn release(&self, offset: usize, len: usize) {
+        if let Backing::File(f) = &self.backing {
+            f.release(offset, len);
+        }
+    }
+
     /// A metadata value by key.
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)

@@ -21,6 +21,10 @@ pub trait WeightFile: Send + Sync {
     fn check_unchanged(&self) -> crate::Result<()> {
         Ok(())
     }
+    /// Tells the OS that bytes `offset..offset + len` will not be read again (a
+    /// backend keeps its own copy of them): a mapping drops those pages from the
+    /// process; owned bytes stay. Advisory, never fails.
+    fn release(&self, _offset: usize, _len: usize) {}
 }
 
 impl WeightFile for gguf::Gguf {
@@ -32,6 +36,9 @@ impl WeightFile for gguf::Gguf {
     }
     fn check_unchanged(&self) -> crate::Result<()> {
         gguf::Gguf::check_unchanged(self)
+    }
+    fn release(&self, offset: usize, len: usize) {
+        gguf::Gguf::release(self, offset, len)
     }
 }
 
@@ -95,6 +102,23 @@ impl FileBytes {
         match self {
             FileBytes::Mapped { map, .. } => map,
             FileBytes::Owned(v) => v,
+        }
+    }
+
+    /// Drops the whole pages inside `offset..offset + len` of a mapping from the
+    /// process (MADV_DONTNEED); owned bytes are kept. Advisory: errors are ignored.
+    pub(crate) fn release(&self, offset: usize, len: usize) {
+        let FileBytes::Mapped { map, .. } = self else { return };
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+        let start = offset.div_ceil(page) * page;
+        let end = (offset.saturating_add(len)).min(map.len()) / page * page;
+        if end > start {
+            // SAFETY: the mapping is read-only and file-backed: MADV_DONTNEED only
+            // drops its page-table entries, and a later read faults the same file
+            // bytes back in, so no slice of it ever observes other contents than
+            // the file's (the change caveat of the mapping itself is unchanged).
+            let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
         }
     }
 

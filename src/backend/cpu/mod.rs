@@ -101,6 +101,12 @@ impl CpuBackend {
                 if matches!(m.dtype, DType::Q8_0 | DType::Q4_0) && !packed.contains_key(&(m.file, m.offset)) {
                     let p = qpack::Packed::new(m.dtype, m.bytes(&w), m.row_bytes, m.rows, m.cols, &m.name)?;
                     packed.insert((m.file, m.offset), p);
+                    // The mapped pages of this tensor are not read again (the
+                    // embedding table, read row by row, keeps its pages).
+                    let e = &w.token_embd;
+                    if (e.file, e.offset) != (m.file, m.offset) {
+                        w.files[m.file].release(m.offset, m.rows * m.row_bytes);
+                    }
                 }
             }
         }
