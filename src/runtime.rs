@@ -273,7 +273,7 @@ impl Model {
                 } else {
                     threads as usize
                 };
-                let be = CpuBackend::new(cfg.clone(), weights.clone(), threads)?;
+                let be = CpuBackend::new(cfg.clone(), weights.clone(), threads, &mut |f| report(0.3 + 0.65 * f))?;
                 let per_pos = be.kv_bytes_per_position();
                 let block_bytes = per_pos * BLOCK_POSITIONS as u64;
                 let budget =

@@ -81,7 +81,8 @@ pub struct CpuBackend {
 impl CpuBackend {
     /// Builds the backend; on CPUs with the block-order kernels the quantized
     /// matrices are repacked here (a copy of their bytes in host memory).
-    pub fn new(cfg: Config, w: Arc<Weights>, threads: usize) -> Result<CpuBackend> {
+    /// `progress` gets the fraction of the repacking done.
+    pub fn new(cfg: Config, w: Arc<Weights>, threads: usize, progress: &mut dyn FnMut(f32)) -> Result<CpuBackend> {
         let hd = cfg.head_dim;
         let inv_freq = (0..hd / 2)
             .map(|i| {
@@ -96,10 +97,18 @@ impl CpuBackend {
         let threads = threads.max(1);
         let mut packed = HashMap::new();
         if qpack::block_order(simd::isa()) {
-            let mats = w.layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
-            for m in mats.chain([&w.output]) {
-                if matches!(m.dtype, DType::Q8_0 | DType::Q4_0) && !packed.contains_key(&(m.file, m.offset)) {
-                    let p = qpack::Packed::new(m.dtype, m.bytes(&w), m.row_bytes, m.rows, m.cols, &m.name)?;
+            let mats: Vec<_> = w
+                .layers
+                .iter()
+                .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+                .chain([&w.output])
+                .filter(|m| matches!(m.dtype, DType::Q8_0 | DType::Q4_0))
+                .collect();
+            let total: usize = mats.iter().map(|m| m.rows * m.row_bytes).sum();
+            let mut done = 0;
+            for m in mats {
+                if !packed.contains_key(&(m.file, m.offset)) {
+                    let p = qpack::Packed::new(m.dtype, m.bytes(&w), m.row_bytes, m.rows, m.cols, &m.name, threads)?;
                     packed.insert((m.file, m.offset), p);
                     // The mapped pages of this tensor are not read again (the
                     // embedding table, read row by row, keeps its pages).
@@ -108,6 +117,8 @@ impl CpuBackend {
                         w.files[m.file].release(m.offset, m.rows * m.row_bytes);
                     }
                 }
+                done += m.rows * m.row_bytes;
+                progress(done as f32 / total.max(1) as f32);
             }
         }
         Ok(CpuBackend { cfg, w, threads, pool: pool::Pool::new(threads), kv, inv_freq, packed })

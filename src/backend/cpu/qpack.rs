@@ -59,9 +59,17 @@ fn vals_per_block(dt: DType) -> usize {
 
 impl Packed {
     /// Repacks `rows` rows (`row_bytes` each, as stored in GGUF) of a Q8_0 or
-    /// Q4_0 matrix of `cols` columns. `name` (the tensor's) is for the error when
-    /// the memory cannot be had.
-    pub fn new(dt: DType, w: &[u8], row_bytes: usize, rows: usize, cols: usize, name: &str) -> Result<Packed> {
+    /// Q4_0 matrix of `cols` columns, on up to `threads` threads. `name` (the
+    /// tensor's) is for the error when the memory cannot be had.
+    pub fn new(
+        dt: DType,
+        w: &[u8],
+        row_bytes: usize,
+        rows: usize,
+        cols: usize,
+        name: &str,
+        threads: usize,
+    ) -> Result<Packed> {
         assert!(matches!(dt, DType::Q8_0 | DType::Q4_0), "only Q8_0 and Q4_0 are packed, not {dt}");
         assert_eq!(dt.row_bytes(cols), Some(row_bytes));
         assert!(w.len() >= rows * row_bytes);
@@ -84,21 +92,41 @@ impl Packed {
         // while the view lives.
         let out = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, lines.len() * 64) };
         let q8 = dt == DType::Q8_0;
-        for r in 0..rows {
-            let (g, lane) = (r / GROUP, r % GROUP);
-            let go = g * group_bytes;
-            let row = &w[r * row_bytes..(r + 1) * row_bytes];
-            for (b, blk) in row.chunks_exact(bb).enumerate() {
-                let vals = &blk[2..];
-                for m in 0..vb / 64 {
-                    for i in 0..4 {
-                        let v = vals[4 * m + i];
-                        out[go + b * vb + m * 64 + lane * 4 + i] = if q8 { v ^ 0x80 } else { v };
+        // One group of 16 rows into its `group_bytes` of `out`.
+        let pack_group = |g: usize, dst: &mut [u8]| {
+            for r in g * GROUP..((g + 1) * GROUP).min(rows) {
+                let lane = r % GROUP;
+                let row = &w[r * row_bytes..(r + 1) * row_bytes];
+                for (b, blk) in row.chunks_exact(bb).enumerate() {
+                    let vals = &blk[2..];
+                    for m in 0..vb / 64 {
+                        for i in 0..4 {
+                            let v = vals[4 * m + i];
+                            dst[b * vb + m * 64 + lane * 4 + i] = if q8 { v ^ 0x80 } else { v };
+                        }
                     }
+                    let so = nb * vb + b * 32 + lane * 2;
+                    dst[so..so + 2].copy_from_slice(&blk[..2]);
                 }
-                let so = go + nb * vb + b * 32 + lane * 2;
-                out[so..so + 2].copy_from_slice(&blk[..2]);
             }
+        };
+        // Groups are independent: large matrices are split between `threads`.
+        let per = groups.div_ceil(threads.max(1)).max(1);
+        if threads <= 1 || groups < 2 * threads {
+            for (g, dst) in out.chunks_mut(group_bytes).enumerate() {
+                pack_group(g, dst);
+            }
+        } else {
+            std::thread::scope(|s| {
+                for (k, part) in out.chunks_mut(per * group_bytes).enumerate() {
+                    let pack_group = &pack_group;
+                    s.spawn(move || {
+                        for (j, dst) in part.chunks_mut(group_bytes).enumerate() {
+                            pack_group(k * per + j, dst);
+                        }
+                    });
+                }
+            });
         }
         Ok(Packed { lines, dtype: dt, rows, cols, group_bytes })
     }
@@ -444,7 +472,7 @@ mod tests {
                 for r in 0..rows {
                     quantize_row(dt, &rng_vec(&mut seed, cols), &mut w[r * rb..(r + 1) * rb]);
                 }
-                let p = Packed::new(dt, &w, rb, rows, cols, "test").unwrap();
+                let p = Packed::new(dt, &w, rb, rows, cols, "test", 1 + rows % 3).unwrap();
                 let nb = cols / QK;
                 for isa in available() {
                     for r0 in (0..rows).step_by(GROUP) {
