@@ -107,9 +107,8 @@ impl CpuBackend {
             let total: usize = mats.iter().map(|m| m.rows * m.row_bytes).sum();
             let mut done = 0;
             for m in mats {
-                if !packed.contains_key(&(m.file, m.offset)) {
-                    let p = qpack::Packed::new(m.dtype, m.bytes(&w), m.row_bytes, m.rows, m.cols, &m.name, threads)?;
-                    packed.insert((m.file, m.offset), p);
+                if let std::collections::hash_map::Entry::Vacant(slot) = packed.entry((m.file, m.offset)) {
+                    slot.insert(qpack::Packed::new(m.dtype, m.bytes(&w), m.row_bytes, m.rows, m.cols, &m.name, threads)?);
                     // The mapped pages of this tensor are not read again (the
                     // embedding table, read row by row, keeps its pages).
                     let e = &w.token_embd;
