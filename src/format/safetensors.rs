@@ -83,6 +83,11 @@ impl WeightFile for SafeTensors {
             Backing::Owned(_) => Ok(()),
         }
     }
+    fn release(&self, offset: usize, len: usize) {
+        if let Backing::File(f) = &self.backing {
+            f.release(offset, len);
+        }
+    }
 }
 
 fn elem_size(dtype: &str) -> Option<(DType, u64)> {

@@ -4,6 +4,7 @@
 mod forward;
 pub mod ops;
 pub mod pool;
+pub mod fpack;
 pub mod qpack;
 pub mod simd;
 
@@ -75,7 +76,7 @@ pub struct CpuBackend {
     inv_freq: Vec<f64>,
     /// Q8_0 / Q4_0 matrices repacked for the block-order kernels, keyed by
     /// (file, offset) (empty where the kernel set reads rows as stored).
-    packed: HashMap<(usize, usize), qpack::Packed>,
+    packed: HashMap<(usize, usize), ops::Pack>,
 }
 
 impl CpuBackend {
@@ -96,19 +97,27 @@ impl CpuBackend {
         let kv = KvStore { blocks: Vec::new(), n_layers: cfg.n_layers, kv_dim: cfg.kv_dim() };
         let threads = threads.max(1);
         let mut packed = HashMap::new();
-        if qpack::block_order(simd::isa()) {
+        let isa = simd::isa();
+        let wants = |dt: DType| {
+            (qpack::block_order(isa) && matches!(dt, DType::Q8_0 | DType::Q4_0)) || fpack::sequential_order(isa, dt)
+        };
+        {
             let mats: Vec<_> = w
                 .layers
                 .iter()
                 .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
                 .chain([&w.output])
-                .filter(|m| matches!(m.dtype, DType::Q8_0 | DType::Q4_0))
+                .filter(|m| wants(m.dtype))
                 .collect();
             let total: usize = mats.iter().map(|m| m.rows * m.row_bytes).sum();
             let mut done = 0;
             for m in mats {
                 if let std::collections::hash_map::Entry::Vacant(slot) = packed.entry((m.file, m.offset)) {
-                    slot.insert(qpack::Packed::new(m.dtype, m.bytes(&w), m.row_bytes, m.rows, m.cols, &m.name, threads)?);
+                    slot.insert(if m.dtype == DType::F16 {
+                        ops::Pack::F(fpack::Packed::new(m.bytes(&w), m.rows, m.cols, &m.name, threads)?)
+                    } else {
+                        ops::Pack::Q(qpack::Packed::new(m.dtype, m.bytes(&w), m.row_bytes, m.rows, m.cols, &m.name, threads)?)
+                    });
                     // The mapped pages of this tensor are not read again (the
                     // embedding table, read row by row, keeps its pages).
                     let e = &w.token_embd;

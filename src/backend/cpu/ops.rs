@@ -3,7 +3,7 @@
 //! the thread count, so a sequence's results are the same alone or batched.
 
 use super::pool::{Pool, SendPtr};
-use super::qpack::{self, Packed};
+use super::{fpack, qpack};
 use super::simd::{self, QAct};
 use crate::quant::DType;
 use std::cell::OnceCell;
@@ -54,6 +54,12 @@ pub fn par_units<T: Send>(
     });
 }
 
+/// A matrix repacked at load for this CPU's kernels.
+pub enum Pack {
+    Q(qpack::Packed),
+    F(fpack::Packed),
+}
+
 /// The activations of one matmul input: f32 rows, quantized to 8 bits the first
 /// time a quantized weight needs them (then reused by every matrix that reads
 /// the same input in this step).
@@ -84,7 +90,7 @@ pub fn matmul(
     w: &[u8],
     row_bytes: usize,
     rows: usize,
-    packed: Option<&Packed>,
+    packed: Option<&Pack>,
     act: &Act<'_>,
     y: &mut [f32],
 ) {
@@ -94,19 +100,27 @@ pub fn matmul(
     let isa = simd::isa();
     let quant = matches!(dtype, DType::Q8_0 | DType::Q4_0);
     let qa = if quant { Some(act.quantized()) } else { None };
-    let packed = packed.filter(|p| quant && p.rows == rows && p.cols == cols && p.dtype == dtype);
+    let packed = packed.filter(|p| match p {
+        Pack::Q(q) => quant && q.rows == rows && q.cols == cols && q.dtype == dtype,
+        Pack::F(f) => dtype == DType::F16 && f.rows == rows && f.cols == cols,
+    });
     let x = act.x;
     let run = |r0: usize, part: &mut [f32]| {
         let n = part.len() / t_count;
         let wr = &w[r0 * row_bytes..(r0 + n) * row_bytes];
         match (qa, packed) {
-            (Some(qa), Some(p)) => qpack::gemm(isa, p, r0, n, qa, part),
-            (Some(qa), None) => simd::gemm_q(isa, dtype, wr, row_bytes, n, qa, part),
+            (Some(qa), Some(Pack::Q(p))) => qpack::gemm(isa, p, r0, n, qa, part),
+            (Some(qa), _) => simd::gemm_q(isa, dtype, wr, row_bytes, n, qa, part),
+            (None, Some(Pack::F(p))) => fpack::gemm(isa, p, r0, n, x, part),
             _ => simd::gemm_f(isa, dtype, wr, row_bytes, n, x, cols, part),
         }
     };
-    // Packed groups of 16 rows are never split between threads.
-    let align = if packed.is_some() { qpack::GROUP } else { 4 };
+    // Packed groups of rows are never split between threads.
+    let align = match packed {
+        Some(Pack::Q(_)) => qpack::GROUP,
+        Some(Pack::F(_)) => fpack::GROUP,
+        None => 4,
+    };
     if t_count == 1 {
         par_units(pool, y, 1, cols, align, run);
         return;

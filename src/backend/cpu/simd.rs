@@ -254,6 +254,9 @@ pub fn gemm_ref(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, x
                     &a.qs[c * cols..(c + 1) * cols],
                     &a.d[c * cols / QK..(c + 1) * cols / QK],
                 ),
+                None if super::fpack::sequential_order(isa, dt) => {
+                    super::fpack::dot_sequential_ref(row, &x[c * cols..(c + 1) * cols])
+                }
                 None => dot_f_ref_lanes(dt, wide(isa), row, &x[c * cols..(c + 1) * cols]),
             };
         }
@@ -335,6 +338,16 @@ pub fn gemm_f(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, x: 
         _ => 2,
     };
     match isa {
+        // F16 in the sequential order: the fast kernels read packed weights
+        // (`fpack`); rows as stored (tests, odd callers) take the reference.
+        Isa::Avx512Vnni if super::fpack::sequential_order(isa, dt) => {
+            for r in 0..nrows {
+                let row = &w[r * row_bytes..(r + 1) * row_bytes];
+                for c in 0..t {
+                    out[r * t + c] = super::fpack::dot_sequential_ref(row, &x[c * cols..(c + 1) * cols]);
+                }
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2/FMA/F16C present whenever these sets are chosen; lengths asserted above.
         Isa::Avx512Vnni => unsafe { x86_512::gemm_f(kind, w.as_ptr(), row_bytes, nrows, x, cols, out) },
