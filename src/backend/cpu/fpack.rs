@@ -1,6 +1,6 @@
 //! F16 weights repacked at load for the AVX-512 kernels: 32 rows interleaved per
-//! column, so that prefill runs a broadcast micro-kernel (32 rows x up to 12
-//! tokens per tile: two 16-row weight vectors per column, one broadcast
+//! column, so that prefill runs a broadcast micro-kernel (64 rows x up to 6
+//! tokens per tile: four 16-row weight vectors per column, one broadcast
 //! activation per token) and decode streams 4 groups side by side.
 //!
 //! This is the "sequential order" of an F16 row's dot product, used on AVX-512
@@ -149,29 +149,45 @@ mod x86 {
     /// One group (32 rows at `g`) x C activation rows (`x`, stride `cols`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-    unsafe fn tile<const C: usize>(g: *const u8, cols: usize, x: *const f32, out: *mut f32, ostride: usize, valid: usize) {
-        let mut acc = [[_mm512_setzero_ps(); C]; 2];
+    unsafe fn tile<const NG: usize, const C: usize>(
+        g: *const u8,
+        gs: usize,
+        cols: usize,
+        x: *const f32,
+        out: *mut f32,
+        ostride: usize,
+        valid: usize,
+    ) {
+        let mut acc = [[[_mm512_setzero_ps(); C]; 2]; NG];
         // SAFETY (whole body): the group holds `cols` lines of 64 bytes; C rows of
         // `cols` f32 at `x`; outputs for `valid` rows x C tokens at `out` (the
         // driver checks); prefetches never fault.
         unsafe {
             for k in 0..cols {
-                let p = g.add(k * 64);
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(1024) as *const i8);
-                let w0 = _mm512_cvtph_ps(_mm256_load_si256(p as *const __m256i));
-                let w1 = _mm512_cvtph_ps(_mm256_load_si256(p.add(32) as *const __m256i));
+                let mut w = [[_mm512_setzero_ps(); 2]; NG];
+                for j in 0..NG {
+                    let p = g.add(j * gs + k * 64);
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(1024) as *const i8);
+                    w[j][0] = _mm512_cvtph_ps(_mm256_load_si256(p as *const __m256i));
+                    w[j][1] = _mm512_cvtph_ps(_mm256_load_si256(p.add(32) as *const __m256i));
+                }
                 for c in 0..C {
                     let xb = _mm512_set1_ps(*x.add(c * cols + k));
-                    acc[0][c] = _mm512_fmadd_ps(w0, xb, acc[0][c]);
-                    acc[1][c] = _mm512_fmadd_ps(w1, xb, acc[1][c]);
+                    for j in 0..NG {
+                        acc[j][0][c] = _mm512_fmadd_ps(w[j][0], xb, acc[j][0][c]);
+                        acc[j][1][c] = _mm512_fmadd_ps(w[j][1], xb, acc[j][1][c]);
+                    }
                 }
             }
-            for c in 0..C {
-                let mut v = [0f32; GROUP];
-                _mm512_storeu_ps(v.as_mut_ptr(), acc[0][c]);
-                _mm512_storeu_ps(v.as_mut_ptr().add(16), acc[1][c]);
-                for r in 0..valid {
-                    *out.add(r * ostride + c) = v[r];
+            for j in 0..NG {
+                for c in 0..C {
+                    let mut v = [0f32; GROUP];
+                    _mm512_storeu_ps(v.as_mut_ptr(), acc[j][0][c]);
+                    _mm512_storeu_ps(v.as_mut_ptr().add(16), acc[j][1][c]);
+                    let n = if j + 1 == NG { valid } else { GROUP };
+                    for r in 0..n {
+                        *out.add((j * GROUP + r) * ostride + c) = v[r];
+                    }
                 }
             }
         }
@@ -208,21 +224,34 @@ mod x86 {
         }
     }
 
-    macro_rules! dispatch {
+    macro_rules! dispatch1 {
         ($ct:expr, $($args:expr),*) => {
             match $ct {
-                12 => tile::<12>($($args),*),
-                11 => tile::<11>($($args),*),
-                10 => tile::<10>($($args),*),
-                9 => tile::<9>($($args),*),
-                8 => tile::<8>($($args),*),
-                7 => tile::<7>($($args),*),
-                6 => tile::<6>($($args),*),
-                5 => tile::<5>($($args),*),
-                4 => tile::<4>($($args),*),
-                3 => tile::<3>($($args),*),
-                2 => tile::<2>($($args),*),
-                _ => tile::<1>($($args),*),
+                12 => tile::<1, 12>($($args),*),
+                11 => tile::<1, 11>($($args),*),
+                10 => tile::<1, 10>($($args),*),
+                9 => tile::<1, 9>($($args),*),
+                8 => tile::<1, 8>($($args),*),
+                7 => tile::<1, 7>($($args),*),
+                6 => tile::<1, 6>($($args),*),
+                5 => tile::<1, 5>($($args),*),
+                4 => tile::<1, 4>($($args),*),
+                3 => tile::<1, 3>($($args),*),
+                2 => tile::<1, 2>($($args),*),
+                _ => tile::<1, 1>($($args),*),
+            }
+        };
+    }
+
+    macro_rules! dispatch2 {
+        ($ct:expr, $($args:expr),*) => {
+            match $ct {
+                6 => tile::<2, 6>($($args),*),
+                5 => tile::<2, 5>($($args),*),
+                4 => tile::<2, 4>($($args),*),
+                3 => tile::<2, 3>($($args),*),
+                2 => tile::<2, 2>($($args),*),
+                _ => tile::<2, 1>($($args),*),
             }
         };
     }
@@ -260,15 +289,24 @@ mod x86 {
                 let t1 = (t0 + tc).min(t);
                 let mut i = 0;
                 while i < nrows {
-                    let valid = (nrows - i).min(GROUP);
                     let g = base.add((r0 + i) / GROUP * gs);
+                    // Two groups (64 rows: 4 weight vectors) x 6 tokens, 10 loads per
+                    // 24 FMAs; a last lone group takes 32 rows x 12 tokens.
+                    let two = nrows - i > GROUP;
+                    let valid = if two { (nrows - i - GROUP).min(GROUP) } else { (nrows - i).min(GROUP) };
+                    let maxc = if two { 6 } else { MAXC };
                     let mut c = t0;
                     while c < t1 {
-                        let ct = (t1 - c).min(MAXC);
-                        dispatch!(ct, g, cols, x.as_ptr().add(c * cols), o.add(i * t + c), t, valid);
+                        let ct = (t1 - c).min(maxc);
+                        let (xp, op) = (x.as_ptr().add(c * cols), o.add(i * t + c));
+                        if two {
+                            dispatch2!(ct, g, gs, cols, xp, op, t, valid);
+                        } else {
+                            dispatch1!(ct, g, gs, cols, xp, op, t, valid);
+                        }
                         c += ct;
                     }
-                    i += GROUP;
+                    i += if two { 2 * GROUP } else { GROUP };
                 }
                 t0 = t1;
             }
