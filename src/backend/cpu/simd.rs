@@ -21,8 +21,9 @@
 //! always uses one order.
 //!
 //! On AVX-512 VNNI CPUs the quantized kernels use the block order of
-//! [`super::qpack`] instead (one rounding per 32-element block) over weights
-//! repacked at load; `gemm_q` there takes the reference over rows as stored.
+//! [`super::qpack`] instead (one rounding per 32-element block), and F16 the
+//! sequential order of [`super::fpack`], over weights repacked at load;
+//! `gemm_q` / `gemm_f` there take the reference over rows as stored.
 //!
 //! The SIMD versions compute exactly these operations (the integer sums are
 //! exact in any order), so they are bit-identical to the reference; the unit
