@@ -333,7 +333,8 @@ extern "C" __global__ void attention_merge_f32(const float* __restrict__ part_o,
 // ever stored. Row i of the tile is handled by the PF_SUB threads 8i .. 8i+7; thread
 // `sub` holds q and the output for dims sub, sub + 8, ...; the 8 partial dot products
 // are summed with xor shuffles, so each of the 8 threads has the row's 16 scores.
-// Causal mask: position p > pos[t] scores -inf. Guards as attention_f32 (NaN rows).
+// Causal mask: position p > pos[t] scores -inf; V rows past the tile's last position are
+// staged as zeros (stale slots must not reach the output). Guards as attention_f32 (NaN rows).
 // Needs head_dim % 8 == 0, head_dim <= ATT_MAX_HD, tokens of a tile at consecutive
 // positions (a sequence's new tokens are). Launch: grid = (n_tiles, n_heads), block =
 // (PF_THREADS) exactly.
@@ -410,7 +411,13 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS)
             const int j = e / vec_per_row, c = e % vec_per_row;
             const size_t off = (size_t)j * kv_dim + (size_t)c * 8;
             *reinterpret_cast<uint4*>(&ks[j][c * 8]) = *reinterpret_cast<const uint4*>(kb + k_off + off);
-            *reinterpret_cast<uint4*>(&vs[j][c * 8]) = *reinterpret_cast<const uint4*>(kb + v_off + off);
+            // Slots past the tile's last position hold stale data (a freed block's, or
+            // nothing yet). Their weight is exactly 0, but 0 * Inf or 0 * NaN would poison
+            // every row of the tile (attention_f32 never reads them): stage zeros instead.
+            // (A stale K is harmless: its score is replaced by -inf, not multiplied.)
+            uint4 vv = *reinterpret_cast<const uint4*>(kb + v_off + off);
+            if ((unsigned int)(b * BLOCK_POSITIONS + j) > p_max) vv.x = vv.y = vv.z = vv.w = 0u;
+            *reinterpret_cast<uint4*>(&vs[j][c * 8]) = vv;
         }
         __syncthreads();
 

@@ -139,23 +139,26 @@ run_test() {
   fi
   echo "== $logname: $* $name --test-threads=1 --nocapture (timeout ${limit}s)"
   local t0 rc wall res passed failed skipped nodev verdict
+  # The log's file name keeps to [A-Za-z0-9._-] ("cuda_parity[FAST=0]" -> "cuda_parity_FAST_0_"):
+  # a copier that skips names with odd characters must not lose the one log that explains a failure.
+  local logf="$LOG/${logname//[^A-Za-z0-9._-]/_}.log"
   t0=$(date +%s.%N)
-  env "$@" timeout "$limit" "$exe" --test-threads=1 --nocapture > >(tee "$LOG/$logname.log") 2>&1
+  env "$@" timeout "$limit" "$exe" --test-threads=1 --nocapture > >(tee "$logf") 2>&1
   rc=$?
   wait  # for tee
   wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-  res="$(grep -E '^test result:' "$LOG/$logname.log" | tail -1)"
+  res="$(grep -E '^test result:' "$logf" | tail -1)"
   passed="$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<<"$res")"
   failed="$(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<<"$res")"
-  skipped="$(grep -c 'skipped:' "$LOG/$logname.log")"
-  nodev="$(grep -c 'skipped: no CUDA device' "$LOG/$logname.log")"
+  skipped="$(grep -c 'skipped:' "$logf")"
+  nodev="$(grep -c 'skipped: no CUDA device' "$logf")"
   verdict=ok
   if [ "$rc" = 124 ]; then verdict="TIMEOUT(${limit}s)"; status=1
   elif [ "$rc" != 0 ]; then verdict="FAILED(rc=$rc)"; status=1
   elif [ "$nodev" -gt 0 ]; then verdict="NO-DEVICE"; saw_no_device=1
   fi
   rows+=("$(printf '%-22s %-16s %7s %7s %8s %8s' "$logname" "$verdict" "${passed:-?}" "${failed:-?}" "$skipped" "$wall")")
-  while IFS= read -r l; do maxerrs+=("$logname: ${l#MAXERR }"); done < <(grep -E '^MAXERR ' "$LOG/$logname.log")
+  while IFS= read -r l; do maxerrs+=("$logname: ${l#MAXERR }"); done < <(grep -E '^MAXERR ' "$logf")
 }
 
 # 1. every test executable as shipped (fast paths on).

@@ -833,6 +833,39 @@ fn tiled_prefill_attention_matches_cpu_and_the_one_kernel_attention() {
     worst.report();
     worst_vs.report();
 
+    // Stale slots: a block reused from a freed sequence may hold Inf (f16 overflow) or NaN
+    // past the tile's last position. The one-kernel attention never reads them; the tiled
+    // kernel stages the whole block, and its weight 0 times Inf would poison every row.
+    {
+        let shape = AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: 32 };
+        let (n_layers, kvd, qd) = (1usize, 64usize, 128usize);
+        let mut rng = Rng::new(&[171]);
+        let (mut kv, mut pool) = random_pool(d, &mut rng, 4, n_layers, kvd);
+        let be = n_layers * 2 * BLOCK_POSITIONS * kvd;
+        // Block 1, slot 10 (position 26 of the sequence below, past its last position 19):
+        // K and V of every KV head set to +Inf and NaN.
+        for dd in 0..kvd {
+            pool[be + 10 * kvd + dd] = f16::INFINITY;
+            pool[be + BLOCK_POSITIONS * kvd + 10 * kvd + dd] = if dd % 2 == 0 { f16::INFINITY } else { f16::NAN };
+        }
+        d.stream.memcpy_htod(&pool, &mut kv.data).expect("upload pool");
+        let tables = [2u32, 1];
+        let (seq, pos): (Vec<u32>, Vec<u32>) = (0..20u32).map(|i| (0, i)).unzip();
+        let n = seq.len();
+        let q = rng.vec(n * qd, -2.0, 2.0);
+        let (q_d, seq_d, pos_d, tab_d) = (d.up(&q), d.up(&seq), d.up(&pos), d.up(&tables));
+        let mut out = d.nan(n * qd);
+        d.ops
+            .attention_prefill(&q_d, &kv, 0, &seq_d, &pos_d, &tab_d, &d.up(&[0u32, 16, 16, 4]), 2, 2, n, shape, &mut out)
+            .expect("attention_prefill over a stale slot");
+        let got = d.down(&out);
+        assert!(got.iter().all(|v| v.is_finite()), "a stale Inf/NaN slot past the tile's end reached the output");
+        let want = reference::attention(&q, &pool, n_layers, 0, &seq, &pos, &tables, 2, shape);
+        let mut w = Worst::new("attention_prefill_stale_slot");
+        w.check("stale Inf/NaN past the end".to_string(), &got, &want, 1e-4);
+        w.report();
+    }
+
     // Guards: a tile reaching past the table gives NaN rows; head_dim % 8 != 0 is refused.
     let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 16 };
     let kv = KvPool::new(&d.stream, 2, 1, 16).expect("KvPool::new");

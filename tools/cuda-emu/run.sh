@@ -7,15 +7,16 @@
 #   t_gemv  fast GEMV kernels against the plain ones (F16/BF16 bit for bit), the fused
 #           Q/K/V and gate/up/SwiGLU launches against the separate ones (bit for bit)
 #   t_norm  add_rmsnorm against add then rmsnorm (bit for bit)
+#   t_stale tiled prefill attention with stale Inf K/V past the tile's last position
 # Needs g++ with C++20 and _Float16 (gcc 12 on x86-64). t_att takes a few minutes on 2
 # cores (thread creation).
-#   usage: tools/cuda-emu/run.sh [t_att|t_gemv|t_norm ...]
+#   usage: tools/cuda-emu/run.sh [t_att|t_gemv|t_norm|t_stale ...]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(t_norm t_gemv t_att)
+[ ${#tests[@]} -gt 0 ] || tests=(t_norm t_stale t_gemv t_att)
 status=0
 for t in "${tests[@]}"; do
   echo "== $t"
