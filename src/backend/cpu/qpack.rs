@@ -341,7 +341,11 @@ mod x86 {
                             isum = dpbusd(isum, _mm512_loadu_si512(p.add(64 * m) as *const __m512i), xb[m]);
                         }
                     }
-                    let ws = _mm512_cvtph_ps(_mm256_loadu_si256(gj.add(nb * vb + 32 * b) as *const __m256i));
+                    let sp = gj.add(nb * vb + 32 * b);
+                    if b % 2 == 0 {
+                        _mm_prefetch::<_MM_HINT_T0>(sp.wrapping_add(256) as *const i8);
+                    }
+                    let ws = _mm512_cvtph_ps(_mm256_loadu_si256(sp as *const __m256i));
                     acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(ws, dx), _mm512_cvtepi32_ps(isum), acc[j]);
                 }
             }
