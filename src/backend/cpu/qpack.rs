@@ -341,6 +341,7 @@ mod x86 {
                             isum = dpbusd(isum, _mm512_loadu_si512(p.add(64 * m) as *const __m512i), xb[m]);
                         }
                     }
+                    // The group's scales are a second stream: fetch a line 8 blocks ahead.
                     let sp = gj.add(nb * vb + 32 * b);
                     if b % 2 == 0 {
                         _mm_prefetch::<_MM_HINT_T0>(sp.wrapping_add(256) as *const i8);
