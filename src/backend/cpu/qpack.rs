@@ -311,6 +311,7 @@ mod x86 {
         let vb = if Q4 { 256 } else { 512 };
         let corr = if Q4 { -8 } else { -128 };
         let m4 = _mm512_set1_epi8(0x0F);
+        let mf0 = _mm512_set1_epi8(0xF0u8 as i8);
         let mut acc = [_mm512_setzero_ps(); G];
         // SAFETY (whole body): G groups of `nb` blocks (and their scales) at
         // `g + j * gstride`, one activation row in `a`; outputs `16 (G - 1) +
@@ -329,12 +330,16 @@ mod x86 {
                     let p = gj.add(b * vb);
                     let mut isum = c;
                     if Q4 {
+                        // High nibbles kept in place (16 x value, <= 240): their own
+                        // sum is 16 x theirs, shifted back once (exact).
+                        let mut hi16 = _mm512_setzero_si512();
                         for m in 0..4 {
                             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PFV + 64 * m) as *const i8);
                             let v = _mm512_loadu_si512(p.add(64 * m) as *const __m512i);
                             isum = dpbusd(isum, _mm512_and_si512(v, m4), xb[m]);
-                            isum = dpbusd(isum, _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4), xb[4 + m]);
+                            hi16 = dpbusd(hi16, _mm512_and_si512(v, mf0), xb[4 + m]);
                         }
+                        isum = _mm512_add_epi32(isum, _mm512_srai_epi32::<4>(hi16));
                     } else {
                         for m in 0..8 {
                             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PFV + 64 * m) as *const i8);
