@@ -156,14 +156,24 @@ impl QAct {
             let s = amax / 127.0;
             let id = if s != 0.0 { 127.0 / amax } else { 0.0 };
             for (q, &v) in qb.iter_mut().zip(xb) {
-                // `as i8` saturates (NaN -> 0); |v * id| <= 127 up to rounding.
-                *q = (v * id).round() as i8;
+                *q = round_to_i8(v * id);
             }
             *db = s;
             *sb = qb.iter().map(|&q| q as i32).sum();
         }
         QAct { qs, d, sums, cols, t }
     }
+}
+
+/// `v.round() as i8` (halves away from zero; saturating; NaN -> 0) without a
+/// libm call, so the quantization loop vectorizes: after clamping to
+/// [-128, 128] the truncation and the remainder `v - trunc(v)` are exact.
+#[inline(always)]
+pub fn round_to_i8(v: f32) -> i8 {
+    let v = v.clamp(-128.0, 128.0);
+    let i = v as i32; // NaN -> 0
+    let f = v - i as f32;
+    (i + (f >= 0.5) as i32 - (f <= -0.5) as i32).clamp(-128, 127) as i8
 }
 
 // ---------------------------------------------------------------------------
@@ -1043,6 +1053,23 @@ mod tests {
                     assert_eq!(dot_f32(isa, a, b).to_bits(), dot_f32(Isa::Scalar, a, b).to_bits());
                 }
             }
+        }
+    }
+
+    #[test]
+    fn round_to_i8_is_round_then_saturating_cast() {
+        let mut vals = vec![0.5f32, -0.5, 1.5, -1.5, 2.5, 126.5, 127.5, -127.5, -128.5, 127.49999, 0.49999997, -0.49999997];
+        vals.extend([0.0, -0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e30, -1e30, 128.0, -129.0, f32::MIN_POSITIVE]);
+        let mut x = 0x1234_5678u32;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            vals.push(f32::from_bits(x) % 300.0);
+            vals.push((x as f32 / u32::MAX as f32) * 260.0 - 130.0);
+        }
+        for v in vals {
+            assert_eq!(round_to_i8(v), v.round() as i8, "{v:e}");
         }
     }
 
