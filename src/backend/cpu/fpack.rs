@@ -16,18 +16,15 @@
 
 use super::simd::Isa;
 use crate::quant::{f16_bits_to_f32, DType};
-use crate::{Error, Result};
+use super::groups::Groups;
+use crate::Result;
 
 /// Rows per packed group (two 512-bit vectors of f32 lanes).
 pub const GROUP: usize = 32;
 
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
-
 /// An F16 matrix in the packed layout (see the module docs).
 pub struct Packed {
-    lines: Vec<Line>,
+    groups: Groups,
     pub rows: usize,
     pub cols: usize,
 }
@@ -45,20 +42,6 @@ impl Packed {
     pub fn new(w: &[u8], rows: usize, cols: usize, name: &str, threads: usize) -> Result<Packed> {
         assert!(w.len() >= rows * cols * 2);
         let group_bytes = cols * 64;
-        let groups = rows.div_ceil(GROUP);
-        let n_lines = groups * cols;
-        let mut lines: Vec<Line> = Vec::new();
-        lines.try_reserve_exact(n_lines).map_err(|_| {
-            Error::out_of_memory(format!(
-                "cannot allocate {} bytes of host memory to repack tensor '{name}' (F16, {rows} x {cols})",
-                n_lines * 64
-            ))
-        })?;
-        lines.resize(n_lines, Line([0; 64]));
-        // SAFETY: `Line` is 64 plain bytes with no padding; the byte view covers
-        // exactly the vector's storage and the vector is not touched otherwise
-        // while the view lives.
-        let out = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, lines.len() * 64) };
         let pack_group = |g: usize, dst: &mut [u8]| {
             for r in g * GROUP..((g + 1) * GROUP).min(rows) {
                 let lane = r % GROUP;
@@ -68,29 +51,9 @@ impl Packed {
                 }
             }
         };
-        let per = groups.div_ceil(threads.max(1)).max(1);
-        if threads <= 1 || groups < 2 * threads {
-            for (g, dst) in out.chunks_mut(group_bytes).enumerate() {
-                pack_group(g, dst);
-            }
-        } else {
-            std::thread::scope(|s| {
-                for (k, part) in out.chunks_mut(per * group_bytes).enumerate() {
-                    let pack_group = &pack_group;
-                    s.spawn(move || {
-                        for (j, dst) in part.chunks_mut(group_bytes).enumerate() {
-                            pack_group(k * per + j, dst);
-                        }
-                    });
-                }
-            });
-        }
-        Ok(Packed { lines, rows, cols })
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: as in `new`: plain bytes, shared view of the whole storage.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const u8, self.lines.len() * 64) }
+        let what = || format!("tensor '{name}' (F16, {rows} x {cols})");
+        let groups = Groups::build(rows.div_ceil(GROUP), group_bytes, threads, what, pack_group)?;
+        Ok(Packed { groups, rows, cols })
     }
 }
 
@@ -123,7 +86,7 @@ pub fn gemm(isa: Isa, p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut 
 
 /// The packed layout read back element by element: the sequential order exactly.
 fn gemm_portable(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
-    let bytes = p.bytes();
+    let bytes = p.groups.bytes();
     let (cols, t) = (p.cols, x.len() / p.cols);
     for i in 0..nrows {
         let r = r0 + i;
@@ -262,7 +225,7 @@ mod x86 {
         let cols = p.cols;
         let t = x.len() / cols;
         let gs = cols * 64;
-        let base = p.lines.as_ptr() as *const u8;
+        let base = p.groups.bytes().as_ptr();
         let o = out.as_mut_ptr();
         // SAFETY (whole body): groups from `r0 / 32` up to row `r0 + nrows` are in
         // `p`, token rows `c..c + ct <= t` in `x`, outputs `i * t + c` for

@@ -23,23 +23,18 @@
 
 use super::simd::{Isa, QAct};
 use crate::quant::{f16_bits_to_f32, DType, QK};
-use crate::{Error, Result};
+use super::groups::Groups;
+use crate::Result;
 
 /// Rows per packed group (one 512-bit vector of i32 lanes).
 pub const GROUP: usize = 16;
 
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
-
 /// A Q8_0 or Q4_0 matrix in the packed layout (see the module docs).
 pub struct Packed {
-    lines: Vec<Line>,
+    groups: Groups,
     pub dtype: DType,
     pub rows: usize,
     pub cols: usize,
-    /// Bytes from one group to the next (a multiple of 64).
-    group_bytes: usize,
 }
 
 /// Whether `isa` computes quantized dot products in the block order (and so
@@ -77,22 +72,8 @@ impl Packed {
         let bb = dt.block_bytes();
         let vb = vals_per_block(dt);
         let group_bytes = (nb * (vb + 32)).div_ceil(64) * 64;
-        let groups = rows.div_ceil(GROUP);
-        let n_lines = groups * group_bytes / 64;
-        let mut lines: Vec<Line> = Vec::new();
-        lines.try_reserve_exact(n_lines).map_err(|_| {
-            Error::out_of_memory(format!(
-                "cannot allocate {} bytes of host memory to repack tensor '{name}' ({dt}, {rows} x {cols})",
-                n_lines * 64
-            ))
-        })?;
-        lines.resize(n_lines, Line([0; 64]));
-        // SAFETY: `Line` is 64 plain bytes with no padding; the byte view covers
-        // exactly the vector's storage and the vector is not touched otherwise
-        // while the view lives.
-        let out = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, lines.len() * 64) };
         let q8 = dt == DType::Q8_0;
-        // One group of 16 rows into its `group_bytes` of `out`.
+        // One group of 16 rows into its `group_bytes`.
         let pack_group = |g: usize, dst: &mut [u8]| {
             for r in g * GROUP..((g + 1) * GROUP).min(rows) {
                 let lane = r % GROUP;
@@ -110,35 +91,9 @@ impl Packed {
                 }
             }
         };
-        // Groups are independent: large matrices are split between `threads`.
-        let per = groups.div_ceil(threads.max(1)).max(1);
-        if threads <= 1 || groups < 2 * threads {
-            for (g, dst) in out.chunks_mut(group_bytes).enumerate() {
-                pack_group(g, dst);
-            }
-        } else {
-            std::thread::scope(|s| {
-                for (k, part) in out.chunks_mut(per * group_bytes).enumerate() {
-                    let pack_group = &pack_group;
-                    s.spawn(move || {
-                        for (j, dst) in part.chunks_mut(group_bytes).enumerate() {
-                            pack_group(k * per + j, dst);
-                        }
-                    });
-                }
-            });
-        }
-        Ok(Packed { lines, dtype: dt, rows, cols, group_bytes })
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: as in `new`: plain bytes, shared view of the whole storage.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const u8, self.lines.len() * 64) }
-    }
-
-    /// Bytes held (for load reports).
-    pub fn size_bytes(&self) -> usize {
-        self.lines.len() * 64
+        let what = || format!("tensor '{name}' ({dt}, {rows} x {cols})");
+        let groups = Groups::build(rows.div_ceil(GROUP), group_bytes, threads, what, pack_group)?;
+        Ok(Packed { groups, dtype: dt, rows, cols })
     }
 }
 
@@ -186,11 +141,11 @@ pub fn gemm(isa: Isa, p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [
 fn gemm_portable(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
     let nb = p.cols / QK;
     let vb = vals_per_block(p.dtype);
-    let bytes = p.bytes();
+    let bytes = p.groups.bytes();
     let t = a.t;
     for i in 0..nrows {
         let r = r0 + i;
-        let go = (r / GROUP) * p.group_bytes;
+        let go = (r / GROUP) * p.groups.group_bytes();
         let lane = r % GROUP;
         for c in 0..t {
             let mut acc = 0f32;
@@ -396,7 +351,7 @@ mod x86 {
         let nb = p.cols / QK;
         let t = a.t;
         let tc = (token_chunk(t, a.cols) / MAXC * MAXC).max(MAXC);
-        let base = p.lines.as_ptr() as *const u8;
+        let base = p.groups.bytes().as_ptr();
         let o = out.as_mut_ptr();
         let mut t0 = 0;
         // SAFETY (whole loop nest): groups `r0 / 16 ..` up to row `r0 + nrows` are
@@ -406,7 +361,7 @@ mod x86 {
             if t == 1 {
                 // Decode: four groups side by side, then the rest one by one.
                 const G: usize = 4;
-                let gs = p.group_bytes;
+                let gs = p.groups.group_bytes();
                 let mut i = 0;
                 while i < nrows {
                     let g = base.add((r0 + i) / GROUP * gs);
@@ -435,7 +390,7 @@ mod x86 {
                 let mut i = 0;
                 while i < nrows {
                     let valid = (nrows - i).min(GROUP);
-                    let g = base.add((r0 + i) / GROUP * p.group_bytes);
+                    let g = base.add((r0 + i) / GROUP * p.groups.group_bytes());
                     let mut c = t0;
                     while c < t1 {
                         let ct = (t1 - c).min(MAXC);
