@@ -769,46 +769,37 @@ impl CudaBackend {
             if s.stage.len() < total {
                 return Err(Error::internal(format!("step arrays: stage holds {} words, {total} needed", s.stage.len())));
             }
-            for (i, (dst, what)) in dsts.into_iter().enumerate() {
-                let len = lens[i];
-                if len > 0 {
-                    if dst.len() < len {
-                        return Err(Error::internal(format!("{what}: {} elements, {len} needed", dst.len())));
-                    }
-                    let (d, _gd) = dst.device_ptr_mut(stream);
-                    // SAFETY: src + off*4 .. + len*4 lies in the stage (total <= stage.len(),
-                    // checked above) and d .. + len*4 in dst (checked); both are device
-                    // allocations of this context, distinct buffers; the copy is ordered on
-                    // `stream` like every use of them.
-                    unsafe { cudarc::driver::result::memcpy_dtod_async(d, src + (off * 4) as u64, len * 4, stream.cu_stream()) }
-                        .map_err(|e| driver_err(&format!("unpacking the step's {what} (cuMemcpyDtoDAsync)"), e))?;
+            // Words `off..off + len` of the stage into the `have`-element buffer at `d`.
+            let unpack = |d: sys::CUdeviceptr, have: usize, off: usize, len: usize, what: &str| -> Result<()> {
+                if len == 0 {
+                    return Ok(());
                 }
-                off += len;
+                if have < len {
+                    return Err(Error::internal(format!("{what}: {have} elements, {len} needed")));
+                }
+                // SAFETY: src + off*4 .. + len*4 lies in the stage (total <= stage.len(),
+                // checked above) and d .. + len*4 in the destination (checked); both are
+                // device allocations of this context, distinct buffers of 4-byte words
+                // (cos/sin are the f32 bits the host wrote); the copy is ordered on
+                // `stream` like every use of them.
+                unsafe { cudarc::driver::result::memcpy_dtod_async(d, src + (off * 4) as u64, len * 4, stream.cu_stream()) }
+                    .map_err(|e| driver_err(&format!("unpacking the step's {what} (cuMemcpyDtoDAsync)"), e))
+            };
+            for (i, (dst, what)) in dsts.into_iter().enumerate() {
+                let have = dst.len();
+                let (d, _gd) = dst.device_ptr_mut(stream);
+                unpack(d, have, off, lens[i], what)?;
+                off += lens[i];
             }
             for (i, (dst, what)) in [(&mut s.cos, "RoPE cos"), (&mut s.sin, "RoPE sin")].into_iter().enumerate() {
-                let len = lens[6 + i];
-                if len > 0 {
-                    if dst.len() < len {
-                        return Err(Error::internal(format!("{what}: {} elements, {len} needed", dst.len())));
-                    }
-                    let (d, _gd) = dst.device_ptr_mut(stream);
-                    // SAFETY: as above; f32 and u32 words are both 4 bytes (the stage holds the
-                    // f32 bits the host wrote).
-                    unsafe { cudarc::driver::result::memcpy_dtod_async(d, src + (off * 4) as u64, len * 4, stream.cu_stream()) }
-                        .map_err(|e| driver_err(&format!("unpacking the step's {what} (cuMemcpyDtoDAsync)"), e))?;
-                }
-                off += len;
+                let have = dst.len();
+                let (d, _gd) = dst.device_ptr_mut(stream);
+                unpack(d, have, off, lens[6 + i], what)?;
+                off += lens[6 + i];
             }
-            let len = lens[8];
-            if len > 0 {
-                if s.tiles.len() < len {
-                    return Err(Error::internal(format!("attention tiles: {} elements, {len} needed", s.tiles.len())));
-                }
-                let (d, _gd) = s.tiles.device_ptr_mut(stream);
-                // SAFETY: as above (the tiles are the last words of the stage).
-                unsafe { cudarc::driver::result::memcpy_dtod_async(d, src + (off * 4) as u64, len * 4, stream.cu_stream()) }
-                    .map_err(|e| driver_err("unpacking the step's attention tiles (cuMemcpyDtoDAsync)", e))?;
-            }
+            let have = s.tiles.len();
+            let (d, _gd) = s.tiles.device_ptr_mut(stream);
+            unpack(d, have, off, lens[8], "attention tiles")?;
         }
 
         ops.embed(token_embd, &s.ids, n, &mut s.x)?;
