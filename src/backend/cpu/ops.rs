@@ -205,23 +205,6 @@ pub fn argmax(x: &[f32]) -> u32 {
     best as u32
 }
 
-/// Plain dot product of two f32 slices with a fixed 8-lane order.
-pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let mut ca = a.chunks_exact(8);
-    let mut cb = b.chunks_exact(8);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for k in 0..8 {
-            acc[k] += x[k] * y[k];
-        }
-    }
-    let mut tail = 0f32;
-    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        tail += x * y;
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
-}
-
 /// `y += a * x`.
 pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     for (o, &v) in y.iter_mut().zip(x) {
