@@ -117,7 +117,7 @@ pub fn matmul(
     };
     // Packed groups of rows are never split between threads.
     let align = match packed {
-        Some(Pack::Q(_)) => qpack::GROUP,
+        Some(Pack::Q(_)) => qpack::ALIGN,
         Some(Pack::F(_)) => fpack::GROUP,
         None => 4,
     };

@@ -14,12 +14,17 @@
 //! One rounding per block instead of one per group of 4 (the lane orders of
 //! `simd`), and one float multiply-add per 16 rows per block in the kernel.
 //!
-//! Layout of one group of 16 rows (rows past the matrix's end are zero), for each
-//! block `b` in turn: `V` vectors of 64 bytes (Q4_0: 4, Q8_0: 8) where vector `m`
-//! holds, in its 32-bit lane `r`, row `r`'s stored bytes `4m..4m+4` (Q4_0: the
-//! nibble pairs as stored, element `4m+i` low and `16+4m+i` high; Q8_0: the i8
-//! values with the sign bit flipped, i.e. `w + 128` as u8). After all blocks: the
-//! 16 f16 scales of each block (32 bytes per block). Groups start 64-byte aligned.
+//! Layout: the matrix is cut into super-groups of 64 rows (4 groups of 16; rows
+//! past the matrix's end are zero), each one sequential stream, block by block.
+//! Block `b` of a super-group is `4 V` vectors of 64 bytes (Q4_0: V = 4, Q8_0: 8),
+//! group `j`'s `V` first at `j * 64 V`, where vector `m` of a group holds, in its
+//! 32-bit lane `r`, row `r`'s stored bytes `4m..4m+4` (Q4_0: the nibble pairs as
+//! stored, element `4m+i` low and `16+4m+i` high; Q8_0: the i8 values with the
+//! sign bit flipped, i.e. `w + 128` as u8); then the 4 groups' 16 f16 scales of the
+//! block (32 bytes per group). A block is 1152 bytes (Q4_0) or 2176 (Q8_0), whole
+//! lines, so decode reads one stream per 64 rows with its scales in it (a group
+//! per stream with the scales after the values reached about 84% of the read
+//! bandwidth here, this layout about 100%).
 
 use super::simd::{Isa, QAct};
 use crate::quant::{f16_bits_to_f32, DType, QK};
@@ -28,6 +33,10 @@ use crate::Result;
 
 /// Rows per packed group (one 512-bit vector of i32 lanes).
 pub const GROUP: usize = 16;
+/// Groups per super-group (the layout's unit, see the module docs).
+const SUPER: usize = 4;
+/// Rows per super-group: row ranges handed to [`gemm`] start at a multiple.
+pub const ALIGN: usize = GROUP * SUPER;
 
 /// A Q8_0 or Q4_0 matrix in the packed layout (see the module docs).
 pub struct Packed {
@@ -43,13 +52,18 @@ pub fn block_order(isa: Isa) -> bool {
     isa == Isa::Avx512Vnni
 }
 
-/// Bytes of weight values per block in the packed layout.
+/// Bytes of one group's weight values per block in the packed layout.
 fn vals_per_block(dt: DType) -> usize {
     if dt == DType::Q4_0 {
         256
     } else {
         512
     }
+}
+
+/// Bytes from one block of a super-group to the next.
+fn block_stride(dt: DType) -> usize {
+    SUPER * (vals_per_block(dt) + 32)
 }
 
 impl Packed {
@@ -71,28 +85,29 @@ impl Packed {
         let nb = cols / QK;
         let bb = dt.block_bytes();
         let vb = vals_per_block(dt);
-        let group_bytes = (nb * (vb + 32)).div_ceil(64) * 64;
+        let bs = block_stride(dt);
         let q8 = dt == DType::Q8_0;
-        // One group of 16 rows into its `group_bytes`.
-        let pack_group = |g: usize, dst: &mut [u8]| {
-            for r in g * GROUP..((g + 1) * GROUP).min(rows) {
-                let lane = r % GROUP;
+        // One super-group of 64 rows into its `nb * bs` bytes.
+        let pack_super = |sg: usize, dst: &mut [u8]| {
+            for r in sg * ALIGN..((sg + 1) * ALIGN).min(rows) {
+                let (j, lane) = ((r % ALIGN) / GROUP, r % GROUP);
                 let row = &w[r * row_bytes..(r + 1) * row_bytes];
                 for (b, blk) in row.chunks_exact(bb).enumerate() {
                     let vals = &blk[2..];
+                    let vo = b * bs + j * vb + lane * 4;
                     for m in 0..vb / 64 {
                         for i in 0..4 {
                             let v = vals[4 * m + i];
-                            dst[b * vb + m * 64 + lane * 4 + i] = if q8 { v ^ 0x80 } else { v };
+                            dst[vo + m * 64 + i] = if q8 { v ^ 0x80 } else { v };
                         }
                     }
-                    let so = nb * vb + b * 32 + lane * 2;
+                    let so = b * bs + SUPER * vb + j * 32 + lane * 2;
                     dst[so..so + 2].copy_from_slice(&blk[..2]);
                 }
             }
         };
         let what = || format!("tensor '{name}' ({dt}, {rows} x {cols})");
-        let groups = Groups::build(rows.div_ceil(GROUP), group_bytes, threads, what, pack_group)?;
+        let groups = Groups::build(rows.div_ceil(ALIGN), nb * bs, threads, what, pack_super)?;
         Ok(Packed { groups, dtype: dt, rows, cols })
     }
 }
@@ -118,9 +133,9 @@ pub fn dot_block_order_ref(dt: DType, row: &[u8], xq: &[i8], xd: &[f32]) -> f32 
 }
 
 /// `out[i * t + c] = dot(row r0 + i, activation row c)` for `nrows` rows of `p`
-/// starting at `r0` (a multiple of [`GROUP`]), in the block order.
+/// starting at `r0` (a multiple of [`ALIGN`]), in the block order.
 pub fn gemm(isa: Isa, p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
-    assert!(r0.is_multiple_of(GROUP) && r0 + nrows <= p.rows, "rows {r0}..{} of {}", r0 + nrows, p.rows);
+    assert!(r0.is_multiple_of(ALIGN) && r0 + nrows <= p.rows, "rows {r0}..{} of {}", r0 + nrows, p.rows);
     assert_eq!(a.cols, p.cols);
     assert_eq!(a.qs.len(), a.t * a.cols);
     assert_eq!(a.d.len(), a.t * a.cols / QK);
@@ -141,22 +156,23 @@ pub fn gemm(isa: Isa, p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [
 fn gemm_portable(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
     let nb = p.cols / QK;
     let vb = vals_per_block(p.dtype);
+    let bs = block_stride(p.dtype);
     let bytes = p.groups.bytes();
     let t = a.t;
     for i in 0..nrows {
         let r = r0 + i;
-        let go = (r / GROUP) * p.groups.group_bytes();
-        let lane = r % GROUP;
+        let (j, lane) = ((r % ALIGN) / GROUP, r % GROUP);
+        let go = (r / ALIGN) * p.groups.group_bytes();
         for c in 0..t {
             let mut acc = 0f32;
             for b in 0..nb {
-                let so = go + nb * vb + b * 32 + lane * 2;
+                let so = go + b * bs + SUPER * vb + j * 32 + lane * 2;
                 let s = f16_bits_to_f32(u16::from_le_bytes([bytes[so], bytes[so + 1]])) * a.d[c * nb + b];
                 let xb = &a.qs[c * p.cols + b * QK..c * p.cols + (b + 1) * QK];
                 let mut isum = 0i32;
                 for m in 0..vb / 64 {
                     for k in 0..4 {
-                        let v = bytes[go + b * vb + m * 64 + lane * 4 + k];
+                        let v = bytes[go + b * bs + j * vb + m * 64 + lane * 4 + k];
                         if p.dtype == DType::Q4_0 {
                             isum += ((v & 0x0F) as i32 - 8) * xb[4 * m + k] as i32;
                             isum += ((v >> 4) as i32 - 8) * xb[16 + 4 * m + k] as i32;
@@ -175,23 +191,29 @@ fn gemm_portable(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32])
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 mod x86 {
-    use super::{Packed, GROUP};
+    use super::{block_stride, vals_per_block, Packed, ALIGN, GROUP, SUPER};
     use crate::backend::cpu::simd::{dpbusd512 as dpbusd, token_chunk, QAct};
     use crate::quant::{DType, QK};
     use std::arch::x86_64::*;
 
-    /// Software prefetch distance in bytes: decode streams the weights from
-    /// memory once, and one core needs several KiB in flight to approach its
-    /// read bandwidth.
-    const PF: usize = 16384;
-    /// The same for the decode kernel's G streams.
-    const PFV: usize = 2048;
+    /// Decode's software prefetch distance in blocks of the super-group stream:
+    /// one core needs a few KiB in flight to approach its read bandwidth. Measured
+    /// (TinyLlama tg64, 1 thread) from 1 to 6 blocks and in between: 4 blocks
+    /// (4.5 KiB) best for Q4_0, 1 block (2.1 KiB) for Q8_0.
+    const PFB_Q4: usize = 4;
+    const PFB_Q8: usize = 1;
+    /// The same for prefill tiles, whose group is read again from cache for
+    /// every chunk of tokens after the first (1-32 measured, 16 best).
+    const PFB_TILE: usize = 16;
 
-    /// 16 rows (one group at `g`) x C activation rows, all `nb` blocks.
+    /// 16 rows (one group: values of block 0 at `v`, scales of block 0 at `s`,
+    /// block `b` at `b * bs` from them) x C activation rows, all `nb` blocks.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")]
     unsafe fn tile<const C: usize, const Q4: bool>(
-        g: *const u8,
+        v: *const u8,
+        s: *const u8,
+        bs: usize,
         nb: usize,
         a: &QAct,
         c0: usize,
@@ -199,35 +221,33 @@ mod x86 {
         ostride: usize,
         valid: usize,
     ) {
-        let vb = if Q4 { 256 } else { 512 };
         let corr = if Q4 { -8 } else { -128 };
         let m4 = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); C];
-        // SAFETY (whole body): the group holds `nb` blocks of `vb` bytes and then
-        // `nb * 32` scale bytes; activation rows `c0..c0 + C` exist in `a` (the
-        // driver checks); prefetches may point past the end and never fault.
+        // SAFETY (whole body): the group's `nb` blocks of values and scales lie
+        // at `v + b * bs` and `s + b * bs`; activation rows `c0..c0 + C` exist in
+        // `a` (the driver checks); prefetches may point past the end and never fault.
         unsafe {
-            let scales = g.add(nb * vb);
             let xq = a.qs.as_ptr().add(c0 * a.cols);
             let xd = a.d.as_ptr().add(c0 * nb);
             let xs = a.sums.as_ptr().add(c0 * nb);
             for b in 0..nb {
-                let p = g.add(b * vb);
+                let p = v.add(b * bs);
                 let mut w = [_mm512_setzero_si512(); 8];
                 if Q4 {
                     for m in 0..4 {
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF + 64 * m) as *const i8);
-                        let v = _mm512_loadu_si512(p.add(64 * m) as *const __m512i);
-                        w[m] = _mm512_and_si512(v, m4);
-                        w[4 + m] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PFB_TILE * bs + 64 * m) as *const i8);
+                        let x = _mm512_loadu_si512(p.add(64 * m) as *const __m512i);
+                        w[m] = _mm512_and_si512(x, m4);
+                        w[4 + m] = _mm512_and_si512(_mm512_srli_epi16::<4>(x), m4);
                     }
                 } else {
                     for m in 0..8 {
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF + 64 * m) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PFB_TILE * bs + 64 * m) as *const i8);
                         w[m] = _mm512_loadu_si512(p.add(64 * m) as *const __m512i);
                     }
                 }
-                let ws = _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(32 * b) as *const __m256i));
+                let ws = _mm512_cvtph_ps(_mm256_loadu_si256(s.add(b * bs) as *const __m256i));
                 for c in 0..C {
                     // Vector m pairs with activation bytes 4m..4m+4 (Q4_0: w[4 + m] holds the
                     // high nibbles of w[m]'s bytes, elements 16 + 4m..).
@@ -241,36 +261,29 @@ mod x86 {
                 }
             }
             for c in 0..C {
-                let mut v = [0f32; GROUP];
-                _mm512_storeu_ps(v.as_mut_ptr(), acc[c]);
+                let mut o = [0f32; GROUP];
+                _mm512_storeu_ps(o.as_mut_ptr(), acc[c]);
                 for r in 0..valid {
-                    *out.add(r * ostride + c) = v[r];
+                    *out.add(r * ostride + c) = o[r];
                 }
             }
         }
     }
 
-    /// One activation row against G groups (16 G rows) at once, group `j` at
-    /// `g + j * gstride`: decode reads G weight streams side by side, which one
-    /// core needs to keep enough memory reads in flight. Same order as `tile`.
+    /// One activation row against one super-group (64 rows) at `sg`, read as
+    /// one stream; the first `valid` rows are written to `out`. Same order as `tile`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")]
-    unsafe fn gemv<const G: usize, const Q4: bool>(
-        g: *const u8,
-        gstride: usize,
-        nb: usize,
-        a: &QAct,
-        out: *mut f32,
-        valid: usize,
-    ) {
+    unsafe fn gemv<const Q4: bool>(sg: *const u8, nb: usize, a: &QAct, out: *mut f32, valid: usize) {
         let vb = if Q4 { 256 } else { 512 };
+        let bs = SUPER * (vb + 32);
         let corr = if Q4 { -8 } else { -128 };
         let m4 = _mm512_set1_epi8(0x0F);
         let mf0 = _mm512_set1_epi8(0xF0u8 as i8);
-        let mut acc = [_mm512_setzero_ps(); G];
-        // SAFETY (whole body): G groups of `nb` blocks (and their scales) at
-        // `g + j * gstride`, one activation row in `a`; outputs `16 (G - 1) +
-        // valid` floats at `out` (the driver checks); prefetches never fault.
+        let mut acc = [_mm512_setzero_ps(); SUPER];
+        // SAFETY (whole body): the super-group's `nb` blocks of `bs` bytes at
+        // `sg`, one activation row in `a`; `valid` (<= 64) floats at `out` (the
+        // driver checks); prefetches never fault.
         unsafe {
             for b in 0..nb {
                 let x = a.qs.as_ptr().add(b * QK) as *const i32;
@@ -280,16 +293,17 @@ mod x86 {
                 }
                 let c = _mm512_set1_epi32(corr * *a.sums.as_ptr().add(b));
                 let dx = _mm512_set1_ps(*a.d.as_ptr().add(b));
-                for j in 0..G {
-                    let gj = g.add(j * gstride);
-                    let p = gj.add(b * vb);
+                let blk = sg.add(b * bs);
+                let ahead = blk.wrapping_add(if Q4 { PFB_Q4 } else { PFB_Q8 } * bs);
+                for j in 0..SUPER {
+                    let p = blk.add(j * vb);
                     let mut isum = c;
                     if Q4 {
                         // High nibbles kept in place (16 x value, <= 240): their own
                         // sum is 16 x theirs, shifted back once (exact).
                         let mut hi16 = _mm512_setzero_si512();
                         for m in 0..4 {
-                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PFV + 64 * m) as *const i8);
+                            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * vb + 64 * m) as *const i8);
                             let v = _mm512_loadu_si512(p.add(64 * m) as *const __m512i);
                             isum = dpbusd(isum, _mm512_and_si512(v, m4), xb[m]);
                             hi16 = dpbusd(hi16, _mm512_and_si512(v, mf0), xb[4 + m]);
@@ -297,27 +311,23 @@ mod x86 {
                         isum = _mm512_add_epi32(isum, _mm512_srai_epi32::<4>(hi16));
                     } else {
                         for m in 0..8 {
-                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PFV + 64 * m) as *const i8);
+                            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * vb + 64 * m) as *const i8);
                             isum = dpbusd(isum, _mm512_loadu_si512(p.add(64 * m) as *const __m512i), xb[m]);
                         }
                     }
-                    // The group's scales are a second stream: fetch a line 8 blocks ahead.
-                    let sp = gj.add(nb * vb + 32 * b);
-                    if b % 2 == 0 {
-                        _mm_prefetch::<_MM_HINT_T0>(sp.wrapping_add(256) as *const i8);
+                    // The block's scales: two lines after the four groups' values.
+                    if j < 2 {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(SUPER * vb + 64 * j) as *const i8);
                     }
-                    let ws = _mm512_cvtph_ps(_mm256_loadu_si256(sp as *const __m256i));
+                    let ws = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(SUPER * vb + 32 * j) as *const __m256i));
                     acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(ws, dx), _mm512_cvtepi32_ps(isum), acc[j]);
                 }
             }
-            for j in 0..G {
-                let mut v = [0f32; GROUP];
-                _mm512_storeu_ps(v.as_mut_ptr(), acc[j]);
-                let n = if j + 1 == G { valid } else { GROUP };
-                for r in 0..n {
-                    *out.add(j * GROUP + r) = v[r];
-                }
+            let mut o = [0f32; ALIGN];
+            for j in 0..SUPER {
+                _mm512_storeu_ps(o.as_mut_ptr().add(j * GROUP), acc[j]);
             }
+            std::ptr::copy_nonoverlapping(o.as_ptr(), out, valid);
         }
     }
 
@@ -349,55 +359,45 @@ mod x86 {
         const MAXC: usize = 8;
         let q4 = p.dtype == DType::Q4_0;
         let nb = p.cols / QK;
+        let (vb, bs) = (vals_per_block(p.dtype), block_stride(p.dtype));
+        let gs = p.groups.group_bytes();
         let t = a.t;
         let tc = (token_chunk(t, a.cols) / MAXC * MAXC).max(MAXC);
         let base = p.groups.bytes().as_ptr();
         let o = out.as_mut_ptr();
-        let mut t0 = 0;
-        // SAFETY (whole loop nest): groups `r0 / 16 ..` up to row `r0 + nrows` are
-        // inside `p`, activation rows `c..c + ct <= t` inside `a`, and the outputs
-        // `i * t + c` for `i < nrows` inside `out` (the safe wrapper checked).
+        // SAFETY (whole loop nest): super-groups `r0 / 64 ..` up to row `r0 +
+        // nrows` are inside `p`, activation rows `c..c + ct <= t` inside `a`, and
+        // the outputs `i * t + c` for `i < nrows` inside `out` (the safe wrapper
+        // checked).
         unsafe {
             if t == 1 {
-                // Decode: four groups side by side, then the rest one by one.
-                const G: usize = 4;
-                let gs = p.groups.group_bytes();
-                let mut i = 0;
-                while i < nrows {
-                    let g = base.add((r0 + i) / GROUP * gs);
-                    if nrows - i > (G - 1) * GROUP {
-                        let valid = (nrows - i - (G - 1) * GROUP).min(GROUP);
-                        if q4 {
-                            gemv::<G, true>(g, gs, nb, a, o.add(i), valid);
-                        } else {
-                            gemv::<G, false>(g, gs, nb, a, o.add(i), valid);
-                        }
-                        i += G * GROUP;
+                // Decode: one super-group (one stream) at a time.
+                for i in (0..nrows).step_by(ALIGN) {
+                    let sg = base.add((r0 + i) / ALIGN * gs);
+                    let valid = (nrows - i).min(ALIGN);
+                    if q4 {
+                        gemv::<true>(sg, nb, a, o.add(i), valid);
                     } else {
-                        let valid = (nrows - i).min(GROUP);
-                        if q4 {
-                            gemv::<1, true>(g, gs, nb, a, o.add(i), valid);
-                        } else {
-                            gemv::<1, false>(g, gs, nb, a, o.add(i), valid);
-                        }
-                        i += GROUP;
+                        gemv::<false>(sg, nb, a, o.add(i), valid);
                     }
                 }
                 return;
             }
+            let mut t0 = 0;
             while t0 < t {
                 let t1 = (t0 + tc).min(t);
-                let mut i = 0;
-                while i < nrows {
+                for i in (0..nrows).step_by(GROUP) {
                     let valid = (nrows - i).min(GROUP);
-                    let g = base.add((r0 + i) / GROUP * p.groups.group_bytes());
+                    let r = r0 + i;
+                    let sg = base.add(r / ALIGN * gs);
+                    let j = (r % ALIGN) / GROUP;
+                    let (v, s) = (sg.add(j * vb), sg.add(SUPER * vb + 32 * j));
                     let mut c = t0;
                     while c < t1 {
                         let ct = (t1 - c).min(MAXC);
-                        dispatch!(ct, q4, g, nb, a, c, o.add(i * t + c), t, valid);
+                        dispatch!(ct, q4, v, s, bs, nb, a, c, o.add(i * t + c), t, valid);
                         c += ct;
                     }
-                    i += GROUP;
                 }
                 t0 = t1;
             }
@@ -428,7 +428,7 @@ mod tests {
     #[test]
     fn packed_kernels_match_the_block_order_reference() {
         let mut seed = 0x1234_5678_9ABC_DEF0u64;
-        for &(rows, cols, t) in &[(16usize, 64usize, 1usize), (100, 96, 1), (64, 64, 1), (35, 96, 9), (48, 256, 17), (5, 32, 3), (33, 160, 8)] {
+        for &(rows, cols, t) in &[(16usize, 64usize, 1usize), (100, 96, 1), (64, 64, 1), (35, 96, 9), (48, 256, 17), (5, 32, 3), (33, 160, 8), (200, 64, 1), (130, 96, 5)] {
             let x = rng_vec(&mut seed, t * cols);
             let a = QAct::quantize(&x, cols);
             for dt in [DType::Q8_0, DType::Q4_0] {
@@ -440,7 +440,7 @@ mod tests {
                 let p = Packed::new(dt, &w, rb, rows, cols, "test", 1 + rows % 3).unwrap();
                 let nb = cols / QK;
                 for isa in available() {
-                    for r0 in (0..rows).step_by(GROUP) {
+                    for r0 in (0..rows).step_by(ALIGN) {
                         let n = rows - r0;
                         let mut got = vec![f32::NAN; n * t];
                         gemm(isa, &p, r0, n, &a, &mut got);
@@ -466,3 +466,4 @@ mod tests {
         }
     }
 }
+
