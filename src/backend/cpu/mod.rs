@@ -5,7 +5,7 @@ mod forward;
 pub mod ops;
 pub mod pool;
 pub mod fpack;
-mod groups;
+pub mod groups;
 pub mod qpack;
 pub mod simd;
 
