@@ -30,25 +30,33 @@ pub fn par_units<T: Send>(
         f(0, data);
         return;
     }
-    // About 4 chunks per thread: balance under a shared, noisy machine.
+    // Guided self-scheduling: each take is 1/(2 threads) of what is left (whole
+    // `align` units, at least one), so the chunks shrink towards the end and the
+    // threads finish close together, even on a shared, noisy machine.
     let align = align.max(1);
-    let chunk = units.div_ceil(threads * 4).div_ceil(align) * align;
-    let n_chunks = units.div_ceil(chunk);
     let next = AtomicUsize::new(0);
     let base = SendPtr(data.as_mut_ptr());
     let total = data.len();
     pool.run(&|_| loop {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        if i >= n_chunks {
-            break;
-        }
-        let u0 = i * chunk;
+        let mut u0 = next.load(Ordering::Relaxed);
+        let take = loop {
+            if u0 >= units {
+                return;
+            }
+            let left = units - u0;
+            let take = (left / (2 * threads)).div_ceil(align).max(1).saturating_mul(align).min(left);
+            match next.compare_exchange_weak(u0, u0 + take, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => break take,
+                Err(now) => u0 = now,
+            }
+        };
         let lo = u0 * unit_len;
-        let hi = ((u0 + chunk) * unit_len).min(total);
+        let hi = ((u0 + take) * unit_len).min(total);
         let p = base;
-        // SAFETY: chunk `i` is handed out once (atomic counter), the chunks are
-        // disjoint ranges inside `data`, and `data` stays exclusively borrowed
-        // until `pool.run` returns after every part has finished.
+        // SAFETY: each range `u0..u0 + take` is handed out once (the atomic
+        // compare-exchange), the ranges are disjoint and inside `data`, and `data`
+        // stays exclusively borrowed until `pool.run` returns after every part has
+        // finished.
         let part = unsafe { std::slice::from_raw_parts_mut(p.0.add(lo), hi - lo) };
         f(u0, part);
     });

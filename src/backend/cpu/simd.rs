@@ -151,17 +151,70 @@ impl QAct {
         let mut qs = vec![0i8; x.len()];
         let mut d = vec![0f32; x.len() / QK];
         let mut sums = vec![0i32; x.len() / QK];
-        for (((xb, qb), db), sb) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(d.iter_mut()).zip(sums.iter_mut()) {
-            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let s = amax / 127.0;
-            let id = if s != 0.0 { 127.0 / amax } else { 0.0 };
-            for (q, &v) in qb.iter_mut().zip(xb) {
-                *q = round_to_i8(v * id);
-            }
-            *db = s;
-            *sb = qb.iter().map(|&q| q as i32).sum();
+        match isa() {
+            // SAFETY: `Avx512Vnni` is only chosen on CPUs with AVX-512 F/BW/VL.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => unsafe { quantize_avx512(x, &mut qs, &mut d, &mut sums) },
+            _ => quantize_blocks(x, &mut qs, &mut d, &mut sums),
         }
         QAct { qs, d, sums, cols, t }
+    }
+}
+
+/// The quantization of [`QAct::quantize`], block by block (exact element-wise
+/// operations and an exact maximum: the same bytes whatever the vector width).
+#[inline(always)]
+fn quantize_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i32]) {
+    for (((xb, qb), db), sb) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(d.iter_mut()).zip(sums.iter_mut()) {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = amax / 127.0;
+        let id = if s != 0.0 { 127.0 / amax } else { 0.0 };
+        for (q, &v) in qb.iter_mut().zip(xb) {
+            *q = round_to_i8(v * id);
+        }
+        *db = s;
+        *sb = qb.iter().map(|&q| q as i32).sum();
+    }
+}
+
+/// [`quantize_blocks`] with AVX-512 intrinsics, byte for byte the same (the
+/// maximum ignores NaN as `f32::max` does; rounding as [`round_to_i8`]: clamp,
+/// truncate, adjust by the exact remainder, NaN to 0, saturate to i8).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn quantize_avx512(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i32]) {
+    use std::arch::x86_64::*;
+    let nb = x.len() / QK;
+    assert!(qs.len() >= nb * QK && d.len() >= nb && sums.len() >= nb);
+    let one = _mm512_set1_epi32(1);
+    // SAFETY (whole loop): block `b` reads x[32b..32b + 32] and writes
+    // qs[32b..32b + 32], d[b], sums[b], all in bounds (asserted above).
+    unsafe {
+        for b in 0..nb {
+            let p = x.as_ptr().add(b * QK);
+            let xv = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))];
+            // MAXPS returns its second operand when either is NaN: the running
+            // maximum (never NaN) goes second, so NaNs are skipped like f32::max.
+            let m = _mm512_max_ps(_mm512_abs_ps(xv[1]), _mm512_max_ps(_mm512_abs_ps(xv[0]), _mm512_setzero_ps()));
+            let amax = _mm512_reduce_max_ps(m);
+            let s = amax / 127.0;
+            let id = if s != 0.0 { 127.0 / amax } else { 0.0 };
+            *d.get_unchecked_mut(b) = s;
+            let mut isum = _mm512_setzero_si512();
+            for (h, &xh) in xv.iter().enumerate() {
+                let v = _mm512_mul_ps(xh, _mm512_set1_ps(id));
+                let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+                let v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-128.0)), _mm512_set1_ps(128.0));
+                let i = _mm512_cvttps_epi32(v);
+                let f = _mm512_sub_ps(v, _mm512_cvtepi32_ps(i));
+                let i = _mm512_mask_add_epi32(i, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(f, _mm512_set1_ps(0.5)), i, one);
+                let i = _mm512_mask_sub_epi32(i, _mm512_cmp_ps_mask::<_CMP_LE_OQ>(f, _mm512_set1_ps(-0.5)), i, one);
+                let i = _mm512_min_epi32(_mm512_maskz_mov_epi32(!nan, i), _mm512_set1_epi32(127));
+                _mm_storeu_si128(qs.as_mut_ptr().add(b * QK + 16 * h) as *mut __m128i, _mm512_cvtepi32_epi8(i));
+                isum = _mm512_add_epi32(isum, i);
+            }
+            *sums.get_unchecked_mut(b) = _mm512_reduce_add_epi32(isum);
+        }
     }
 }
 
@@ -1092,6 +1145,64 @@ mod tests {
                 let mag: f64 = deq.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
                 assert!((got[r] as f64 - exact).abs() < 1e-2 * mag, "{dt} row {r}: {} vs {exact}", got[r]);
             }
+        }
+    }
+}
+#[cfg(test)]
+mod quantize_tests {
+    use super::*;
+
+    /// Every quantization path gives the same bytes as the portable one, on
+    /// random rows and on the edge cases: exact halves, NaN, infinities, zeros,
+    /// subnormal blocks, a block of one sign.
+    #[test]
+    fn quantize_paths_agree() {
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut x: Vec<f32> = (0..QK * 64)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+            })
+            .collect();
+        // Block 1: values landing exactly on halves (amax 127 -> id 1).
+        for (j, v) in x[QK..2 * QK].iter_mut().enumerate() {
+            *v = if j == 0 { 127.0 } else { j as f32 - 16.5 };
+        }
+        x[2 * QK + 3] = f32::NAN;
+        x[3 * QK + 5] = f32::INFINITY;
+        x[4 * QK + 7] = f32::NEG_INFINITY;
+        x[5 * QK..6 * QK].fill(0.0);
+        for v in x[6 * QK..7 * QK].iter_mut() {
+            *v = 1e-40;
+        }
+        x[7 * QK..8 * QK].fill(f32::NAN);
+        for v in x[8 * QK..9 * QK].iter_mut() {
+            *v = -v.abs();
+        }
+        let n = x.len();
+        let (mut q0, mut d0, mut s0) = (vec![0i8; n], vec![0f32; n / QK], vec![0i32; n / QK]);
+        quantize_blocks(&x, &mut q0, &mut d0, &mut s0);
+        let mut want_q = vec![0i8; n];
+        for (b, (xb, qb)) in x.chunks_exact(QK).zip(want_q.chunks_exact_mut(QK)).enumerate() {
+            let amax = xb.iter().filter(|v| !v.is_nan()).fold(0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+            let id = if amax / 127.0 != 0.0 { 127.0 / amax } else { 0.0 };
+            for (q, &v) in qb.iter_mut().zip(xb) {
+                let r = (v * id).round();
+                *q = if r.is_nan() { 0 } else { r.clamp(-128.0, 127.0) as i8 };
+            }
+            assert_eq!(d0[b].to_bits(), (amax / 127.0).to_bits(), "block {b}");
+        }
+        assert_eq!(q0, want_q);
+        #[cfg(target_arch = "x86_64")]
+        if detect() == Isa::Avx512Vnni {
+            let (mut q1, mut d1, mut s1) = (vec![0i8; n], vec![0f32; n / QK], vec![0i32; n / QK]);
+            // SAFETY: the CPU has AVX-512 F/BW/VL (detected).
+            unsafe { quantize_avx512(&x, &mut q1, &mut d1, &mut s1) };
+            assert_eq!(q1, q0);
+            assert_eq!(d1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), d0.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            assert_eq!(s1, s0);
         }
     }
 }
