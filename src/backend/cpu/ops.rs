@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// Work below this many multiply-adds runs on the calling thread.
 const PAR_THRESHOLD: usize = 1 << 15;
 
-/// Splits `data` (made of `units` units of `unit_len` items) into chunks of
-/// whole units (a multiple of `align` units) that the pool's threads take in
+/// Splits `data` (made of `units` units of `unit_len` items, the last one
+/// possibly partial) into chunks of whole units (a multiple of `align` units) that the pool's threads take in
 /// turn, and runs `f(first_unit, chunk)` on each. Which thread computes a unit
 /// never changes how it is computed, so results do not depend on the thread count.
 pub fn par_units<T: Send>(
@@ -51,7 +51,8 @@ pub fn par_units<T: Send>(
             }
         };
         let lo = u0 * unit_len;
-        let hi = ((u0 + take) * unit_len).min(total);
+        // The last chunk also takes a partial unit at the end, if any.
+        let hi = if u0 + take == units { total } else { (u0 + take) * unit_len };
         let p = base;
         // SAFETY: each range `u0..u0 + take` is handed out once (the atomic
         // compare-exchange), the ranges are disjoint and inside `data`, and `data`
@@ -223,6 +224,24 @@ pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every item is visited once, with the unit index of its chunk, whatever
+    /// the thread count, including a partial last unit.
+    #[test]
+    fn par_units_covers_every_item_once() {
+        for threads in 1..=3 {
+            let pool = Pool::new(threads);
+            for (len, unit, align) in [(1000usize, 256usize, 1usize), (4096, 1, 64), (5632, 256, 1), (77, 8, 2)] {
+                let mut data = vec![0usize; len];
+                par_units(&pool, &mut data, unit, PAR_THRESHOLD, align, |u0, part| {
+                    for (i, v) in part.iter_mut().enumerate() {
+                        *v += u0 * unit + i + 1;
+                    }
+                });
+                assert!(data.iter().enumerate().all(|(i, &v)| v == i + 1), "threads {threads} len {len} unit {unit}");
+            }
+        }
+    }
 
     #[test]
     fn rope_layouts_rotate_the_right_pairs() {
