@@ -75,9 +75,11 @@ run_one() { # tool ty threads p n round
   if [ "$tool" = llama.cpp ]; then
     out="$("$LLAMA_BENCH" -m "${FILE[$ty]}" -t "$t" -p "$p" -n "$n" -r "$REPS" -o json 2>/dev/null)"
   else
-    out="$("$LLMRT_BENCH" -m "${FILE[$ty]}" -t "$t" -p "$p" -n "$n" -r "$REPS" -o json)"
+    # tg rows: the read bandwidth is probed in the same process right before and
+    # after the repetitions, with the same thread count (the row's bytes bound).
+    out="$("$LLMRT_BENCH" -m "${FILE[$ty]}" -t "$t" -p "$p" -n "$n" -r "$REPS" -o json $([ "$n" -gt 0 ] && echo --membw))"
   fi
-  python3 -c 'import json,sys; [print(json.dumps({"tool":sys.argv[1],"type":sys.argv[2],"round":int(sys.argv[3]),"n_threads":r["n_threads"],"n_prompt":r["n_prompt"],"n_gen":r["n_gen"],"avg_ts":r["avg_ts"],"stddev_ts":r["stddev_ts"]})) for r in json.loads(sys.stdin.read())]' "$tool" "$ty" "$round" <<<"$out" >> "$RES"
+  python3 -c 'import json,sys; [print(json.dumps({"tool":sys.argv[1],"type":sys.argv[2],"round":int(sys.argv[3]),"n_threads":r["n_threads"],"n_prompt":r["n_prompt"],"n_gen":r["n_gen"],"avg_ts":r["avg_ts"],"stddev_ts":r["stddev_ts"],"bound_ts":r.get("bound_ts")})) for r in json.loads(sys.stdin.read())]' "$tool" "$ty" "$round" <<<"$out" >> "$RES"
 }
 
 echo "== machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
@@ -113,4 +115,19 @@ for ty in dict.fromkeys(r["type"] for r in rows):
         lt, mt = agg("llama.cpp", ty, t, "tg"), agg("llmrt", ty, t, "tg")
         print(f"| {shape} | {ty.upper()} | {t} | {lp[0]:.2f} ± {lp[1]:.2f} | {mp[0]:.2f} ± {mp[1]:.2f} | {mp[0]/lp[0]:.2f}x "
               f"| {lt[0]:.2f} ± {lt[1]:.2f} | {mt[0]:.2f} ± {mt[1]:.2f} | {mt[0]/lt[0]:.2f}x |")
+# tg against its bytes bound: each llmrt tg run probed the read bandwidth in the same
+# process around its repetitions (bound = bytes read per token / that bandwidth).
+bounded = [r for r in rows if r["tool"] == "llmrt" and r["n_gen"] > 0 and r.get("bound_ts")]
+if bounded:
+    print()
+    print(f"| type | threads | llmrt tg{tg} t/s per round | bound t/s per round | % of bound per round | mean % |")
+    print("| --- | ---: | --- | --- | --- | ---: |")
+    for ty in dict.fromkeys(r["type"] for r in bounded):
+        for t in sorted(set(r["n_threads"] for r in bounded if r["type"] == ty)):
+            rs = sorted((r for r in bounded if r["type"] == ty and r["n_threads"] == t), key=lambda r: r["round"])
+            pct = [100 * r["avg_ts"] / r["bound_ts"] for r in rs]
+            speeds = " / ".join("%.2f" % r["avg_ts"] for r in rs)
+            bounds = " / ".join("%.2f" % r["bound_ts"] for r in rs)
+            pcts = " / ".join("%.0f%%" % p for p in pct)
+            print(f"| {ty.upper()} | {t} | {speeds} | {bounds} | {pcts} | {statistics.mean(pct):.0f}% |")
 EOF

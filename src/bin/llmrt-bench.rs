@@ -32,6 +32,10 @@
 //! `--gemm N`: cuBLAS bf16 N x N x N GEMM (f32 compute) in TFLOP/s (mean of 10 after 3
 //! warm-ups); with it, each pp row gains its FLOP rate and the % of that.
 //! `--json FILE` also writes the JSON records to FILE (with `-o md` on stdout).
+//! `--membw` with `-m` (CPU): each tg row gains its bytes bound from the read
+//! bandwidth probed with the row's thread count right before and right after the
+//! row's repetitions (the higher of the two), so bound and speed see the same
+//! machine state; alone, `--membw` prints the probe.
 
 use llmrt::format::gguf::Value;
 use llmrt::format::gguf_write::GgufWriter;
@@ -44,7 +48,7 @@ use std::time::Instant;
 fn usage() -> ! {
     eprintln!(
         "usage: llmrt-bench -m FILE|synth:SHAPE:TYPE[,...] [--backend cpu|cuda] [-t N,..] [-p N,..] [-n N,..]\n\
-         \x20                  [-b N,..] [-d N,..] [--ttft N,..] [-r N] [-o md|json] [--kv-bytes N] [--d2d] [--gemm N] [--json FILE]\n\
+         \x20                  [-b N,..] [-d N,..] [--ttft N,..] [-r N] [-o md|json] [--kv-bytes N] [--membw] [--d2d] [--gemm N] [--json FILE]\n\
          \x20      llmrt-bench --synth tinyllama|llama3-8b --type f16|q8_0|q4_0 --out DIR\n\
          \x20      llmrt-bench --membw [-t N,..]\n\
          \x20      llmrt-bench --d2d [--gemm N]"
@@ -705,7 +709,7 @@ fn main() {
         }
         return;
     }
-    if a.membw {
+    if a.membw && a.models.is_empty() {
         for &t in &a.threads {
             let (bw, [four, one]) = membw(t);
             println!("read bandwidth, {t} thread(s): {bw:.2} GB/s (4 streams {four:.2}, 1 stream + prefetch {one:.2})");
@@ -776,6 +780,8 @@ fn main() {
             tests.extend(a.ttft.iter().filter(|&&p| p > 0).map(|&p| Test::Ttft(p)));
             let greedy = a.backend == BackendKind::Cuda;
             for test in tests {
+                let probe = a.membw && a.backend == BackendKind::Cpu && matches!(test, Test::Tg { .. });
+                let bw_before = if probe { Some(membw(t).0) } else { None };
                 run_test(&m, test, greedy, &mut rng); // warm-up
                 let mut ns = Vec::new();
                 let mut ts = Vec::new();
@@ -790,7 +796,14 @@ fn main() {
                     // Step k (0-based) reads depth + k + 1 positions of each sequence.
                     let kv = (seqs as f64 * (depth as f64 + (n as f64 + 1.0) / 2.0) * info.kv_bytes_per_position as f64) as u64;
                     step_bytes = Some((w, kv));
-                    bound_ts = d2d_gbs.map(|bw| seqs as f64 / ((w + kv) as f64 / (bw * 1e9)));
+                    let bw = match bw_before {
+                        Some(before) => Some(before.max(membw(t).0)),
+                        None => d2d_gbs,
+                    };
+                    if let (true, Some(bw)) = (probe, bw) {
+                        eprintln!("llmrt-bench: {spec} {} with {t} thread(s): read bandwidth {bw:.2} GB/s", test.name());
+                    }
+                    bound_ts = bw.map(|bw| seqs as f64 / ((w + kv) as f64 / (bw * 1e9)));
                 }
                 if let (Test::Pp(_), Some(_)) = (test, gemm_tflops) {
                     let (m_ts, _) = mean_sd(&ts);
