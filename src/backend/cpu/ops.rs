@@ -30,9 +30,12 @@ pub fn par_units<T: Send>(
         f(0, data);
         return;
     }
-    // Guided self-scheduling: each take is 1/(2 threads) of what is left (whole
-    // `align` units, at least one), so the chunks shrink towards the end and the
-    // threads finish close together, even on a shared, noisy machine.
+    // Guided self-scheduling: each take is 1/threads of what is left (whole
+    // `align` units, at least one): long runs first (decode streams each chunk
+    // of weights from memory, and restarts cost), then shrinking chunks, so the
+    // threads finish close together even on a shared, noisy machine. (Measured
+    // on TinyLlama Q4_0 decode, 2 threads: 1/threads 98.8 t/s, 1/(2 threads)
+    // 92.8, 1/(4 threads) 91.4, same minute.)
     let align = align.max(1);
     let next = AtomicUsize::new(0);
     let base = SendPtr(data.as_mut_ptr());
@@ -44,7 +47,7 @@ pub fn par_units<T: Send>(
                 return;
             }
             let left = units - u0;
-            let take = (left / (2 * threads)).div_ceil(align).max(1).saturating_mul(align).min(left);
+            let take = (left / threads).div_ceil(align).max(1).saturating_mul(align).min(left);
             match next.compare_exchange_weak(u0, u0 + take, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => break take,
                 Err(now) => u0 = now,
