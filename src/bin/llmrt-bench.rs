@@ -33,9 +33,10 @@
 //! warm-ups); with it, each pp row gains its FLOP rate and the % of that.
 //! `--json FILE` also writes the JSON records to FILE (with `-o md` on stdout).
 //! `--membw` with `-m` (CPU): each tg row gains its bytes bound from the read
-//! bandwidth probed with the row's thread count right before and right after the
-//! row's repetitions (the higher of the two), so bound and speed see the same
-//! machine state; alone, `--membw` prints the probe.
+//! bandwidth probed with the row's thread count before every repetition and after
+//! the last: each repetition is held against the higher of the probes on either
+//! side of it, and the row reports the mean bound and the mean of the fractions,
+//! so bound and speed see the same machine state; alone, `--membw` prints the probe.
 
 use llmrt::format::gguf::Value;
 use llmrt::format::gguf_write::GgufWriter;
@@ -429,18 +430,23 @@ fn step_weight_bytes(info: &llmrt::runtime::ModelInfo, embd_bytes: u64, n_seqs: 
 /// CPU decode kernels). Both keep 8 independent (vectorisable) sums, so the
 /// loops are bound by memory, not adds. The buffer is allocated like the CPU
 /// backend's repacked weights (huge pages where the kernel has them), so the
-/// bound and the decode read the same kind of memory. Returns (best, per pattern).
+/// bound and the decode read the same kind of memory. `passes` per pattern
+/// (5 alone, 2 around each tg repetition). Returns (best, per pattern).
 #[allow(clippy::needless_range_loop)]
-fn membw(threads: usize) -> (f64, [f64; 2]) {
-    let n = 1usize << 30;
-    let Some(mut buf) = llmrt::backend::cpu::groups::HostBuf::zeroed(n) else {
-        eprintln!("llmrt-bench: cannot allocate 1 GiB for the bandwidth probe");
-        std::process::exit(1);
-    };
-    for (i, w) in buf.bytes_mut().chunks_exact_mut(8).enumerate() {
-        w.copy_from_slice(&(i as u64).to_le_bytes());
-    }
+fn membw(threads: usize, passes: usize) -> (f64, [f64; 2]) {
+    static BUF: std::sync::OnceLock<llmrt::backend::cpu::groups::HostBuf> = std::sync::OnceLock::new();
+    let buf = BUF.get_or_init(|| {
+        let Some(mut buf) = llmrt::backend::cpu::groups::HostBuf::zeroed(1 << 30) else {
+            eprintln!("llmrt-bench: cannot allocate 1 GiB for the bandwidth probe");
+            std::process::exit(1);
+        };
+        for (i, w) in buf.bytes_mut().chunks_exact_mut(8).enumerate() {
+            w.copy_from_slice(&(i as u64).to_le_bytes());
+        }
+        buf
+    });
     let buf = buf.bytes();
+    let n = buf.len();
     let chunk = n.div_ceil(threads).div_ceil(256) * 256;
     let word = |c: &[u8], k: usize| u64::from_le_bytes(c[8 * k..8 * k + 8].try_into().expect("8 bytes"));
     let four = |c: &[u8]| {
@@ -474,7 +480,7 @@ fn membw(threads: usize) -> (f64, [f64; 2]) {
         s.iter().fold(0u64, |acc, &v| acc.wrapping_add(v))
     };
     let mut best = [0f64; 2];
-    for _ in 0..5 {
+    for _ in 0..passes {
         for (p, bp) in best.iter_mut().enumerate() {
             let t0 = Instant::now();
             let total: u64 = std::thread::scope(|sc| {
@@ -544,8 +550,11 @@ struct Record {
     test: Test,
     samples_ns: Vec<u64>,
     samples_ts: Vec<f64>,
-    /// tg with a measured copy bandwidth: the bytes bound in t/s.
+    /// tg with a measured copy bandwidth: the bytes bound in t/s (CPU with
+    /// `--membw`: the mean of the repetitions' bounds).
     bound_ts: Option<f64>,
+    /// CPU tg with `--membw`: the mean of each repetition's speed over its bound.
+    fraction: Option<f64>,
     /// Bytes a step reads (weights + KV, mean over the steps) for tg.
     step_bytes: Option<(u64, u64)>,
     /// pp with a measured GEMM rate: the achieved TFLOP/s of the matrix products.
@@ -711,7 +720,7 @@ fn main() {
     }
     if a.membw && a.models.is_empty() {
         for &t in &a.threads {
-            let (bw, [four, one]) = membw(t);
+            let (bw, [four, one]) = membw(t, 5);
             println!("read bandwidth, {t} thread(s): {bw:.2} GB/s (4 streams {four:.2}, 1 stream + prefetch {one:.2})");
         }
         return;
@@ -780,30 +789,48 @@ fn main() {
             tests.extend(a.ttft.iter().filter(|&&p| p > 0).map(|&p| Test::Ttft(p)));
             let greedy = a.backend == BackendKind::Cuda;
             for test in tests {
+                // CPU tg with --membw: the read bandwidth probed before every
+                // repetition and after the last one.
                 let probe = a.membw && a.backend == BackendKind::Cpu && matches!(test, Test::Tg { .. });
-                let bw_before = if probe { Some(membw(t).0) } else { None };
+                let mut bws = Vec::new();
                 run_test(&m, test, greedy, &mut rng); // warm-up
                 let mut ns = Vec::new();
                 let mut ts = Vec::new();
                 for _ in 0..a.reps.max(1) {
+                    if probe {
+                        bws.push(membw(t, 2).0);
+                    }
                     let s = run_test(&m, test, greedy, &mut rng);
                     ns.push((s * 1e9) as u64);
                     ts.push(test.tokens() as f64 / s);
                 }
-                let (mut bound_ts, mut step_bytes, mut tflops) = (None, None, None);
+                if probe {
+                    bws.push(membw(t, 2).0);
+                }
+                let (mut bound_ts, mut step_bytes, mut tflops, mut fraction) = (None, None, None, None);
                 if let Test::Tg { n, seqs, depth } = test {
                     let w = step_weight_bytes(&info, desc.embd_bytes, seqs);
                     // Step k (0-based) reads depth + k + 1 positions of each sequence.
                     let kv = (seqs as f64 * (depth as f64 + (n as f64 + 1.0) / 2.0) * info.kv_bytes_per_position as f64) as u64;
                     step_bytes = Some((w, kv));
-                    let bw = match bw_before {
-                        Some(before) => Some(before.max(membw(t).0)),
-                        None => d2d_gbs,
-                    };
-                    if let (true, Some(bw)) = (probe, bw) {
-                        eprintln!("llmrt-bench: {spec} {} with {t} thread(s): read bandwidth {bw:.2} GB/s", test.name());
+                    let bound = |bw: f64| seqs as f64 / ((w + kv) as f64 / (bw * 1e9));
+                    if probe {
+                        // Each repetition against the higher of the probes on either
+                        // side of it (the machine's state moves on this VM).
+                        let per: Vec<f64> = bws.windows(2).map(|p| bound(p[0].max(p[1]))).collect();
+                        let fr: Vec<f64> = ts.iter().zip(&per).map(|(v, b)| v / b).collect();
+                        eprintln!(
+                            "llmrt-bench: {spec} {} with {t} thread(s): read bandwidth {} GB/s; per repetition {} t/s of {} t/s",
+                            test.name(),
+                            bws.iter().map(|v| format!("{v:.1}")).collect::<Vec<_>>().join(" "),
+                            ts.iter().map(|v| format!("{v:.1}")).collect::<Vec<_>>().join(" "),
+                            per.iter().map(|v| format!("{v:.1}")).collect::<Vec<_>>().join(" ")
+                        );
+                        bound_ts = Some(mean_sd(&per).0);
+                        fraction = Some(mean_sd(&fr).0);
+                    } else {
+                        bound_ts = d2d_gbs.map(bound);
                     }
-                    bound_ts = bw.map(|bw| seqs as f64 / ((w + kv) as f64 / (bw * 1e9)));
                 }
                 if let (Test::Pp(_), Some(_)) = (test, gemm_tflops) {
                     let (m_ts, _) = mean_sd(&ts);
@@ -820,12 +847,13 @@ fn main() {
                     samples_ns: ns,
                     samples_ts: ts,
                     bound_ts,
+                    fraction,
                     step_bytes,
                     tflops,
                 };
                 let (m_, sd) = mean_sd(&r.samples_ts);
                 let (bound, pct) = match (r.bound_ts, r.tflops, gemm_tflops) {
-                    (Some(b), _, _) => (format!("{b:.2}"), format!("{:.1}%", 100.0 * m_ / b)),
+                    (Some(b), _, _) => (format!("{b:.2}"), format!("{:.1}%", 100.0 * r.fraction.unwrap_or(m_ / b))),
                     (None, Some(tf), Some(g)) => (format!("{tf:.1} TF"), format!("{:.1}%", 100.0 * tf / g)),
                     _ => ("-".into(), "-".into()),
                 };
@@ -890,7 +918,7 @@ fn main() {
                     "step_weight_bytes": r.step_bytes.map(|b| b.0),
                     "step_kv_bytes": r.step_bytes.map(|b| b.1),
                     "bound_ts": r.bound_ts,
-                    "fraction_of_bound": r.bound_ts.map(|b| avg_ts / b),
+                    "fraction_of_bound": r.fraction.or(r.bound_ts.map(|b| avg_ts / b)),
                     "tflops": r.tflops,
                     "d2d_GBps": d2d_gbs,
                     "gemm_bf16_TFLOPs": gemm_tflops,
