@@ -63,15 +63,20 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
         debug_assert_eq!(x.cols, m.cols);
         ops::matmul(pool, m.dtype, m.bytes(w), m.row_bytes, m.rows, packed.get(&(m.file, m.offset)), x, y);
     };
+    let weight = |m: &'_ crate::model::weights::Matrix| ops::Weight {
+        dtype: m.dtype,
+        w: m.bytes(w),
+        row_bytes: m.row_bytes,
+        rows: m.rows,
+        packed: packed.get(&(m.file, m.offset)),
+    };
 
     for (l, lw) in w.layers.iter().enumerate() {
         // Attention block.
         ops::rmsnorm(&x, &lw.attn_norm, cfg.rms_eps, &mut xn);
         // One activation set (quantized once when a weight needs it) for Q, K and V.
         let xa = ops::Act::new(&xn, h);
-        mm(&lw.wq, &xa, &mut q);
-        mm(&lw.wk, &xa, &mut k);
-        mm(&lw.wv, &xa, &mut v);
+        ops::matmul_many(pool, &[weight(&lw.wq), weight(&lw.wk), weight(&lw.wv)], &xa, &mut [&mut q, &mut k, &mut v]);
         drop(xa);
         if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
             ops::add_bias(&mut q, bq);
@@ -107,8 +112,7 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
         // Feed-forward block (SwiGLU).
         ops::rmsnorm(&x, &lw.ffn_norm, cfg.rms_eps, &mut xn);
         let xa = ops::Act::new(&xn, h);
-        mm(&lw.w_gate, &xa, &mut gate);
-        mm(&lw.w_up, &xa, &mut up);
+        ops::matmul_many(pool, &[weight(&lw.w_gate), weight(&lw.w_up)], &xa, &mut [&mut gate, &mut up]);
         drop(xa);
         // SwiGLU in parallel pieces of 256 values (one exp each: ~1% of a decode step).
         ops::par_units(pool, &mut gate, 256, 256 * 32, 1, |u0, g| ops::swiglu(g, &up[u0 * 256..]));

@@ -91,6 +91,61 @@ impl<'a> Act<'a> {
     }
 }
 
+/// One weight matrix as a matmul reads it: `rows x cols` in `dtype` (`row_bytes`
+/// per row) and, when present, the same matrix repacked for this CPU's kernels.
+#[derive(Clone, Copy)]
+pub struct Weight<'a> {
+    pub dtype: DType,
+    pub w: &'a [u8],
+    pub row_bytes: usize,
+    pub rows: usize,
+    pub packed: Option<&'a Pack>,
+}
+
+/// A [`Weight`] bound to one activation set: computes any range of its rows.
+struct Bound<'a> {
+    m: Weight<'a>,
+    qa: Option<&'a QAct>,
+    x: &'a [f32],
+    cols: usize,
+    isa: simd::Isa,
+}
+
+impl<'a> Bound<'a> {
+    fn new(m: Weight<'a>, act: &'a Act<'_>) -> Bound<'a> {
+        let cols = act.cols;
+        let quant = matches!(m.dtype, DType::Q8_0 | DType::Q4_0);
+        let qa = if quant { Some(act.quantized()) } else { None };
+        let packed = m.packed.filter(|p| match p {
+            Pack::Q(q) => quant && q.rows == m.rows && q.cols == cols && q.dtype == m.dtype,
+            Pack::F(f) => m.dtype == DType::F16 && f.rows == m.rows && f.cols == cols,
+        });
+        Bound { m: Weight { packed, ..m }, qa, x: act.x, cols, isa: simd::isa() }
+    }
+
+    /// Rows per unit of work: packed groups of rows are never split between threads.
+    fn align(&self) -> usize {
+        match self.m.packed {
+            Some(Pack::Q(_)) => qpack::ALIGN,
+            Some(Pack::F(_)) => fpack::GROUP,
+            None => 4,
+        }
+    }
+
+    /// Rows `r0..r0 + part.len() / t` into `part` (row-major over rows: `part[i * t + c]`).
+    fn run(&self, r0: usize, part: &mut [f32], t: usize) {
+        let m = &self.m;
+        let n = part.len() / t;
+        let wr = &m.w[r0 * m.row_bytes..(r0 + n) * m.row_bytes];
+        match (self.qa, m.packed) {
+            (Some(qa), Some(Pack::Q(p))) => qpack::gemm(self.isa, p, r0, n, qa, part),
+            (Some(qa), _) => simd::gemm_q(self.isa, m.dtype, wr, m.row_bytes, n, qa, part),
+            (None, Some(Pack::F(p))) => fpack::gemm(self.isa, p, r0, n, self.x, part),
+            _ => simd::gemm_f(self.isa, m.dtype, wr, m.row_bytes, n, self.x, self.cols, part),
+        }
+    }
+}
+
 /// `y[t][r] = dot(W[r], x[t])` for `t < T` tokens: W is `rows x cols` in
 /// `dtype` (`row_bytes` per row), x is `T x cols`, y is `T x rows`. Tiles of
 /// weight rows are read once for all tokens (see `simd`). `packed`: the same
@@ -106,40 +161,18 @@ pub fn matmul(
     act: &Act<'_>,
     y: &mut [f32],
 ) {
+    let b = Bound::new(Weight { dtype, w, row_bytes, rows, packed }, act);
     let cols = act.cols;
     let t_count = act.x.len() / cols;
     debug_assert_eq!(y.len(), t_count * rows);
-    let isa = simd::isa();
-    let quant = matches!(dtype, DType::Q8_0 | DType::Q4_0);
-    let qa = if quant { Some(act.quantized()) } else { None };
-    let packed = packed.filter(|p| match p {
-        Pack::Q(q) => quant && q.rows == rows && q.cols == cols && q.dtype == dtype,
-        Pack::F(f) => dtype == DType::F16 && f.rows == rows && f.cols == cols,
-    });
-    let x = act.x;
-    let run = |r0: usize, part: &mut [f32]| {
-        let n = part.len() / t_count;
-        let wr = &w[r0 * row_bytes..(r0 + n) * row_bytes];
-        match (qa, packed) {
-            (Some(qa), Some(Pack::Q(p))) => qpack::gemm(isa, p, r0, n, qa, part),
-            (Some(qa), _) => simd::gemm_q(isa, dtype, wr, row_bytes, n, qa, part),
-            (None, Some(Pack::F(p))) => fpack::gemm(isa, p, r0, n, x, part),
-            _ => simd::gemm_f(isa, dtype, wr, row_bytes, n, x, cols, part),
-        }
-    };
-    // Packed groups of rows are never split between threads.
-    let align = match packed {
-        Some(Pack::Q(_)) => qpack::ALIGN,
-        Some(Pack::F(_)) => fpack::GROUP,
-        None => 4,
-    };
+    let align = b.align();
     if t_count == 1 {
-        par_units(pool, y, 1, cols, align, run);
+        par_units(pool, y, 1, cols, align, |r0, part| b.run(r0, part, 1));
         return;
     }
     // Row-major over weights: tmp[r][t], transposed into y afterwards.
     let mut tmp = vec![0f32; rows * t_count];
-    par_units(pool, &mut tmp, t_count, cols * t_count, align, run);
+    par_units(pool, &mut tmp, t_count, cols * t_count, align, |r0, part| b.run(r0, part, t_count));
     // Blocked transpose: contiguous writes, reads from a few dozen lines.
     for r0 in (0..rows).step_by(64) {
         let r1 = (r0 + 64).min(rows);
@@ -148,6 +181,50 @@ pub fn matmul(
                 *o = tmp[r * t_count + t];
             }
         }
+    }
+}
+
+/// `ys[i] = W_i x` for several matrices reading the same activations (Q, K and V;
+/// gate and up). For one token their rows are split between the threads as one
+/// range, in one pool run instead of one per matrix (fewer joins, longer
+/// streams); the same kernels compute the same rows, so the results are those of
+/// [`matmul`] bit for bit. Otherwise (or when the matrices' row counts do not
+/// keep the units aligned) one [`matmul`] each.
+pub fn matmul_many(pool: &Pool, ms: &[Weight<'_>], act: &Act<'_>, ys: &mut [&mut [f32]]) {
+    assert_eq!(ms.len(), ys.len());
+    let t_count = act.x.len() / act.cols;
+    let bs: Vec<Bound<'_>> = ms.iter().map(|&m| Bound::new(m, act)).collect();
+    let align = bs.iter().map(Bound::align).max().unwrap_or(1);
+    let aligned = bs.iter().all(|b| align.is_multiple_of(b.align()))
+        && bs[..bs.len().saturating_sub(1)].iter().all(|b| b.m.rows.is_multiple_of(align));
+    if t_count != 1 || !aligned {
+        for (m, y) in ms.iter().zip(ys.iter_mut()) {
+            matmul(pool, m.dtype, m.w, m.row_bytes, m.rows, m.packed, act, y);
+        }
+        return;
+    }
+    let starts: Vec<usize> = bs.iter().scan(0, |acc, b| {
+        let s = *acc;
+        *acc += b.m.rows;
+        Some(s)
+    }).collect();
+    let total: usize = bs.iter().map(|b| b.m.rows).sum();
+    let mut all = vec![0f32; total];
+    par_units(pool, &mut all, 1, act.cols, align, |u0, part| {
+        // The chunk may span matrices: each piece to its own matrix's rows.
+        let mut u = u0;
+        let mut part = part;
+        while !part.is_empty() {
+            let i = starts.partition_point(|&s| s <= u) - 1;
+            let n = (starts[i] + bs[i].m.rows - u).min(part.len());
+            let (now, rest) = part.split_at_mut(n);
+            bs[i].run(u - starts[i], now, 1);
+            u += n;
+            part = rest;
+        }
+    });
+    for ((y, b), &s) in ys.iter_mut().zip(&bs).zip(&starts) {
+        y.copy_from_slice(&all[s..s + b.m.rows]);
     }
 }
 
@@ -227,6 +304,75 @@ pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `matmul_many` gives each matrix exactly what `matmul` gives it, on 1-3
+    /// threads, one token and several, packed (Q8_0, Q4_0, F16) and not, with
+    /// row counts that keep the shared range aligned and ones that do not.
+    #[test]
+    fn matmul_many_equals_one_matmul_each() {
+        use crate::quant::quantize_row;
+        let mut seed = 0x0DDB_1A5E_5BAD_5EEDu64;
+        let mut rnd = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+                })
+                .collect()
+        };
+        let cols = 256;
+        for dt in [DType::Q4_0, DType::Q8_0, DType::F16, DType::F32] {
+            for rows in [vec![128usize, 64, 64], vec![192, 64], vec![100, 36, 50], vec![64, 33]] {
+                let rb = dt.row_bytes(cols).unwrap();
+                let raw: Vec<Vec<u8>> = rows
+                    .iter()
+                    .map(|&r| {
+                        let mut w = vec![0u8; r * rb];
+                        for i in 0..r {
+                            quantize_row(dt, &rnd(cols), &mut w[i * rb..(i + 1) * rb]);
+                        }
+                        w
+                    })
+                    .collect();
+                for pack in [false, true] {
+                    let packs: Vec<Option<Pack>> = raw
+                        .iter()
+                        .zip(&rows)
+                        .map(|(w, &r)| match (pack, dt) {
+                            (true, DType::Q4_0 | DType::Q8_0) => Some(Pack::Q(qpack::Packed::new(dt, w, rb, r, cols, "t", 2).unwrap())),
+                            (true, DType::F16) => Some(Pack::F(fpack::Packed::new(w, r, cols, "t", 2).unwrap())),
+                            _ => None,
+                        })
+                        .collect();
+                    let ms: Vec<Weight<'_>> = raw
+                        .iter()
+                        .zip(&rows)
+                        .zip(&packs)
+                        .map(|((w, &r), p)| Weight { dtype: dt, w, row_bytes: rb, rows: r, packed: p.as_ref() })
+                        .collect();
+                    for t in [1usize, 3] {
+                        let x = rnd(t * cols);
+                        for threads in 1..=3 {
+                            let pool = Pool::new(threads);
+                            let act = Act::new(&x, cols);
+                            let mut got: Vec<Vec<f32>> = rows.iter().map(|&r| vec![f32::NAN; r * t]).collect();
+                            let mut refs: Vec<&mut [f32]> = got.iter_mut().map(|v| v.as_mut_slice()).collect();
+                            matmul_many(&pool, &ms, &act, &mut refs);
+                            for (m, g) in ms.iter().zip(&got) {
+                                let mut want = vec![f32::NAN; m.rows * t];
+                                matmul(&pool, dt, m.w, rb, m.rows, m.packed, &Act::new(&x, cols), &mut want);
+                                let (gb, wb): (Vec<u32>, Vec<u32>) =
+                                    (g.iter().map(|v| v.to_bits()).collect(), want.iter().map(|v| v.to_bits()).collect());
+                                assert_eq!(gb, wb, "{dt} rows {rows:?} packed {pack} t {t} threads {threads}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     /// Every item is visited once, with the unit index of its chunk, whatever
     /// the thread count, including a partial last unit.
