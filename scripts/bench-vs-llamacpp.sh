@@ -79,7 +79,7 @@ run_one() { # tool ty threads p n round
     # after the repetitions, with the same thread count (the row's bytes bound).
     out="$("$LLMRT_BENCH" -m "${FILE[$ty]}" -t "$t" -p "$p" -n "$n" -r "$REPS" -o json $([ "$n" -gt 0 ] && echo --membw))"
   fi
-  python3 -c 'import json,sys; [print(json.dumps({"tool":sys.argv[1],"type":sys.argv[2],"round":int(sys.argv[3]),"n_threads":r["n_threads"],"n_prompt":r["n_prompt"],"n_gen":r["n_gen"],"avg_ts":r["avg_ts"],"stddev_ts":r["stddev_ts"],"bound_ts":r.get("bound_ts")})) for r in json.loads(sys.stdin.read())]' "$tool" "$ty" "$round" <<<"$out" >> "$RES"
+  python3 -c 'import json,sys; [print(json.dumps({"tool":sys.argv[1],"type":sys.argv[2],"round":int(sys.argv[3]),"n_threads":r["n_threads"],"n_prompt":r["n_prompt"],"n_gen":r["n_gen"],"avg_ts":r["avg_ts"],"stddev_ts":r["stddev_ts"],"bound_ts":r.get("bound_ts"),"fraction":r.get("fraction_of_bound")})) for r in json.loads(sys.stdin.read())]' "$tool" "$ty" "$round" <<<"$out" >> "$RES"
 }
 
 echo "== machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
@@ -125,7 +125,7 @@ if bounded:
     for ty in dict.fromkeys(r["type"] for r in bounded):
         for t in sorted(set(r["n_threads"] for r in bounded if r["type"] == ty)):
             rs = sorted((r for r in bounded if r["type"] == ty and r["n_threads"] == t), key=lambda r: r["round"])
-            pct = [100 * r["avg_ts"] / r["bound_ts"] for r in rs]
+            pct = [100 * r["fraction"] for r in rs]  # mean over repetitions of speed / its own bound
             speeds = " / ".join("%.2f" % r["avg_ts"] for r in rs)
             bounds = " / ".join("%.2f" % r["bound_ts"] for r in rs)
             pcts = " / ".join("%.0f%%" % p for p in pct)

@@ -36,7 +36,9 @@
 //! bandwidth probed with the row's thread count before every repetition and after
 //! the last: each repetition is held against the higher of the probes on either
 //! side of it, and the row reports the mean bound and the mean of the fractions,
-//! so bound and speed see the same machine state; alone, `--membw` prints the probe.
+//! so bound and speed see the same machine state (repetitions whose two probes
+//! differ by more than 15% are left out: the state changed during them, unless
+//! no repetition was steady); alone, `--membw` prints the probe.
 
 use llmrt::format::gguf::Value;
 use llmrt::format::gguf_write::GgufWriter;
@@ -817,16 +819,24 @@ fn main() {
                     if probe {
                         // Each repetition against the higher of the probes on either
                         // side of it (the machine's state moves on this VM).
+                        // A repetition whose two probes differ by more than 15% saw the
+                        // state change and is left out (all are kept if none is steady).
                         let per: Vec<f64> = bws.windows(2).map(|p| bound(p[0].max(p[1]))).collect();
-                        let fr: Vec<f64> = ts.iter().zip(&per).map(|(v, b)| v / b).collect();
+                        let steady: Vec<bool> = bws.windows(2).map(|p| p[0].max(p[1]) <= 1.15 * p[0].min(p[1])).collect();
+                        let all = !steady.iter().any(|&k| k);
+                        let kept: Vec<usize> = (0..per.len()).filter(|&i| all || steady[i]).collect();
+                        let fr: Vec<f64> = kept.iter().map(|&i| ts[i] / per[i]).collect();
+                        let kb: Vec<f64> = kept.iter().map(|&i| per[i]).collect();
                         eprintln!(
-                            "llmrt-bench: {spec} {} with {t} thread(s): read bandwidth {} GB/s; per repetition {} t/s of {} t/s",
+                            "llmrt-bench: {spec} {} with {t} thread(s): read bandwidth {} GB/s; per repetition {} t/s of {} t/s; {} of {} steady",
                             test.name(),
                             bws.iter().map(|v| format!("{v:.1}")).collect::<Vec<_>>().join(" "),
                             ts.iter().map(|v| format!("{v:.1}")).collect::<Vec<_>>().join(" "),
-                            per.iter().map(|v| format!("{v:.1}")).collect::<Vec<_>>().join(" ")
+                            per.iter().map(|v| format!("{v:.1}")).collect::<Vec<_>>().join(" "),
+                            steady.iter().filter(|&&k| k).count(),
+                            per.len()
                         );
-                        bound_ts = Some(mean_sd(&per).0);
+                        bound_ts = Some(mean_sd(&kb).0);
                         fraction = Some(mean_sd(&fr).0);
                     } else {
                         bound_ts = d2d_gbs.map(bound);
