@@ -288,16 +288,7 @@ mod tests {
     #[test]
     fn packed_f16_kernels_match_the_sequential_reference() {
         let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        let mut rnd = |n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-                })
-                .collect()
-        };
+        let mut rnd = |n: usize| crate::backend::cpu::test_rng_vec(&mut seed, n);
         for &(rows, cols, t) in &[(32usize, 64usize, 1usize), (200, 48, 1), (131, 37, 1), (45, 100, 13), (64, 16, 25), (7, 5, 3)] {
             let x = rnd(t * cols);
             let w: Vec<u8> = rnd(rows * cols).iter().flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes()).collect();

@@ -312,16 +312,7 @@ mod tests {
     fn matmul_many_equals_one_matmul_each() {
         use crate::quant::quantize_row;
         let mut seed = 0x0DDB_1A5E_5BAD_5EEDu64;
-        let mut rnd = |n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-                })
-                .collect()
-        };
+        let mut rnd = |n: usize| crate::backend::cpu::test_rng_vec(&mut seed, n);
         let cols = 256;
         for dt in [DType::Q4_0, DType::Q8_0, DType::F16, DType::F32] {
             for rows in [vec![128usize, 64, 64], vec![192, 64], vec![100, 36, 50], vec![64, 33]] {

@@ -411,16 +411,7 @@ mod tests {
     use crate::backend::cpu::simd::available;
     use crate::quant::quantize_row;
 
-    fn rng_vec(seed: &mut u64, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                *seed ^= *seed << 13;
-                *seed ^= *seed >> 7;
-                *seed ^= *seed << 17;
-                ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::backend::cpu::test_rng_vec as rng_vec;
 
     /// Packed kernels (every kernel set, every token-tile width, partial groups,
     /// row ranges starting inside the matrix) are bit-identical to the block-order

@@ -1158,14 +1158,7 @@ mod quantize_tests {
     #[test]
     fn quantize_paths_agree() {
         let mut seed = 0x2545_F491_4F6C_DD1Du64;
-        let mut x: Vec<f32> = (0..QK * 64)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
-            })
-            .collect();
+        let mut x: Vec<f32> = crate::backend::cpu::test_rng_vec(&mut seed, QK * 64).iter().map(|v| v * 4.0).collect();
         // Block 1: values landing exactly on halves (amax 127 -> id 1).
         for (j, v) in x[QK..2 * QK].iter_mut().enumerate() {
             *v = if j == 0 { 127.0 } else { j as f32 - 16.5 };
