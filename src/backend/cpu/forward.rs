@@ -59,16 +59,16 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
     let mut up = vec![0f32; n * cfg.ffn];
     let pool = &be.pool;
     let packed = &be.packed;
-    let mm = |m: &crate::model::weights::Matrix, x: &ops::Act<'_>, y: &mut [f32]| {
-        debug_assert_eq!(x.cols, m.cols);
-        ops::matmul(pool, m.dtype, m.bytes(w), m.row_bytes, m.rows, packed.get(&(m.file, m.offset)), x, y);
-    };
     let weight = |m: &'_ crate::model::weights::Matrix| ops::Weight {
         dtype: m.dtype,
         w: m.bytes(w),
         row_bytes: m.row_bytes,
         rows: m.rows,
         packed: packed.get(&(m.file, m.offset)),
+    };
+    let mm = |m: &crate::model::weights::Matrix, x: &ops::Act<'_>, y: &mut [f32]| {
+        debug_assert_eq!(x.cols, m.cols);
+        ops::matmul(pool, weight(m), x, y);
     };
 
     for (l, lw) in w.layers.iter().enumerate() {

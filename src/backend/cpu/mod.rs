@@ -9,19 +9,6 @@ pub mod groups;
 pub mod qpack;
 pub mod simd;
 
-/// Values in [-1, 1) from an xorshift64 state: the CPU kernels' tests' random rows.
-#[cfg(test)]
-pub(crate) fn test_rng_vec(seed: &mut u64, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            *seed ^= *seed << 13;
-            *seed ^= *seed >> 7;
-            *seed ^= *seed << 17;
-            ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
 use super::{Backend, Seq, Want};
 use crate::kv::{BlockCopy, BlockId, BLOCK_POSITIONS};
 use crate::model::weights::Weights;
@@ -145,7 +132,6 @@ impl CpuBackend {
         }
         Ok(CpuBackend { cfg, w, threads, pool: pool::Pool::new(threads), kv, inv_freq, packed })
     }
-
 }
 
 impl Backend for CpuBackend {
@@ -199,4 +185,17 @@ impl Backend for CpuBackend {
     fn device_name(&self) -> String {
         format!("cpu ({} threads, {})", self.threads, simd::isa().name())
     }
+}
+
+/// Values in [-1, 1) from an xorshift64 state: the CPU kernels' tests' random rows.
+#[cfg(test)]
+pub(crate) fn test_rng_vec(seed: &mut u64, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
 }

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 const PAR_THRESHOLD: usize = 1 << 15;
 
 /// Splits `data` (made of `units` units of `unit_len` items, the last one
-/// possibly partial) into chunks of whole units (a multiple of `align` units) that the pool's threads take in
-/// turn, and runs `f(first_unit, chunk)` on each. Which thread computes a unit
+/// possibly partial) into chunks of whole units (a multiple of `align` units)
+/// that the pool's threads take in turn, and runs `f(first_unit, chunk)` on each. Which thread computes a unit
 /// never changes how it is computed, so results do not depend on the thread count.
 pub fn par_units<T: Send>(
     pool: &Pool,
@@ -146,22 +146,13 @@ impl<'a> Bound<'a> {
     }
 }
 
-/// `y[t][r] = dot(W[r], x[t])` for `t < T` tokens: W is `rows x cols` in
-/// `dtype` (`row_bytes` per row), x is `T x cols`, y is `T x rows`. Tiles of
-/// weight rows are read once for all tokens (see `simd`). `packed`: the same
-/// matrix repacked for the block-order kernels (`qpack`), used when present.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul(
-    pool: &Pool,
-    dtype: DType,
-    w: &[u8],
-    row_bytes: usize,
-    rows: usize,
-    packed: Option<&Pack>,
-    act: &Act<'_>,
-    y: &mut [f32],
-) {
-    let b = Bound::new(Weight { dtype, w, row_bytes, rows, packed }, act);
+/// `y[t][r] = dot(W[r], x[t])` for `t < T` tokens: W is `m` (`rows x cols`),
+/// x is `T x cols`, y is `T x rows`. Tiles of weight rows are read once for all
+/// tokens (see `simd`); `m.packed`, the same matrix repacked for this CPU's
+/// kernels (`qpack`, `fpack`), is used when present.
+pub fn matmul(pool: &Pool, m: Weight<'_>, act: &Act<'_>, y: &mut [f32]) {
+    let rows = m.rows;
+    let b = Bound::new(m, act);
     let cols = act.cols;
     let t_count = act.x.len() / cols;
     debug_assert_eq!(y.len(), t_count * rows);
@@ -198,8 +189,8 @@ pub fn matmul_many(pool: &Pool, ms: &[Weight<'_>], act: &Act<'_>, ys: &mut [&mut
     let aligned = bs.iter().all(|b| align.is_multiple_of(b.align()))
         && bs[..bs.len().saturating_sub(1)].iter().all(|b| b.m.rows.is_multiple_of(align));
     if t_count != 1 || !aligned {
-        for (m, y) in ms.iter().zip(ys.iter_mut()) {
-            matmul(pool, m.dtype, m.w, m.row_bytes, m.rows, m.packed, act, y);
+        for (&m, y) in ms.iter().zip(ys.iter_mut()) {
+            matmul(pool, m, act, y);
         }
         return;
     }
@@ -353,7 +344,7 @@ mod tests {
                             matmul_many(&pool, &ms, &act, &mut refs);
                             for (m, g) in ms.iter().zip(&got) {
                                 let mut want = vec![f32::NAN; m.rows * t];
-                                matmul(&pool, dt, m.w, rb, m.rows, m.packed, &Act::new(&x, cols), &mut want);
+                                matmul(&pool, *m, &Act::new(&x, cols), &mut want);
                                 let (gb, wb): (Vec<u32>, Vec<u32>) =
                                     (g.iter().map(|v| v.to_bits()).collect(), want.iter().map(|v| v.to_bits()).collect());
                                 assert_eq!(gb, wb, "{dt} rows {rows:?} packed {pack} t {t} threads {threads}");
