@@ -426,14 +426,14 @@ fn step_weight_bytes(info: &llmrt::runtime::ModelInfo, embd_bytes: u64, n_seqs: 
 // Memory read bandwidth.
 
 /// Read bandwidth in GB/s with `threads` threads summing a 1 GiB buffer: the
-/// best of 5 passes of each of two access patterns, every thread on its own
+/// best of `passes` passes of each of two access patterns, every thread on its own
 /// part. "4 streams": 4 interleaved streams of 64-byte lines; "1 stream": one
 /// sequential stream with a software prefetch 4 KiB ahead (the access of the
 /// CPU decode kernels). Both keep 8 independent (vectorisable) sums, so the
 /// loops are bound by memory, not adds. The buffer is allocated like the CPU
 /// backend's repacked weights (huge pages where the kernel has them), so the
-/// bound and the decode read the same kind of memory. `passes` per pattern
-/// (5 alone, 2 around each tg repetition). Returns (best, per pattern).
+/// bound and the decode read the same kind of memory. `passes`: 5 alone, 2
+/// around each tg repetition. Returns (best, per pattern).
 #[allow(clippy::needless_range_loop)]
 fn membw(threads: usize, passes: usize) -> (f64, [f64; 2]) {
     static BUF: std::sync::OnceLock<llmrt::backend::cpu::groups::HostBuf> = std::sync::OnceLock::new();
