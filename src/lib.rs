@@ -15,6 +15,7 @@ pub mod quant;
 pub mod runtime;
 pub mod sample;
 pub mod tokenizer;
+pub mod util;
 
 pub use error::{Error, Result, Status};
 pub use runtime::{BackendKind, LoadOptions, Model, ModelInfo};

@@ -116,16 +116,6 @@ pub fn apply_penalty(logits: &mut [f32], penalty: f32, history: &[u32]) {
     }
 }
 
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &x) in l.iter().enumerate() {
-        if x > l[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 /// Steps 1-8: the distribution the draw is made from, as (token, probability) in draw order,
 /// probabilities renormalised to sum 1. Temperature 0: the greedy token with probability 1.
 /// Empty when the row is all -inf/NaN; a +inf logit gives that token with probability 1.
@@ -136,7 +126,7 @@ pub fn distribution(logits: &[f32], params: &SamplerParams, history: &[u32]) -> 
         return vec![];
     }
     if params.temperature == 0.0 {
-        return vec![(argmax(&l), 1.0)];
+        return vec![(crate::util::argmax(&l), 1.0)];
     }
     if let Some(i) = l.iter().position(|&x| x == f32::INFINITY) {
         return vec![(i as u32, 1.0)];

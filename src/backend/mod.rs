@@ -51,7 +51,7 @@ pub trait Backend: Send {
         let mut logits = vec![0f32; seqs.len() * v];
         self.step(seqs, &mut logits)?;
         for (o, row) in next.iter_mut().zip(logits.chunks_exact(v)) {
-            *o = cpu::ops::argmax(row);
+            *o = crate::util::argmax(row);
         }
         Ok(())
     }

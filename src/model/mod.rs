@@ -88,6 +88,22 @@ impl Config {
         self.n_kv_heads * self.head_dim
     }
 
+    /// RoPE inverse frequencies (`head_dim / 2` of them, in f64), with the
+    /// per-frequency divisors of `rope_freqs.weight` (Llama-3 scaling) and the
+    /// linear scaling factor applied. Both backends take their angles from here.
+    pub fn rope_inv_freq(&self, rope_freqs: Option<&[f32]>) -> Vec<f64> {
+        let hd = self.head_dim;
+        (0..hd / 2)
+            .map(|i| {
+                let mut f = 1.0 / (self.rope_theta as f64).powf(2.0 * i as f64 / hd as f64);
+                if let Some(rf) = rope_freqs {
+                    f /= rf[i] as f64;
+                }
+                f / self.rope_linear_factor as f64
+            })
+            .collect()
+    }
+
     /// Reads the hyperparameters of a GGUF file (shapes are checked against them
     /// when the weights are bound).
     pub fn from_gguf(g: &Gguf) -> Result<Config> {

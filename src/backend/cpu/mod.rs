@@ -85,16 +85,7 @@ impl CpuBackend {
     /// matrices are repacked here (a copy of their bytes in host memory).
     /// `progress` gets the fraction of the repacking done.
     pub fn new(cfg: Config, w: Arc<Weights>, threads: usize, progress: &mut dyn FnMut(f32)) -> Result<CpuBackend> {
-        let hd = cfg.head_dim;
-        let inv_freq = (0..hd / 2)
-            .map(|i| {
-                let mut f = 1.0 / (cfg.rope_theta as f64).powf(2.0 * i as f64 / hd as f64);
-                if let Some(rf) = &w.rope_freqs {
-                    f /= rf[i] as f64;
-                }
-                f / cfg.rope_linear_factor as f64
-            })
-            .collect();
+        let inv_freq = cfg.rope_inv_freq(w.rope_freqs.as_deref());
         let kv = KvStore { blocks: Vec::new(), n_layers: cfg.n_layers, kv_dim: cfg.kv_dim() };
         let threads = threads.max(1);
         let mut packed = HashMap::new();

@@ -274,17 +274,6 @@ pub fn rope(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32], neox: bool
     }
 }
 
-/// Index of the largest value (the first one on ties).
-pub fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 /// `y += a * x`.
 pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     for (o, &v) in y.iter_mut().zip(x) {
@@ -397,11 +386,6 @@ mod tests {
             let want = x[i] as f64 / (ms + 1e-5).sqrt() * w[i] as f64;
             assert!((y[i] as f64 - want).abs() < 1e-6);
         }
-    }
-
-    #[test]
-    fn argmax_takes_first_of_ties() {
-        assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
     }
 
     #[test]

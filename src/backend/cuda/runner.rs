@@ -524,16 +524,7 @@ impl CudaBackend {
         (up.progress)(1.0);
 
         let weight_bytes = up.done;
-        let hd = cfg.head_dim;
-        let inv_freq = (0..hd / 2)
-            .map(|i| {
-                let mut f = 1.0 / (cfg.rope_theta as f64).powf(2.0 * i as f64 / hd as f64);
-                if let Some(rf) = &w.rope_freqs {
-                    f /= rf[i] as f64;
-                }
-                f / cfg.rope_linear_factor as f64
-            })
-            .collect();
+        let inv_freq = cfg.rope_inv_freq(w.rope_freqs.as_deref());
         let z = |n: usize| stream.alloc_zeros::<f32>(n).map_err(|e| mem_err(&ctx, &info, "scratch buffers", n * 4, e));
         let zu = |n: usize| stream.alloc_zeros::<u32>(n).map_err(|e| mem_err(&ctx, &info, "scratch buffers", n * 4, e));
         let mut s = Scratch {
