@@ -31,15 +31,16 @@ PREFIX    ?= /usr/local
 DESTDIR   ?=
 GO        ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 
-.PHONY: all help build check-header ctest demo test go-test install clean valgrind-rust tsan
+.PHONY: all help build check-header ctest demo test go-test install clean valgrind-rust tsan lint
 all: build
 
 help:
 	@echo "make build         cargo build --release (lib + include/llmrt.h)"
 	@echo "make check-header  fail if include/llmrt.h differs from what build.rs generates"
+	@echo "make lint          cargo fmt --check and cargo clippy --all-targets -D warnings"
 	@echo "make ctest         C tests in $(BUILD_CTEST)/, then again under valgrind"
 	@echo "make demo          run examples/generate.c on MODEL=$(MODEL)"
-	@echo "make test          cargo test, check-header, ctest, valgrind-rust[, kernel-check][, go-test][, fuzz-short]"
+	@echo "make test          lint, cargo test, check-header, ctest, valgrind-rust[, kernel-check][, go-test][, fuzz-short]"
 	@echo "make valgrind-rust Rust integration tests under valgrind memcheck ($(VALGRIND_RUST_TESTS))"
 	@echo "make tsan          the stress test under ThreadSanitizer (nightly + rust-src; not in make test)"
 	@echo "make go-test       go vet, go test, go test -race of the Go package in go/"
@@ -100,7 +101,14 @@ tsan:
 	  LLMRT_STRESS_OPS=$${LLMRT_STRESS_OPS:-250} \
 	  cargo +nightly test -Zbuild-std --target $(TSAN_TARGET) --test stress -- --nocapture
 
+# Style is enforced, not suggested: rustfmt.toml's format and every clippy lint
+# (Cargo.toml turns on clippy::undocumented_unsafe_blocks) as an error.
+lint:
+	$(CARGO) fmt --check
+	$(CARGO) clippy --release --all-targets -- -D warnings
+
 test:
+	$(MAKE) --no-print-directory lint
 	$(CARGO) test --release
 	$(MAKE) --no-print-directory check-header
 	$(MAKE) --no-print-directory ctest
