@@ -161,13 +161,17 @@ fn bind_gguf(
     Ok((cfg, weights, tokenizer))
 }
 
-/// Default KV budget on the CPU: a quarter of physical memory, at least one full
-/// context (storage is allocated as blocks are first written).
-fn default_cpu_kv_budget(per_position: u64, context: u64) -> u64 {
+/// Default KV pool on the CPU, in blocks: a quarter of physical memory, and at
+/// least one full context. Both are counted in whole blocks, the context rounded
+/// up as a reservation rounds it, so `reserve(0)` always fits in an empty pool
+/// (storage is allocated as blocks are first written).
+fn default_cpu_kv_blocks(per_position: u64, context: u64) -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.
     let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
     let phys = if pages > 0 && page > 0 { pages as u64 * page as u64 } else { 8 << 30 };
-    (phys / 4).max(per_position.saturating_mul(context))
+    let block_bytes = per_position.saturating_mul(BLOCK_POSITIONS as u64).max(1);
+    let context_blocks = context.div_ceil(BLOCK_POSITIONS as u64);
+    ((phys / 4) / block_bytes).max(context_blocks).min(usize::MAX as u64) as usize
 }
 
 impl Model {
@@ -275,10 +279,12 @@ impl Model {
                 };
                 let be = CpuBackend::new(cfg.clone(), weights.clone(), threads, &mut |f| report(0.3 + 0.65 * f))?;
                 let per_pos = be.kv_bytes_per_position();
-                let block_bytes = per_pos * BLOCK_POSITIONS as u64;
-                let budget =
-                    if kv_cache_bytes == 0 { default_cpu_kv_budget(per_pos, context as u64) } else { kv_cache_bytes };
-                (Box::new(be), (budget / block_bytes) as usize)
+                let blocks = if kv_cache_bytes == 0 {
+                    default_cpu_kv_blocks(per_pos, context as u64)
+                } else {
+                    (kv_cache_bytes / (per_pos * BLOCK_POSITIONS as u64)) as usize
+                };
+                (Box::new(be), blocks)
             }
         };
         let per_pos = be.kv_bytes_per_position();
@@ -397,18 +403,14 @@ impl Model {
     /// and the repetition penalty looks at the cache's tokens.
     pub fn decode_sample(&self, caches: &[u64], tokens: &[u32], params: &SamplerParams, next: &mut [u32]) -> Result<()> {
         params.validate()?;
+        self.check_batch(caches, tokens)?;
         if next.len() != caches.len() {
             return Err(Error::invalid(format!("next_tokens has {} slots for {} caches", next.len(), caches.len())));
         }
-        let v = self.info.vocab_size as usize;
-        let mut logits = vec![0f32; caches.len() * v];
-        self.decode(caches, tokens, Some(&mut logits))?;
-        let st = self.lock()?;
-        for ((o, row), &c) in next.iter_mut().zip(logits.chunks_exact(v)).zip(caches) {
-            let s = st.kv.get(c)?;
-            *o = sample::sample(row, params, &s.tokens, s.len as u64);
-        }
-        Ok(())
+        let toks: Vec<&[u32]> = tokens.chunks(1).collect();
+        // One lock for the step and the draws: a cache released meanwhile by another
+        // thread can neither fail the draw after the step committed nor change it.
+        self.run(caches, &toks, Want::Last, Out::Sample(params, next))
     }
 
     /// The tokens cache `cache` holds, in order.
@@ -536,8 +538,8 @@ impl Model {
             .collect();
         // Results land in scratch buffers and reach the caller only on success.
         match out {
-            Out::Logits(logits) => {
-                let mut buf = vec![0f32; rows * v];
+            Out::Logits(_) | Out::Sample(..) => {
+                let mut buf = scratch::<f32>(rows * v, "the step's logits")?;
                 guarded(|| {
                     backend.step(&seqs, &mut buf)?;
                     if self.take_debug_panic(DebugPanic::Compute) {
@@ -548,12 +550,20 @@ impl Model {
                 for (&c, t) in caches.iter().zip(tokens) {
                     kv.commit(c, t);
                 }
-                if let Some(l) = logits {
-                    l[..buf.len()].copy_from_slice(&buf);
+                match out {
+                    Out::Logits(Some(l)) => l[..buf.len()].copy_from_slice(&buf),
+                    Out::Sample(params, next) => {
+                        // Every cache was checked live under this lock and is still.
+                        for ((o, row), &c) in next.iter_mut().zip(buf.chunks_exact(v)).zip(caches) {
+                            let s = kv.get(c)?;
+                            *o = sample::sample(row, params, &s.tokens, s.len as u64);
+                        }
+                    }
+                    _ => {}
                 }
             }
             Out::Greedy(next) => {
-                let mut ids = vec![0u32; rows];
+                let mut ids = scratch::<u32>(rows, "the step's token ids")?;
                 guarded(|| {
                     backend.step_greedy(&seqs, &mut ids)?;
                     if self.take_debug_panic(DebugPanic::Compute) {
@@ -569,6 +579,17 @@ impl Model {
         }
         Ok(())
     }
+}
+
+/// A zeroed buffer of `n` values whose allocation failure is `LLMRT_OUT_OF_MEMORY`
+/// naming `what` and its size, not an abort.
+fn scratch<T: Default + Clone>(n: usize, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| {
+        Error::out_of_memory(format!("cannot allocate {what} ({} bytes)", n.saturating_mul(std::mem::size_of::<T>())))
+    })?;
+    v.resize(n, T::default());
+    Ok(v)
 }
 
 /// Runs a backend call, turning a panic into `LLMRT_INTERNAL`. Sound because a
@@ -595,4 +616,27 @@ enum Out<'a> {
     Logits(Option<&'a mut [f32]>),
     /// The argmax id of each sequence's last row.
     Greedy(&'a mut [u32]),
+    /// A token drawn from each sequence's last row, after the commit (the draw sees
+    /// the new token in the cache's history and its position).
+    Sample(&'a SamplerParams, &'a mut [u32]),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_kv_pool_holds_a_whole_context_rounded_up_to_blocks() {
+        // More than a quarter of any machine's memory per position, and a context
+        // that is not a multiple of the block size: the pool is the context's blocks,
+        // rounded up as a reservation of the full context rounds.
+        for context in [1u64, 15, 16, 17, 4095, 4097, 100_003] {
+            let blocks = default_cpu_kv_blocks(1 << 40, context);
+            let mut kv = KvManager::new(blocks, (1 << 40) * BLOCK_POSITIONS as u64);
+            assert_eq!(blocks as u64, context.div_ceil(BLOCK_POSITIONS as u64), "context {context}");
+            kv.reserve(0, context as u32).unwrap_or_else(|e| panic!("context {context}: {}", e.message));
+        }
+        // Small positions: a quarter of memory, far more than one context.
+        assert!(default_cpu_kv_blocks(1024, 17) > 1000);
+    }
 }
