@@ -5,6 +5,38 @@
 
 #![allow(non_camel_case_types)]
 
+/// Reads a caller's growable struct `$T` at `$p` (llmrt_model_options,
+/// llmrt_sampler_params: `struct_size` first), honouring its `struct_size`: each listed
+/// field that ends past it keeps its value in `$default` (an older, smaller struct). A
+/// `struct_size` below 8 (not filled in): LLMRT_INVALID_ARGUMENT naming `$what` and the
+/// `$filler` function that sets it. Evaluates to `Result<$T>`; expand it only in an
+/// `unsafe fn` whose contract is that `$p` is non-null and points to at least
+/// `struct_size` readable bytes (and 4 for `struct_size` itself).
+macro_rules! read_sized {
+    ($p:expr, $T:ty, $default:expr, $what:literal, $filler:literal, [$($f:ident),+ $(,)?]) => {{
+        let p: *const $T = $p;
+        // SAFETY: struct_size is the first field; the caller owns at least its 4 bytes.
+        let size = unsafe { std::ptr::addr_of!((*p).struct_size).read_unaligned() } as usize;
+        if size < 8 {
+            Err(Error::invalid(format!(
+                concat!($what, ".struct_size is {}; set it with ", $filler, " (sizeof = {})"),
+                size,
+                std::mem::size_of::<$T>()
+            )))
+        } else {
+            let mut o: $T = $default;
+            $(
+                let off = std::mem::offset_of!($T, $f);
+                if off + std::mem::size_of_val(&o.$f) <= size {
+                    // SAFETY: the field lies inside the caller's struct_size readable bytes.
+                    o.$f = unsafe { std::ptr::addr_of!((*p).$f).read_unaligned() };
+                }
+            )+
+            Ok(o)
+        }
+    }};
+}
+
 mod text;
 pub use text::*;
 
@@ -169,21 +201,7 @@ fn model_ref<'a>(m: *const llmrt_model) -> Result<&'a Model> {
 /// outside the enum. Static string, never NULL.
 #[no_mangle]
 pub extern "C" fn llmrt_status_name(status: StatusCode) -> *const c_char {
-    let s: &'static CStr = match status {
-        0 => c"LLMRT_OK",
-        1 => c"LLMRT_INVALID_ARGUMENT",
-        2 => c"LLMRT_IO",
-        3 => c"LLMRT_BAD_MODEL",
-        4 => c"LLMRT_UNSUPPORTED",
-        5 => c"LLMRT_OUT_OF_MEMORY",
-        6 => c"LLMRT_CONTEXT_FULL",
-        7 => c"LLMRT_UNKNOWN_CACHE",
-        8 => c"LLMRT_DEVICE",
-        9 => c"LLMRT_INTERNAL",
-        10 => c"LLMRT_BUFFER_TOO_SMALL",
-        _ => c"LLMRT_UNKNOWN_STATUS",
-    };
-    s.as_ptr()
+    Status::from_code(status).map_or(crate::error::UNKNOWN_STATUS_NAME, |s| s.info().name).as_ptr()
 }
 
 /// Message of this thread's last failed call; "" if none. Valid until this
@@ -229,34 +247,16 @@ pub unsafe extern "C" fn llmrt_model_options_default(options: *mut llmrt_model_o
 /// their defaults (an older, smaller struct).
 ///
 /// # Safety
-/// `p` points to at least `struct_size` readable bytes (and 4 for struct_size).
+/// `p` is non-null and points to at least `struct_size` readable bytes (and 4 for struct_size).
 unsafe fn read_options(p: *const llmrt_model_options) -> Result<llmrt_model_options> {
-    // SAFETY: struct_size is the first field; the caller owns at least that much.
-    let size = unsafe { std::ptr::addr_of!((*p).struct_size).read_unaligned() } as usize;
-    if size < std::mem::size_of::<u32>() * 2 {
-        return Err(Error::invalid(format!(
-            "options.struct_size is {size}; set it with llmrt_model_options_default (sizeof = {})",
-            std::mem::size_of::<llmrt_model_options>()
-        )));
-    }
-    let mut o = default_options();
-    macro_rules! field {
-        ($f:ident) => {
-            let off = std::mem::offset_of!(llmrt_model_options, $f);
-            if off + std::mem::size_of_val(&o.$f) <= size {
-                // SAFETY: the field lies inside the caller's struct_size bytes.
-                o.$f = unsafe { std::ptr::addr_of!((*p).$f).read_unaligned() };
-            }
-        };
-    }
-    field!(backend);
-    field!(device);
-    field!(threads);
-    field!(max_context);
-    field!(kv_cache_bytes);
-    field!(progress);
-    field!(progress_user_data);
-    Ok(o)
+    read_sized!(
+        p,
+        llmrt_model_options,
+        default_options(),
+        "options",
+        "llmrt_model_options_default",
+        [backend, device, threads, max_context, kv_cache_bytes, progress, progress_user_data]
+    )
 }
 
 struct SendPtr(*mut c_void);
@@ -368,7 +368,10 @@ fn copy_cstr<const N: usize>(dst: &mut [c_char; N], s: &str) {
 /// # Safety
 /// `model` is a live model; `out_info` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn llmrt_model_get_info(model: *const llmrt_model, out_info: *mut llmrt_model_info) -> llmrt_status {
+pub unsafe extern "C" fn llmrt_model_get_info(
+    model: *const llmrt_model,
+    out_info: *mut llmrt_model_info,
+) -> llmrt_status {
     boundary("llmrt_model_get_info", || {
         let m = model_ref(model)?;
         let out = need_mut(out_info, "out_info")?;
@@ -412,7 +415,11 @@ pub unsafe extern "C" fn llmrt_model_get_info(model: *const llmrt_model, out_inf
 /// # Safety
 /// `model` is a live model; `out_cache` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn llmrt_cache_reserve(model: *mut llmrt_model, positions: u32, out_cache: *mut llmrt_cache) -> llmrt_status {
+pub unsafe extern "C" fn llmrt_cache_reserve(
+    model: *mut llmrt_model,
+    positions: u32,
+    out_cache: *mut llmrt_cache,
+) -> llmrt_status {
     boundary("llmrt_cache_reserve", || {
         let m = model_ref(model)?;
         let out = need_mut(out_cache, "out_cache")?;
@@ -437,7 +444,11 @@ pub unsafe extern "C" fn llmrt_cache_release(model: *mut llmrt_model, cache: llm
 /// # Safety
 /// `model` is a live model; `out_positions` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn llmrt_cache_length(model: *const llmrt_model, cache: llmrt_cache, out_positions: *mut u32) -> llmrt_status {
+pub unsafe extern "C" fn llmrt_cache_length(
+    model: *const llmrt_model,
+    cache: llmrt_cache,
+    out_positions: *mut u32,
+) -> llmrt_status {
     boundary("llmrt_cache_length", || {
         let m = model_ref(model)?;
         let out = need_mut(out_positions, "out_positions")?;
@@ -455,7 +466,11 @@ pub unsafe extern "C" fn llmrt_cache_length(model: *const llmrt_model, cache: ll
 /// # Safety
 /// `model` is a live model.
 #[no_mangle]
-pub unsafe extern "C" fn llmrt_cache_truncate(model: *mut llmrt_model, cache: llmrt_cache, positions: u32) -> llmrt_status {
+pub unsafe extern "C" fn llmrt_cache_truncate(
+    model: *mut llmrt_model,
+    cache: llmrt_cache,
+    positions: u32,
+) -> llmrt_status {
     boundary("llmrt_cache_truncate", || model_ref(model)?.cache_truncate(cache, positions))
 }
 
@@ -465,7 +480,11 @@ pub unsafe extern "C" fn llmrt_cache_truncate(model: *mut llmrt_model, cache: ll
 /// # Safety
 /// `model` is a live model; `out_cache` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn llmrt_cache_fork(model: *mut llmrt_model, source: llmrt_cache, out_cache: *mut llmrt_cache) -> llmrt_status {
+pub unsafe extern "C" fn llmrt_cache_fork(
+    model: *mut llmrt_model,
+    source: llmrt_cache,
+    out_cache: *mut llmrt_cache,
+) -> llmrt_status {
     boundary("llmrt_cache_fork", || {
         let m = model_ref(model)?;
         let out = need_mut(out_cache, "out_cache")?;
@@ -477,7 +496,13 @@ pub unsafe extern "C" fn llmrt_cache_fork(model: *mut llmrt_model, source: llmrt
 }
 
 /// Validates a token array's pointer and length before a slice is formed.
-fn token_slice<'a>(m: &Model, tokens: *const u32, n: usize, what: &str, cache: Option<llmrt_cache>) -> Result<&'a [u32]> {
+fn token_slice<'a>(
+    m: &Model,
+    tokens: *const u32,
+    n: usize,
+    what: &str,
+    cache: Option<llmrt_cache>,
+) -> Result<&'a [u32]> {
     let tokens = need(tokens, what)?;
     if n == 0 {
         return Err(Error::invalid(format!("{what}: length is 0")));

@@ -1,6 +1,6 @@
 //! Text and sampling entry points (tokenize, detokenize, sampled decode).
 
-use super::{boundary, llmrt_cache, llmrt_model, model_ref, need, need_mut, MAX_BATCH};
+use super::{batch, boundary, llmrt_cache, llmrt_model, model_ref, need, need_mut};
 use crate::error::llmrt_status;
 use crate::sample::SamplerParams;
 use crate::{Error, Result};
@@ -52,35 +52,19 @@ pub unsafe extern "C" fn llmrt_sampler_params_default(params: *mut llmrt_sampler
     }
 }
 
-/// Reads a caller's sampler params, honouring struct_size.
+/// Reads a caller's sampler params, honouring struct_size, and validates them.
 ///
 /// # Safety
-/// `p` points to at least `struct_size` readable bytes.
+/// `p` is non-null and points to at least `struct_size` readable bytes (and 4 for struct_size).
 unsafe fn read_params(p: *const llmrt_sampler_params) -> Result<SamplerParams> {
-    // SAFETY: struct_size is the first field.
-    let size = unsafe { std::ptr::addr_of!((*p).struct_size).read_unaligned() } as usize;
-    if size < 8 {
-        return Err(Error::invalid(format!(
-            "params.struct_size is {size}; set it with llmrt_sampler_params_default (sizeof = {})",
-            std::mem::size_of::<llmrt_sampler_params>()
-        )));
-    }
-    let mut o = default_params();
-    macro_rules! field {
-        ($f:ident) => {
-            let off = std::mem::offset_of!(llmrt_sampler_params, $f);
-            if off + std::mem::size_of_val(&o.$f) <= size {
-                // SAFETY: the field lies inside the caller's struct_size bytes.
-                o.$f = unsafe { std::ptr::addr_of!((*p).$f).read_unaligned() };
-            }
-        };
-    }
-    field!(temperature);
-    field!(top_k);
-    field!(top_p);
-    field!(min_p);
-    field!(repetition_penalty);
-    field!(seed);
+    let o = read_sized!(
+        p,
+        llmrt_sampler_params,
+        default_params(),
+        "params",
+        "llmrt_sampler_params_default",
+        [temperature, top_k, top_p, min_p, repetition_penalty, seed]
+    )?;
     let s = SamplerParams {
         temperature: o.temperature,
         top_k: o.top_k,
@@ -110,20 +94,15 @@ pub unsafe extern "C" fn llmrt_decode_sample(
 ) -> llmrt_status {
     boundary("llmrt_decode_sample", || {
         let m = model_ref(model)?;
-        let caches = need(caches, "caches")?;
-        let tokens = need(tokens, "tokens")?;
+        // The NULL checks in the order callers see them: caches, tokens, params, next_tokens.
+        need(caches, "caches")?;
+        need(tokens, "tokens")?;
         let params = need(params, "params")?;
         let next = need_mut(next_tokens, "next_tokens")?;
-        if n == 0 {
-            return Err(Error::invalid("n = 0: a decode step needs at least one cache"));
-        }
-        if n > MAX_BATCH {
-            return Err(Error::invalid(format!("n = {n} caches exceeds the largest batch, {MAX_BATCH}")));
-        }
-        // SAFETY: non-null; the caller promises a valid struct.
+        let (c, t) = batch(n, caches, tokens)?;
+        // SAFETY: checked non-null above; the caller guarantees a valid llmrt_sampler_params
+        // of at least its struct_size bytes per the header contract.
         let p = unsafe { read_params(params)? };
-        // SAFETY: non-null, n elements per the contract, n bounded by MAX_BATCH.
-        let (c, t) = unsafe { (std::slice::from_raw_parts(caches, n), std::slice::from_raw_parts(tokens, n)) };
         let mut ids = vec![0u32; n];
         m.decode_sample(c, t, &p, &mut ids)?;
         // SAFETY: non-null, n writable u32s per the contract.
@@ -173,10 +152,7 @@ pub unsafe extern "C" fn llmrt_tokenize(
         if ids.len() > capacity {
             // SAFETY: non-null, writable per the contract.
             unsafe { out_n.write(ids.len()) };
-            return Err(Error::buffer_too_small(format!(
-                "{} tokens do not fit in capacity {capacity}",
-                ids.len()
-            )));
+            return Err(Error::buffer_too_small(format!("{} tokens do not fit in capacity {capacity}", ids.len())));
         }
         if !ids.is_empty() {
             let tokens = need_mut(tokens, "tokens")?;

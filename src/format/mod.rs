@@ -77,7 +77,10 @@ impl FileBytes {
             })?;
             (&file).take(len).read_to_end(&mut v).map_err(|e| Error::io(format!("{shown}: cannot read: {e}")))?;
             if v.len() as u64 != len {
-                return Err(Error::io(format!("{shown}: read {} of {len} bytes (the file shrank while loading)", v.len())));
+                return Err(Error::io(format!(
+                    "{shown}: read {} of {len} bytes (the file shrank while loading)",
+                    v.len()
+                )));
             }
             return Ok(FileBytes::Owned(v));
         }
