@@ -11,6 +11,7 @@
 mod common;
 use common::*;
 use llmrt::ffi::*;
+use llmrt::util::XorShift;
 use llmrt::Status;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -18,21 +19,6 @@ use std::time::{Duration, Instant};
 const THREADS: usize = 8;
 const MAX_CACHES: usize = 4;
 const SEED: u64 = 0x5eed_2024;
-
-/// splitmix64: small, seedable, the same everywhere.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 /// What one operation gave: statuses, lengths, logits bits, ids.
 #[derive(Debug, PartialEq, Eq)]
@@ -61,11 +47,11 @@ fn bits(v: &[f32]) -> Vec<u32> {
 /// Runs thread `t`'s operation sequence on `m`; only its own caches are touched.
 fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec> {
     let (model, vocab) = (m.0, m.1);
-    let mut rng = Rng(SEED ^ (t as u64).wrapping_mul(0x1234_5678_9abc_def1));
+    let mut rng = XorShift::new(SEED ^ (t as u64).wrapping_mul(0x1234_5678_9abc_def1));
     let mut caches: Vec<Cache> = Vec::new();
     let mut dead: Vec<u64> = Vec::new();
     let mut rec = Vec::new();
-    let tok = |rng: &mut Rng| rng.below(vocab_tokens as usize) as u32;
+    let tok = |rng: &mut XorShift| rng.below(vocab_tokens as usize) as u32;
     for _ in 0..ops {
         let op = rng.below(100);
         if caches.is_empty() || (op < 12 && caches.len() < MAX_CACHES) {
@@ -83,7 +69,13 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
             0..=29 => {
                 let room = (caches[i].cap - caches[i].len) as usize;
                 let over = rng.below(10) == 0;
-                let n = if over { room + 1 } else if room == 0 { continue } else { 1 + rng.below(room.min(8)) };
+                let n = if over {
+                    room + 1
+                } else if room == 0 {
+                    continue;
+                } else {
+                    1 + rng.below(room.min(8))
+                };
                 let toks: Vec<u32> = (0..n).map(|_| tok(&mut rng)).collect();
                 let all = rng.below(2) == 0;
                 let rows = if all { n } else { 1 };
@@ -127,9 +119,8 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
                     rec.push(Rec::Logits(bits(&out)));
                 } else {
                     let mut out = vec![u32::MAX; ids.len()];
-                    let s = unsafe {
-                        llmrt_decode_greedy(model, ids.len(), ids.as_ptr(), toks.as_ptr(), out.as_mut_ptr())
-                    };
+                    let s =
+                        unsafe { llmrt_decode_greedy(model, ids.len(), ids.as_ptr(), toks.as_ptr(), out.as_mut_ptr()) };
                     rec.push(Rec::Status("decode_greedy", s));
                     assert_eq!(s, Status::LLMRT_OK, "decode_greedy: {}", last_error());
                     rec.push(Rec::Ids(out));
@@ -194,9 +185,8 @@ fn fixture_path() -> std::path::PathBuf {
 #[test]
 fn eight_threads_match_sequential_replay() {
     let ops: usize = std::env::var("LLMRT_STRESS_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(250);
-    let limit = Duration::from_secs(
-        std::env::var("LLMRT_STRESS_TIMEOUT_S").ok().and_then(|v| v.parse().ok()).unwrap_or(300),
-    );
+    let limit =
+        Duration::from_secs(std::env::var("LLMRT_STRESS_TIMEOUT_S").ok().and_then(|v| v.parse().ok()).unwrap_or(300));
     let path = fixture_path();
     let m = load(&path);
     let vocab = m.vocab;
@@ -210,7 +200,8 @@ fn eight_threads_match_sequential_replay() {
         let (tx, shared, barrier) = (tx.clone(), shared.clone(), barrier.clone());
         std::thread::spawn(move || {
             barrier.wait();
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_sequence(&shared, t, ops, vocab as u32)));
+            let r =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_sequence(&shared, t, ops, vocab as u32)));
             let _ = tx.send((t, r));
         });
     }
@@ -220,7 +211,9 @@ fn eight_threads_match_sequential_replay() {
         let left = limit.saturating_sub(start.elapsed());
         match rx.recv_timeout(left) {
             Ok((t, Ok(r))) => concurrent[t] = Some(r),
-            Ok((t, Err(p))) => std::panic::resume_unwind(Box::new(format!("thread {t} failed: {:?}", p.downcast_ref::<String>()))),
+            Ok((t, Err(p))) => {
+                std::panic::resume_unwind(Box::new(format!("thread {t} failed: {:?}", p.downcast_ref::<String>())))
+            }
             Err(_) => {
                 // Deadlock (or far too slow): fail now, do not wait for the threads.
                 eprintln!("stress: threads did not finish within {limit:?}: deadlock?");

@@ -10,7 +10,8 @@ use std::path::Path;
 
 fn tokenize(m: &M, text: &str, add_bos: bool) -> Result<Vec<u32>, Status> {
     let mut n = 0usize;
-    let s = unsafe { llmrt_tokenize(m.ptr, text.as_ptr().cast(), text.len(), add_bos, std::ptr::null_mut(), 0, &mut n) };
+    let s =
+        unsafe { llmrt_tokenize(m.ptr, text.as_ptr().cast(), text.len(), add_bos, std::ptr::null_mut(), 0, &mut n) };
     if s == Status::LLMRT_OK {
         return Ok(Vec::new());
     }
@@ -70,7 +71,8 @@ fn c_api_tokenize_matches_reference_ids_and_round_trips() {
             let m = load(&path);
             for case in tk["cases"].as_array().unwrap() {
                 let text = case["text"].as_str().unwrap();
-                let want: Vec<u32> = case["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+                let want: Vec<u32> =
+                    case["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
                 let got = tokenize(&m, text, false).unwrap();
                 if path.ends_with("hf") && text.starts_with(' ') {
                     // HF's Metaspace adds no prefix space before a leading space, llama.cpp
@@ -108,7 +110,9 @@ fn buffer_too_small_reports_the_size_and_writes_nothing() {
     let all = tokenize(&m, text, true).unwrap();
     let mut small = vec![7u32; all.len() - 1];
     let mut n = 0usize;
-    let s = unsafe { llmrt_tokenize(m.ptr, text.as_ptr().cast(), text.len(), true, small.as_mut_ptr(), small.len(), &mut n) };
+    let s = unsafe {
+        llmrt_tokenize(m.ptr, text.as_ptr().cast(), text.len(), true, small.as_mut_ptr(), small.len(), &mut n)
+    };
     assert_eq!(s, Status::LLMRT_BUFFER_TOO_SMALL);
     assert_eq!(n, all.len());
     assert!(small.iter().all(|&x| x == 7));
@@ -126,7 +130,17 @@ fn buffer_too_small_reports_the_size_and_writes_nothing() {
     assert!(last_error().contains('1'), "{}", last_error());
     let s = unsafe { llmrt_detokenize(m.ptr, [9999u32].as_ptr(), 1, buf.as_mut_ptr().cast(), buf.len(), &mut n) };
     assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
-    let s = unsafe { llmrt_tokenize(m.ptr, text.as_ptr().cast(), text.len(), true, small.as_mut_ptr(), small.len(), std::ptr::null_mut()) };
+    let s = unsafe {
+        llmrt_tokenize(
+            m.ptr,
+            text.as_ptr().cast(),
+            text.len(),
+            true,
+            small.as_mut_ptr(),
+            small.len(),
+            std::ptr::null_mut(),
+        )
+    };
     assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
 }
 

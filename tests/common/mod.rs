@@ -111,7 +111,11 @@ impl M {
     pub fn try_prefill_all(&self, c: u64, toks: &[u32]) -> Result<Vec<f32>, Status> {
         let mut out = vec![f32::NAN; toks.len() * self.vocab];
         let s = unsafe { llmrt_prefill_all(self.ptr, c, toks.as_ptr(), toks.len(), out.as_mut_ptr()) };
-        if s == Status::LLMRT_OK { Ok(out) } else { Err(s) }
+        if s == Status::LLMRT_OK {
+            Ok(out)
+        } else {
+            Err(s)
+        }
     }
     pub fn prefill_all(&self, c: u64, toks: &[u32]) -> Vec<f32> {
         self.try_prefill_all(c, toks).unwrap_or_else(|s| panic!("prefill_all: {s:?} {}", last_error()))
@@ -124,27 +128,27 @@ impl M {
     pub fn try_decode(&self, caches: &[u64], toks: &[u32]) -> Result<Vec<f32>, Status> {
         let mut out = vec![f32::NAN; caches.len() * self.vocab];
         let s = unsafe { llmrt_decode(self.ptr, caches.len(), caches.as_ptr(), toks.as_ptr(), out.as_mut_ptr()) };
-        if s == Status::LLMRT_OK { Ok(out) } else { Err(s) }
+        if s == Status::LLMRT_OK {
+            Ok(out)
+        } else {
+            Err(s)
+        }
     }
     pub fn decode(&self, caches: &[u64], toks: &[u32]) -> Vec<f32> {
         self.try_decode(caches, toks).unwrap_or_else(|s| panic!("decode: {s:?} {}", last_error()))
     }
     pub fn decode_greedy(&self, caches: &[u64], toks: &[u32]) -> Vec<u32> {
         let mut out = vec![u32::MAX; caches.len()];
-        ok(unsafe { llmrt_decode_greedy(self.ptr, caches.len(), caches.as_ptr(), toks.as_ptr(), out.as_mut_ptr()) }, "decode_greedy");
+        ok(
+            unsafe { llmrt_decode_greedy(self.ptr, caches.len(), caches.as_ptr(), toks.as_ptr(), out.as_mut_ptr()) },
+            "decode_greedy",
+        );
         out
     }
 }
 
-pub fn argmax(x: &[f32]) -> u32 {
-    let mut b = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[b] {
-            b = i;
-        }
-    }
-    b as u32
-}
+/// The library's argmax (first index on ties), which the greedy paths use too.
+pub use llmrt::util::argmax;
 
 /// Relative L2 error of `got` against `want`.
 pub fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
@@ -181,11 +185,13 @@ impl Fixture {
     pub fn all() -> Vec<Fixture> {
         let mut out = Vec::new();
         let Ok(rd) = std::fs::read_dir(fixtures()) else { return out };
-        let mut dirs: Vec<PathBuf> = rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("reference.json").exists()).collect();
+        let mut dirs: Vec<PathBuf> =
+            rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("reference.json").exists()).collect();
         dirs.sort();
         for dir in dirs {
             let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-            let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+            let json: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
             let logits = read_f32(&dir.join(json["logits_file"].as_str().unwrap()));
             out.push(Fixture {
                 name,
