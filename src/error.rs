@@ -110,39 +110,34 @@ pub struct Error {
 /// Result of the safe core.
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// `Error::$name(message)`: an error of that status, one constructor per failure status.
+macro_rules! constructors {
+    ($($name:ident => $status:ident),+ $(,)?) => {
+        $(
+            #[doc = concat!("An error with status `", stringify!($status), "`.")]
+            pub fn $name(message: impl Into<String>) -> Error {
+                Error::new(Status::$status, message)
+            }
+        )+
+    };
+}
+
 impl Error {
     pub fn new(status: Status, message: impl Into<String>) -> Error {
         Error { status, message: message.into() }
     }
-    pub fn invalid(message: impl Into<String>) -> Error {
-        Error::new(Status::LLMRT_INVALID_ARGUMENT, message)
-    }
-    pub fn io(message: impl Into<String>) -> Error {
-        Error::new(Status::LLMRT_IO, message)
-    }
-    pub fn bad_model(message: impl Into<String>) -> Error {
-        Error::new(Status::LLMRT_BAD_MODEL, message)
-    }
-    pub fn unsupported(message: impl Into<String>) -> Error {
-        Error::new(Status::LLMRT_UNSUPPORTED, message)
-    }
-    pub fn out_of_memory(message: impl Into<String>) -> Error {
-        Error::new(Status::LLMRT_OUT_OF_MEMORY, message)
-    }
-    pub fn context_full(message: impl Into<String>) -> Error {
-        Error::new(Status::LLMRT_CONTEXT_FULL, message)
-    }
-    pub fn unknown_cache(message: impl Into<String>) -> Error {
-        Error::new(Status::LLMRT_UNKNOWN_CACHE, message)
-    }
-    pub fn device(message: impl Into<String>) -> Error {
-        Error::new(Status::LLMRT_DEVICE, message)
-    }
-    pub fn internal(message: impl Into<String>) -> Error {
-        Error::new(Status::LLMRT_INTERNAL, message)
-    }
-    pub fn buffer_too_small(message: impl Into<String>) -> Error {
-        Error::new(Status::LLMRT_BUFFER_TOO_SMALL, message)
+
+    constructors! {
+        invalid => LLMRT_INVALID_ARGUMENT,
+        io => LLMRT_IO,
+        bad_model => LLMRT_BAD_MODEL,
+        unsupported => LLMRT_UNSUPPORTED,
+        out_of_memory => LLMRT_OUT_OF_MEMORY,
+        context_full => LLMRT_CONTEXT_FULL,
+        unknown_cache => LLMRT_UNKNOWN_CACHE,
+        device => LLMRT_DEVICE,
+        internal => LLMRT_INTERNAL,
+        buffer_too_small => LLMRT_BUFFER_TOO_SMALL,
     }
 }
 

@@ -189,6 +189,20 @@ fn need_mut<T>(p: *mut T, what: &str) -> Result<*mut T> {
     }
 }
 
+/// Fills a caller's out-parameter: checks `out` is non-null (else LLMRT_INVALID_ARGUMENT
+/// naming `what`), then runs `f` and writes its value; on an error nothing is written.
+///
+/// # Safety
+/// `out` is NULL or points to a writable `T`.
+unsafe fn write_out<T>(out: *mut T, what: &str, f: impl FnOnce() -> Result<T>) -> Result<()> {
+    let out = need_mut(out, what)?;
+    let v = f()?;
+    // SAFETY: checked non-null above; writable per this function's contract (the header's
+    // contract for the entry point's out-parameter).
+    unsafe { out.write(v) };
+    Ok(())
+}
+
 /// The model behind a caller's handle.
 fn model_ref<'a>(m: *const llmrt_model) -> Result<&'a Model> {
     let m = need(m, "model")?;
@@ -238,7 +252,8 @@ fn default_options() -> llmrt_model_options {
 #[no_mangle]
 pub unsafe extern "C" fn llmrt_model_options_default(options: *mut llmrt_model_options) {
     if !options.is_null() {
-        // SAFETY: the caller promises a writable llmrt_model_options.
+        // SAFETY: checked non-null just above; the caller guarantees writable memory of
+        // sizeof(llmrt_model_options) per the header contract.
         unsafe { options.write(default_options()) };
     }
 }
@@ -283,14 +298,16 @@ pub unsafe extern "C" fn llmrt_model_load(
     boundary("llmrt_model_load", || {
         let path = need(path, "path")?;
         let out_model = need_mut(out_model, "out_model")?;
-        // SAFETY: non-null, NUL-terminated per the contract.
+        // SAFETY: checked non-null above; the header contract makes it a NUL-terminated
+        // string that stays valid for the call.
         let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
         use std::os::unix::ffi::OsStrExt;
         let path = std::path::Path::new(std::ffi::OsStr::from_bytes(bytes));
         let o = if options.is_null() {
             default_options()
         } else {
-            // SAFETY: non-null and valid per the contract.
+            // SAFETY: non-null in this branch; the caller guarantees an llmrt_model_options of
+            // at least struct_size readable bytes per the header contract.
             unsafe { read_options(options)? }
         };
         let backend = match o.backend {
@@ -304,7 +321,8 @@ pub unsafe extern "C" fn llmrt_model_load(
         let mut report = move |f: f32| {
             if let Some(cb) = cb {
                 let u = &user;
-                // SAFETY: the caller supplied this callback and its user data.
+                // SAFETY: the caller's own callback, called as the header documents it
+                // (fraction, its user data) during this load only.
                 unsafe { cb(f, u.0) };
             }
         };
@@ -318,7 +336,7 @@ pub unsafe extern "C" fn llmrt_model_load(
         };
         let model = Model::load(path, opts)?;
         let boxed = Box::into_raw(Box::new(llmrt_model { inner: model }));
-        // SAFETY: out_model is non-null and writable per the contract.
+        // SAFETY: checked non-null above (need_mut); writable per the header contract.
         unsafe { out_model.write(boxed) };
         Ok(())
     })
@@ -335,7 +353,8 @@ pub unsafe extern "C" fn llmrt_model_free(model: *mut llmrt_model) {
         return;
     }
     let _ = boundary("llmrt_model_free", || {
-        // SAFETY: per the contract, model came from Box::into_raw in llmrt_model_load.
+        // SAFETY: non-null (checked above); per the header contract it came from
+        // Box::into_raw in llmrt_model_load, was not freed, and no other thread uses it.
         drop(unsafe { Box::from_raw(model) });
         Ok(())
     });
@@ -401,7 +420,8 @@ pub unsafe extern "C" fn llmrt_model_get_info(
         };
         copy_cstr(&mut info.architecture, &i.architecture);
         copy_cstr(&mut info.device_name, &i.device_name);
-        // SAFETY: out_info is non-null and writable per the contract.
+        // SAFETY: checked non-null above (need_mut); the caller guarantees a writable
+        // llmrt_model_info per the header contract.
         unsafe { out.write(info) };
         Ok(())
     })
@@ -422,11 +442,8 @@ pub unsafe extern "C" fn llmrt_cache_reserve(
 ) -> llmrt_status {
     boundary("llmrt_cache_reserve", || {
         let m = model_ref(model)?;
-        let out = need_mut(out_cache, "out_cache")?;
-        let id = m.cache_reserve(positions)?;
-        // SAFETY: non-null and writable per the contract.
-        unsafe { out.write(id) };
-        Ok(())
+        // SAFETY: the caller guarantees out_cache is NULL or writable per the header contract.
+        unsafe { write_out(out_cache, "out_cache", || m.cache_reserve(positions)) }
     })
 }
 
@@ -451,11 +468,8 @@ pub unsafe extern "C" fn llmrt_cache_length(
 ) -> llmrt_status {
     boundary("llmrt_cache_length", || {
         let m = model_ref(model)?;
-        let out = need_mut(out_positions, "out_positions")?;
-        let n = m.cache_length(cache)?;
-        // SAFETY: non-null and writable per the contract.
-        unsafe { out.write(n) };
-        Ok(())
+        // SAFETY: the caller guarantees out_positions is NULL or writable per the header contract.
+        unsafe { write_out(out_positions, "out_positions", || m.cache_length(cache)) }
     })
 }
 
@@ -487,11 +501,8 @@ pub unsafe extern "C" fn llmrt_cache_fork(
 ) -> llmrt_status {
     boundary("llmrt_cache_fork", || {
         let m = model_ref(model)?;
-        let out = need_mut(out_cache, "out_cache")?;
-        let id = m.cache_fork(source)?;
-        // SAFETY: non-null and writable per the contract.
-        unsafe { out.write(id) };
-        Ok(())
+        // SAFETY: the caller guarantees out_cache is NULL or writable per the header contract.
+        unsafe { write_out(out_cache, "out_cache", || m.cache_fork(source)) }
     })
 }
 
@@ -514,7 +525,8 @@ fn token_slice<'a>(
         }
         return Err(Error::context_full(format!("{n} tokens exceed the context length {ctx}")));
     }
-    // SAFETY: non-null; the caller promises n readable u32s; n <= context length.
+    // SAFETY: checked non-null above; the caller guarantees n readable u32s per the header
+    // contract; n <= context length bounds the slice.
     Ok(unsafe { std::slice::from_raw_parts(tokens, n) })
 }
 
@@ -526,7 +538,7 @@ unsafe fn out_floats<'a>(p: *mut f32, n: usize) -> Option<&'a mut [f32]> {
     if p.is_null() {
         None
     } else {
-        // SAFETY: per the function contract.
+        // SAFETY: non-null in this branch; n writable floats per this function's contract.
         Some(unsafe { std::slice::from_raw_parts_mut(p, n) })
     }
 }
@@ -549,7 +561,7 @@ pub unsafe extern "C" fn llmrt_prefill(
     boundary("llmrt_prefill", || {
         let m = model_ref(model)?;
         let toks = token_slice(m, tokens, n_tokens, "tokens", Some(cache))?;
-        // SAFETY: per the contract, vocab_size floats.
+        // SAFETY: the header contract makes last_logits NULL or vocab_size writable floats.
         let out = unsafe { out_floats(last_logits, m.info().vocab_size as usize) };
         m.prefill(cache, toks, out, false)
     })
@@ -575,7 +587,8 @@ pub unsafe extern "C" fn llmrt_prefill_all(
             .checked_mul(m.info().vocab_size as usize)
             .ok_or_else(|| Error::invalid("n_tokens * vocab_size overflows"))?;
         need_mut(all_logits, "all_logits")?;
-        // SAFETY: non-null, n_tokens * vocab_size floats per the contract.
+        // SAFETY: checked non-null above; the caller guarantees n_tokens * vocab_size writable
+        // floats per the header contract (the product checked for overflow above).
         let out = unsafe { out_floats(all_logits, n) };
         m.prefill(cache, toks, out, true)
     })
@@ -594,7 +607,8 @@ fn batch<'a>(n: usize, caches: *const llmrt_cache, tokens: *const u32) -> Result
     if n > MAX_BATCH {
         return Err(Error::invalid(format!("n = {n} caches exceeds the largest batch, {MAX_BATCH}")));
     }
-    // SAFETY: non-null; the caller promises n elements; n is bounded by MAX_BATCH.
+    // SAFETY: both checked non-null above; the caller guarantees n elements each per the
+    // header contract; n <= MAX_BATCH bounds the slices.
     Ok(unsafe { (std::slice::from_raw_parts(caches, n), std::slice::from_raw_parts(tokens, n)) })
 }
 
@@ -616,7 +630,8 @@ pub unsafe extern "C" fn llmrt_decode(
     boundary("llmrt_decode", || {
         let m = model_ref(model)?;
         let (c, t) = batch(n, caches, tokens)?;
-        // SAFETY: per the contract, n * vocab_size floats (n bounded above).
+        // SAFETY: the header contract makes logits NULL or n * vocab_size writable floats;
+        // n <= MAX_BATCH (checked in batch), so the product does not overflow.
         let out = unsafe { out_floats(logits, n * m.info().vocab_size as usize) };
         m.decode(c, t, out)
     })
@@ -641,7 +656,8 @@ pub unsafe extern "C" fn llmrt_decode_greedy(
         let next = need_mut(next_tokens, "next_tokens")?;
         let mut ids = vec![0u32; n];
         m.decode_greedy(c, t, &mut ids)?;
-        // SAFETY: non-null, n writable u32s per the contract.
+        // SAFETY: next_tokens checked non-null above; the caller guarantees n writable u32s
+        // per the header contract (n <= MAX_BATCH, checked in batch).
         unsafe { std::slice::from_raw_parts_mut(next, n) }.copy_from_slice(&ids);
         Ok(())
     })
