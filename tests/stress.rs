@@ -37,7 +37,9 @@ struct Cache {
 
 /// A model handle shared by threads: the C API promises any thread may call.
 struct Shared(*mut llmrt_model, usize);
+// SAFETY: the C API lets any thread call on a model (calls on one model are serialised inside the library).
 unsafe impl Sync for Shared {}
+// SAFETY: the C API lets any thread call on a model (calls on one model are serialised inside the library).
 unsafe impl Send for Shared {}
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -57,6 +59,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
         if caches.is_empty() || (op < 12 && caches.len() < MAX_CACHES) {
             let cap = 16 + rng.below(49) as u32;
             let mut id = 0;
+            // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
             let s = unsafe { llmrt_cache_reserve(model, cap, &mut id) };
             rec.push(Rec::Status("reserve", s));
             assert_eq!(s, Status::LLMRT_OK, "reserve: {}", last_error());
@@ -81,6 +84,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
                 let rows = if all { n } else { 1 };
                 let mut out = vec![f32::NAN; rows * vocab];
                 let c = caches[i].id;
+                // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
                 let s = unsafe {
                     if all {
                         llmrt_prefill_all(model, c, toks.as_ptr(), n, out.as_mut_ptr())
@@ -113,6 +117,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
                 if op <= 54 {
                     // 30..=54: decode with logits; 55..=64: decode_greedy
                     let mut out = vec![f32::NAN; ids.len() * vocab];
+                    // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
                     let s = unsafe { llmrt_decode(model, ids.len(), ids.as_ptr(), toks.as_ptr(), out.as_mut_ptr()) };
                     rec.push(Rec::Status("decode", s));
                     assert_eq!(s, Status::LLMRT_OK, "decode: {}", last_error());
@@ -120,6 +125,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
                 } else {
                     let mut out = vec![u32::MAX; ids.len()];
                     let s =
+                        // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
                         unsafe { llmrt_decode_greedy(model, ids.len(), ids.as_ptr(), toks.as_ptr(), out.as_mut_ptr()) };
                     rec.push(Rec::Status("decode_greedy", s));
                     assert_eq!(s, Status::LLMRT_OK, "decode_greedy: {}", last_error());
@@ -131,6 +137,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
             }
             65..=74 if caches.len() < MAX_CACHES => {
                 let mut id = 0;
+                // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
                 let s = unsafe { llmrt_cache_fork(model, caches[i].id, &mut id) };
                 rec.push(Rec::Status("fork", s));
                 assert_eq!(s, Status::LLMRT_OK, "fork: {}", last_error());
@@ -139,6 +146,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
             }
             75..=86 => {
                 let keep = rng.below(caches[i].len as usize + 1) as u32;
+                // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
                 let s = unsafe { llmrt_cache_truncate(model, caches[i].id, keep) };
                 rec.push(Rec::Status("truncate", s));
                 assert_eq!(s, Status::LLMRT_OK, "truncate: {}", last_error());
@@ -146,6 +154,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
             }
             87..=94 => {
                 let c = caches.swap_remove(i);
+                // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
                 let s = unsafe { llmrt_cache_release(model, c.id) };
                 rec.push(Rec::Status("release", s));
                 assert_eq!(s, Status::LLMRT_OK, "release: {}", last_error());
@@ -156,6 +165,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
                 if let (Some(&d), true) = (dead.last(), caches[i].len < caches[i].cap) {
                     let ids = [caches[i].id, d];
                     let mut out = vec![7.0f32; 2 * vocab];
+                    // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
                     let s = unsafe { llmrt_decode(model, 2, ids.as_ptr(), [1, 2].as_ptr(), out.as_mut_ptr()) };
                     rec.push(Rec::Status("decode_dead", s));
                     assert_eq!(s, Status::LLMRT_UNKNOWN_CACHE, "{}", last_error());
@@ -166,6 +176,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
         // The library's view of every cache of this thread matches ours.
         for c in &caches {
             let mut n = u32::MAX;
+            // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
             let s = unsafe { llmrt_cache_length(model, c.id, &mut n) };
             assert_eq!(s, Status::LLMRT_OK, "length: {}", last_error());
             assert_eq!(n, c.len, "cache length");
@@ -173,6 +184,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
         rec.push(Rec::Len(caches.iter().map(|c| c.len).sum()));
     }
     for c in caches {
+        // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
         assert_eq!(unsafe { llmrt_cache_release(model, c.id) }, Status::LLMRT_OK);
     }
     rec
@@ -223,6 +235,7 @@ fn eight_threads_match_sequential_replay() {
     }
     let concurrent_time = start.elapsed();
     let mut ids_left = 0;
+    // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
     let s = unsafe { llmrt_cache_reserve(m.ptr, 1, &mut ids_left) };
     assert_eq!(s, Status::LLMRT_OK);
     assert_eq!(m.release(ids_left), Status::LLMRT_OK);

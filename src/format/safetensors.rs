@@ -240,7 +240,7 @@ fn parse(backing: Backing, path: PathBuf) -> Result<SafeTensors> {
 
 /// The safetensors files of a model directory: one `model.safetensors`, or the
 /// shards listed by `model.safetensors.index.json`.
-pub struct Checkpoint {
+pub(crate) struct Checkpoint {
     pub files: Vec<Arc<SafeTensors>>,
     /// Tensor name -> (index into `files`, index into that file's `tensors`).
     by_name: HashMap<String, (usize, usize)>,
@@ -332,11 +332,6 @@ impl Checkpoint {
     /// A tensor by name: (file index, its entry).
     pub fn tensor(&self, name: &str) -> Option<(usize, &StTensor)> {
         self.by_name.get(name).map(|&(f, t)| (f, &self.files[f].tensors[t]))
-    }
-
-    /// All tensor names (any order).
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.by_name.keys().map(|s| s.as_str())
     }
 }
 

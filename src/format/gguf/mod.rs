@@ -149,7 +149,7 @@ impl Value {
 }
 
 /// Name of a GGUF value type id.
-pub fn value_type_name(t: u32) -> Option<&'static str> {
+pub(crate) fn value_type_name(t: u32) -> Option<&'static str> {
     Some(match t {
         GGUF_TYPE_U8 => "U8",
         GGUF_TYPE_I8 => "I8",
@@ -287,7 +287,7 @@ impl Gguf {
 
     /// `LLMRT_IO` when the mapped file changed since open (see
     /// [`crate::format::WeightFile::check_unchanged`]).
-    pub fn check_unchanged(&self) -> Result<()> {
+    pub(crate) fn check_unchanged(&self) -> Result<()> {
         match &self.backing {
             Backing::File(f) => f.check_unchanged(&self.path),
             Backing::Owned(_) => Ok(()),
