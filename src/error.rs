@@ -4,6 +4,9 @@
 use std::ffi::CStr;
 use std::fmt;
 
+// A new status: a variant here (cbindgen copies its doc comment into the header), its row
+// in STATUSES below with the same description, and the same line in docs/API.md and
+// go/llmrt/errors.go (constant and sentinel); tests/status_table.rs fails until all agree.
 /// Status of every fallible `llmrt_*` call.
 #[repr(C)]
 #[allow(non_camel_case_types)]
