@@ -1,4 +1,4 @@
-/* Every error of the C API contract (design/API.md), each asserting the documented
+/* Every error of the C API contract (docs/API.md), each asserting the documented
  * status and a non-empty llmrt_last_error(). One program, one ctest per case:
  *     errors CASE
  * `errors --list` prints the case names (CMakeLists.txt keeps its own list). */
@@ -123,7 +123,7 @@ static void case_missing_file(void) {
 }
 
 static void case_directory(void) {
-    /* A directory without config.json: not a Hugging Face model directory. API.md
+    /* A directory without config.json: not a Hugging Face model directory. docs/API.md
      * allows IO (not a regular file) or BAD_MODEL; either way the path is named. */
     char *d = temp_path("a-directory");
     REQUIRE(mkdir(d, 0700) == 0, "mkdir %s: %s", d, strerror(errno));
@@ -469,7 +469,7 @@ static void case_status_names(void) {
         LLMRT_DEVICE,       LLMRT_INTERNAL,         LLMRT_BUFFER_TOO_SMALL,
     };
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
-        CHECK((int)codes[i] == (int)i, "%s has value %d, API.md says %zu", names[i], (int)codes[i], i);
+        CHECK((int)codes[i] == (int)i, "%s has value %d, docs/API.md says %zu", names[i], (int)codes[i], i);
         const char *got = llmrt_status_name(codes[i]);
         CHECK(got != NULL && strcmp(got, names[i]) == 0, "llmrt_status_name(%zu) = \"%s\", want \"%s\"",
               i, got ? got : "(NULL)", names[i]);

@@ -75,18 +75,32 @@ fn quantized_pair(ty: DType, tag: &str) -> (PathBuf, PathBuf) {
         }
         out
     };
-    rewrite(&src, &q, |_, v| Some(v.clone()), |_, ne, dt, data| {
-        if ne.len() == 2 { Some((ty.ggml_id(), convert(ne, data))) } else { Some((dt.ggml_id(), data.to_vec())) }
-    });
-    rewrite(&src, &twin, |_, v| Some(v.clone()), |_, ne, dt, data| {
-        if ne.len() == 2 {
-            let qd = convert(ne, data);
-            let n = (ne[0] * ne[1]) as usize;
-            Some((DType::F32.ggml_id(), f32_bytes(&dequant(ty, &qd, n))))
-        } else {
-            Some((dt.ggml_id(), data.to_vec()))
-        }
-    });
+    rewrite(
+        &src,
+        &q,
+        |_, v| Some(v.clone()),
+        |_, ne, dt, data| {
+            if ne.len() == 2 {
+                Some((ty.ggml_id(), convert(ne, data)))
+            } else {
+                Some((dt.ggml_id(), data.to_vec()))
+            }
+        },
+    );
+    rewrite(
+        &src,
+        &twin,
+        |_, v| Some(v.clone()),
+        |_, ne, dt, data| {
+            if ne.len() == 2 {
+                let qd = convert(ne, data);
+                let n = (ne[0] * ne[1]) as usize;
+                Some((DType::F32.ggml_id(), f32_bytes(&dequant(ty, &qd, n))))
+            } else {
+                Some((dt.ggml_id(), data.to_vec()))
+            }
+        },
+    );
     (q, twin)
 }
 
@@ -116,18 +130,23 @@ fn q4_0_matrices_equal_their_exact_dequantization() {
     // product, so exact decoding shows as (bit-)identical logits.
     let (q, _) = quantized_pair(DType::Q4_0, "q4_0");
     let twin = q.with_file_name("q8_twin.gguf");
-    rewrite(&q, &twin, |_, v| Some(v.clone()), |_, _, dt, data| {
-        if dt != DType::Q4_0 {
-            return Some((dt.ggml_id(), data.to_vec()));
-        }
-        let mut out = Vec::with_capacity(data.len() / 18 * 34);
-        for b in data.chunks_exact(18) {
-            out.extend_from_slice(&b[..2]);
-            out.extend(b[2..].iter().map(|&x| ((x & 0x0F) as i8 - 8) as u8));
-            out.extend(b[2..].iter().map(|&x| ((x >> 4) as i8 - 8) as u8));
-        }
-        Some((DType::Q8_0.ggml_id(), out))
-    });
+    rewrite(
+        &q,
+        &twin,
+        |_, v| Some(v.clone()),
+        |_, _, dt, data| {
+            if dt != DType::Q4_0 {
+                return Some((dt.ggml_id(), data.to_vec()));
+            }
+            let mut out = Vec::with_capacity(data.len() / 18 * 34);
+            for b in data.chunks_exact(18) {
+                out.extend_from_slice(&b[..2]);
+                out.extend(b[2..].iter().map(|&x| ((x & 0x0F) as i8 - 8) as u8));
+                out.extend(b[2..].iter().map(|&x| ((x >> 4) as i8 - 8) as u8));
+            }
+            Some((DType::Q8_0.ggml_id(), out))
+        },
+    );
     assert_same_logits(&q, &twin, 1e-5, "Q4_0");
 }
 
@@ -166,14 +185,19 @@ fn unsupported_tensor_type_is_named() {
     let (_, src) = base();
     let dst = tmpdir("q41").join("m.gguf");
     // Q4_1 (ggml type 3): 20-byte blocks of 32.
-    rewrite(&src, &dst, |_, v| Some(v.clone()), |name, ne, dt, data| {
-        if name == "blk.1.ffn_up.weight" {
-            let blocks = (ne[0] * ne[1] / 32) as usize;
-            Some((3, vec![0u8; blocks * 20]))
-        } else {
-            Some((dt.ggml_id(), data.to_vec()))
-        }
-    });
+    rewrite(
+        &src,
+        &dst,
+        |_, v| Some(v.clone()),
+        |name, ne, dt, data| {
+            if name == "blk.1.ffn_up.weight" {
+                let blocks = (ne[0] * ne[1] / 32) as usize;
+                Some((3, vec![0u8; blocks * 20]))
+            } else {
+                Some((dt.ggml_id(), data.to_vec()))
+            }
+        },
+    );
     let (s, msg) = load_err(&dst);
     assert_eq!(s, Status::LLMRT_UNSUPPORTED, "{msg}");
     assert!(msg.contains("blk.1.ffn_up.weight") && msg.contains("Q4_1"), "{msg}");
@@ -206,23 +230,36 @@ fn inconsistent_files_name_the_tensor_or_key() {
 
     // A missing tensor.
     let p = dir.join("missing.gguf");
-    rewrite(&src, &p, |_, v| Some(v.clone()), |name, _, dt, data| {
-        (name != "blk.1.ffn_norm.weight").then(|| (dt.ggml_id(), data.to_vec()))
-    });
+    rewrite(
+        &src,
+        &p,
+        |_, v| Some(v.clone()),
+        |name, _, dt, data| (name != "blk.1.ffn_norm.weight").then(|| (dt.ggml_id(), data.to_vec())),
+    );
     let (s, msg) = load_err(&p);
     assert_eq!(s, Status::LLMRT_BAD_MODEL, "{msg}");
     assert!(msg.contains("blk.1.ffn_norm.weight") && msg.contains("missing"), "{msg}");
 
     // A missing hyperparameter.
     let p = dir.join("nokey.gguf");
-    rewrite(&src, &p, |k, v| (k != "llama.block_count").then(|| v.clone()), |_, _, dt, data| Some((dt.ggml_id(), data.to_vec())));
+    rewrite(
+        &src,
+        &p,
+        |k, v| (k != "llama.block_count").then(|| v.clone()),
+        |_, _, dt, data| Some((dt.ggml_id(), data.to_vec())),
+    );
     let (s, msg) = load_err(&p);
     assert_eq!(s, Status::LLMRT_BAD_MODEL, "{msg}");
     assert!(msg.contains("llama.block_count"), "{msg}");
 
     // An unknown architecture.
     let p = dir.join("arch.gguf");
-    rewrite(&src, &p, |k, v| Some(if k == "general.architecture" { Value::Str("gpt-neox".into()) } else { v.clone() }), |_, _, dt, data| Some((dt.ggml_id(), data.to_vec())));
+    rewrite(
+        &src,
+        &p,
+        |k, v| Some(if k == "general.architecture" { Value::Str("gpt-neox".into()) } else { v.clone() }),
+        |_, _, dt, data| Some((dt.ggml_id(), data.to_vec())),
+    );
     let (s, msg) = load_err(&p);
     assert_eq!(s, Status::LLMRT_UNSUPPORTED, "{msg}");
     assert!(msg.contains("gpt-neox"), "{msg}");

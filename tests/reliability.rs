@@ -69,8 +69,10 @@ fn panic_in_compute_is_internal_and_model_stays_usable() {
     m.prefill(fork_twin, &f.tokens[..13]);
 
     for (what, caches) in [("decode", vec![a]), ("fork decode", vec![fork])] {
+        // SAFETY: m.ptr is a live model (M frees it only when dropped).
         unsafe { debug_panic_next_step(m.ptr, DebugPanic::Compute) };
         let mut out = vec![7.0f32; m.vocab];
+        // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
         let s = unsafe { llmrt_decode(m.ptr, 1, caches.as_ptr(), [5].as_ptr(), out.as_mut_ptr()) };
         assert_eq!(s, Status::LLMRT_INTERNAL, "{what}");
         let e = last_error();
@@ -80,10 +82,13 @@ fn panic_in_compute_is_internal_and_model_stays_usable() {
         assert_eq!(m.len(caches[0]), 13, "{what}: length advanced by a panicked step");
     }
     // Prefill and greedy paths too.
+    // SAFETY: m.ptr is a live model (M frees it only when dropped).
     unsafe { debug_panic_next_step(m.ptr, DebugPanic::Compute) };
     assert_eq!(m.try_prefill_all(a, &f.tokens[13..20]), Err(Status::LLMRT_INTERNAL));
+    // SAFETY: m.ptr is a live model (M frees it only when dropped).
     unsafe { debug_panic_next_step(m.ptr, DebugPanic::Compute) };
     let mut next = [u32::MAX];
+    // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
     let s = unsafe { llmrt_decode_greedy(m.ptr, 1, [a].as_ptr(), [5].as_ptr(), next.as_mut_ptr()) };
     assert_eq!(s, Status::LLMRT_INTERNAL);
     assert_eq!(next, [u32::MAX]);
@@ -101,6 +106,7 @@ fn panic_in_bookkeeping_poisons_the_model() {
     let m = load(&f.gguf("f32"));
     let a = m.reserve(64);
     m.prefill(a, &f.tokens[..4]);
+    // SAFETY: m.ptr is a live model (M frees it only when dropped).
     unsafe { debug_panic_next_step(m.ptr, DebugPanic::Bookkeeping) };
     assert_eq!(m.try_decode(&[a], &[1]), Err(Status::LLMRT_INTERNAL));
     let e = last_error();
@@ -109,9 +115,11 @@ fn panic_in_bookkeeping_poisons_the_model() {
     assert_eq!(m.try_decode(&[a], &[1]), Err(Status::LLMRT_INTERNAL));
     assert!(last_error().contains("model is unusable"), "{}", last_error());
     let mut c = 0;
+    // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
     assert_eq!(unsafe { llmrt_cache_reserve(m.ptr, 16, &mut c) }, Status::LLMRT_INTERNAL);
     assert_eq!(c, 0);
     let mut n = 0;
+    // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
     assert_eq!(unsafe { llmrt_cache_length(m.ptr, a, &mut n) }, Status::LLMRT_INTERNAL);
     assert_eq!(m.release(a), Status::LLMRT_INTERNAL);
     // Calls that do not touch the caches still answer.
@@ -136,6 +144,7 @@ fn kv_budget_filled_by_reserves_reports_sizes_and_release_makes_room() {
     let mut held = Vec::new();
     loop {
         let mut c = 0;
+        // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
         let s = unsafe { llmrt_cache_reserve(m.ptr, 16, &mut c) };
         if s != Status::LLMRT_OK {
             assert_eq!(s, Status::LLMRT_OUT_OF_MEMORY);
@@ -160,12 +169,14 @@ fn kv_budget_filled_by_reserves_reports_sizes_and_release_makes_room() {
     }
     // A bigger request names its own size.
     let mut c = 0;
+    // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
     assert_eq!(unsafe { llmrt_cache_reserve(m.ptr, 40, &mut c) }, Status::LLMRT_OUT_OF_MEMORY);
     assert!(last_error().contains(&format!("40 positions need 3 blocks ({} bytes)", block * 3)), "{}", last_error());
     // Releasing one makes exactly one more fit.
     assert_eq!(m.release(held.pop().unwrap()), Status::LLMRT_OK);
     let again = m.reserve(16);
     m.prefill(again, &f.tokens[..16]);
+    // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
     assert_eq!(unsafe { llmrt_cache_reserve(m.ptr, 1, &mut c) }, Status::LLMRT_OUT_OF_MEMORY);
     // Release everything: the whole budget is free again.
     for c in held.into_iter().chain([again]) {
@@ -213,6 +224,7 @@ fn model_larger_than_address_space_limit_fails_to_load_cleanly() {
         let path = PathBuf::from(std::env::var("LLMRT_BIG_MODEL").unwrap());
         let limit = vm_size() + (160 << 20);
         let rl = libc::rlimit { rlim_cur: limit, rlim_max: libc::RLIM_INFINITY };
+        // SAFETY: setrlimit only reads the rlimit passed by reference.
         assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &rl) }, 0);
         // The small model still loads and runs under the limit.
         let small = try_load(&fixture().gguf("f32"), 1, 1 << 20).unwrap();
@@ -290,6 +302,7 @@ fn file_change_child(how: &str) {
     } else {
         for c in [a, b, a] {
             let mut out = vec![7.0f32; m.vocab];
+            // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
             let s = unsafe { llmrt_prefill(m.ptr, c, f.tokens[8..16].as_ptr(), 8, out.as_mut_ptr()) };
             assert_eq!(s, Status::LLMRT_IO, "{}", last_error());
             let e = last_error();

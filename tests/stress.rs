@@ -11,6 +11,7 @@
 mod common;
 use common::*;
 use llmrt::ffi::*;
+use llmrt::util::XorShift;
 use llmrt::Status;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -18,21 +19,6 @@ use std::time::{Duration, Instant};
 const THREADS: usize = 8;
 const MAX_CACHES: usize = 4;
 const SEED: u64 = 0x5eed_2024;
-
-/// splitmix64: small, seedable, the same everywhere.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 /// What one operation gave: statuses, lengths, logits bits, ids.
 #[derive(Debug, PartialEq, Eq)]
@@ -51,7 +37,9 @@ struct Cache {
 
 /// A model handle shared by threads: the C API promises any thread may call.
 struct Shared(*mut llmrt_model, usize);
+// SAFETY: the C API lets any thread call on a model (calls on one model are serialised inside the library).
 unsafe impl Sync for Shared {}
+// SAFETY: the C API lets any thread call on a model (calls on one model are serialised inside the library).
 unsafe impl Send for Shared {}
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -61,16 +49,17 @@ fn bits(v: &[f32]) -> Vec<u32> {
 /// Runs thread `t`'s operation sequence on `m`; only its own caches are touched.
 fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec> {
     let (model, vocab) = (m.0, m.1);
-    let mut rng = Rng(SEED ^ (t as u64).wrapping_mul(0x1234_5678_9abc_def1));
+    let mut rng = XorShift::new(SEED ^ (t as u64).wrapping_mul(0x1234_5678_9abc_def1));
     let mut caches: Vec<Cache> = Vec::new();
     let mut dead: Vec<u64> = Vec::new();
     let mut rec = Vec::new();
-    let tok = |rng: &mut Rng| rng.below(vocab_tokens as usize) as u32;
+    let tok = |rng: &mut XorShift| rng.below(vocab_tokens as usize) as u32;
     for _ in 0..ops {
         let op = rng.below(100);
         if caches.is_empty() || (op < 12 && caches.len() < MAX_CACHES) {
             let cap = 16 + rng.below(49) as u32;
             let mut id = 0;
+            // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
             let s = unsafe { llmrt_cache_reserve(model, cap, &mut id) };
             rec.push(Rec::Status("reserve", s));
             assert_eq!(s, Status::LLMRT_OK, "reserve: {}", last_error());
@@ -83,12 +72,19 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
             0..=29 => {
                 let room = (caches[i].cap - caches[i].len) as usize;
                 let over = rng.below(10) == 0;
-                let n = if over { room + 1 } else if room == 0 { continue } else { 1 + rng.below(room.min(8)) };
+                let n = if over {
+                    room + 1
+                } else if room == 0 {
+                    continue;
+                } else {
+                    1 + rng.below(room.min(8))
+                };
                 let toks: Vec<u32> = (0..n).map(|_| tok(&mut rng)).collect();
                 let all = rng.below(2) == 0;
                 let rows = if all { n } else { 1 };
                 let mut out = vec![f32::NAN; rows * vocab];
                 let c = caches[i].id;
+                // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
                 let s = unsafe {
                     if all {
                         llmrt_prefill_all(model, c, toks.as_ptr(), n, out.as_mut_ptr())
@@ -121,15 +117,16 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
                 if op <= 54 {
                     // 30..=54: decode with logits; 55..=64: decode_greedy
                     let mut out = vec![f32::NAN; ids.len() * vocab];
+                    // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
                     let s = unsafe { llmrt_decode(model, ids.len(), ids.as_ptr(), toks.as_ptr(), out.as_mut_ptr()) };
                     rec.push(Rec::Status("decode", s));
                     assert_eq!(s, Status::LLMRT_OK, "decode: {}", last_error());
                     rec.push(Rec::Logits(bits(&out)));
                 } else {
                     let mut out = vec![u32::MAX; ids.len()];
-                    let s = unsafe {
-                        llmrt_decode_greedy(model, ids.len(), ids.as_ptr(), toks.as_ptr(), out.as_mut_ptr())
-                    };
+                    let s =
+                        // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
+                        unsafe { llmrt_decode_greedy(model, ids.len(), ids.as_ptr(), toks.as_ptr(), out.as_mut_ptr()) };
                     rec.push(Rec::Status("decode_greedy", s));
                     assert_eq!(s, Status::LLMRT_OK, "decode_greedy: {}", last_error());
                     rec.push(Rec::Ids(out));
@@ -140,6 +137,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
             }
             65..=74 if caches.len() < MAX_CACHES => {
                 let mut id = 0;
+                // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
                 let s = unsafe { llmrt_cache_fork(model, caches[i].id, &mut id) };
                 rec.push(Rec::Status("fork", s));
                 assert_eq!(s, Status::LLMRT_OK, "fork: {}", last_error());
@@ -148,6 +146,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
             }
             75..=86 => {
                 let keep = rng.below(caches[i].len as usize + 1) as u32;
+                // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
                 let s = unsafe { llmrt_cache_truncate(model, caches[i].id, keep) };
                 rec.push(Rec::Status("truncate", s));
                 assert_eq!(s, Status::LLMRT_OK, "truncate: {}", last_error());
@@ -155,6 +154,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
             }
             87..=94 => {
                 let c = caches.swap_remove(i);
+                // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
                 let s = unsafe { llmrt_cache_release(model, c.id) };
                 rec.push(Rec::Status("release", s));
                 assert_eq!(s, Status::LLMRT_OK, "release: {}", last_error());
@@ -165,6 +165,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
                 if let (Some(&d), true) = (dead.last(), caches[i].len < caches[i].cap) {
                     let ids = [caches[i].id, d];
                     let mut out = vec![7.0f32; 2 * vocab];
+                    // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
                     let s = unsafe { llmrt_decode(model, 2, ids.as_ptr(), [1, 2].as_ptr(), out.as_mut_ptr()) };
                     rec.push(Rec::Status("decode_dead", s));
                     assert_eq!(s, Status::LLMRT_UNKNOWN_CACHE, "{}", last_error());
@@ -175,6 +176,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
         // The library's view of every cache of this thread matches ours.
         for c in &caches {
             let mut n = u32::MAX;
+            // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
             let s = unsafe { llmrt_cache_length(model, c.id, &mut n) };
             assert_eq!(s, Status::LLMRT_OK, "length: {}", last_error());
             assert_eq!(n, c.len, "cache length");
@@ -182,6 +184,7 @@ fn run_sequence(m: &Shared, t: usize, ops: usize, vocab_tokens: u32) -> Vec<Rec>
         rec.push(Rec::Len(caches.iter().map(|c| c.len).sum()));
     }
     for c in caches {
+        // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
         assert_eq!(unsafe { llmrt_cache_release(model, c.id) }, Status::LLMRT_OK);
     }
     rec
@@ -194,9 +197,8 @@ fn fixture_path() -> std::path::PathBuf {
 #[test]
 fn eight_threads_match_sequential_replay() {
     let ops: usize = std::env::var("LLMRT_STRESS_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(250);
-    let limit = Duration::from_secs(
-        std::env::var("LLMRT_STRESS_TIMEOUT_S").ok().and_then(|v| v.parse().ok()).unwrap_or(300),
-    );
+    let limit =
+        Duration::from_secs(std::env::var("LLMRT_STRESS_TIMEOUT_S").ok().and_then(|v| v.parse().ok()).unwrap_or(300));
     let path = fixture_path();
     let m = load(&path);
     let vocab = m.vocab;
@@ -210,7 +212,8 @@ fn eight_threads_match_sequential_replay() {
         let (tx, shared, barrier) = (tx.clone(), shared.clone(), barrier.clone());
         std::thread::spawn(move || {
             barrier.wait();
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_sequence(&shared, t, ops, vocab as u32)));
+            let r =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_sequence(&shared, t, ops, vocab as u32)));
             let _ = tx.send((t, r));
         });
     }
@@ -220,7 +223,9 @@ fn eight_threads_match_sequential_replay() {
         let left = limit.saturating_sub(start.elapsed());
         match rx.recv_timeout(left) {
             Ok((t, Ok(r))) => concurrent[t] = Some(r),
-            Ok((t, Err(p))) => std::panic::resume_unwind(Box::new(format!("thread {t} failed: {:?}", p.downcast_ref::<String>()))),
+            Ok((t, Err(p))) => {
+                std::panic::resume_unwind(Box::new(format!("thread {t} failed: {:?}", p.downcast_ref::<String>())))
+            }
             Err(_) => {
                 // Deadlock (or far too slow): fail now, do not wait for the threads.
                 eprintln!("stress: threads did not finish within {limit:?}: deadlock?");
@@ -230,6 +235,7 @@ fn eight_threads_match_sequential_replay() {
     }
     let concurrent_time = start.elapsed();
     let mut ids_left = 0;
+    // SAFETY: model stays live until every thread has joined; arrays are live locals of the lengths passed.
     let s = unsafe { llmrt_cache_reserve(m.ptr, 1, &mut ids_left) };
     assert_eq!(s, Status::LLMRT_OK);
     assert_eq!(m.release(ids_left), Status::LLMRT_OK);

@@ -10,7 +10,9 @@ use std::path::Path;
 
 fn tokenize(m: &M, text: &str, add_bos: bool) -> Result<Vec<u32>, Status> {
     let mut n = 0usize;
-    let s = unsafe { llmrt_tokenize(m.ptr, text.as_ptr().cast(), text.len(), add_bos, std::ptr::null_mut(), 0, &mut n) };
+    let s =
+        // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
+        unsafe { llmrt_tokenize(m.ptr, text.as_ptr().cast(), text.len(), add_bos, std::ptr::null_mut(), 0, &mut n) };
     if s == Status::LLMRT_OK {
         return Ok(Vec::new());
     }
@@ -19,6 +21,7 @@ fn tokenize(m: &M, text: &str, add_bos: bool) -> Result<Vec<u32>, Status> {
     }
     let mut ids = vec![u32::MAX; n];
     let mut got = 0usize;
+    // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
     let s = unsafe { llmrt_tokenize(m.ptr, text.as_ptr().cast(), text.len(), add_bos, ids.as_mut_ptr(), n, &mut got) };
     assert_eq!(s, Status::LLMRT_OK, "{}", last_error());
     assert_eq!(got, n);
@@ -27,6 +30,7 @@ fn tokenize(m: &M, text: &str, add_bos: bool) -> Result<Vec<u32>, Status> {
 
 fn detokenize(m: &M, ids: &[u32]) -> Vec<u8> {
     let mut n = 0usize;
+    // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
     let s = unsafe { llmrt_detokenize(m.ptr, ids.as_ptr(), ids.len(), std::ptr::null_mut(), 0, &mut n) };
     if s == Status::LLMRT_OK {
         return Vec::new();
@@ -34,6 +38,7 @@ fn detokenize(m: &M, ids: &[u32]) -> Vec<u8> {
     assert_eq!(s, Status::LLMRT_BUFFER_TOO_SMALL, "{}", last_error());
     let mut buf = vec![0u8; n];
     let mut got = 0usize;
+    // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
     let s = unsafe { llmrt_detokenize(m.ptr, ids.as_ptr(), ids.len(), buf.as_mut_ptr().cast(), n, &mut got) };
     assert_eq!(s, Status::LLMRT_OK, "{}", last_error());
     assert_eq!(got, n);
@@ -43,6 +48,7 @@ fn detokenize(m: &M, ids: &[u32]) -> Vec<u8> {
 fn piece(m: &M, id: u32) -> Vec<u8> {
     let mut buf = vec![0u8; 256];
     let mut n = 0usize;
+    // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
     let s = unsafe { llmrt_token_piece(m.ptr, id, buf.as_mut_ptr().cast(), buf.len(), &mut n) };
     assert_eq!(s, Status::LLMRT_OK, "{}", last_error());
     buf.truncate(n);
@@ -70,7 +76,8 @@ fn c_api_tokenize_matches_reference_ids_and_round_trips() {
             let m = load(&path);
             for case in tk["cases"].as_array().unwrap() {
                 let text = case["text"].as_str().unwrap();
-                let want: Vec<u32> = case["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+                let want: Vec<u32> =
+                    case["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
                 let got = tokenize(&m, text, false).unwrap();
                 if path.ends_with("hf") && text.starts_with(' ') {
                     // HF's Metaspace adds no prefix space before a leading space, llama.cpp
@@ -108,25 +115,42 @@ fn buffer_too_small_reports_the_size_and_writes_nothing() {
     let all = tokenize(&m, text, true).unwrap();
     let mut small = vec![7u32; all.len() - 1];
     let mut n = 0usize;
-    let s = unsafe { llmrt_tokenize(m.ptr, text.as_ptr().cast(), text.len(), true, small.as_mut_ptr(), small.len(), &mut n) };
+    // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
+    let s = unsafe {
+        llmrt_tokenize(m.ptr, text.as_ptr().cast(), text.len(), true, small.as_mut_ptr(), small.len(), &mut n)
+    };
     assert_eq!(s, Status::LLMRT_BUFFER_TOO_SMALL);
     assert_eq!(n, all.len());
     assert!(small.iter().all(|&x| x == 7));
     assert!(!last_error().is_empty());
     let bytes = detokenize(&m, &all);
     let mut buf = vec![b'#'; bytes.len() - 1];
+    // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
     let s = unsafe { llmrt_detokenize(m.ptr, all.as_ptr(), all.len(), buf.as_mut_ptr().cast(), buf.len(), &mut n) };
     assert_eq!(s, Status::LLMRT_BUFFER_TOO_SMALL);
     assert_eq!(n, bytes.len());
     assert!(buf.iter().all(|&c| c == b'#'));
     // Errors: invalid UTF-8, id out of range, NULL out pointer.
     let bad = [b'a', 0xff, b'b'];
+    // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
     let s = unsafe { llmrt_tokenize(m.ptr, bad.as_ptr().cast(), 3, false, small.as_mut_ptr(), small.len(), &mut n) };
     assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
     assert!(last_error().contains('1'), "{}", last_error());
+    // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
     let s = unsafe { llmrt_detokenize(m.ptr, [9999u32].as_ptr(), 1, buf.as_mut_ptr().cast(), buf.len(), &mut n) };
     assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
-    let s = unsafe { llmrt_tokenize(m.ptr, text.as_ptr().cast(), text.len(), true, small.as_mut_ptr(), small.len(), std::ptr::null_mut()) };
+    // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
+    let s = unsafe {
+        llmrt_tokenize(
+            m.ptr,
+            text.as_ptr().cast(),
+            text.len(),
+            true,
+            small.as_mut_ptr(),
+            small.len(),
+            std::ptr::null_mut(),
+        )
+    };
     assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
 }
 
@@ -176,6 +200,7 @@ fn sample_run(m: &M, params: &llmrt_sampler_params, steps: usize) -> Vec<u32> {
     let mut out = Vec::new();
     for _ in 0..steps {
         let mut next = u32::MAX;
+        // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
         let s = unsafe { llmrt_decode_sample(m.ptr, 1, &c, &tok, params, &mut next) };
         assert_eq!(s, Status::LLMRT_OK, "{}", last_error());
         out.push(next);
@@ -190,7 +215,9 @@ fn sampling_is_seeded_reproducible_and_greedy_at_temperature_zero() {
     let f = Fixture::all().into_iter().find(|f| f.name == "llama_gqa").unwrap();
     let m = load(&f.gguf("f32"));
     let mut p = std::mem::MaybeUninit::<llmrt_sampler_params>::uninit();
+    // SAFETY: a pointer to a local MaybeUninit of the right type, written in full.
     unsafe { llmrt_sampler_params_default(p.as_mut_ptr()) };
+    // SAFETY: filled in by the llmrt_*_default (or get_info) call just above.
     let mut p = unsafe { p.assume_init() };
     assert_eq!(p.struct_size as usize, std::mem::size_of::<llmrt_sampler_params>());
     p.temperature = 1.5;
@@ -216,6 +243,7 @@ fn sampling_is_seeded_reproducible_and_greedy_at_temperature_zero() {
     p.temperature = -1.0;
     let len = m.len(c);
     let mut next = 0u32;
+    // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
     let s = unsafe { llmrt_decode_sample(m.ptr, 1, &c, &tok, &p, &mut next) };
     assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
     assert!(last_error().contains("temperature"), "{}", last_error());

@@ -197,32 +197,90 @@ fn corrupt_tokenizers_are_errors() {
     let toks = strs(&["a", "b", "ab"]);
     type Case<'a> = (Vec<(&'a str, Value)>, Status, &'a str);
     let cases: Vec<Case> = vec![
-        (vec![("tokenizer.ggml.model", Value::Str("gpt2".into())), ("tokenizer.ggml.tokens", toks.clone()),
-              ("tokenizer.ggml.merges", strs(&["a c"]))], Status::LLMRT_BAD_MODEL, "\"c\""),
-        (vec![("tokenizer.ggml.model", Value::Str("gpt2".into())), ("tokenizer.ggml.tokens", toks.clone()),
-              ("tokenizer.ggml.merges", strs(&["ab"]))], Status::LLMRT_BAD_MODEL, "merges[0]"),
-        (vec![("tokenizer.ggml.model", Value::Str("gpt2".into())), ("tokenizer.ggml.tokens", toks.clone())],
-         Status::LLMRT_BAD_MODEL, "merges missing"),
-        (vec![("tokenizer.ggml.model", Value::Str("llama".into())), ("tokenizer.ggml.tokens", toks.clone()),
-              ("tokenizer.ggml.scores", Value::Array(vec![Value::F32(0.0)]))], Status::LLMRT_BAD_MODEL, "1 scores"),
-        (vec![("tokenizer.ggml.model", Value::Str("llama".into())), ("tokenizer.ggml.tokens", toks.clone()),
-              ("tokenizer.ggml.token_type", Value::Array(vec![Value::I32(1), Value::I32(9), Value::I32(1)]))],
-         Status::LLMRT_BAD_MODEL, "token_type[1]"),
-        (vec![("tokenizer.ggml.model", Value::Str("llama".into())), ("tokenizer.ggml.tokens", toks.clone()),
-              ("tokenizer.ggml.bos_token_id", Value::U32(7))], Status::LLMRT_BAD_MODEL, "bos token id 7"),
-        (vec![("tokenizer.ggml.model", Value::Str("llama".into())), ("tokenizer.ggml.tokens", Value::Array(vec![]))],
-         Status::LLMRT_BAD_MODEL, "no tokens"),
-        (vec![("tokenizer.ggml.model", Value::Str("llama".into())), ("tokenizer.ggml.tokens", Value::U32(3))],
-         Status::LLMRT_BAD_MODEL, "tokenizer.ggml.tokens"),
-        (vec![("tokenizer.ggml.model", Value::Str("llama".into())),
-              ("tokenizer.ggml.tokens", Value::Array(vec![Value::U8(1), Value::U8(2)]))],
-         Status::LLMRT_BAD_MODEL, "tokens[0]"),
+        (
+            vec![
+                ("tokenizer.ggml.model", Value::Str("gpt2".into())),
+                ("tokenizer.ggml.tokens", toks.clone()),
+                ("tokenizer.ggml.merges", strs(&["a c"])),
+            ],
+            Status::LLMRT_BAD_MODEL,
+            "\"c\"",
+        ),
+        (
+            vec![
+                ("tokenizer.ggml.model", Value::Str("gpt2".into())),
+                ("tokenizer.ggml.tokens", toks.clone()),
+                ("tokenizer.ggml.merges", strs(&["ab"])),
+            ],
+            Status::LLMRT_BAD_MODEL,
+            "merges[0]",
+        ),
+        (
+            vec![("tokenizer.ggml.model", Value::Str("gpt2".into())), ("tokenizer.ggml.tokens", toks.clone())],
+            Status::LLMRT_BAD_MODEL,
+            "merges missing",
+        ),
+        (
+            vec![
+                ("tokenizer.ggml.model", Value::Str("llama".into())),
+                ("tokenizer.ggml.tokens", toks.clone()),
+                ("tokenizer.ggml.scores", Value::Array(vec![Value::F32(0.0)])),
+            ],
+            Status::LLMRT_BAD_MODEL,
+            "1 scores",
+        ),
+        (
+            vec![
+                ("tokenizer.ggml.model", Value::Str("llama".into())),
+                ("tokenizer.ggml.tokens", toks.clone()),
+                ("tokenizer.ggml.token_type", Value::Array(vec![Value::I32(1), Value::I32(9), Value::I32(1)])),
+            ],
+            Status::LLMRT_BAD_MODEL,
+            "token_type[1]",
+        ),
+        (
+            vec![
+                ("tokenizer.ggml.model", Value::Str("llama".into())),
+                ("tokenizer.ggml.tokens", toks.clone()),
+                ("tokenizer.ggml.bos_token_id", Value::U32(7)),
+            ],
+            Status::LLMRT_BAD_MODEL,
+            "bos token id 7",
+        ),
+        (
+            vec![("tokenizer.ggml.model", Value::Str("llama".into())), ("tokenizer.ggml.tokens", Value::Array(vec![]))],
+            Status::LLMRT_BAD_MODEL,
+            "no tokens",
+        ),
+        (
+            vec![("tokenizer.ggml.model", Value::Str("llama".into())), ("tokenizer.ggml.tokens", Value::U32(3))],
+            Status::LLMRT_BAD_MODEL,
+            "tokenizer.ggml.tokens",
+        ),
+        (
+            vec![
+                ("tokenizer.ggml.model", Value::Str("llama".into())),
+                ("tokenizer.ggml.tokens", Value::Array(vec![Value::U8(1), Value::U8(2)])),
+            ],
+            Status::LLMRT_BAD_MODEL,
+            "tokens[0]",
+        ),
         (vec![("tokenizer.ggml.model", Value::Str("llama".into()))], Status::LLMRT_BAD_MODEL, "tokens missing"),
-        (vec![("tokenizer.ggml.model", Value::Str("gpt2".into())), ("tokenizer.ggml.pre", Value::Str("falcon".into())),
-              ("tokenizer.ggml.tokens", toks.clone()), ("tokenizer.ggml.merges", strs(&["a b"]))],
-         Status::LLMRT_UNSUPPORTED, "falcon"),
-        (vec![("tokenizer.ggml.model", Value::Str("bert".into())), ("tokenizer.ggml.tokens", toks.clone())],
-         Status::LLMRT_UNSUPPORTED, "bert"),
+        (
+            vec![
+                ("tokenizer.ggml.model", Value::Str("gpt2".into())),
+                ("tokenizer.ggml.pre", Value::Str("falcon".into())),
+                ("tokenizer.ggml.tokens", toks.clone()),
+                ("tokenizer.ggml.merges", strs(&["a b"])),
+            ],
+            Status::LLMRT_UNSUPPORTED,
+            "falcon",
+        ),
+        (
+            vec![("tokenizer.ggml.model", Value::Str("bert".into())), ("tokenizer.ggml.tokens", toks.clone())],
+            Status::LLMRT_UNSUPPORTED,
+            "bert",
+        ),
     ];
     for (kvs, status, needle) in cases {
         let g = gguf_with(kvs);
@@ -232,8 +290,11 @@ fn corrupt_tokenizers_are_errors() {
     }
     assert!(Tokenizer::from_gguf(&gguf_with(vec![])).unwrap().is_none());
     // a valid tiny one works
-    let g = gguf_with(vec![("tokenizer.ggml.model", Value::Str("gpt2".into())), ("tokenizer.ggml.tokens", toks),
-                           ("tokenizer.ggml.merges", strs(&["a b"]))]);
+    let g = gguf_with(vec![
+        ("tokenizer.ggml.model", Value::Str("gpt2".into())),
+        ("tokenizer.ggml.tokens", toks),
+        ("tokenizer.ggml.merges", strs(&["a b"])),
+    ]);
     let tk = Tokenizer::from_gguf(&g).unwrap().unwrap();
     assert_eq!(tk.encode(b"abba", false).unwrap(), vec![2, 1, 0]);
 }
@@ -243,13 +304,34 @@ fn corrupt_tokenizer_json_and_models_are_errors() {
     let bad: &[(&str, Status)] = &[
         ("not json", Status::LLMRT_BAD_MODEL),
         (r#"{"model":{"type":"Unigram","vocab":[]}}"#, Status::LLMRT_UNSUPPORTED),
-        (r#"{"model":{"type":"BPE","vocab":{"a":0,"b":1},"merges":["a c"]},"pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false}}"#, Status::LLMRT_BAD_MODEL),
-        (r#"{"model":{"type":"BPE","vocab":{"a":0,"b":5},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}}"#, Status::LLMRT_BAD_MODEL),
-        (r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"Split","pattern":{"Regex":"x"}}}"#, Status::LLMRT_UNSUPPORTED),
-        (r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"\\w+"},"behavior":"Isolated","invert":false},{"type":"ByteLevel","use_regex":false}]}}"#, Status::LLMRT_UNSUPPORTED),
-        (r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"normalizer":{"type":"NFKC"},"pre_tokenizer":{"type":"ByteLevel"}}"#, Status::LLMRT_UNSUPPORTED),
-        (r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[],"continuing_subword_prefix":"@@"},"pre_tokenizer":{"type":"ByteLevel"}}"#, Status::LLMRT_UNSUPPORTED),
-        (r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"added_tokens":[{"id":0,"content":"b","special":true}],"pre_tokenizer":{"type":"ByteLevel"}}"#, Status::LLMRT_BAD_MODEL),
+        (
+            r#"{"model":{"type":"BPE","vocab":{"a":0,"b":1},"merges":["a c"]},"pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false}}"#,
+            Status::LLMRT_BAD_MODEL,
+        ),
+        (
+            r#"{"model":{"type":"BPE","vocab":{"a":0,"b":5},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}}"#,
+            Status::LLMRT_BAD_MODEL,
+        ),
+        (
+            r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"Split","pattern":{"Regex":"x"}}}"#,
+            Status::LLMRT_UNSUPPORTED,
+        ),
+        (
+            r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"\\w+"},"behavior":"Isolated","invert":false},{"type":"ByteLevel","use_regex":false}]}}"#,
+            Status::LLMRT_UNSUPPORTED,
+        ),
+        (
+            r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"normalizer":{"type":"NFKC"},"pre_tokenizer":{"type":"ByteLevel"}}"#,
+            Status::LLMRT_UNSUPPORTED,
+        ),
+        (
+            r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[],"continuing_subword_prefix":"@@"},"pre_tokenizer":{"type":"ByteLevel"}}"#,
+            Status::LLMRT_UNSUPPORTED,
+        ),
+        (
+            r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"added_tokens":[{"id":0,"content":"b","special":true}],"pre_tokenizer":{"type":"ByteLevel"}}"#,
+            Status::LLMRT_BAD_MODEL,
+        ),
     ];
     for (j, status) in bad {
         let e = Tokenizer::from_hf_json(j.as_bytes(), None, "t.json").unwrap_err();
@@ -261,14 +343,15 @@ fn corrupt_tokenizer_json_and_models_are_errors() {
     let model = std::fs::read(&p).unwrap_or_else(|_| b"\x0a\x05\x0a\x01a\x18\x01\x12\x02\x18\x02".to_vec());
     for cut in [1usize, 7, 100, model.len() / 2] {
         if cut < model.len() {
-            let _ = Tokenizer::from_sentencepiece_model(&model[..cut], "cut.model"); // error or Ok: no panic
+            let _ = Tokenizer::from_sentencepiece_model(&model[..cut], "cut.model");
+            // error or Ok: no panic
         }
     }
     let e = Tokenizer::from_sentencepiece_model(b"\x0a\xff\xff\xff\xff\x0f", "x.model").unwrap_err();
     assert_eq!(e.status, Status::LLMRT_BAD_MODEL);
     let e = Tokenizer::from_sentencepiece_model(b"\x0a\x05\x0a\x01a\x18\x01", "u.model").unwrap_err();
     assert_eq!(e.status, Status::LLMRT_UNSUPPORTED, "{e}"); // no model_type: unigram
-    // random mutations of a real GGUF tokenizer never panic
+                                                            // random mutations of a real GGUF tokenizer never panic
     let bytes = std::fs::read(root().join("tests/fixtures/tokenizer/llama3_bpe.gguf")).unwrap();
     let mut x = 0x9E3779B97F4A7C15u64;
     for _ in 0..300 {

@@ -8,33 +8,29 @@ import (
 // Status is an llmrt_status code.
 type Status int32
 
-// The llmrt_status codes (design/API.md).
+// The llmrt_status codes (docs/API.md). The names, codes and comments are the
+// status table of src/error.rs (STATUSES); tests/status_table.rs fails when they drift.
 const (
-	StatusOK              Status = 0
-	StatusInvalidArgument Status = 1  // NULL/empty/oversized argument, token id >= vocab
-	StatusIO              Status = 2  // file missing, unreadable, not a regular file
-	StatusBadModel        Status = 3  // malformed, truncated or inconsistent model file
-	StatusUnsupported     Status = 4  // architecture, tensor type or backend not available
-	StatusOutOfMemory     Status = 5  // allocation failed, KV pool exhausted
-	StatusContextFull     Status = 6  // step would exceed the cache's reserved positions
-	StatusUnknownCache    Status = 7  // cache not live: released, never issued, other model
-	StatusDevice          Status = 8  // CUDA driver/kernel error
-	StatusInternal        Status = 9  // caught panic or broken invariant (a bug)
-	StatusBufferTooSmall  Status = 10 // output buffer too small
+	StatusOK              Status = 0  // Success.
+	StatusInvalidArgument Status = 1  // NULL pointer, zero/oversized length, token id >= vocab.
+	StatusIO              Status = 2  // File missing, unreadable, not a regular file.
+	StatusBadModel        Status = 3  // Malformed, truncated or inconsistent model file.
+	StatusUnsupported     Status = 4  // Architecture, tensor type or backend not available.
+	StatusOutOfMemory     Status = 5  // Host/device allocation failed, KV pool exhausted.
+	StatusContextFull     Status = 6  // Step would exceed the cache's reserved positions.
+	StatusUnknownCache    Status = 7  // Cache id not live: released, never issued, other model.
+	StatusDevice          Status = 8  // CUDA driver/kernel error.
+	StatusInternal        Status = 9  // Caught panic or broken invariant (a bug).
+	StatusBufferTooSmall  Status = 10 // Output buffer too small; the needed size is reported.
 )
 
-var statusNames = [...]string{
-	"LLMRT_OK", "LLMRT_INVALID_ARGUMENT", "LLMRT_IO", "LLMRT_BAD_MODEL", "LLMRT_UNSUPPORTED",
-	"LLMRT_OUT_OF_MEMORY", "LLMRT_CONTEXT_FULL", "LLMRT_UNKNOWN_CACHE", "LLMRT_DEVICE",
-	"LLMRT_INTERNAL", "LLMRT_BUFFER_TOO_SMALL",
-}
-
-// String is the C name, as llmrt_status_name gives it ("LLMRT_IO", ...).
+// String is the C name, as llmrt_status_name gives it ("LLMRT_IO", ...;
+// "LLMRT_UNKNOWN_STATUS" outside the enum): the C library's table is the one list.
 func (s Status) String() string {
-	if s >= 0 && int(s) < len(statusNames) {
-		return statusNames[s]
+	if s < 0 {
+		return "LLMRT_UNKNOWN_STATUS"
 	}
-	return "LLMRT_UNKNOWN_STATUS"
+	return cStatusName(s)
 }
 
 // Error is a failed llmrt call: its status and llmrt_last_error() of that call.

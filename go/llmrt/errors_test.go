@@ -21,12 +21,19 @@ var sentinels = map[Status]error{
 	StatusBufferTooSmall:  ErrBufferTooSmall,
 }
 
-// Each status maps to its sentinel and no other; names are the C library's.
+// Each status maps to its sentinel and no other; names are the C library's, and
+// the C library knows exactly the statuses declared here (OK and the sentinels).
 func TestStatusMapping(t *testing.T) {
-	for s := Status(0); s <= 11; s++ {
-		if got, want := s.String(), cStatusName(s); got != want {
-			t.Errorf("Status(%d).String() = %s, C says %s", s, got, want)
+	for s := Status(-1); s <= Status(len(sentinels)+1); s++ {
+		_, declared := sentinels[s]
+		declared = declared || s == StatusOK
+		got := s.String()
+		if known := got != "LLMRT_UNKNOWN_STATUS"; known != declared || !strings.HasPrefix(got, "LLMRT_") {
+			t.Errorf("Status(%d).String() = %s; declared in Go: %v", s, got, declared)
 		}
+	}
+	if StatusOK.String() != "LLMRT_OK" || StatusIO.String() != "LLMRT_IO" {
+		t.Errorf("names: %s %s", StatusOK, StatusIO)
 	}
 	for s, sentinel := range sentinels {
 		err := error(&Error{Status: s, Msg: "m"})

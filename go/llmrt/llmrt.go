@@ -1,5 +1,5 @@
 // Package llmrt is the Go binding of llmrt, an LLM inference runtime with a C
-// API (include/llmrt.h; the contract is design/API.md).
+// API (include/llmrt.h; the contract is docs/API.md).
 //
 //	m, err := llmrt.Load("model.gguf", nil)
 //	if err != nil { ... }

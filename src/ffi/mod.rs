@@ -5,6 +5,38 @@
 
 #![allow(non_camel_case_types)]
 
+/// Reads a caller's growable struct `$T` at `$p` (llmrt_model_options,
+/// llmrt_sampler_params: `struct_size` first), honouring its `struct_size`: each listed
+/// field that ends past it keeps its value in `$default` (an older, smaller struct). A
+/// `struct_size` below 8 (not filled in): LLMRT_INVALID_ARGUMENT naming `$what` and the
+/// `$filler` function that sets it. Evaluates to `Result<$T>`; expand it only in an
+/// `unsafe fn` whose contract is that `$p` is non-null and points to at least
+/// `struct_size` readable bytes (and 4 for `struct_size` itself).
+macro_rules! read_sized {
+    ($p:expr, $T:ty, $default:expr, $what:literal, $filler:literal, [$($f:ident),+ $(,)?]) => {{
+        let p: *const $T = $p;
+        // SAFETY: struct_size is the first field; the caller owns at least its 4 bytes.
+        let size = unsafe { std::ptr::addr_of!((*p).struct_size).read_unaligned() } as usize;
+        if size < 8 {
+            Err(Error::invalid(format!(
+                concat!($what, ".struct_size is {}; set it with ", $filler, " (sizeof = {})"),
+                size,
+                std::mem::size_of::<$T>()
+            )))
+        } else {
+            let mut o: $T = $default;
+            $(
+                let off = std::mem::offset_of!($T, $f);
+                if off + std::mem::size_of_val(&o.$f) <= size {
+                    // SAFETY: the field lies inside the caller's struct_size readable bytes.
+                    o.$f = unsafe { std::ptr::addr_of!((*p).$f).read_unaligned() };
+                }
+            )+
+            Ok(o)
+        }
+    }};
+}
+
 mod text;
 pub use text::*;
 
@@ -157,6 +189,20 @@ fn need_mut<T>(p: *mut T, what: &str) -> Result<*mut T> {
     }
 }
 
+/// Fills a caller's out-parameter: checks `out` is non-null (else LLMRT_INVALID_ARGUMENT
+/// naming `what`), then runs `f` and writes its value; on an error nothing is written.
+///
+/// # Safety
+/// `out` is NULL or points to a writable `T`.
+unsafe fn write_out<T>(out: *mut T, what: &str, f: impl FnOnce() -> Result<T>) -> Result<()> {
+    let out = need_mut(out, what)?;
+    let v = f()?;
+    // SAFETY: checked non-null above; writable per this function's contract (the header's
+    // contract for the entry point's out-parameter).
+    unsafe { out.write(v) };
+    Ok(())
+}
+
 /// The model behind a caller's handle.
 fn model_ref<'a>(m: *const llmrt_model) -> Result<&'a Model> {
     let m = need(m, "model")?;
@@ -169,21 +215,7 @@ fn model_ref<'a>(m: *const llmrt_model) -> Result<&'a Model> {
 /// outside the enum. Static string, never NULL.
 #[no_mangle]
 pub extern "C" fn llmrt_status_name(status: StatusCode) -> *const c_char {
-    let s: &'static CStr = match status {
-        0 => c"LLMRT_OK",
-        1 => c"LLMRT_INVALID_ARGUMENT",
-        2 => c"LLMRT_IO",
-        3 => c"LLMRT_BAD_MODEL",
-        4 => c"LLMRT_UNSUPPORTED",
-        5 => c"LLMRT_OUT_OF_MEMORY",
-        6 => c"LLMRT_CONTEXT_FULL",
-        7 => c"LLMRT_UNKNOWN_CACHE",
-        8 => c"LLMRT_DEVICE",
-        9 => c"LLMRT_INTERNAL",
-        10 => c"LLMRT_BUFFER_TOO_SMALL",
-        _ => c"LLMRT_UNKNOWN_STATUS",
-    };
-    s.as_ptr()
+    Status::from_code(status).map_or(crate::error::UNKNOWN_STATUS_NAME, |s| s.info().name).as_ptr()
 }
 
 /// Message of this thread's last failed call; "" if none. Valid until this
@@ -220,7 +252,8 @@ fn default_options() -> llmrt_model_options {
 #[no_mangle]
 pub unsafe extern "C" fn llmrt_model_options_default(options: *mut llmrt_model_options) {
     if !options.is_null() {
-        // SAFETY: the caller promises a writable llmrt_model_options.
+        // SAFETY: checked non-null just above; the caller guarantees writable memory of
+        // sizeof(llmrt_model_options) per the header contract.
         unsafe { options.write(default_options()) };
     }
 }
@@ -229,34 +262,16 @@ pub unsafe extern "C" fn llmrt_model_options_default(options: *mut llmrt_model_o
 /// their defaults (an older, smaller struct).
 ///
 /// # Safety
-/// `p` points to at least `struct_size` readable bytes (and 4 for struct_size).
+/// `p` is non-null and points to at least `struct_size` readable bytes (and 4 for struct_size).
 unsafe fn read_options(p: *const llmrt_model_options) -> Result<llmrt_model_options> {
-    // SAFETY: struct_size is the first field; the caller owns at least that much.
-    let size = unsafe { std::ptr::addr_of!((*p).struct_size).read_unaligned() } as usize;
-    if size < std::mem::size_of::<u32>() * 2 {
-        return Err(Error::invalid(format!(
-            "options.struct_size is {size}; set it with llmrt_model_options_default (sizeof = {})",
-            std::mem::size_of::<llmrt_model_options>()
-        )));
-    }
-    let mut o = default_options();
-    macro_rules! field {
-        ($f:ident) => {
-            let off = std::mem::offset_of!(llmrt_model_options, $f);
-            if off + std::mem::size_of_val(&o.$f) <= size {
-                // SAFETY: the field lies inside the caller's struct_size bytes.
-                o.$f = unsafe { std::ptr::addr_of!((*p).$f).read_unaligned() };
-            }
-        };
-    }
-    field!(backend);
-    field!(device);
-    field!(threads);
-    field!(max_context);
-    field!(kv_cache_bytes);
-    field!(progress);
-    field!(progress_user_data);
-    Ok(o)
+    read_sized!(
+        p,
+        llmrt_model_options,
+        default_options(),
+        "options",
+        "llmrt_model_options_default",
+        [backend, device, threads, max_context, kv_cache_bytes, progress, progress_user_data]
+    )
 }
 
 struct SendPtr(*mut c_void);
@@ -283,14 +298,16 @@ pub unsafe extern "C" fn llmrt_model_load(
     boundary("llmrt_model_load", || {
         let path = need(path, "path")?;
         let out_model = need_mut(out_model, "out_model")?;
-        // SAFETY: non-null, NUL-terminated per the contract.
+        // SAFETY: checked non-null above; the header contract makes it a NUL-terminated
+        // string that stays valid for the call.
         let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
         use std::os::unix::ffi::OsStrExt;
         let path = std::path::Path::new(std::ffi::OsStr::from_bytes(bytes));
         let o = if options.is_null() {
             default_options()
         } else {
-            // SAFETY: non-null and valid per the contract.
+            // SAFETY: non-null in this branch; the caller guarantees an llmrt_model_options of
+            // at least struct_size readable bytes per the header contract.
             unsafe { read_options(options)? }
         };
         let backend = match o.backend {
@@ -304,7 +321,8 @@ pub unsafe extern "C" fn llmrt_model_load(
         let mut report = move |f: f32| {
             if let Some(cb) = cb {
                 let u = &user;
-                // SAFETY: the caller supplied this callback and its user data.
+                // SAFETY: the caller's own callback, called as the header documents it
+                // (fraction, its user data) during this load only.
                 unsafe { cb(f, u.0) };
             }
         };
@@ -318,7 +336,7 @@ pub unsafe extern "C" fn llmrt_model_load(
         };
         let model = Model::load(path, opts)?;
         let boxed = Box::into_raw(Box::new(llmrt_model { inner: model }));
-        // SAFETY: out_model is non-null and writable per the contract.
+        // SAFETY: checked non-null above (need_mut); writable per the header contract.
         unsafe { out_model.write(boxed) };
         Ok(())
     })
@@ -335,7 +353,8 @@ pub unsafe extern "C" fn llmrt_model_free(model: *mut llmrt_model) {
         return;
     }
     let _ = boundary("llmrt_model_free", || {
-        // SAFETY: per the contract, model came from Box::into_raw in llmrt_model_load.
+        // SAFETY: non-null (checked above); per the header contract it came from
+        // Box::into_raw in llmrt_model_load, was not freed, and no other thread uses it.
         drop(unsafe { Box::from_raw(model) });
         Ok(())
     });
@@ -368,7 +387,10 @@ fn copy_cstr<const N: usize>(dst: &mut [c_char; N], s: &str) {
 /// # Safety
 /// `model` is a live model; `out_info` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn llmrt_model_get_info(model: *const llmrt_model, out_info: *mut llmrt_model_info) -> llmrt_status {
+pub unsafe extern "C" fn llmrt_model_get_info(
+    model: *const llmrt_model,
+    out_info: *mut llmrt_model_info,
+) -> llmrt_status {
     boundary("llmrt_model_get_info", || {
         let m = model_ref(model)?;
         let out = need_mut(out_info, "out_info")?;
@@ -398,7 +420,8 @@ pub unsafe extern "C" fn llmrt_model_get_info(model: *const llmrt_model, out_inf
         };
         copy_cstr(&mut info.architecture, &i.architecture);
         copy_cstr(&mut info.device_name, &i.device_name);
-        // SAFETY: out_info is non-null and writable per the contract.
+        // SAFETY: checked non-null above (need_mut); the caller guarantees a writable
+        // llmrt_model_info per the header contract.
         unsafe { out.write(info) };
         Ok(())
     })
@@ -412,14 +435,15 @@ pub unsafe extern "C" fn llmrt_model_get_info(model: *const llmrt_model, out_inf
 /// # Safety
 /// `model` is a live model; `out_cache` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn llmrt_cache_reserve(model: *mut llmrt_model, positions: u32, out_cache: *mut llmrt_cache) -> llmrt_status {
+pub unsafe extern "C" fn llmrt_cache_reserve(
+    model: *mut llmrt_model,
+    positions: u32,
+    out_cache: *mut llmrt_cache,
+) -> llmrt_status {
     boundary("llmrt_cache_reserve", || {
         let m = model_ref(model)?;
-        let out = need_mut(out_cache, "out_cache")?;
-        let id = m.cache_reserve(positions)?;
-        // SAFETY: non-null and writable per the contract.
-        unsafe { out.write(id) };
-        Ok(())
+        // SAFETY: the caller guarantees out_cache is NULL or writable per the header contract.
+        unsafe { write_out(out_cache, "out_cache", || m.cache_reserve(positions)) }
     })
 }
 
@@ -437,14 +461,15 @@ pub unsafe extern "C" fn llmrt_cache_release(model: *mut llmrt_model, cache: llm
 /// # Safety
 /// `model` is a live model; `out_positions` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn llmrt_cache_length(model: *const llmrt_model, cache: llmrt_cache, out_positions: *mut u32) -> llmrt_status {
+pub unsafe extern "C" fn llmrt_cache_length(
+    model: *const llmrt_model,
+    cache: llmrt_cache,
+    out_positions: *mut u32,
+) -> llmrt_status {
     boundary("llmrt_cache_length", || {
         let m = model_ref(model)?;
-        let out = need_mut(out_positions, "out_positions")?;
-        let n = m.cache_length(cache)?;
-        // SAFETY: non-null and writable per the contract.
-        unsafe { out.write(n) };
-        Ok(())
+        // SAFETY: the caller guarantees out_positions is NULL or writable per the header contract.
+        unsafe { write_out(out_positions, "out_positions", || m.cache_length(cache)) }
     })
 }
 
@@ -455,7 +480,11 @@ pub unsafe extern "C" fn llmrt_cache_length(model: *const llmrt_model, cache: ll
 /// # Safety
 /// `model` is a live model.
 #[no_mangle]
-pub unsafe extern "C" fn llmrt_cache_truncate(model: *mut llmrt_model, cache: llmrt_cache, positions: u32) -> llmrt_status {
+pub unsafe extern "C" fn llmrt_cache_truncate(
+    model: *mut llmrt_model,
+    cache: llmrt_cache,
+    positions: u32,
+) -> llmrt_status {
     boundary("llmrt_cache_truncate", || model_ref(model)?.cache_truncate(cache, positions))
 }
 
@@ -465,19 +494,26 @@ pub unsafe extern "C" fn llmrt_cache_truncate(model: *mut llmrt_model, cache: ll
 /// # Safety
 /// `model` is a live model; `out_cache` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn llmrt_cache_fork(model: *mut llmrt_model, source: llmrt_cache, out_cache: *mut llmrt_cache) -> llmrt_status {
+pub unsafe extern "C" fn llmrt_cache_fork(
+    model: *mut llmrt_model,
+    source: llmrt_cache,
+    out_cache: *mut llmrt_cache,
+) -> llmrt_status {
     boundary("llmrt_cache_fork", || {
         let m = model_ref(model)?;
-        let out = need_mut(out_cache, "out_cache")?;
-        let id = m.cache_fork(source)?;
-        // SAFETY: non-null and writable per the contract.
-        unsafe { out.write(id) };
-        Ok(())
+        // SAFETY: the caller guarantees out_cache is NULL or writable per the header contract.
+        unsafe { write_out(out_cache, "out_cache", || m.cache_fork(source)) }
     })
 }
 
 /// Validates a token array's pointer and length before a slice is formed.
-fn token_slice<'a>(m: &Model, tokens: *const u32, n: usize, what: &str, cache: Option<llmrt_cache>) -> Result<&'a [u32]> {
+fn token_slice<'a>(
+    m: &Model,
+    tokens: *const u32,
+    n: usize,
+    what: &str,
+    cache: Option<llmrt_cache>,
+) -> Result<&'a [u32]> {
     let tokens = need(tokens, what)?;
     if n == 0 {
         return Err(Error::invalid(format!("{what}: length is 0")));
@@ -489,7 +525,8 @@ fn token_slice<'a>(m: &Model, tokens: *const u32, n: usize, what: &str, cache: O
         }
         return Err(Error::context_full(format!("{n} tokens exceed the context length {ctx}")));
     }
-    // SAFETY: non-null; the caller promises n readable u32s; n <= context length.
+    // SAFETY: checked non-null above; the caller guarantees n readable u32s per the header
+    // contract; n <= context length bounds the slice.
     Ok(unsafe { std::slice::from_raw_parts(tokens, n) })
 }
 
@@ -501,7 +538,7 @@ unsafe fn out_floats<'a>(p: *mut f32, n: usize) -> Option<&'a mut [f32]> {
     if p.is_null() {
         None
     } else {
-        // SAFETY: per the function contract.
+        // SAFETY: non-null in this branch; n writable floats per this function's contract.
         Some(unsafe { std::slice::from_raw_parts_mut(p, n) })
     }
 }
@@ -524,7 +561,7 @@ pub unsafe extern "C" fn llmrt_prefill(
     boundary("llmrt_prefill", || {
         let m = model_ref(model)?;
         let toks = token_slice(m, tokens, n_tokens, "tokens", Some(cache))?;
-        // SAFETY: per the contract, vocab_size floats.
+        // SAFETY: the header contract makes last_logits NULL or vocab_size writable floats.
         let out = unsafe { out_floats(last_logits, m.info().vocab_size as usize) };
         m.prefill(cache, toks, out, false)
     })
@@ -550,7 +587,8 @@ pub unsafe extern "C" fn llmrt_prefill_all(
             .checked_mul(m.info().vocab_size as usize)
             .ok_or_else(|| Error::invalid("n_tokens * vocab_size overflows"))?;
         need_mut(all_logits, "all_logits")?;
-        // SAFETY: non-null, n_tokens * vocab_size floats per the contract.
+        // SAFETY: checked non-null above; the caller guarantees n_tokens * vocab_size writable
+        // floats per the header contract (the product checked for overflow above).
         let out = unsafe { out_floats(all_logits, n) };
         m.prefill(cache, toks, out, true)
     })
@@ -569,7 +607,8 @@ fn batch<'a>(n: usize, caches: *const llmrt_cache, tokens: *const u32) -> Result
     if n > MAX_BATCH {
         return Err(Error::invalid(format!("n = {n} caches exceeds the largest batch, {MAX_BATCH}")));
     }
-    // SAFETY: non-null; the caller promises n elements; n is bounded by MAX_BATCH.
+    // SAFETY: both checked non-null above; the caller guarantees n elements each per the
+    // header contract; n <= MAX_BATCH bounds the slices.
     Ok(unsafe { (std::slice::from_raw_parts(caches, n), std::slice::from_raw_parts(tokens, n)) })
 }
 
@@ -591,7 +630,8 @@ pub unsafe extern "C" fn llmrt_decode(
     boundary("llmrt_decode", || {
         let m = model_ref(model)?;
         let (c, t) = batch(n, caches, tokens)?;
-        // SAFETY: per the contract, n * vocab_size floats (n bounded above).
+        // SAFETY: the header contract makes logits NULL or n * vocab_size writable floats;
+        // n <= MAX_BATCH (checked in batch), so the product does not overflow.
         let out = unsafe { out_floats(logits, n * m.info().vocab_size as usize) };
         m.decode(c, t, out)
     })
@@ -616,7 +656,8 @@ pub unsafe extern "C" fn llmrt_decode_greedy(
         let next = need_mut(next_tokens, "next_tokens")?;
         let mut ids = vec![0u32; n];
         m.decode_greedy(c, t, &mut ids)?;
-        // SAFETY: non-null, n writable u32s per the contract.
+        // SAFETY: next_tokens checked non-null above; the caller guarantees n writable u32s
+        // per the header contract (n <= MAX_BATCH, checked in batch).
         unsafe { std::slice::from_raw_parts_mut(next, n) }.copy_from_slice(&ids);
         Ok(())
     })

@@ -1,6 +1,6 @@
 //! Text and sampling entry points (tokenize, detokenize, sampled decode).
 
-use super::{boundary, llmrt_cache, llmrt_model, model_ref, need, need_mut, MAX_BATCH};
+use super::{batch, boundary, llmrt_cache, llmrt_model, model_ref, need, need_mut};
 use crate::error::llmrt_status;
 use crate::sample::SamplerParams;
 use crate::{Error, Result};
@@ -47,40 +47,25 @@ fn default_params() -> llmrt_sampler_params {
 #[no_mangle]
 pub unsafe extern "C" fn llmrt_sampler_params_default(params: *mut llmrt_sampler_params) {
     if !params.is_null() {
-        // SAFETY: the caller promises a writable llmrt_sampler_params.
+        // SAFETY: checked non-null just above; the caller guarantees writable memory of
+        // sizeof(llmrt_sampler_params) per the header contract.
         unsafe { params.write(default_params()) };
     }
 }
 
-/// Reads a caller's sampler params, honouring struct_size.
+/// Reads a caller's sampler params, honouring struct_size, and validates them.
 ///
 /// # Safety
-/// `p` points to at least `struct_size` readable bytes.
+/// `p` is non-null and points to at least `struct_size` readable bytes (and 4 for struct_size).
 unsafe fn read_params(p: *const llmrt_sampler_params) -> Result<SamplerParams> {
-    // SAFETY: struct_size is the first field.
-    let size = unsafe { std::ptr::addr_of!((*p).struct_size).read_unaligned() } as usize;
-    if size < 8 {
-        return Err(Error::invalid(format!(
-            "params.struct_size is {size}; set it with llmrt_sampler_params_default (sizeof = {})",
-            std::mem::size_of::<llmrt_sampler_params>()
-        )));
-    }
-    let mut o = default_params();
-    macro_rules! field {
-        ($f:ident) => {
-            let off = std::mem::offset_of!(llmrt_sampler_params, $f);
-            if off + std::mem::size_of_val(&o.$f) <= size {
-                // SAFETY: the field lies inside the caller's struct_size bytes.
-                o.$f = unsafe { std::ptr::addr_of!((*p).$f).read_unaligned() };
-            }
-        };
-    }
-    field!(temperature);
-    field!(top_k);
-    field!(top_p);
-    field!(min_p);
-    field!(repetition_penalty);
-    field!(seed);
+    let o = read_sized!(
+        p,
+        llmrt_sampler_params,
+        default_params(),
+        "params",
+        "llmrt_sampler_params_default",
+        [temperature, top_k, top_p, min_p, repetition_penalty, seed]
+    )?;
     let s = SamplerParams {
         temperature: o.temperature,
         top_k: o.top_k,
@@ -110,23 +95,19 @@ pub unsafe extern "C" fn llmrt_decode_sample(
 ) -> llmrt_status {
     boundary("llmrt_decode_sample", || {
         let m = model_ref(model)?;
-        let caches = need(caches, "caches")?;
-        let tokens = need(tokens, "tokens")?;
+        // The NULL checks in the order callers see them: caches, tokens, params, next_tokens.
+        need(caches, "caches")?;
+        need(tokens, "tokens")?;
         let params = need(params, "params")?;
         let next = need_mut(next_tokens, "next_tokens")?;
-        if n == 0 {
-            return Err(Error::invalid("n = 0: a decode step needs at least one cache"));
-        }
-        if n > MAX_BATCH {
-            return Err(Error::invalid(format!("n = {n} caches exceeds the largest batch, {MAX_BATCH}")));
-        }
-        // SAFETY: non-null; the caller promises a valid struct.
+        let (c, t) = batch(n, caches, tokens)?;
+        // SAFETY: checked non-null above; the caller guarantees a valid llmrt_sampler_params
+        // of at least its struct_size bytes per the header contract.
         let p = unsafe { read_params(params)? };
-        // SAFETY: non-null, n elements per the contract, n bounded by MAX_BATCH.
-        let (c, t) = unsafe { (std::slice::from_raw_parts(caches, n), std::slice::from_raw_parts(tokens, n)) };
         let mut ids = vec![0u32; n];
         m.decode_sample(c, t, &p, &mut ids)?;
-        // SAFETY: non-null, n writable u32s per the contract.
+        // SAFETY: next_tokens checked non-null above; the caller guarantees n writable u32s
+        // per the header contract (n <= MAX_BATCH, checked in batch).
         unsafe { std::slice::from_raw_parts_mut(next, n) }.copy_from_slice(&ids);
         Ok(())
     })
@@ -156,36 +137,15 @@ pub unsafe extern "C" fn llmrt_tokenize(
     boundary("llmrt_tokenize", || {
         let m = model_ref(model)?;
         let out_n = need_mut(out_n, "out_n")?;
-        let bytes: &[u8] = if text_len == 0 {
-            &[]
-        } else {
-            let text = need(text, "text")?;
-            if text_len > isize::MAX as usize {
-                return Err(Error::invalid(format!("text_len = {text_len} is too large")));
-            }
-            // SAFETY: non-null, text_len readable bytes per the contract.
-            unsafe { std::slice::from_raw_parts(text.cast::<u8>(), text_len) }
-        };
+        // SAFETY: the caller guarantees text holds text_len readable bytes per the header contract.
+        let bytes = unsafe { in_slice(text.cast::<u8>(), text_len, "text", "text_len")? };
         if capacity > 0 {
             need_mut(tokens, "tokens")?;
         }
         let ids = m.tokenize(bytes, add_bos)?;
-        if ids.len() > capacity {
-            // SAFETY: non-null, writable per the contract.
-            unsafe { out_n.write(ids.len()) };
-            return Err(Error::buffer_too_small(format!(
-                "{} tokens do not fit in capacity {capacity}",
-                ids.len()
-            )));
-        }
-        if !ids.is_empty() {
-            let tokens = need_mut(tokens, "tokens")?;
-            // SAFETY: non-null, capacity >= ids.len() writable u32s per the contract.
-            unsafe { std::slice::from_raw_parts_mut(tokens, ids.len()) }.copy_from_slice(&ids);
-        }
-        // SAFETY: non-null, writable per the contract.
-        unsafe { out_n.write(ids.len()) };
-        Ok(())
+        // SAFETY: the caller guarantees tokens holds capacity writable u32s (or is NULL with
+        // capacity 0) per the header contract; out_n was checked non-null above and is writable.
+        unsafe { write_items(&ids, tokens, capacity, out_n, "tokens", "tokens") }
     })
 }
 
@@ -208,19 +168,12 @@ pub unsafe extern "C" fn llmrt_detokenize(
     boundary("llmrt_detokenize", || {
         let m = model_ref(model)?;
         let out_len = need_mut(out_len, "out_len")?;
-        let ids: &[u32] = if n_tokens == 0 {
-            &[]
-        } else {
-            let tokens = need(tokens, "tokens")?;
-            if n_tokens > (isize::MAX as usize) / 4 {
-                return Err(Error::invalid(format!("n_tokens = {n_tokens} is too large")));
-            }
-            // SAFETY: non-null, n_tokens readable u32s per the contract.
-            unsafe { std::slice::from_raw_parts(tokens, n_tokens) }
-        };
+        // SAFETY: the caller guarantees tokens holds n_tokens readable u32s per the header contract.
+        let ids = unsafe { in_slice(tokens, n_tokens, "tokens", "n_tokens")? };
         let bytes = m.detokenize(ids)?;
-        // SAFETY: text holds capacity bytes or is NULL; out_len is non-null and writable.
-        unsafe { write_bytes(&bytes, text, capacity, out_len) }
+        // SAFETY: the caller guarantees text holds capacity writable bytes (or is NULL with
+        // capacity 0) per the header contract; out_len was checked non-null above.
+        unsafe { write_items(&bytes, text.cast::<u8>(), capacity, out_len, "text", "bytes") }
     })
 }
 
@@ -245,30 +198,62 @@ pub unsafe extern "C" fn llmrt_token_piece(
         let m = model_ref(model)?;
         let out_len = need_mut(out_len, "out_len")?;
         let bytes = m.token_piece(token)?;
-        // SAFETY: as in llmrt_detokenize.
-        unsafe { write_bytes(&bytes, text, capacity, out_len) }
+        // SAFETY: as in llmrt_detokenize: text holds capacity writable bytes or is NULL with
+        // capacity 0 (header contract); out_len was checked non-null above.
+        unsafe { write_items(&bytes, text.cast::<u8>(), capacity, out_len, "text", "bytes") }
     })
 }
 
-/// Copies `bytes` to a caller's buffer, or reports the size needed.
+/// A caller's input array of `n` items: empty when `n` is 0 (then `p` may be NULL), else
+/// `p` must be non-null (LLMRT_INVALID_ARGUMENT naming `what`) and `n` small enough to be a
+/// slice (else LLMRT_INVALID_ARGUMENT naming `len_name`).
 ///
 /// # Safety
-/// `text` holds `capacity` writable bytes or is NULL; `out_len` is non-null and writable.
-unsafe fn write_bytes(bytes: &[u8], text: *mut c_char, capacity: usize, out_len: *mut usize) -> Result<()> {
+/// When `n > 0` and `p` is non-null, `p` points to `n` readable `T`s that stay unchanged
+/// for `'a` (the call).
+unsafe fn in_slice<'a, T>(p: *const T, n: usize, what: &str, len_name: &str) -> Result<&'a [T]> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    let p = need(p, what)?;
+    if n > isize::MAX as usize / std::mem::size_of::<T>() {
+        return Err(Error::invalid(format!("{len_name} = {n} is too large")));
+    }
+    // SAFETY: checked non-null and n * size_of::<T>() <= isize::MAX above; n readable items
+    // per this function's contract.
+    Ok(unsafe { std::slice::from_raw_parts(p, n) })
+}
+
+/// Copies `items` to a caller's buffer `buf` of `capacity` items and sets `*out_len` to
+/// their count; when they do not fit, sets `*out_len` to the count needed and returns
+/// LLMRT_BUFFER_TOO_SMALL (`unit` names the items in the message). `buf` may be NULL
+/// only with capacity 0 (else LLMRT_INVALID_ARGUMENT naming `what`).
+///
+/// # Safety
+/// `buf` holds `capacity` writable items or is NULL; `out_len` is non-null and writable.
+unsafe fn write_items<T: Copy>(
+    items: &[T],
+    buf: *mut T,
+    capacity: usize,
+    out_len: *mut usize,
+    what: &str,
+    unit: &str,
+) -> Result<()> {
     if capacity > 0 {
-        need_mut(text, "text")?;
+        need_mut(buf, what)?;
     }
-    if bytes.len() > capacity {
-        // SAFETY: non-null, writable per the contract.
-        unsafe { out_len.write(bytes.len()) };
-        return Err(Error::buffer_too_small(format!("{} bytes do not fit in capacity {capacity}", bytes.len())));
+    if items.len() > capacity {
+        // SAFETY: non-null and writable per this function's contract.
+        unsafe { out_len.write(items.len()) };
+        return Err(Error::buffer_too_small(format!("{} {unit} do not fit in capacity {capacity}", items.len())));
     }
-    if !bytes.is_empty() {
-        let text = need_mut(text, "text")?;
-        // SAFETY: non-null, capacity >= bytes.len() writable bytes per the contract.
-        unsafe { std::slice::from_raw_parts_mut(text.cast::<u8>(), bytes.len()) }.copy_from_slice(bytes);
+    if !items.is_empty() {
+        let buf = need_mut(buf, what)?;
+        // SAFETY: checked non-null; capacity >= items.len() writable items per this
+        // function's contract.
+        unsafe { std::slice::from_raw_parts_mut(buf, items.len()) }.copy_from_slice(items);
     }
-    // SAFETY: non-null, writable per the contract.
-    unsafe { out_len.write(bytes.len()) };
+    // SAFETY: non-null and writable per this function's contract.
+    unsafe { out_len.write(items.len()) };
     Ok(())
 }

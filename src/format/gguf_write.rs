@@ -42,12 +42,7 @@ impl Default for GgufWriter {
 impl GgufWriter {
     /// An empty version-3 file with alignment 32.
     pub fn new() -> Self {
-        GgufWriter {
-            version: 3,
-            alignment: DEFAULT_ALIGNMENT,
-            kvs: Vec::new(),
-            tensors: Vec::new(),
-        }
+        GgufWriter { version: 3, alignment: DEFAULT_ALIGNMENT, kvs: Vec::new(), tensors: Vec::new() }
     }
 
     /// The version number written into the header (2 and 3 share one layout;
@@ -74,13 +69,7 @@ impl GgufWriter {
 
     /// Add a tensor with any ggml type id (unsupported or unknown types).
     pub fn tensor_raw(&mut self, name: &str, ne: &[u64], ggml_type: u32, data: Vec<u8>) {
-        self.tensors.push(TensorEntry {
-            name: name.to_string(),
-            ne: ne.to_vec(),
-            ggml_type,
-            data,
-            streamed: None,
-        });
+        self.tensors.push(TensorEntry { name: name.to_string(), ne: ne.to_vec(), ggml_type, data, streamed: None });
     }
 
     /// Add a tensor whose data is written later by [`Self::write_streamed`]'s
@@ -121,7 +110,10 @@ impl GgufWriter {
                     let mut c = Counting { inner: &mut f, n: 0 };
                     fill(i, &mut c)?;
                     if c.n != len {
-                        return Err(std::io::Error::other(format!("tensor {}: wrote {} bytes, expected {len}", t.name, c.n)));
+                        return Err(std::io::Error::other(format!(
+                            "tensor {}: wrote {} bytes, expected {len}",
+                            t.name, c.n
+                        )));
                     }
                 }
                 None => f.write_all(&t.data)?,
@@ -169,9 +161,7 @@ impl GgufWriter {
     fn header(&self) -> (Vec<u8>, Vec<u64>) {
         let align = self.effective_alignment();
         let mut kvs: Vec<(&str, Value)> = Vec::with_capacity(self.kvs.len() + 1);
-        if self.alignment != DEFAULT_ALIGNMENT
-            && !self.kvs.iter().any(|(k, _)| k == "general.alignment")
-        {
+        if self.alignment != DEFAULT_ALIGNMENT && !self.kvs.iter().any(|(k, _)| k == "general.alignment") {
             kvs.push(("general.alignment", Value::U32(self.alignment as u32)));
         }
         kvs.extend(self.kvs.iter().map(|(k, v)| (k.as_str(), v.clone())));
@@ -260,13 +250,7 @@ fn put_value(out: &mut Vec<u8>, v: &Value) {
             out.extend_from_slice(&et.to_le_bytes());
             out.extend_from_slice(&(a.len() as u64).to_le_bytes());
             for e in a {
-                assert_eq!(
-                    e.type_id(),
-                    et,
-                    "GGUF arrays are homogeneous: {:?} in an array of type {}",
-                    e,
-                    et
-                );
+                assert_eq!(e.type_id(), et, "GGUF arrays are homogeneous: {:?} in an array of type {}", e, et);
                 put_value(out, e);
             }
         }

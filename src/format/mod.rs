@@ -45,10 +45,10 @@ impl WeightFile for gguf::Gguf {
 /// Environment variable: when set to `1`, model files are read into owned memory
 /// at load instead of being memory-mapped (see docs/RELIABILITY.md, "Files that
 /// change under a mapping"). Costs a copy of the weights in RAM and the read time.
-pub const LOAD_COPY_ENV: &str = "LLMRT_LOAD_COPY";
+pub(crate) const LOAD_COPY_ENV: &str = "LLMRT_LOAD_COPY";
 
 /// Whether [`LOAD_COPY_ENV`] asks for owned copies.
-pub fn load_copy_requested() -> bool {
+pub(crate) fn load_copy_requested() -> bool {
     std::env::var_os(LOAD_COPY_ENV).is_some_and(|v| v == "1")
 }
 
@@ -77,7 +77,10 @@ impl FileBytes {
             })?;
             (&file).take(len).read_to_end(&mut v).map_err(|e| Error::io(format!("{shown}: cannot read: {e}")))?;
             if v.len() as u64 != len {
-                return Err(Error::io(format!("{shown}: read {} of {len} bytes (the file shrank while loading)", v.len())));
+                return Err(Error::io(format!(
+                    "{shown}: read {} of {len} bytes (the file shrank while loading)",
+                    v.len()
+                )));
             }
             return Ok(FileBytes::Owned(v));
         }

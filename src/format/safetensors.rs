@@ -168,9 +168,7 @@ fn parse(backing: Backing, path: PathBuf) -> Result<SafeTensors> {
     let data_len = len - data_start;
     let header: serde_json::Value = serde_json::from_slice(&b[8..data_start as usize])
         .map_err(|e| Error::bad_model(format!("{shown}: header (bytes 8..{data_start}) is not valid JSON: {e}")))?;
-    let obj = header
-        .as_object()
-        .ok_or_else(|| Error::bad_model(format!("{shown}: header is not a JSON object")))?;
+    let obj = header.as_object().ok_or_else(|| Error::bad_model(format!("{shown}: header is not a JSON object")))?;
     let mut tensors = Vec::with_capacity(obj.len());
     for (name, v) in obj {
         if name == "__metadata__" {
@@ -178,7 +176,8 @@ fn parse(backing: Backing, path: PathBuf) -> Result<SafeTensors> {
         }
         let bad = |what: &str| Error::bad_model(format!("{shown}: tensor {name}: {what}"));
         let e = v.as_object().ok_or_else(|| bad("entry is not a JSON object"))?;
-        let dtype_s = e.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| bad("\"dtype\" is missing or not a string"))?;
+        let dtype_s =
+            e.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| bad("\"dtype\" is missing or not a string"))?;
         let shape: Vec<u64> = e
             .get("shape")
             .and_then(|s| s.as_array())
@@ -241,7 +240,7 @@ fn parse(backing: Backing, path: PathBuf) -> Result<SafeTensors> {
 
 /// The safetensors files of a model directory: one `model.safetensors`, or the
 /// shards listed by `model.safetensors.index.json`.
-pub struct Checkpoint {
+pub(crate) struct Checkpoint {
     pub files: Vec<Arc<SafeTensors>>,
     /// Tensor name -> (index into `files`, index into that file's `tensors`).
     by_name: HashMap<String, (usize, usize)>,
@@ -258,10 +257,7 @@ impl Checkpoint {
         }
         let single = dir.join(SINGLE_FILE);
         if !single.exists() {
-            return Err(Error::io(format!(
-                "{}: neither {SINGLE_FILE} nor {INDEX_FILE} is present",
-                dir.display()
-            )));
+            return Err(Error::io(format!("{}: neither {SINGLE_FILE} nor {INDEX_FILE} is present", dir.display())));
         }
         let f = SafeTensors::open(&single)?;
         let by_name = f.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), (0, i))).collect();
@@ -337,11 +333,6 @@ impl Checkpoint {
     pub fn tensor(&self, name: &str) -> Option<(usize, &StTensor)> {
         self.by_name.get(name).map(|&(f, t)| (f, &self.files[f].tensors[t]))
     }
-
-    /// All tensor names (any order).
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.by_name.keys().map(|s| s.as_str())
-    }
 }
 
 #[cfg(test)]
@@ -383,12 +374,15 @@ mod tests {
 
     #[test]
     fn rejects_bad_tensors() {
-        let e = SafeTensors::from_bytes(file(r#"{"q":{"dtype":"I8","shape":[4],"data_offsets":[0,4]}}"#, 4), "t").unwrap_err();
+        let e = SafeTensors::from_bytes(file(r#"{"q":{"dtype":"I8","shape":[4],"data_offsets":[0,4]}}"#, 4), "t")
+            .unwrap_err();
         assert_eq!(e.status, crate::Status::LLMRT_UNSUPPORTED);
         assert!(e.message.contains("q") && e.message.contains("I8"), "{}", e.message);
-        let e = SafeTensors::from_bytes(file(r#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,12]}}"#, 16), "t").unwrap_err();
+        let e = SafeTensors::from_bytes(file(r#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,12]}}"#, 16), "t")
+            .unwrap_err();
         assert!(e.message.contains("w") && e.message.contains("needs 16"), "{}", e.message);
-        let e = SafeTensors::from_bytes(file(r#"{"w":{"dtype":"F16","shape":[4],"data_offsets":[0,8]}}"#, 4), "t").unwrap_err();
+        let e = SafeTensors::from_bytes(file(r#"{"w":{"dtype":"F16","shape":[4],"data_offsets":[0,8]}}"#, 4), "t")
+            .unwrap_err();
         assert_eq!(e.status, crate::Status::LLMRT_BAD_MODEL);
         assert!(e.message.contains("[0, 8]") && e.message.contains("outside"), "{}", e.message);
         let h = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#;

@@ -26,13 +26,23 @@
 //!
 //! No Unicode normalisation is applied (llama.cpp applies none); a tokenizer.json NFC normalizer
 //! is accepted and not applied: text already in NFC tokenizes as HF does.
+//!
+//! Files: this one holds the [`Tokenizer`] type, its shared construction (`build`) and the
+//! encode/decode API; `load_gguf.rs`, `load_sp_model.rs` (with `protobuf.rs`) and
+//! `load_hf_json.rs` are the three loaders; `spm.rs` and `bpe.rs` the two encoders;
+//! `pretok.rs` the byte-level pre-tokenizers and byte map.
 
+mod bpe;
+mod load_gguf;
+mod load_hf_json;
+mod load_sp_model;
 mod pretok;
+mod protobuf;
+mod spm;
 
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
-use crate::format::gguf::{Gguf, Value};
 use pretok::Pre;
 
 /// Token types, as GGUF `tokenizer.ggml.token_type` and sentencepiece number them.
@@ -133,10 +143,15 @@ impl Tokenizer {
             return Err(bad(src, format!("{n} tokens: more than u32 ids")));
         }
         if p.types.len() != n || p.scores.len() != n {
-            return Err(bad(src, format!(
-                "inconsistent tokenizer: {} tokens, {} token types, {} scores",
-                n, p.types.len(), p.scores.len()
-            )));
+            return Err(bad(
+                src,
+                format!(
+                    "inconsistent tokenizer: {} tokens, {} token types, {} scores",
+                    n,
+                    p.types.len(),
+                    p.scores.len()
+                ),
+            ));
         }
         for (what, id) in [("bos", p.bos), ("eos", p.eos), ("unknown", p.unk)] {
             if let Some(id) = id {
@@ -152,9 +167,9 @@ impl Tokenizer {
         let mut ranks = HashMap::with_capacity(p.merges.len());
         for (r, (a, b)) in p.merges.iter().enumerate() {
             let look = |s: &str| {
-                ids.get(s).copied().ok_or_else(|| {
-                    bad(src, format!("merge {} ({a:?} {b:?}) names {s:?}, which is not a token", r))
-                })
+                ids.get(s)
+                    .copied()
+                    .ok_or_else(|| bad(src, format!("merge {} ({a:?} {b:?}) names {s:?}, which is not a token", r)))
             };
             let (ia, ib) = (look(a)?, look(b)?);
             let im = look(&format!("{a}{b}"))?;
@@ -174,18 +189,11 @@ impl Tokenizer {
         let mut specials: Vec<u32> = match p.specials {
             Some(v) => v,
             None => (0..n as u32)
-                .filter(|&i| {
-                    matches!(
-                        p.types[i as usize],
-                        TokType::Control | TokType::UserDefined | TokType::Unknown
-                    )
-                })
+                .filter(|&i| matches!(p.types[i as usize], TokType::Control | TokType::UserDefined | TokType::Unknown))
                 .collect(),
         };
         specials.retain(|&i| (i as usize) < n && !p.tokens[i as usize].is_empty());
-        specials.sort_by(|&a, &b| {
-            p.tokens[b as usize].len().cmp(&p.tokens[a as usize].len()).then(a.cmp(&b))
-        });
+        specials.sort_by(|&a, &b| p.tokens[b as usize].len().cmp(&p.tokens[a as usize].len()).then(a.cmp(&b)));
         specials.dedup();
         Ok(Tokenizer {
             tokens: p.tokens,
@@ -203,417 +211,6 @@ impl Tokenizer {
             unk: p.unk,
             add_bos: p.add_bos,
         })
-    }
-
-    /// From GGUF metadata (`tokenizer.ggml.*`). `Ok(None)` when the file has no tokenizer
-    /// (no `tokenizer.ggml.model`, or model "none"/"no_vocab"). Unknown models or
-    /// pre-tokenizers -> LLMRT_UNSUPPORTED; missing, mistyped or inconsistent arrays, merges
-    /// naming unknown tokens, special ids >= vocab -> LLMRT_BAD_MODEL.
-    pub fn from_gguf(g: &Gguf) -> Result<Option<Tokenizer>> {
-        let src = g.path.display().to_string();
-        let src = src.as_str();
-        let kind = match g.get_str("tokenizer.ggml.model")? {
-            None | Some("none") | Some("no_vocab") => return Ok(None),
-            Some(k) => k.to_string(),
-        };
-        let tokens = gguf_strings(g, "tokenizer.ggml.tokens", src)?
-            .ok_or_else(|| bad(src, "tokenizer.ggml.tokens missing"))?;
-        let n = tokens.len();
-        let scores = match g.get("tokenizer.ggml.scores") {
-            None => vec![0.0; n],
-            Some(Value::Array(a)) => a
-                .iter()
-                .enumerate()
-                .map(|(i, v)| match v {
-                    Value::F32(x) => Ok(*x),
-                    Value::F64(x) => Ok(*x as f32),
-                    _ => Err(bad(src, format!("tokenizer.ggml.scores[{i}] is {}, expected F32", v.type_name()))),
-                })
-                .collect::<Result<Vec<f32>>>()?,
-            Some(v) => return Err(bad(src, format!("tokenizer.ggml.scores is {}, expected an ARRAY", v.type_name()))),
-        };
-        let types = match g.get("tokenizer.ggml.token_type") {
-            None => vec![TokType::Normal; n],
-            Some(Value::Array(a)) => a
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    let x = match v {
-                        Value::I32(x) => Some(*x as i64),
-                        Value::U32(x) => Some(*x as i64),
-                        Value::I8(x) => Some(*x as i64),
-                        Value::U8(x) => Some(*x as i64),
-                        Value::I16(x) => Some(*x as i64),
-                        Value::U16(x) => Some(*x as i64),
-                        Value::I64(x) => Some(*x),
-                        Value::U64(x) => i64::try_from(*x).ok(),
-                        _ => None,
-                    };
-                    x.and_then(TokType::from_i64).ok_or_else(|| {
-                        bad(src, format!("tokenizer.ggml.token_type[{i}] is {v:?}, expected a token type 0..=6"))
-                    })
-                })
-                .collect::<Result<Vec<TokType>>>()?,
-            Some(v) => return Err(bad(src, format!("tokenizer.ggml.token_type is {}, expected an ARRAY", v.type_name()))),
-        };
-        let id = |key: &str| -> Result<Option<u32>> { g.get_u32(key) };
-        let (model, prefix, merges, bos, eos, unk, add_bos) = match kind.as_str() {
-            "llama" => {
-                let sp = g.get_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
-                let dflt = |key: &str, d: u32| -> Result<Option<u32>> {
-                    Ok(id(key)?.or(if (d as usize) < n { Some(d) } else { None }))
-                };
-                (
-                    Model::Spm,
-                    if sp { Prefix::Always } else { Prefix::Never },
-                    vec![],
-                    dflt("tokenizer.ggml.bos_token_id", 1)?,
-                    dflt("tokenizer.ggml.eos_token_id", 2)?,
-                    dflt("tokenizer.ggml.unknown_token_id", 0)?,
-                    g.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(true),
-                )
-            }
-            "gpt2" => {
-                let pre_name = g.get_str("tokenizer.ggml.pre")?.unwrap_or("default");
-                let (pre, ignore_merges, add_bos) = match pre_name {
-                    "default" | "gpt2" | "gpt-2" => (Pre::Gpt2, false, false),
-                    "llama3" | "llama-bpe" | "llama-v3" => (Pre::Llama3, true, true),
-                    "qwen2" => (Pre::Qwen2, false, false),
-                    other => {
-                        return Err(Error::unsupported(format!(
-                            "{src}: tokenizer.ggml.pre {other:?} (supported: default, gpt2, llama3, llama-bpe, qwen2)"
-                        )))
-                    }
-                };
-                let merges = gguf_strings(g, "tokenizer.ggml.merges", src)?
-                    .ok_or_else(|| bad(src, "tokenizer.ggml.merges missing (required for a gpt2 tokenizer)"))?;
-                let merges = merges
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, m)| split_merge(&m).ok_or_else(|| bad(src, format!("tokenizer.ggml.merges[{i}] {m:?} is not \"left right\""))))
-                    .collect::<Result<Vec<_>>>()?;
-                let sp = g.get_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(false);
-                if sp {
-                    return Err(Error::unsupported(format!("{src}: add_space_prefix with a gpt2 tokenizer")));
-                }
-                (
-                    Model::Bpe { byte_level: true, pre, ignore_merges },
-                    Prefix::Never,
-                    merges,
-                    id("tokenizer.ggml.bos_token_id")?,
-                    id("tokenizer.ggml.eos_token_id")?,
-                    id("tokenizer.ggml.unknown_token_id")?,
-                    g.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(add_bos),
-                )
-            }
-            other => {
-                return Err(Error::unsupported(format!(
-                    "{src}: tokenizer.ggml.model {other:?} (supported: llama, gpt2)"
-                )))
-            }
-        };
-        Tokenizer::build(
-            Parts { tokens, types, scores, merges, model, prefix, prefix_unless_space: false, bos, eos, unk, add_bos, specials: None },
-            src,
-        )
-        .map(Some)
-    }
-
-    /// From a sentencepiece `.model` file (ModelProto) of type BPE (Llama 1/2, Mistral v0.1).
-    /// Unigram models -> LLMRT_UNSUPPORTED; malformed protobuf -> LLMRT_BAD_MODEL.
-    pub fn from_sentencepiece_model(bytes: &[u8], path_for_messages: &str) -> Result<Tokenizer> {
-        let src = path_for_messages;
-        let mut tokens = Vec::new();
-        let mut scores = Vec::new();
-        let mut types = Vec::new();
-        let (mut model_type, mut unk, mut bos, mut eos) = (1i64, 0i64, 1i64, 2i64);
-        let mut dummy = true;
-        for f in proto_fields(bytes, src)? {
-            match (f.num, f.val) {
-                (1, PVal::Bytes(b)) => {
-                    let (mut piece, mut score, mut ty) = (None, 0.0f32, 1i64);
-                    for g in proto_fields(b, src)? {
-                        match (g.num, g.val) {
-                            (1, PVal::Bytes(s)) => {
-                                piece = Some(String::from_utf8(s.to_vec()).map_err(|_| {
-                                    bad(src, format!("piece {} is not UTF-8", tokens.len()))
-                                })?)
-                            }
-                            (2, PVal::Fixed32(x)) => score = f32::from_bits(x),
-                            (3, PVal::Varint(x)) => ty = x as i64,
-                            _ => {}
-                        }
-                    }
-                    let piece = piece.ok_or_else(|| bad(src, format!("piece {} has no text", tokens.len())))?;
-                    let t = TokType::from_i64(ty)
-                        .ok_or_else(|| bad(src, format!("piece {} has type {ty}", tokens.len())))?;
-                    tokens.push(piece);
-                    scores.push(score);
-                    types.push(t);
-                }
-                (2, PVal::Bytes(b)) => {
-                    for g in proto_fields(b, src)? {
-                        match (g.num, g.val) {
-                            (3, PVal::Varint(x)) => model_type = x as i64,
-                            (40, PVal::Varint(x)) => unk = x as i32 as i64,
-                            (41, PVal::Varint(x)) => bos = x as i32 as i64,
-                            (42, PVal::Varint(x)) => eos = x as i32 as i64,
-                            _ => {}
-                        }
-                    }
-                }
-                (3, PVal::Bytes(b)) => {
-                    for g in proto_fields(b, src)? {
-                        if let (3, PVal::Varint(x)) = (g.num, g.val) {
-                            dummy = x != 0;
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        if model_type != 2 {
-            return Err(Error::unsupported(format!(
-                "{src}: sentencepiece model type {model_type} (only BPE = 2 is supported; 1 = unigram)"
-            )));
-        }
-        let opt = |x: i64| u32::try_from(x).ok();
-        Tokenizer::build(
-            Parts {
-                tokens,
-                types,
-                scores,
-                merges: vec![],
-                model: Model::Spm,
-                prefix: if dummy { Prefix::Always } else { Prefix::Never },
-                prefix_unless_space: false,
-                bos: opt(bos),
-                eos: opt(eos),
-                unk: opt(unk),
-                add_bos: true,
-                specials: None,
-            },
-            src,
-        )
-    }
-
-    /// From a Hugging Face `tokenizer.json` (+ optional `tokenizer_config.json` for
-    /// `add_bos_token`, `bos_token`, `eos_token`). Supported: model `BPE` with a byte-level
-    /// pre-tokenizer (`ByteLevel`, or `Split` with the gpt2 / llama3 / qwen2 regex followed by
-    /// `ByteLevel`), or SentencePiece-style (`Metaspace` pre-tokenizer, or the legacy
-    /// `Prepend("▁")`+`Replace(" ", "▁")` normalizer) with `byte_fallback`. Other shapes ->
-    /// LLMRT_UNSUPPORTED naming the part; malformed JSON or inconsistent vocab -> LLMRT_BAD_MODEL.
-    pub fn from_hf_json(
-        tokenizer_json: &[u8],
-        tokenizer_config: Option<&[u8]>,
-        path_for_messages: &str,
-    ) -> Result<Tokenizer> {
-        use serde_json::Value as J;
-        let src = path_for_messages;
-        let j: J = serde_json::from_slice(tokenizer_json).map_err(|e| bad(src, format!("invalid JSON: {e}")))?;
-        let cfg: Option<J> = match tokenizer_config {
-            None => None,
-            Some(b) => Some(serde_json::from_slice(b).map_err(|e| bad(src, format!("tokenizer_config: invalid JSON: {e}")))?),
-        };
-        let unsup = |what: String| Error::unsupported(format!("{src}: {what}"));
-        let m = j.get("model").ok_or_else(|| bad(src, "no \"model\""))?;
-        let mtype = m.get("type").and_then(J::as_str).unwrap_or("");
-        if mtype != "BPE" {
-            return Err(unsup(format!("tokenizer model type {mtype:?} (only BPE is supported)")));
-        }
-        for k in ["continuing_subword_prefix", "end_of_word_suffix"] {
-            match m.get(k) {
-                None | Some(J::Null) => {}
-                Some(J::String(s)) if s.is_empty() => {}
-                Some(v) => return Err(unsup(format!("BPE {k} {v}"))),
-            }
-        }
-        match m.get("dropout") {
-            None | Some(J::Null) => {}
-            Some(v) if v.as_f64() == Some(0.0) => {}
-            Some(v) => return Err(unsup(format!("BPE dropout {v}"))),
-        }
-        let byte_fallback = m.get("byte_fallback").and_then(J::as_bool).unwrap_or(false);
-        let ignore_merges = m.get("ignore_merges").and_then(J::as_bool).unwrap_or(false);
-        // vocab + added tokens
-        let vocab = m.get("vocab").and_then(J::as_object).ok_or_else(|| bad(src, "model.vocab is not an object"))?;
-        let mut by_id: HashMap<u32, (String, TokType)> = HashMap::new();
-        for (t, v) in vocab {
-            let id = v.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| bad(src, format!("vocab id of {t:?} is {v}")))?;
-            if by_id.insert(id, (t.clone(), TokType::Normal)).is_some() {
-                return Err(bad(src, format!("vocab id {id} given twice")));
-            }
-        }
-        let mut specials = vec![];
-        if let Some(added) = j.get("added_tokens") {
-            let added = added.as_array().ok_or_else(|| bad(src, "added_tokens is not an array"))?;
-            for (i, a) in added.iter().enumerate() {
-                let id = a.get("id").and_then(J::as_u64).and_then(|x| u32::try_from(x).ok())
-                    .ok_or_else(|| bad(src, format!("added_tokens[{i}] has no valid id")))?;
-                let content = a.get("content").and_then(J::as_str)
-                    .ok_or_else(|| bad(src, format!("added_tokens[{i}] has no content")))?;
-                let special = a.get("special").and_then(J::as_bool).unwrap_or(false);
-                let ty = if special { TokType::Control } else { TokType::UserDefined };
-                if let Some((t, _)) = by_id.get(&id) {
-                    if t != content {
-                        return Err(bad(src, format!("added_tokens[{i}] id {id} is {content:?} but the vocab has {t:?}")));
-                    }
-                }
-                by_id.insert(id, (content.to_string(), ty));
-                specials.push(id);
-            }
-        }
-        let n = by_id.len();
-        let mut tokens = Vec::with_capacity(n);
-        let mut types = Vec::with_capacity(n);
-        for i in 0..n as u32 {
-            let (t, ty) = by_id.remove(&i).ok_or_else(|| bad(src, format!("token ids are not contiguous: id {i} missing ({n} tokens)")))?;
-            tokens.push(t);
-            types.push(ty);
-        }
-        for (i, t) in tokens.iter().enumerate() {
-            if byte_fallback && types[i] == TokType::Normal && t.len() == 6 && t.starts_with("<0x") && t.ends_with('>') {
-                types[i] = TokType::Byte;
-            }
-        }
-        let merges = match m.get("merges") {
-            None | Some(J::Null) => vec![],
-            Some(J::Array(a)) => a
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    let r = match v {
-                        J::String(s) => split_merge(s),
-                        J::Array(p) if p.len() == 2 => match (p[0].as_str(), p[1].as_str()) {
-                            (Some(x), Some(y)) => Some((x.to_string(), y.to_string())),
-                            _ => None,
-                        },
-                        _ => None,
-                    };
-                    r.ok_or_else(|| bad(src, format!("merges[{i}] is {v}, expected \"left right\" or [left, right]")))
-                })
-                .collect::<Result<Vec<_>>>()?,
-            Some(v) => return Err(bad(src, format!("merges is {v}"))),
-        };
-        let tok_id = |name: &str| -> Option<u32> { tokens.iter().position(|t| t == name).map(|i| i as u32) };
-        let unk = match m.get("unk_token") {
-            None | Some(J::Null) => None,
-            Some(J::String(s)) => Some(tok_id(s).ok_or_else(|| bad(src, format!("unk_token {s:?} is not a token")))?),
-            Some(v) => return Err(bad(src, format!("unk_token is {v}"))),
-        };
-        // normalizer
-        let mut legacy_prefix = false;
-        let norm = j.get("normalizer").unwrap_or(&J::Null);
-        let norm_list: Vec<&J> = match norm.get("type").and_then(J::as_str) {
-            None => vec![],
-            Some("Sequence") => norm.get("normalizers").and_then(J::as_array).map(|a| a.iter().collect()).unwrap_or_default(),
-            Some(_) => vec![norm],
-        };
-        let mut replace_space = false;
-        for nz in norm_list {
-            match nz.get("type").and_then(J::as_str).unwrap_or("") {
-                "NFC" => {}
-                "Prepend" if nz.get("prepend").and_then(J::as_str) == Some("▁") => legacy_prefix = true,
-                "Replace"
-                    if nz.get("pattern").and_then(|p| p.get("String")).and_then(J::as_str) == Some(" ")
-                        && nz.get("content").and_then(J::as_str) == Some("▁") =>
-                {
-                    replace_space = true
-                }
-                t => return Err(unsup(format!("normalizer {t:?} ({nz})"))),
-            }
-        }
-        // pre-tokenizer
-        let pt = j.get("pre_tokenizer").unwrap_or(&J::Null);
-        let pt_list: Vec<&J> = match pt.get("type").and_then(J::as_str) {
-            None => vec![],
-            Some("Sequence") => pt.get("pretokenizers").and_then(J::as_array).map(|a| a.iter().collect()).unwrap_or_default(),
-            Some(_) => vec![pt],
-        };
-        let desc = |v: &J| v.to_string();
-        let mut metaspace = false;
-        let (model, prefix) = match pt_list.as_slice() {
-            [] if replace_space => (
-                Model::Bpe { byte_level: false, pre: Pre::Whole, ignore_merges },
-                if legacy_prefix { Prefix::Always } else { Prefix::Never },
-            ),
-            [one] if one.get("type").and_then(J::as_str) == Some("Metaspace") => {
-                if one.get("replacement").and_then(J::as_str).unwrap_or("▁") != "▁" {
-                    return Err(unsup(format!("Metaspace replacement other than ▁ ({})", desc(one))));
-                }
-                if one.get("split").and_then(J::as_bool).unwrap_or(true) {
-                    return Err(unsup(format!("Metaspace with split = true ({})", desc(one))));
-                }
-                let scheme = one.get("prepend_scheme").and_then(J::as_str).map(str::to_string).unwrap_or_else(|| {
-                    if one.get("add_prefix_space").and_then(J::as_bool).unwrap_or(true) { "always".into() } else { "never".into() }
-                });
-                let prefix = match scheme.as_str() {
-                    "always" => Prefix::Always,
-                    "first" => Prefix::First,
-                    "never" => Prefix::Never,
-                    s => return Err(unsup(format!("Metaspace prepend_scheme {s:?}"))),
-                };
-                metaspace = true;
-                (Model::Bpe { byte_level: false, pre: Pre::Whole, ignore_merges }, prefix)
-            }
-            [one] if one.get("type").and_then(J::as_str) == Some("ByteLevel") => {
-                check_byte_level(one, src)?;
-                let pre = if one.get("use_regex").and_then(J::as_bool).unwrap_or(true) { Pre::Gpt2 } else { Pre::Whole };
-                (Model::Bpe { byte_level: true, pre, ignore_merges }, Prefix::Never)
-            }
-            [split, bl]
-                if split.get("type").and_then(J::as_str) == Some("Split")
-                    && bl.get("type").and_then(J::as_str) == Some("ByteLevel") =>
-            {
-                check_byte_level(bl, src)?;
-                if bl.get("use_regex").and_then(J::as_bool).unwrap_or(true) {
-                    return Err(unsup("Split followed by ByteLevel with use_regex = true".into()));
-                }
-                let re = split.get("pattern").and_then(|p| p.get("Regex")).and_then(J::as_str)
-                    .ok_or_else(|| unsup(format!("Split pattern {}", desc(split))))?;
-                let behavior = split.get("behavior").and_then(J::as_str).unwrap_or("");
-                let invert = split.get("invert").and_then(J::as_bool).unwrap_or(false);
-                if behavior != "Isolated" || invert {
-                    return Err(unsup(format!("Split behavior {behavior:?} invert {invert}")));
-                }
-                let pre = pretok::pre_for_regex(re).ok_or_else(|| unsup(format!("Split regex {re:?} (known: gpt2, llama3, qwen2)")))?;
-                (Model::Bpe { byte_level: true, pre, ignore_merges }, Prefix::Never)
-            }
-            _ => return Err(unsup(format!("pre_tokenizer {}", desc(pt)))),
-        };
-        if let Model::Bpe { byte_level: false, .. } = model {
-            if !byte_fallback && unk.is_none() {
-                // Characters outside the vocabulary would vanish silently.
-                return Err(unsup("SentencePiece-style BPE without byte_fallback or unk_token".into()));
-            }
-        }
-        // specials from the config / post-processor
-        let cfg_tok = |key: &str| -> Option<String> {
-            let v = cfg.as_ref()?.get(key)?;
-            match v {
-                J::String(s) => Some(s.clone()),
-                J::Object(o) => o.get("content").and_then(J::as_str).map(str::to_string),
-                _ => None,
-            }
-        };
-        let bos = match cfg_tok("bos_token") {
-            Some(s) => Some(tok_id(&s).ok_or_else(|| bad(src, format!("bos_token {s:?} is not a token")))?),
-            None => None,
-        };
-        let eos = match cfg_tok("eos_token") {
-            Some(s) => Some(tok_id(&s).ok_or_else(|| bad(src, format!("eos_token {s:?} is not a token")))?),
-            None => None,
-        };
-        let add_bos = cfg
-            .as_ref()
-            .and_then(|c| c.get("add_bos_token"))
-            .and_then(J::as_bool)
-            .unwrap_or(false);
-        let scores = vec![0.0; tokens.len()];
-        Tokenizer::build(
-            Parts { tokens, types, scores, merges, model, prefix, prefix_unless_space: metaspace, bos, eos, unk, add_bos, specials: Some(specials) },
-            src,
-        )
     }
 
     /// Number of token ids.
@@ -646,9 +243,8 @@ impl Tokenizer {
     /// the text are recognised (see the module documentation). Invalid UTF-8 ->
     /// LLMRT_INVALID_ARGUMENT naming the byte offset.
     pub fn encode(&self, text: &[u8], add_bos: bool) -> Result<Vec<u32>> {
-        let text = std::str::from_utf8(text).map_err(|e| {
-            Error::invalid(format!("text is not valid UTF-8 at byte offset {}", e.valid_up_to()))
-        })?;
+        let text = std::str::from_utf8(text)
+            .map_err(|e| Error::invalid(format!("text is not valid UTF-8 at byte offset {}", e.valid_up_to())))?;
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_bos {
             if let Some(b) = self.bos {
@@ -708,10 +304,7 @@ impl Tokenizer {
 
     fn check_ids(&self, ids: &[u32]) -> Result<()> {
         if let Some((i, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= self.tokens.len()) {
-            return Err(Error::invalid(format!(
-                "token id {id} at index {i} >= vocabulary size {}",
-                self.tokens.len()
-            )));
+            return Err(Error::invalid(format!("token id {id} at index {i} >= vocabulary size {}", self.tokens.len())));
         }
         Ok(())
     }
@@ -811,161 +404,6 @@ impl Tokenizer {
             out.push(u);
         }
     }
-
-    /// SentencePiece BPE (llama.cpp llm_tokenizer_spm_session).
-    fn spm(&self, s: &str, out: &mut Vec<u32>) {
-        #[derive(Clone, Copy)]
-        struct Sym {
-            start: usize,
-            len: usize,
-            prev: usize,
-            next: usize,
-        }
-        const NONE: usize = usize::MAX;
-        let mut syms: Vec<Sym> = Vec::new();
-        for (i, c) in s.char_indices() {
-            let k = syms.len();
-            syms.push(Sym { start: i, len: c.len_utf8(), prev: if k == 0 { NONE } else { k - 1 }, next: k + 1 });
-        }
-        if let Some(l) = syms.last_mut() {
-            l.next = NONE;
-        }
-        #[derive(PartialEq)]
-        struct Big {
-            score: f32,
-            left: usize,
-            right: usize,
-            size: usize,
-        }
-        impl Eq for Big {}
-        impl Ord for Big {
-            fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-                self.score.total_cmp(&o.score).then(o.left.cmp(&self.left))
-            }
-        }
-        impl PartialOrd for Big {
-            fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-                Some(self.cmp(o))
-            }
-        }
-        let mut heap = std::collections::BinaryHeap::new();
-        let try_add = |heap: &mut std::collections::BinaryHeap<Big>, syms: &[Sym], l: usize, r: usize| {
-            if l == NONE || r == NONE {
-                return;
-            }
-            let a = syms[l].start;
-            let size = syms[l].len + syms[r].len;
-            if let Some(&id) = self.ids.get(&s[a..a + size]) {
-                heap.push(Big { score: self.scores[id as usize], left: l, right: r, size });
-            }
-        };
-        for i in 1..syms.len() {
-            try_add(&mut heap, &syms, i - 1, i);
-        }
-        while let Some(b) = heap.pop() {
-            let (l, r) = (b.left, b.right);
-            if syms[l].len == 0 || syms[r].len == 0 || syms[l].len + syms[r].len != b.size || syms[l].next != r {
-                continue;
-            }
-            syms[l].len += syms[r].len;
-            syms[r].len = 0;
-            syms[l].next = syms[r].next;
-            if syms[r].next != NONE {
-                let n = syms[r].next;
-                syms[n].prev = l;
-            }
-            try_add(&mut heap, &syms, syms[l].prev, l);
-            try_add(&mut heap, &syms, l, syms[l].next);
-        }
-        let mut i = if syms.is_empty() { NONE } else { 0 };
-        while i != NONE {
-            let p = &s[syms[i].start..syms[i].start + syms[i].len];
-            match self.ids.get(p) {
-                Some(&id) => out.push(id),
-                None => self.fallback(p, out),
-            }
-            i = syms[i].next;
-        }
-    }
-
-    /// Rank-driven BPE of one word (llama.cpp llm_tokenizer_bpe_session / HF BPE).
-    fn bpe_word(&self, w: &str, ignore_merges: bool, out: &mut Vec<u32>) {
-        if w.is_empty() {
-            return;
-        }
-        if ignore_merges {
-            if let Some(&id) = self.ids.get(w) {
-                out.push(id);
-                return;
-            }
-        }
-        const NONE: usize = usize::MAX;
-        // (char start, char len, id, prev, next)
-        struct Sym {
-            start: usize,
-            len: usize,
-            id: Option<u32>,
-            prev: usize,
-            next: usize,
-        }
-        let mut syms: Vec<Sym> = Vec::new();
-        for (i, c) in w.char_indices() {
-            let k = syms.len();
-            let id = self.ids.get(&w[i..i + c.len_utf8()]).copied();
-            syms.push(Sym { start: i, len: c.len_utf8(), id, prev: if k == 0 { NONE } else { k - 1 }, next: k + 1 });
-        }
-        if let Some(l) = syms.last_mut() {
-            l.next = NONE;
-        }
-        // min-heap on (rank, left)
-        use std::cmp::Reverse;
-        // (rank, left, right, left id, right id)
-        type Entry = Reverse<(u32, usize, usize, u32, u32)>;
-        let mut heap: std::collections::BinaryHeap<Entry> = Default::default();
-        let rank_of = |syms: &[Sym], l: usize, r: usize| -> Option<(u32, u32, u32, u32)> {
-            let (a, b) = (syms[l].id?, syms[r].id?);
-            self.ranks.get(&(a, b)).map(|&(rank, m)| (rank, a, b, m))
-        };
-        for i in 1..syms.len() {
-            if let Some((rank, a, b, _)) = rank_of(&syms, i - 1, i) {
-                heap.push(Reverse((rank, i - 1, i, a, b)));
-            }
-        }
-        while let Some(Reverse((_, l, r, a, b))) = heap.pop() {
-            if syms[l].len == 0 || syms[r].len == 0 || syms[l].next != r || syms[l].id != Some(a) || syms[r].id != Some(b) {
-                continue;
-            }
-            let Some(&(_, m)) = self.ranks.get(&(a, b)) else { continue };
-            syms[l].len += syms[r].len;
-            syms[l].id = Some(m);
-            syms[r].len = 0;
-            syms[l].next = syms[r].next;
-            if syms[r].next != NONE {
-                let n = syms[r].next;
-                syms[n].prev = l;
-            }
-            let p = syms[l].prev;
-            if p != NONE {
-                if let Some((rank, a, b, _)) = rank_of(&syms, p, l) {
-                    heap.push(Reverse((rank, p, l, a, b)));
-                }
-            }
-            let n = syms[l].next;
-            if n != NONE {
-                if let Some((rank, a, b, _)) = rank_of(&syms, l, n) {
-                    heap.push(Reverse((rank, l, n, a, b)));
-                }
-            }
-        }
-        let mut i = 0;
-        while i != NONE {
-            match syms[i].id {
-                Some(id) => out.push(id),
-                None => self.fallback(&w[syms[i].start..syms[i].start + syms[i].len], out),
-            }
-            i = syms[i].next;
-        }
-    }
 }
 
 enum Frag<'a> {
@@ -994,89 +432,4 @@ fn split_merge(m: &str) -> Option<(String, String)> {
         return None;
     }
     Some((a.to_string(), b.to_string()))
-}
-
-fn check_byte_level(v: &serde_json::Value, src: &str) -> Result<()> {
-    if v.get("add_prefix_space").and_then(serde_json::Value::as_bool).unwrap_or(false) {
-        return Err(Error::unsupported(format!("{src}: ByteLevel add_prefix_space = true")));
-    }
-    Ok(())
-}
-
-fn gguf_strings(g: &Gguf, key: &str, src: &str) -> Result<Option<Vec<String>>> {
-    match g.get(key) {
-        None => Ok(None),
-        Some(Value::Array(a)) => a
-            .iter()
-            .enumerate()
-            .map(|(i, v)| match v {
-                Value::Str(s) => Ok(s.clone()),
-                _ => Err(bad(src, format!("{key}[{i}] is {}, expected STRING", v.type_name()))),
-            })
-            .collect::<Result<Vec<_>>>()
-            .map(Some),
-        Some(v) => Err(bad(src, format!("{key} is {}, expected an ARRAY of STRING", v.type_name()))),
-    }
-}
-
-// ------------------------------------------------------------------ minimal protobuf reader
-
-enum PVal<'a> {
-    Varint(u64),
-    Fixed64,
-    Fixed32(u32),
-    Bytes(&'a [u8]),
-}
-
-struct PField<'a> {
-    num: u64,
-    val: PVal<'a>,
-}
-
-fn proto_fields<'a>(b: &'a [u8], src: &str) -> Result<Vec<PField<'a>>> {
-    let mut out = Vec::new();
-    let mut p = 0usize;
-    let err = |p: usize, what: &str| bad(src, format!("malformed sentencepiece model at byte {p}: {what}"));
-    let varint = |p: &mut usize| -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let byte = *b.get(*p)?;
-            *p += 1;
-            v |= ((byte & 0x7F) as u64) << shift;
-            if byte & 0x80 == 0 {
-                return Some(v);
-            }
-        }
-        None
-    };
-    while p < b.len() {
-        let at = p;
-        let key = varint(&mut p).ok_or_else(|| err(at, "bad varint"))?;
-        let (num, wt) = (key >> 3, key & 7);
-        let val = match wt {
-            0 => PVal::Varint(varint(&mut p).ok_or_else(|| err(at, "bad varint"))?),
-            1 => {
-                let s = b.get(p..p + 8).ok_or_else(|| err(at, "truncated fixed64"))?;
-                p += 8;
-                let _ = s;
-                PVal::Fixed64
-            }
-            2 => {
-                let len = varint(&mut p).ok_or_else(|| err(at, "bad length"))?;
-                let len = usize::try_from(len).map_err(|_| err(at, "length too large"))?;
-                let end = p.checked_add(len).filter(|&e| e <= b.len()).ok_or_else(|| err(at, "truncated field"))?;
-                let s = &b[p..end];
-                p = end;
-                PVal::Bytes(s)
-            }
-            5 => {
-                let s = b.get(p..p + 4).ok_or_else(|| err(at, "truncated fixed32"))?;
-                p += 4;
-                PVal::Fixed32(u32::from_le_bytes(s.try_into().unwrap_or([0; 4])))
-            }
-            _ => return Err(err(at, &format!("wire type {wt}"))),
-        };
-        out.push(PField { num, val });
-    }
-    Ok(out)
 }

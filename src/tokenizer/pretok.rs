@@ -21,11 +21,11 @@ pub(crate) enum Pre {
     Whole,
 }
 
-pub(crate) const GPT2_REGEX: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+pub(crate) const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 pub(crate) const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 pub(crate) const LLAMA3_REGEX_ADAPTED: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-pub(crate) const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+pub(crate) const QWEN2_REGEX: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 pub(crate) const QWEN2_REGEX_ADAPTED: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The scanner for a Split regex of a tokenizer.json, when it is one we know.
@@ -40,15 +40,9 @@ pub(crate) fn pre_for_regex(re: &str) -> Option<Pre> {
 
 fn ranges(pattern: &str) -> Vec<(u32, u32)> {
     use regex_syntax::hir::{Class, HirKind};
-    let hir = regex_syntax::Parser::new()
-        .parse(pattern)
-        .expect("static class pattern");
+    let hir = regex_syntax::Parser::new().parse(pattern).expect("static class pattern");
     match hir.kind() {
-        HirKind::Class(Class::Unicode(c)) => c
-            .ranges()
-            .iter()
-            .map(|r| (r.start() as u32, r.end() as u32))
-            .collect(),
+        HirKind::Class(Class::Unicode(c)) => c.ranges().iter().map(|r| (r.start() as u32, r.end() as u32)).collect(),
         _ => unreachable!("static class pattern"),
     }
 }
@@ -352,7 +346,10 @@ mod tests {
 
     #[test]
     fn splits() {
-        assert_eq!(words(Pre::Llama3, "Hello  world 12345!!\n\n x"), ["Hello", " ", " world", " ", "123", "45", "!!\n\n", " x"]);
+        assert_eq!(
+            words(Pre::Llama3, "Hello  world 12345!!\n\n x"),
+            ["Hello", " ", " world", " ", "123", "45", "!!\n\n", " x"]
+        );
         assert_eq!(words(Pre::Qwen2, "ab 123"), ["ab", " ", "1", "2", "3"]);
         assert_eq!(words(Pre::Gpt2, "I'm  ok 42"), ["I", "'m", " ", " ok", " 42"]);
         assert_eq!(words(Pre::Llama3, "  "), ["  "]);

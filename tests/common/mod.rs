@@ -37,10 +37,12 @@ pub struct M {
     pub ctx: u32,
 }
 
+// SAFETY: the C API lets any thread call on a model (calls on one model are serialised inside the library).
 unsafe impl Send for M {}
 
 impl Drop for M {
     fn drop(&mut self) {
+        // SAFETY: self.ptr came from llmrt_model_load and is freed here only, once.
         unsafe { llmrt_model_free(self.ptr) }
     }
 }
@@ -60,19 +62,24 @@ pub fn try_load_with(
 ) -> Result<M, (Status, String)> {
     let c = CString::new(path.to_str().unwrap()).unwrap();
     let mut o = std::mem::MaybeUninit::<llmrt_model_options>::uninit();
+    // SAFETY: a pointer to a local MaybeUninit of the right type, written in full.
     unsafe { llmrt_model_options_default(o.as_mut_ptr()) };
+    // SAFETY: filled in by the llmrt_*_default (or get_info) call just above.
     let mut o = unsafe { o.assume_init() };
     o.backend = backend as u32;
     o.device = device;
     o.threads = threads;
     o.kv_cache_bytes = kv_bytes;
     let mut m = std::ptr::null_mut();
+    // SAFETY: c is a NUL-terminated CString, o filled options, m a local out-pointer.
     let s = unsafe { llmrt_model_load(c.as_ptr(), &o, &mut m) };
     if s != Status::LLMRT_OK {
         return Err((s, last_error()));
     }
     let mut info = std::mem::MaybeUninit::<llmrt_model_info>::uninit();
+    // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
     ok(unsafe { llmrt_model_get_info(m, info.as_mut_ptr()) }, "get_info");
+    // SAFETY: filled in by the llmrt_*_default (or get_info) call just above.
     let info = unsafe { info.assume_init() };
     Ok(M { ptr: m, vocab: info.vocab_size as usize, ctx: info.context_length })
 }
@@ -84,67 +91,83 @@ pub fn load(path: &Path) -> M {
 impl M {
     pub fn info(&self) -> llmrt_model_info {
         let mut info = std::mem::MaybeUninit::<llmrt_model_info>::uninit();
+        // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
         ok(unsafe { llmrt_model_get_info(self.ptr, info.as_mut_ptr()) }, "get_info");
+        // SAFETY: filled in by the llmrt_*_default (or get_info) call just above.
         unsafe { info.assume_init() }
     }
     pub fn reserve(&self, positions: u32) -> u64 {
         let mut c = 0;
+        // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
         ok(unsafe { llmrt_cache_reserve(self.ptr, positions, &mut c) }, "reserve");
         c
     }
     pub fn fork(&self, src: u64) -> u64 {
         let mut c = 0;
+        // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
         ok(unsafe { llmrt_cache_fork(self.ptr, src, &mut c) }, "fork");
         c
     }
     pub fn release(&self, c: u64) -> Status {
+        // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
         unsafe { llmrt_cache_release(self.ptr, c) }
     }
     pub fn truncate(&self, c: u64, n: u32) -> Status {
+        // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
         unsafe { llmrt_cache_truncate(self.ptr, c, n) }
     }
     pub fn len(&self, c: u64) -> u32 {
         let mut n = 0;
+        // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
         ok(unsafe { llmrt_cache_length(self.ptr, c, &mut n) }, "length");
         n
     }
     pub fn try_prefill_all(&self, c: u64, toks: &[u32]) -> Result<Vec<f32>, Status> {
         let mut out = vec![f32::NAN; toks.len() * self.vocab];
+        // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
         let s = unsafe { llmrt_prefill_all(self.ptr, c, toks.as_ptr(), toks.len(), out.as_mut_ptr()) };
-        if s == Status::LLMRT_OK { Ok(out) } else { Err(s) }
+        if s == Status::LLMRT_OK {
+            Ok(out)
+        } else {
+            Err(s)
+        }
     }
     pub fn prefill_all(&self, c: u64, toks: &[u32]) -> Vec<f32> {
         self.try_prefill_all(c, toks).unwrap_or_else(|s| panic!("prefill_all: {s:?} {}", last_error()))
     }
     pub fn prefill(&self, c: u64, toks: &[u32]) -> Vec<f32> {
         let mut out = vec![f32::NAN; self.vocab];
+        // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
         ok(unsafe { llmrt_prefill(self.ptr, c, toks.as_ptr(), toks.len(), out.as_mut_ptr()) }, "prefill");
         out
     }
     pub fn try_decode(&self, caches: &[u64], toks: &[u32]) -> Result<Vec<f32>, Status> {
         let mut out = vec![f32::NAN; caches.len() * self.vocab];
+        // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
         let s = unsafe { llmrt_decode(self.ptr, caches.len(), caches.as_ptr(), toks.as_ptr(), out.as_mut_ptr()) };
-        if s == Status::LLMRT_OK { Ok(out) } else { Err(s) }
+        if s == Status::LLMRT_OK {
+            Ok(out)
+        } else {
+            Err(s)
+        }
     }
     pub fn decode(&self, caches: &[u64], toks: &[u32]) -> Vec<f32> {
         self.try_decode(caches, toks).unwrap_or_else(|s| panic!("decode: {s:?} {}", last_error()))
     }
     pub fn decode_greedy(&self, caches: &[u64], toks: &[u32]) -> Vec<u32> {
         let mut out = vec![u32::MAX; caches.len()];
-        ok(unsafe { llmrt_decode_greedy(self.ptr, caches.len(), caches.as_ptr(), toks.as_ptr(), out.as_mut_ptr()) }, "decode_greedy");
+        ok(
+            // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
+            unsafe { llmrt_decode_greedy(self.ptr, caches.len(), caches.as_ptr(), toks.as_ptr(), out.as_mut_ptr()) },
+            "decode_greedy",
+        );
         out
     }
 }
 
-pub fn argmax(x: &[f32]) -> u32 {
-    let mut b = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[b] {
-            b = i;
-        }
-    }
-    b as u32
-}
+/// The library's argmax (first index on ties), which the greedy paths use too.
+#[allow(unused_imports)] // not every test binary takes the argmax
+pub use llmrt::util::argmax;
 
 /// Relative L2 error of `got` against `want`.
 pub fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
@@ -181,11 +204,13 @@ impl Fixture {
     pub fn all() -> Vec<Fixture> {
         let mut out = Vec::new();
         let Ok(rd) = std::fs::read_dir(fixtures()) else { return out };
-        let mut dirs: Vec<PathBuf> = rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("reference.json").exists()).collect();
+        let mut dirs: Vec<PathBuf> =
+            rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.join("reference.json").exists()).collect();
         dirs.sort();
         for dir in dirs {
             let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-            let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+            let json: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
             let logits = read_f32(&dir.join(json["logits_file"].as_str().unwrap()));
             out.push(Fixture {
                 name,

@@ -1,0 +1,256 @@
+//! Synthetic models of real shapes with random weights: written to a GGUF file
+//! (`--synth`), or built in memory by every thread (`synth:SHAPE:TYPE`).
+
+use crate::args::usage;
+use llmrt::format::gguf::Value;
+use llmrt::format::gguf_write::GgufWriter;
+use llmrt::quant::{quantize_row, DType};
+use llmrt::util::XorShift;
+use std::path::{Path, PathBuf};
+
+pub(crate) struct Shape {
+    name: &'static str,
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    pub(crate) ffn: usize,
+    vocab: usize,
+    ctx: usize,
+    theta: f32,
+}
+
+const TINYLLAMA: Shape = Shape {
+    name: "tinyllama-1.1b",
+    hidden: 2048,
+    layers: 22,
+    heads: 32,
+    kv_heads: 4,
+    ffn: 5632,
+    vocab: 32000,
+    ctx: 2048,
+    theta: 10000.0,
+};
+const LLAMA3_8B: Shape = Shape {
+    name: "llama3-8b",
+    hidden: 4096,
+    layers: 32,
+    heads: 32,
+    kv_heads: 8,
+    ffn: 14336,
+    vocab: 128256,
+    ctx: 8192,
+    theta: 500000.0,
+};
+
+pub(crate) fn shape_of(name: &str) -> &'static Shape {
+    match name {
+        "tinyllama" | "tinyllama-1.1b" => &TINYLLAMA,
+        "llama3-8b" | "llama-3-8b" | "llama3" => &LLAMA3_8B,
+        _ => usage(),
+    }
+}
+
+fn dtype_of(ty: &str) -> DType {
+    match ty {
+        "f16" => DType::F16,
+        "q8_0" => DType::Q8_0,
+        "q4_0" => DType::Q4_0,
+        "f32" => DType::F32,
+        _ => usage(),
+    }
+}
+
+/// The GGUF of a synthetic model with every tensor streamed, and the tensors as
+/// (name, ne0 = row length, rows; rows 0 for the F32 1-D norms).
+fn synth_writer(s: &Shape, dt: DType) -> (GgufWriter, Vec<(String, u64, u64)>) {
+    let hd = s.hidden / s.heads;
+    let mut g = GgufWriter::new();
+    g.kv("general.architecture", Value::Str("llama".into()));
+    g.kv("general.name", Value::Str(format!("synthetic {} ({})", s.name, dt.name())));
+    // ggml file types: 0 all F32, 1 mostly F16, 2 mostly Q4_0, 7 mostly Q8_0.
+    let ftype = match dt {
+        DType::F32 => 0u32,
+        DType::F16 => 1,
+        DType::Q4_0 => 2,
+        _ => 7,
+    };
+    g.kv("general.file_type", Value::U32(ftype));
+    g.kv("llama.context_length", Value::U32(s.ctx as u32));
+    g.kv("llama.embedding_length", Value::U32(s.hidden as u32));
+    g.kv("llama.block_count", Value::U32(s.layers as u32));
+    g.kv("llama.feed_forward_length", Value::U32(s.ffn as u32));
+    g.kv("llama.rope.dimension_count", Value::U32(hd as u32));
+    g.kv("llama.attention.head_count", Value::U32(s.heads as u32));
+    g.kv("llama.attention.head_count_kv", Value::U32(s.kv_heads as u32));
+    g.kv("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
+    g.kv("llama.rope.freq_base", Value::F32(s.theta));
+    g.kv("llama.vocab_size", Value::U32(s.vocab as u32));
+    // A minimal SentencePiece vocabulary of the right size: <unk> <s> </s>, the
+    // 256 byte tokens (llama.cpp looks up <0x0A>), then placeholders.
+    let mut tokens = vec![Value::Str("<unk>".into()), Value::Str("<s>".into()), Value::Str("</s>".into())];
+    let mut types = vec![Value::I32(2), Value::I32(3), Value::I32(3)];
+    for b in 0..256 {
+        tokens.push(Value::Str(format!("<0x{b:02X}>")));
+        types.push(Value::I32(6));
+    }
+    let mut i = 0;
+    while tokens.len() < s.vocab {
+        tokens.push(Value::Str(format!("\u{2581}t{i}")));
+        types.push(Value::I32(1));
+        i += 1;
+    }
+    let scores = (0..s.vocab).map(|i| Value::F32(-(i as f32))).collect();
+    g.kv("tokenizer.ggml.model", Value::Str("llama".into()));
+    g.kv("tokenizer.ggml.tokens", Value::Array(tokens));
+    g.kv("tokenizer.ggml.scores", Value::Array(scores));
+    g.kv("tokenizer.ggml.token_type", Value::Array(types));
+    g.kv("tokenizer.ggml.bos_token_id", Value::U32(1));
+    g.kv("tokenizer.ggml.eos_token_id", Value::U32(2));
+    g.kv("tokenizer.ggml.unknown_token_id", Value::U32(0));
+
+    // (name, ne0 = row length, rows); 1-D tensors (norms) are F32.
+    let (h, kvd) = (s.hidden as u64, (s.kv_heads * hd) as u64);
+    let mut mats: Vec<(String, u64, u64)> = vec![("token_embd.weight".into(), h, s.vocab as u64)];
+    for l in 0..s.layers {
+        mats.push((format!("blk.{l}.attn_norm.weight"), h, 0));
+        mats.push((format!("blk.{l}.attn_q.weight"), h, h));
+        mats.push((format!("blk.{l}.attn_k.weight"), h, kvd));
+        mats.push((format!("blk.{l}.attn_v.weight"), h, kvd));
+        mats.push((format!("blk.{l}.attn_output.weight"), h, h));
+        mats.push((format!("blk.{l}.ffn_norm.weight"), h, 0));
+        mats.push((format!("blk.{l}.ffn_gate.weight"), h, s.ffn as u64));
+        mats.push((format!("blk.{l}.ffn_up.weight"), h, s.ffn as u64));
+        mats.push((format!("blk.{l}.ffn_down.weight"), s.ffn as u64, h));
+    }
+    mats.push(("output_norm.weight".into(), h, 0));
+    mats.push(("output.weight".into(), h, s.vocab as u64));
+    for (name, n0, rows) in &mats {
+        if *rows == 0 {
+            g.tensor_streamed(name, &[*n0], DType::F32);
+        } else {
+            g.tensor_streamed(name, &[*n0, *rows], dt);
+        }
+    }
+    (g, mats)
+}
+
+pub(crate) fn synth(shape_name: &str, ty: &str, dir: &Path) -> std::io::Result<PathBuf> {
+    let s = shape_of(shape_name);
+    let dt = dtype_of(ty);
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(format!("{}-{}.gguf", s.name, ty));
+    let (g, mats) = synth_writer(s, dt);
+    let mut rng = XorShift::new(0x1234_5678_9ABC_DEF1);
+    g.write_streamed(&path, |i, out| {
+        let (_, n0, rows) = &mats[i];
+        let n0 = *n0 as usize;
+        if *rows == 0 {
+            let v: Vec<u8> = (0..n0).flat_map(|_| (1.0 + 0.1 * rng.normal()).to_le_bytes()).collect();
+            return out.write_all(&v);
+        }
+        let scale = 1.0 / (n0 as f32).sqrt();
+        let rb = dt.row_bytes(n0).expect("row length");
+        let mut x = vec![0f32; n0];
+        let mut buf = vec![0u8; rb];
+        for _ in 0..*rows {
+            for v in x.iter_mut() {
+                *v = rng.normal() * scale;
+            }
+            quantize_row(dt, &x, &mut buf);
+            out.write_all(&buf)?;
+        }
+        Ok(())
+    })?;
+    Ok(path)
+}
+
+/// Fills `out` (whole rows of `dt`, rows of `n0` elements) with random weights of
+/// magnitude about `1 / sqrt(n0)`, fast: random bits shaped into valid values, not
+/// a distribution (F16: random sign and mantissa under a fixed exponent; Q8_0/Q4_0:
+/// random quants under a fixed scale; F32: uniform).
+fn fill_random(dt: DType, n0: usize, out: &mut [u8], seed: u64) {
+    let mut r = XorShift::new(seed | 1);
+    let target = 1.0 / (n0 as f64).sqrt();
+    match dt {
+        DType::F16 => {
+            // |v| in [2^(e-15), 2^(e-14)), mean about 1.5 * 2^(e-15).
+            let e = (15.0 + (target / 1.5).log2().round()).clamp(1.0, 29.0) as u64;
+            let pat = (e << 10) * 0x0001_0001_0001_0001;
+            let mut ch = out.chunks_exact_mut(8);
+            for c in &mut ch {
+                c.copy_from_slice(&((r.next_u64() & 0x83FF_83FF_83FF_83FF) | pat).to_le_bytes());
+            }
+            for b in ch.into_remainder() {
+                *b = 0;
+            }
+        }
+        DType::Q8_0 | DType::Q4_0 => {
+            let (bb, std) = if dt == DType::Q8_0 { (34, 74.0) } else { (18, 4.6) };
+            let d = half::f16::from_f64(target / std).to_le_bytes();
+            for blk in out.chunks_exact_mut(bb) {
+                blk[..2].copy_from_slice(&d);
+                for c in blk[2..].chunks_mut(8) {
+                    let v = r.next_u64().to_le_bytes();
+                    c.copy_from_slice(&v[..c.len()]);
+                }
+            }
+        }
+        _ => {
+            for c in out.chunks_exact_mut(4) {
+                let u = (r.next_u64() >> 40) as f64 / (1u64 << 24) as f64 - 0.5;
+                c.copy_from_slice(&((u * 3.4 * target) as f32).to_le_bytes());
+            }
+        }
+    }
+}
+
+/// A synthetic model of `shape_name` in `ty` as GGUF bytes built in memory, every
+/// thread filling its share of each tensor.
+pub(crate) fn synth_bytes(shape_name: &str, ty: &str) -> Vec<u8> {
+    let s = shape_of(shape_name);
+    let dt = dtype_of(ty);
+    let (g, mats) = synth_writer(s, dt);
+    let (header, ranges) = g.streamed_layout();
+    let total = ranges.last().map_or(header.len() as u64, |(o, l)| o + l) as usize;
+    let mut bytes = vec![0u8; total];
+    bytes[..header.len()].copy_from_slice(&header);
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    // Split the buffer into the tensors' slices (in file order), then each slice into
+    // whole-row chunks handed to the threads.
+    let mut jobs: Vec<(DType, usize, &mut [u8], u64)> = Vec::new();
+    let mut rest: &mut [u8] = &mut bytes;
+    let mut at = 0u64;
+    for (i, ((_, n0, rows), (off, len))) in mats.iter().zip(&ranges).enumerate() {
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut((off - at) as usize);
+        let (t, tail) = tail.split_at_mut(*len as usize);
+        rest = tail;
+        at = off + len;
+        let n0 = *n0 as usize;
+        if *rows == 0 {
+            for c in t.chunks_exact_mut(4) {
+                c.copy_from_slice(&1.0f32.to_le_bytes());
+            }
+            continue;
+        }
+        let rb = dt.row_bytes(n0).expect("row length");
+        let rows_per = (*rows as usize).div_ceil(threads * 4).max(1);
+        for (k, c) in t.chunks_mut(rb * rows_per).enumerate() {
+            jobs.push((dt, n0, c, 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(((i as u64) << 20) | (k as u64 + 1))));
+        }
+    }
+    let per = jobs.len().div_ceil(threads);
+    std::thread::scope(|sc| {
+        let mut jobs = jobs;
+        while !jobs.is_empty() {
+            let take = per.min(jobs.len());
+            let mine: Vec<_> = jobs.drain(..take).collect();
+            sc.spawn(move || {
+                for (dt, n0, c, seed) in mine {
+                    fill_random(dt, n0, c, seed);
+                }
+            });
+        }
+    });
+    bytes
+}

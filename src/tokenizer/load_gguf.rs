@@ -1,0 +1,156 @@
+//! The tokenizer from GGUF metadata (`tokenizer.ggml.*`).
+
+use super::pretok::Pre;
+use super::{bad, split_merge, Model, Parts, Prefix, TokType, Tokenizer};
+use crate::error::{Error, Result};
+use crate::format::gguf::{Gguf, Value};
+
+impl Tokenizer {
+    /// From GGUF metadata (`tokenizer.ggml.*`). `Ok(None)` when the file has no tokenizer
+    /// (no `tokenizer.ggml.model`, or model "none"/"no_vocab"). Unknown models or
+    /// pre-tokenizers -> LLMRT_UNSUPPORTED; missing, mistyped or inconsistent arrays, merges
+    /// naming unknown tokens, special ids >= vocab -> LLMRT_BAD_MODEL.
+    pub fn from_gguf(g: &Gguf) -> Result<Option<Tokenizer>> {
+        let src = g.path.display().to_string();
+        let src = src.as_str();
+        let kind = match g.get_str("tokenizer.ggml.model")? {
+            None | Some("none") | Some("no_vocab") => return Ok(None),
+            Some(k) => k.to_string(),
+        };
+        let tokens =
+            gguf_strings(g, "tokenizer.ggml.tokens", src)?.ok_or_else(|| bad(src, "tokenizer.ggml.tokens missing"))?;
+        let n = tokens.len();
+        let scores = match g.get("tokenizer.ggml.scores") {
+            None => vec![0.0; n],
+            Some(Value::Array(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::F32(x) => Ok(*x),
+                    Value::F64(x) => Ok(*x as f32),
+                    _ => Err(bad(src, format!("tokenizer.ggml.scores[{i}] is {}, expected F32", v.type_name()))),
+                })
+                .collect::<Result<Vec<f32>>>()?,
+            Some(v) => return Err(bad(src, format!("tokenizer.ggml.scores is {}, expected an ARRAY", v.type_name()))),
+        };
+        let types = match g.get("tokenizer.ggml.token_type") {
+            None => vec![TokType::Normal; n],
+            Some(Value::Array(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    let x = match v {
+                        Value::I32(x) => Some(*x as i64),
+                        Value::U32(x) => Some(*x as i64),
+                        Value::I8(x) => Some(*x as i64),
+                        Value::U8(x) => Some(*x as i64),
+                        Value::I16(x) => Some(*x as i64),
+                        Value::U16(x) => Some(*x as i64),
+                        Value::I64(x) => Some(*x),
+                        Value::U64(x) => i64::try_from(*x).ok(),
+                        _ => None,
+                    };
+                    x.and_then(TokType::from_i64).ok_or_else(|| {
+                        bad(src, format!("tokenizer.ggml.token_type[{i}] is {v:?}, expected a token type 0..=6"))
+                    })
+                })
+                .collect::<Result<Vec<TokType>>>()?,
+            Some(v) => {
+                return Err(bad(src, format!("tokenizer.ggml.token_type is {}, expected an ARRAY", v.type_name())))
+            }
+        };
+        let id = |key: &str| -> Result<Option<u32>> { g.get_u32(key) };
+        let (model, prefix, merges, bos, eos, unk, add_bos) = match kind.as_str() {
+            "llama" => {
+                let sp = g.get_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
+                let dflt = |key: &str, d: u32| -> Result<Option<u32>> {
+                    Ok(id(key)?.or(if (d as usize) < n { Some(d) } else { None }))
+                };
+                (
+                    Model::Spm,
+                    if sp { Prefix::Always } else { Prefix::Never },
+                    vec![],
+                    dflt("tokenizer.ggml.bos_token_id", 1)?,
+                    dflt("tokenizer.ggml.eos_token_id", 2)?,
+                    dflt("tokenizer.ggml.unknown_token_id", 0)?,
+                    g.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(true),
+                )
+            }
+            "gpt2" => {
+                let pre_name = g.get_str("tokenizer.ggml.pre")?.unwrap_or("default");
+                let (pre, ignore_merges, add_bos) = match pre_name {
+                    "default" | "gpt2" | "gpt-2" => (Pre::Gpt2, false, false),
+                    "llama3" | "llama-bpe" | "llama-v3" => (Pre::Llama3, true, true),
+                    "qwen2" => (Pre::Qwen2, false, false),
+                    other => {
+                        return Err(Error::unsupported(format!(
+                            "{src}: tokenizer.ggml.pre {other:?} (supported: default, gpt2, llama3, llama-bpe, qwen2)"
+                        )))
+                    }
+                };
+                let merges = gguf_strings(g, "tokenizer.ggml.merges", src)?
+                    .ok_or_else(|| bad(src, "tokenizer.ggml.merges missing (required for a gpt2 tokenizer)"))?;
+                let merges = merges
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, m)| {
+                        split_merge(&m)
+                            .ok_or_else(|| bad(src, format!("tokenizer.ggml.merges[{i}] {m:?} is not \"left right\"")))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let sp = g.get_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(false);
+                if sp {
+                    return Err(Error::unsupported(format!("{src}: add_space_prefix with a gpt2 tokenizer")));
+                }
+                (
+                    Model::Bpe { byte_level: true, pre, ignore_merges },
+                    Prefix::Never,
+                    merges,
+                    id("tokenizer.ggml.bos_token_id")?,
+                    id("tokenizer.ggml.eos_token_id")?,
+                    id("tokenizer.ggml.unknown_token_id")?,
+                    g.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(add_bos),
+                )
+            }
+            other => {
+                return Err(Error::unsupported(format!(
+                    "{src}: tokenizer.ggml.model {other:?} (supported: llama, gpt2)"
+                )))
+            }
+        };
+        Tokenizer::build(
+            Parts {
+                tokens,
+                types,
+                scores,
+                merges,
+                model,
+                prefix,
+                prefix_unless_space: false,
+                bos,
+                eos,
+                unk,
+                add_bos,
+                specials: None,
+            },
+            src,
+        )
+        .map(Some)
+    }
+}
+
+fn gguf_strings(g: &Gguf, key: &str, src: &str) -> Result<Option<Vec<String>>> {
+    match g.get(key) {
+        None => Ok(None),
+        Some(Value::Array(a)) => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::Str(s) => Ok(s.clone()),
+                _ => Err(bad(src, format!("{key}[{i}] is {}, expected STRING", v.type_name()))),
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some),
+        Some(v) => Err(bad(src, format!("{key} is {}, expected an ARRAY of STRING", v.type_name()))),
+    }
+}
