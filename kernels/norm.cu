@@ -16,15 +16,7 @@
 //   is the same rmsnorm_row on the updated row. Each thread adds exactly the elements it
 //   later reads in rmsnorm_row (same loop shape), so no barrier is needed between the two.
 //   Same launch shape as rmsnorm_f32.
-#include <cuda_fp16.h>
-
-#define FULL_MASK 0xffffffffu
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
-    return v;
-}
+#include "common.cuh"
 
 // Sum of v over the whole block; every thread gets the result.
 __device__ __forceinline__ float block_sum(float v) {

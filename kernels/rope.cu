@@ -13,9 +13,7 @@
 // checks slots). Tokens must have distinct slots.
 // Launch: grid = (n_tokens), block = (T), T a multiple of 32 (launcher: 128); each
 // thread owns whole pairs, so the in-place update is race-free.
-#include <cuda_fp16.h>
-
-#define BLOCK_POSITIONS 16
+#include "common.cuh"
 
 __device__ __forceinline__ void rot(float x0, float x1, float c, float s, float& y0, float& y1) {
     y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));

@@ -18,11 +18,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    sys, CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, ValidAsZeroBits,
+    sys, CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError,
+    ValidAsZeroBits,
 };
 
 use super::device::{driver_err, guarded, probe};
-use super::ops::{AttnShape, DevWeight, KvPool, MatmulPath, Ops, GEMM_MIN_TOKENS, PREFILL_TILE, SPLIT_MAX_GROUP};
+use super::ops::{
+    env_flag, AttnArgs, AttnShape, DevWeight, KvPool, KvWrite, MatmulPath, Ops, Qkv, RmsNorm, Rope, GEMM_MIN_TOKENS,
+    PREFILL_TILE, SPLIT_MAX_GROUP,
+};
 use super::DeviceInfo;
 use crate::backend::{Backend, Seq, Want};
 use crate::kv::{BlockCopy, BLOCK_POSITIONS};
@@ -104,12 +108,7 @@ pub struct MemoryPlan {
 /// `LLMRT_CUDA_GRAPHS` (default on; `LLMRT_CUDA_FAST=0` turns it off with the other fast
 /// paths; `LLMRT_CUDA_GRAPHS=1` turns it back on).
 fn graphs_enabled() -> bool {
-    let flag = |name: &str| match std::env::var(name).ok().as_deref().map(str::trim) {
-        Some("0") | Some("off") | Some("false") => Some(false),
-        Some("1") | Some("on") | Some("true") => Some(true),
-        _ => None,
-    };
-    flag("LLMRT_CUDA_GRAPHS").unwrap_or_else(|| flag("LLMRT_CUDA_FAST").unwrap_or(true))
+    env_flag("LLMRT_CUDA_GRAPHS").unwrap_or_else(|| env_flag("LLMRT_CUDA_FAST").unwrap_or(true))
 }
 
 /// A captured CUDA graph owned by one backend.
@@ -237,10 +236,34 @@ impl Scratch {
     /// Bytes held by the buffers.
     fn bytes(&self) -> u64 {
         let f = [
-            &self.x, &self.xn, &self.q, &self.k, &self.v, &self.att, &self.proj, &self.gate, &self.up, &self.cos,
-            &self.sin, &self.sel, &self.seln, &self.logits, &self.part_o, &self.part_ml,
+            &self.x,
+            &self.xn,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.att,
+            &self.proj,
+            &self.gate,
+            &self.up,
+            &self.cos,
+            &self.sin,
+            &self.sel,
+            &self.seln,
+            &self.logits,
+            &self.part_o,
+            &self.part_ml,
         ];
-        let u = [&self.ids, &self.seq, &self.pos, &self.slots, &self.block_tables, &self.rows, &self.next, &self.stage, &self.tiles];
+        let u = [
+            &self.ids,
+            &self.seq,
+            &self.pos,
+            &self.slots,
+            &self.block_tables,
+            &self.rows,
+            &self.next,
+            &self.stage,
+            &self.tiles,
+        ];
         4 * (f.iter().map(|b| b.len() as u64).sum::<u64>() + u.iter().map(|b| b.len() as u64).sum::<u64>())
     }
 }
@@ -279,7 +302,10 @@ fn mem_err(ctx: &Arc<CudaContext>, dev: &DeviceInfo, what: &str, bytes: usize, e
             Ok((free, total)) => format!("{free} of {total} bytes free"),
             Err(_) => format!("{} bytes total", dev.total_mem),
         };
-        Error::out_of_memory(format!("cuda:{} {}: out of device memory for {what} ({bytes} bytes; {free})", dev.ordinal, dev.name))
+        Error::out_of_memory(format!(
+            "cuda:{} {}: out of device memory for {what} ({bytes} bytes; {free})",
+            dev.ordinal, dev.name
+        ))
     } else {
         driver_err(&format!("allocating/uploading {what} ({bytes} bytes)"), e)
     }
@@ -299,7 +325,10 @@ struct Uploader<'a> {
 impl Uploader<'_> {
     fn upload<T: DeviceRepr>(&mut self, what: &str, host: &[T]) -> Result<CudaSlice<T>> {
         let bytes = std::mem::size_of_val(host);
-        let d = self.stream.clone_htod(host).map_err(|e| mem_err(self.ctx, self.dev, &format!("tensor {what}"), bytes, e))?;
+        let d = self
+            .stream
+            .clone_htod(host)
+            .map_err(|e| mem_err(self.ctx, self.dev, &format!("tensor {what}"), bytes, e))?;
         self.done += bytes as u64;
         (self.progress)((self.done as f64 / self.total.max(1) as f64).min(1.0) as f32);
         Ok(d)
@@ -327,7 +356,8 @@ fn grow<T: DeviceRepr + ValidAsZeroBits>(
 ) -> Result<bool> {
     if buf.len() < len {
         let bytes = len * std::mem::size_of::<T>();
-        *buf = stream.alloc_zeros::<T>(len).map_err(|e| mem_err(ctx, dev, &format!("scratch buffer {what}"), bytes, e))?;
+        *buf =
+            stream.alloc_zeros::<T>(len).map_err(|e| mem_err(ctx, dev, &format!("scratch buffer {what}"), bytes, e))?;
         return Ok(true);
     }
     Ok(false)
@@ -380,7 +410,8 @@ impl Plan {
     fn build(seqs: &[Seq<'_>], inv_freq: &[f64], n_blocks: usize, vocab: usize, bucket: usize) -> Result<Plan> {
         let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         let half = inv_freq.len();
-        let max_blocks = seqs.iter().map(|s| (s.start + s.tokens.len()).div_ceil(BLOCK_POSITIONS)).max().unwrap_or(1).max(1);
+        let max_blocks =
+            seqs.iter().map(|s| (s.start + s.tokens.len()).div_ceil(BLOCK_POSITIONS)).max().unwrap_or(1).max(1);
         let max_blocks = max_blocks.next_multiple_of(bucket.max(1));
         let mut p = Plan {
             ids: Vec::with_capacity(n),
@@ -419,7 +450,9 @@ impl Plan {
             }
             for (i, &tok) in s.tokens.iter().enumerate() {
                 if tok as usize >= vocab {
-                    return Err(Error::internal(format!("token id {tok} outside the vocabulary reached the CUDA step")));
+                    return Err(Error::internal(format!(
+                        "token id {tok} outside the vocabulary reached the CUDA step"
+                    )));
                 }
                 let pos = s.start + i;
                 let t = p.ids.len();
@@ -622,16 +655,6 @@ impl CudaBackend {
         self.kv_blocks
     }
 
-    /// What the device memory went to at load.
-    pub fn memory_plan(&self) -> MemoryPlan {
-        self.memory
-    }
-
-    /// The device this backend runs on.
-    pub fn device(&self) -> &DeviceInfo {
-        &self.info
-    }
-
     /// Runs the forward pass of a step up to the LM head; the wanted rows' logits
     /// are left in `self.s.logits` (and with `greedy` their argmax ids in `self.s.next`).
     /// Returns the number of wanted rows.
@@ -645,7 +668,8 @@ impl CudaBackend {
             return Ok(0);
         }
         let vocab = self.cfg.vocab_size;
-        let shape = AttnShape { n_heads: self.cfg.n_heads, n_kv_heads: self.cfg.n_kv_heads, head_dim: self.cfg.head_dim };
+        let shape =
+            AttnShape { n_heads: self.cfg.n_heads, n_kv_heads: self.cfg.n_kv_heads, head_dim: self.cfg.head_dim };
         let fast = self.ops.fast_paths();
         let decode = seqs.iter().all(|q| q.tokens.len() == 1);
         // Decode steps (one token per sequence) take the GEMV kernels, whose reduction
@@ -666,12 +690,21 @@ impl CudaBackend {
             None
         };
         // Tiled attention for prefill steps.
-        let n_tiles = if !decode && fast.prefill_attn && Ops::prefill_attention_fits(shape) { plan.tiles.len() / 2 } else { 0 };
+        let n_tiles =
+            if !decode && fast.prefill_attn && Ops::prefill_attention_fits(shape) { plan.tiles.len() / 2 } else { 0 };
         let l = Launch { n, nr, n_seqs: seqs.len(), max_blocks: plan.max_blocks, gemm, split, n_tiles, greedy };
 
         // Scratch for this launch shape; a regrown buffer invalidates the captured graphs.
         let CudaBackend { ctx, info, stream, cfg, s, graph_cache, .. } = self;
-        let mut grew = s.ensure(ctx, info, stream, cfg, n.next_power_of_two(), nr.next_power_of_two().max(1), plan.block_tables.len())?;
+        let mut grew = s.ensure(
+            ctx,
+            info,
+            stream,
+            cfg,
+            n.next_power_of_two(),
+            nr.next_power_of_two().max(1),
+            plan.block_tables.len(),
+        )?;
         if let Some((ns, _)) = split {
             let (po, pm) = Ops::split_scratch_len(n, shape, ns);
             grew |= grow(ctx, info, stream, &mut s.part_o, po, "split-KV partials")?;
@@ -705,7 +738,10 @@ impl CudaBackend {
     /// Captures [`Self::launch_step`] of launch shape `l` into a CUDA graph (nothing runs).
     fn capture(&mut self, l: Launch) -> Result<CudaGraph> {
         let cap_err = |what: &str, e: DriverError| {
-            driver_err(&format!("{what} (capturing the decode step's CUDA graph; LLMRT_CUDA_GRAPHS=0 runs without graphs)"), e)
+            driver_err(
+                &format!("{what} (capturing the decode step's CUDA graph; LLMRT_CUDA_GRAPHS=0 runs without graphs)"),
+                e,
+            )
         };
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
@@ -717,7 +753,10 @@ impl CudaBackend {
         let r = r.unwrap_or_else(|_| Err(Error::internal("panic while capturing the decode step's CUDA graph")));
         r.map_err(|e| Error {
             status: e.status,
-            message: format!("{} (while capturing the decode step's CUDA graph; LLMRT_CUDA_GRAPHS=0 runs without graphs)", e.message),
+            message: format!(
+                "{} (while capturing the decode step's CUDA graph; LLMRT_CUDA_GRAPHS=0 runs without graphs)",
+                e.message
+            ),
         })?;
         let g = g.map_err(|e| cap_err("cuStreamEndCapture / cuGraphInstantiate", e))?;
         let g = g.ok_or_else(|| Error::device("capturing the decode step's CUDA graph gave an empty graph"))?;
@@ -732,7 +771,8 @@ impl CudaBackend {
     /// captured into a graph).
     fn launch_step(&mut self, l: Launch) -> Result<()> {
         let cfg = &self.cfg;
-        let (h, qd, kvd, hd, ffn, vocab) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim, cfg.ffn, cfg.vocab_size);
+        let (h, qd, kvd, hd, ffn, vocab) =
+            (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim, cfg.ffn, cfg.vocab_size);
         let eps = cfg.rms_eps;
         let shape = AttnShape { n_heads: cfg.n_heads, n_kv_heads: cfg.n_kv_heads, head_dim: hd };
         let neox = cfg.arch.rope_style == RopeStyle::Neox;
@@ -758,7 +798,10 @@ impl CudaBackend {
             ];
             let total: usize = lens.iter().sum();
             if s.stage.len() < total {
-                return Err(Error::internal(format!("step arrays: stage holds {} words, {total} needed", s.stage.len())));
+                return Err(Error::internal(format!(
+                    "step arrays: stage holds {} words, {total} needed",
+                    s.stage.len()
+                )));
             }
             // Words `off..off + len` of the stage into the `have`-element buffer at `d`.
             let unpack = |d: sys::CUdeviceptr, have: usize, off: usize, len: usize, what: &str| -> Result<()> {
@@ -773,8 +816,10 @@ impl CudaBackend {
                 // device allocations of this context, distinct buffers of 4-byte words
                 // (cos/sin are the f32 bits the host wrote); the copy is ordered on
                 // `stream` like every use of them.
-                unsafe { cudarc::driver::result::memcpy_dtod_async(d, src + (off * 4) as u64, len * 4, stream.cu_stream()) }
-                    .map_err(|e| driver_err(&format!("unpacking the step's {what} (cuMemcpyDtoDAsync)"), e))
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(d, src + (off * 4) as u64, len * 4, stream.cu_stream())
+                }
+                .map_err(|e| driver_err(&format!("unpacking the step's {what} (cuMemcpyDtoDAsync)"), e))
             };
             for (i, (dst, what)) in dsts.into_iter().enumerate() {
                 let have = dst.len();
@@ -798,7 +843,7 @@ impl CudaBackend {
             // Attention block. With the fused path the previous layer's last residual
             // add already normed x into xn with this layer's attn_norm.
             if li == 0 || !fast.fused {
-                ops.rmsnorm(&s.x, &lw.attn_norm, n, h, eps, &mut s.xn)?;
+                ops.rmsnorm(RmsNorm { w: &lw.attn_norm, eps }, &s.x, n, h, &mut s.xn)?;
             }
             // Decode (GEMV path): Q, K and V in one launch when the fused kernels apply.
             let fused3 = path == MatmulPath::Gemv
@@ -814,53 +859,42 @@ impl CudaBackend {
                 ops.add_bias(&mut s.v, bv, n, kvd)?;
             }
             if let Some([qn, kn]) = &lw.qk_norm {
-                ops.rmsnorm_inplace(&mut s.q, qn, n * shape.n_heads, hd, eps)?;
-                ops.rmsnorm_inplace(&mut s.k, kn, n * shape.n_kv_heads, hd, eps)?;
+                ops.rmsnorm_inplace(RmsNorm { w: qn, eps }, &mut s.q, n * shape.n_heads, hd)?;
+                ops.rmsnorm_inplace(RmsNorm { w: kn, eps }, &mut s.k, n * shape.n_kv_heads, hd)?;
             }
-            ops.rope_kv_write(&mut s.q, &mut s.k, &s.v, &s.cos, &s.sin, &s.slots, n, shape, neox, kv, li)?;
+            ops.rope_kv_write(
+                Qkv { q: &mut s.q, k: &mut s.k, v: &s.v, n_tokens: n, shape },
+                Rope { cos: &s.cos, sin: &s.sin, neox },
+                KvWrite { kv: &mut *kv, layer: li, slots: &s.slots },
+            )?;
+            let att = AttnArgs {
+                q: &s.q,
+                kv,
+                layer: li,
+                seq: &s.seq,
+                pos: &s.pos,
+                block_tables: &s.block_tables,
+                max_blocks,
+                n_tokens: n,
+                shape,
+            };
             match split {
-                Some(sp) => ops.attention_split(
-                    &s.q,
-                    kv,
-                    li,
-                    &s.seq,
-                    &s.pos,
-                    &s.block_tables,
-                    max_blocks,
-                    n,
-                    shape,
-                    sp,
-                    &mut s.part_o,
-                    &mut s.part_ml,
-                    &mut s.att,
-                )?,
-                None if n_tiles > 0 => ops.attention_prefill(
-                    &s.q,
-                    kv,
-                    li,
-                    &s.seq,
-                    &s.pos,
-                    &s.block_tables,
-                    &s.tiles,
-                    n_tiles,
-                    max_blocks,
-                    n,
-                    shape,
-                    &mut s.att,
-                )?,
-                None => ops.attention(&s.q, kv, li, &s.seq, &s.pos, &s.block_tables, max_blocks, n, shape, &mut s.att)?,
+                Some(sp) => ops.attention_split(&att, sp, &mut s.part_o, &mut s.part_ml, &mut s.att)?,
+                None if n_tiles > 0 => ops.attention_prefill(&att, &s.tiles, n_tiles, &mut s.att)?,
+                None => ops.attention(&att, &mut s.att)?,
             }
             ops.matmul(&lw.wo, &s.att, n, &mut s.proj, path)?;
             if fast.fused {
-                ops.add_rmsnorm(&mut s.x, &s.proj, &lw.ffn_norm, n, h, eps, &mut s.xn)?;
+                ops.add_rmsnorm(RmsNorm { w: &lw.ffn_norm, eps }, &mut s.x, &s.proj, n, h, &mut s.xn)?;
             } else {
                 ops.add(&mut s.x, &s.proj, n * h)?;
-                ops.rmsnorm(&s.x, &lw.ffn_norm, n, h, eps, &mut s.xn)?;
+                ops.rmsnorm(RmsNorm { w: &lw.ffn_norm, eps }, &s.x, n, h, &mut s.xn)?;
             }
 
             // Feed-forward block (SwiGLU).
             // Decode: gate, up and SwiGLU in one launch when the fused kernel applies.
-            let fused_ffn = path == MatmulPath::Gemv && ops.matmul_swiglu(&lw.w_gate, &lw.w_up, &s.xn, n, &mut s.gate)?;
+            let fused_ffn =
+                path == MatmulPath::Gemv && ops.matmul_swiglu(&lw.w_gate, &lw.w_up, &s.xn, n, &mut s.gate)?;
             if !fused_ffn {
                 ops.matmul(&lw.w_gate, &s.xn, n, &mut s.gate, path)?;
                 ops.matmul(&lw.w_up, &s.xn, n, &mut s.up, path)?;
@@ -868,7 +902,9 @@ impl CudaBackend {
             }
             ops.matmul(&lw.w_down, &s.gate, n, &mut s.proj, path)?;
             match layers.get(li + 1) {
-                Some(next) if fast.fused => ops.add_rmsnorm(&mut s.x, &s.proj, &next.attn_norm, n, h, eps, &mut s.xn)?,
+                Some(next) if fast.fused => {
+                    ops.add_rmsnorm(RmsNorm { w: &next.attn_norm, eps }, &mut s.x, &s.proj, n, h, &mut s.xn)?
+                }
                 _ => ops.add(&mut s.x, &s.proj, n * h)?,
             }
         }
@@ -876,7 +912,7 @@ impl CudaBackend {
         // Final norm and LM head, only for the wanted rows.
         if nr > 0 {
             ops.gather_rows(&s.x, &s.rows, nr, h, &mut s.sel)?;
-            ops.rmsnorm(&s.sel, output_norm, nr, h, eps, &mut s.seln)?;
+            ops.rmsnorm(RmsNorm { w: output_norm, eps }, &s.sel, nr, h, &mut s.seln)?;
             let head = output.as_ref().unwrap_or(token_embd);
             ops.matmul(head, &s.seln, nr, &mut s.logits, path)?;
             if greedy {

@@ -12,16 +12,9 @@
 // same shuffle tree, whatever the batch size and whichever tile slot a vector takes.
 // So y[b][r] is bit-for-bit the same for a vector alone or in any batch (decode relies
 // on this). Keep every accumulation an explicit fmaf (no a*b+c left to contraction).
-#include <cuda_fp16.h>
+#include "common.cuh"
 
-#define FULL_MASK 0xffffffffu
 #define GEMV_MAX_BATCH 8
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
-    return v;
-}
 
 // Lane 0 of the warp writes the reduced accumulators of batch tile [b0, b0+nb).
 __device__ __forceinline__ void store_tile(float (&acc)[GEMV_MAX_BATCH], float* y, int rows, int row,
@@ -199,10 +192,7 @@ extern "C" __global__ void gemv_f32_f32(const float* __restrict__ W /*[rows][col
 }
 
 // ---- bf16 weights --------------------------------------------------------------------
-// bf16 -> f32 is exact: the 16 bits are the high half of the f32.
-
-__device__ __forceinline__ float bf16_lo(unsigned int w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
+// bf16 -> f32 is exact (bf16_lo / bf16_hi of common.cuh).
 
 extern "C" __global__ void gemv_bf16_f32(const unsigned short* __restrict__ W /*[rows][cols] bf16 bits*/,
                                          const float* __restrict__ x /*[batch][cols]*/,
@@ -695,3 +685,43 @@ FUSED_KERNELS(f16, 0)
 FUSED_KERNELS(bf16, 1)
 FUSED_KERNELS(q8_0, 2)
 FUSED_KERNELS(q4_0, 3)
+
+// ---- conversions for the cuBLAS path (activations and weights) -------------------------
+//
+// Launch: grid = (G), block = (T), T a multiple of 32; grid-stride loops (64-bit
+// indices), so any G >= 1 covers every element (the launcher uses T = 256 and
+// G = min(ceil(total/T), 65535)).
+
+// f32 -> bf16 bits, round to nearest even (NaN stays NaN), as half::bf16::from_f32.
+__device__ __forceinline__ unsigned short f32_to_bf16_bits(float f) {
+    const unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// y[i] = (f16) x[i], round to nearest even, for i < n.
+extern "C" __global__ void convert_f32_f16(const float* __restrict__ x, __half* __restrict__ y, int n) {
+    GRID_STRIDE(i, (long long)n) { y[i] = __float2half_rn(x[i]); }
+}
+
+// y[i] = (bf16) x[i] (bits), round to nearest even, for i < n.
+extern "C" __global__ void convert_f32_bf16(const float* __restrict__ x, unsigned short* __restrict__ y, int n) {
+    GRID_STRIDE(i, (long long)n) { y[i] = f32_to_bf16_bits(x[i]); }
+}
+
+// dequant_<type>_f16: a weight matrix W ([rows][cols], stored type) to f16 [rows][cols],
+// rounded to nearest: out[i] = f16(L::at(W, i)). Rows hold whole blocks, so the flat
+// element index addresses the matrix as one long row (Q8_0/Q4_0: cols % 32 == 0, checked
+// by the launcher).
+#define DEQUANT_ENTRY(name, T, L)                                                                       \
+    extern "C" __global__ void name(const T* __restrict__ W /*[rows][cols]*/,                          \
+                                    __half* __restrict__ out /*[rows][cols]*/, int rows, int cols) {   \
+        const unsigned char* w = reinterpret_cast<const unsigned char*>(W);                            \
+        const long long total = (long long)rows * cols;                                                \
+        GRID_STRIDE(i, total) { out[i] = __float2half_rn(L::at(w, i)); }                               \
+    }
+
+DEQUANT_ENTRY(dequant_f32_f16, float, LoadF32)
+DEQUANT_ENTRY(dequant_bf16_f16, unsigned short, LoadBF16)
+DEQUANT_ENTRY(dequant_q8_0_f16, unsigned char, LoadQ8_0)
+DEQUANT_ENTRY(dequant_q4_0_f16, unsigned char, LoadQ4_0)
