@@ -26,45 +26,70 @@ __device__ __forceinline__ void store_tile(float (&acc)[GEMV_MAX_BATCH], float* 
     }
 }
 
-// ---- f16 weights -------------------------------------------------------------------
+// One 16-byte step of a half-precision row: s += w[j] * x[j] for the 8 weights w and the
+// 8 activations in the float4 pair (a, c), as one explicit fmaf chain in element order.
+__device__ __forceinline__ float dot8(const float (&w)[8], const float4 a, const float4 c, float s) {
+    s = fmaf(w[0], a.x, s); s = fmaf(w[1], a.y, s);
+    s = fmaf(w[2], a.z, s); s = fmaf(w[3], a.w, s);
+    s = fmaf(w[4], c.x, s); s = fmaf(w[5], c.y, s);
+    s = fmaf(w[6], c.z, s); s = fmaf(w[7], c.w, s);
+    return s;
+}
 
-// 16-byte loads: 8 halves of W and 2 float4 of each x vector per step. Needs cols % 8 == 0
-// (then every row of W starts 16-byte aligned and every row of x 32-byte aligned).
-__device__ __forceinline__ void gemv_f16_tile_vec(const __half* __restrict__ wr, const float* __restrict__ x,
-                                                  int cols, int b0, int nb, int lane,
-                                                  float (&acc)[GEMV_MAX_BATCH]) {
-    const uint4* w8 = reinterpret_cast<const uint4*>(wr);
-    const int nchunks = cols >> 3;
-    for (int k = lane; k < nchunks; k += 32) {
-        const uint4 raw = w8[k];
-        const __half2* h = reinterpret_cast<const __half2*>(&raw);
-        const float2 w01 = __half22float2(h[0]);
-        const float2 w23 = __half22float2(h[1]);
-        const float2 w45 = __half22float2(h[2]);
-        const float2 w67 = __half22float2(h[3]);
+// 8 halves (16 bytes) of an f16 row as f32.
+__device__ __forceinline__ void f16x8_to_f32(const uint4 raw, float (&w)[8]) {
+    const __half2* h = reinterpret_cast<const __half2*>(&raw);
 #pragma unroll
-        for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
-            if (b < nb) {
-                const float4* xb = reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols) + 2 * k;
-                const float4 a = xb[0];
-                const float4 c = xb[1];
-                float s = acc[b];
-                s = fmaf(w01.x, a.x, s); s = fmaf(w01.y, a.y, s);
-                s = fmaf(w23.x, a.z, s); s = fmaf(w23.y, a.w, s);
-                s = fmaf(w45.x, c.x, s); s = fmaf(w45.y, c.y, s);
-                s = fmaf(w67.x, c.z, s); s = fmaf(w67.y, c.w, s);
-                acc[b] = s;
-            }
-        }
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(h[i]);
+        w[2 * i] = f.x;
+        w[2 * i + 1] = f.y;
     }
 }
 
-// Scalar path for cols % 8 != 0 (rows not 16-byte aligned): coalesced 2-byte loads.
-__device__ __forceinline__ void gemv_f16_tile_scalar(const __half* __restrict__ wr, const float* __restrict__ x,
-                                                     int cols, int b0, int nb, int lane,
-                                                     float (&acc)[GEMV_MAX_BATCH]) {
+// 8 bf16 (16 bytes) of a bf16 row as f32 (exact).
+__device__ __forceinline__ void bf16x8_to_f32(const uint4 raw, float (&w)[8]) {
+    w[0] = bf16_lo(raw.x); w[1] = bf16_hi(raw.x);
+    w[2] = bf16_lo(raw.y); w[3] = bf16_hi(raw.y);
+    w[4] = bf16_lo(raw.z); w[5] = bf16_hi(raw.z);
+    w[6] = bf16_lo(raw.w); w[7] = bf16_hi(raw.w);
+}
+
+template <bool Bf16>
+__device__ __forceinline__ void half8_to_f32(const uint4 raw, float (&w)[8]) {
+    if (Bf16) bf16x8_to_f32(raw, w);
+    else f16x8_to_f32(raw, w);
+}
+
+// ---- plain GEMV kernels ------------------------------------------------------------------
+//
+// Every plain kernel is gemv_rows<Row>: warp `row` walks its weight row once per tile of
+// up to GEMV_MAX_BATCH vectors; Row::acc adds lane `lane`'s products of the row with
+// vectors b0 .. b0+nb into acc; store_tile reduces and writes them. Row::row_bytes(cols):
+// bytes of one row.
+template <typename Row>
+__device__ __forceinline__ void gemv_rows(const unsigned char* __restrict__ W, const float* __restrict__ x,
+                                          float* __restrict__ y, int rows, int cols, int batch) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;  // whole warp leaves together
+    const unsigned char* wr = W + (size_t)row * Row::row_bytes(cols);
+    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
+        const int nb = min(GEMV_MAX_BATCH, batch - b0);
+        float acc[GEMV_MAX_BATCH];
+#pragma unroll
+        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
+        Row::acc(wr, x, cols, b0, nb, lane, acc);
+        store_tile(acc, y, rows, row, b0, nb, lane);
+    }
+}
+
+// Scalar path (rows not 16-byte aligned): coalesced loads of element c = lane, lane + 32, ...
+template <typename L>
+__device__ __forceinline__ void tile_scalar(const unsigned char* __restrict__ wr, const float* __restrict__ x,
+                                            int cols, int b0, int nb, int lane, float (&acc)[GEMV_MAX_BATCH]) {
     for (int c = lane; c < cols; c += 32) {
-        const float wv = __half2float(wr[c]);
+        const float wv = L::at(wr, c);
 #pragma unroll
         for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
             if (b < nb) acc[b] = fmaf(wv, x[(size_t)(b0 + b) * cols + c], acc[b]);
@@ -72,52 +97,77 @@ __device__ __forceinline__ void gemv_f16_tile_scalar(const __half* __restrict__ 
     }
 }
 
-extern "C" __global__ void gemv_f16_f32(const __half* __restrict__ W /*[rows][cols]*/,
-                                        const float* __restrict__ x /*[batch][cols]*/,
-                                        float* __restrict__ y /*[batch][rows]*/,
-                                        int rows, int cols, int batch) {
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;  // whole warp leaves together
-    const __half* wr = W + (size_t)row * cols;
-    const bool vec = (cols & 7) == 0;
-    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
-        const int nb = min(GEMV_MAX_BATCH, batch - b0);
-        float acc[GEMV_MAX_BATCH];
+// ---- f16 and bf16 weights ---------------------------------------------------------------
+// 16-byte loads: 8 halves of W and 2 float4 of each x vector per step. Needs cols % 8 == 0
+// (then every row of W starts 16-byte aligned and every row of x 32-byte aligned); other
+// widths take the scalar path.
+template <bool Bf16>
+struct RowHalf {
+    static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)cols * 2; }
+    static __device__ __forceinline__ void acc(const unsigned char* __restrict__ wr, const float* __restrict__ x,
+                                               int cols, int b0, int nb, int lane, float (&acc)[GEMV_MAX_BATCH]) {
+        if ((cols & 7) != 0) {
+            if (Bf16) tile_scalar<LoadBF16>(wr, x, cols, b0, nb, lane, acc);
+            else tile_scalar<LoadF16>(wr, x, cols, b0, nb, lane, acc);
+            return;
+        }
+        const uint4* w8 = reinterpret_cast<const uint4*>(wr);
+        const int nchunks = cols >> 3;
+        for (int k = lane; k < nchunks; k += 32) {
+            float w[8];
+            half8_to_f32<Bf16>(w8[k], w);
 #pragma unroll
-        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
-        if (vec) gemv_f16_tile_vec(wr, x, cols, b0, nb, lane, acc);
-        else gemv_f16_tile_scalar(wr, x, cols, b0, nb, lane, acc);
-        store_tile(acc, y, rows, row, b0, nb, lane);
+            for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+                if (b < nb) {
+                    const float4* xb = reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols) + 2 * k;
+                    acc[b] = dot8(w, xb[0], xb[1], acc[b]);
+                }
+            }
+        }
     }
-}
+};
 
-// ---- Q8_0 weights (ggml) ------------------------------------------------------------
+// ---- f32 weights -------------------------------------------------------------------------
+// float4 loads when cols % 4 == 0, else the scalar path.
+struct RowF32 {
+    static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)cols * 4; }
+    static __device__ __forceinline__ void acc(const unsigned char* __restrict__ wr, const float* __restrict__ x,
+                                               int cols, int b0, int nb, int lane, float (&acc)[GEMV_MAX_BATCH]) {
+        if ((cols & 3) != 0) {
+            tile_scalar<LoadF32>(wr, x, cols, b0, nb, lane, acc);
+            return;
+        }
+        const float4* w4 = reinterpret_cast<const float4*>(wr);
+        const int nchunks = cols >> 2;
+        for (int k = lane; k < nchunks; k += 32) {
+            const float4 wv = w4[k];
+#pragma unroll
+            for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+                if (b < nb) {
+                    const float4 a = reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols)[k];
+                    float s = acc[b];
+                    s = fmaf(wv.x, a.x, s); s = fmaf(wv.y, a.y, s);
+                    s = fmaf(wv.z, a.z, s); s = fmaf(wv.w, a.w, s);
+                    acc[b] = s;
+                }
+            }
+        }
+    }
+};
+
+// ---- Q8_0 weights (ggml) -----------------------------------------------------------------
 // A block is { f16 d; int8 qs[32]; } = 34 bytes, value = d * qs[i]; a row holds cols/32
 // blocks (cols % 32 == 0, checked by the launcher). Blocks are only 2-byte aligned, so
 // four lanes share a block, each reading 8 quants as four 2-byte loads; a warp covers 8
 // consecutive blocks (272 bytes) per step.
-
-#define QK8_0 32
-#define Q8_0_BYTES 34
-
-extern "C" __global__ void gemv_q8_0_f32(const unsigned char* __restrict__ W /*[rows][cols/32] blocks*/,
-                                         const float* __restrict__ x /*[batch][cols]*/,
-                                         float* __restrict__ y /*[batch][rows]*/,
-                                         int rows, int cols, int batch) {
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    const int nblocks = cols / QK8_0;
-    const unsigned char* wr = W + (size_t)row * nblocks * Q8_0_BYTES;
-    const int sub = lane & 3;  // which 8 quants of the block
-    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
-        const int nb = min(GEMV_MAX_BATCH, batch - b0);
-        float acc[GEMV_MAX_BATCH];
-#pragma unroll
-        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
+struct RowQ8_0 {
+    static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / 32) * 34; }
+    static __device__ __forceinline__ void acc(const unsigned char* __restrict__ wr, const float* __restrict__ x,
+                                               int cols, int b0, int nb, int lane, float (&acc)[GEMV_MAX_BATCH]) {
+        const int nblocks = cols / 32;
+        const int sub = lane & 3;  // which 8 quants of the block
         for (int kb = lane >> 2; kb < nblocks; kb += 8) {
-            const unsigned char* blk = wr + (size_t)kb * Q8_0_BYTES;
+            const unsigned char* blk = wr + (size_t)kb * 34;
             const float d = __half2float(*reinterpret_cast<const __half*>(blk));
             const unsigned short* q2 = reinterpret_cast<const unsigned short*>(blk + 2) + sub * 4;
             float q[8];
@@ -130,8 +180,8 @@ extern "C" __global__ void gemv_q8_0_f32(const unsigned char* __restrict__ W /*[
 #pragma unroll
             for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
                 if (b < nb) {
-                    const float4* xb = reinterpret_cast<const float4*>(
-                        x + (size_t)(b0 + b) * cols + (size_t)kb * QK8_0 + sub * 8);
+                    const float4* xb =
+                        reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols + (size_t)kb * 32 + sub * 8);
                     const float4 a = xb[0];
                     const float4 c = xb[1];
                     float s = q[0] * a.x;
@@ -142,136 +192,23 @@ extern "C" __global__ void gemv_q8_0_f32(const unsigned char* __restrict__ W /*[
                 }
             }
         }
-        store_tile(acc, y, rows, row, b0, nb, lane);
     }
-}
+};
 
-// ---- f32 weights ---------------------------------------------------------------------
-
-extern "C" __global__ void gemv_f32_f32(const float* __restrict__ W /*[rows][cols]*/,
-                                        const float* __restrict__ x /*[batch][cols]*/,
-                                        float* __restrict__ y /*[batch][rows]*/,
-                                        int rows, int cols, int batch) {
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    const float* wr = W + (size_t)row * cols;
-    const bool vec = (cols & 3) == 0;  // rows of W and x 16-byte aligned
-    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
-        const int nb = min(GEMV_MAX_BATCH, batch - b0);
-        float acc[GEMV_MAX_BATCH];
-#pragma unroll
-        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
-        if (vec) {
-            const float4* w4 = reinterpret_cast<const float4*>(wr);
-            const int nchunks = cols >> 2;
-            for (int k = lane; k < nchunks; k += 32) {
-                const float4 wv = w4[k];
-#pragma unroll
-                for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
-                    if (b < nb) {
-                        const float4 a = reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols)[k];
-                        float s = acc[b];
-                        s = fmaf(wv.x, a.x, s); s = fmaf(wv.y, a.y, s);
-                        s = fmaf(wv.z, a.z, s); s = fmaf(wv.w, a.w, s);
-                        acc[b] = s;
-                    }
-                }
-            }
-        } else {
-            for (int c = lane; c < cols; c += 32) {
-                const float wv = wr[c];
-#pragma unroll
-                for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
-                    if (b < nb) acc[b] = fmaf(wv, x[(size_t)(b0 + b) * cols + c], acc[b]);
-                }
-            }
-        }
-        store_tile(acc, y, rows, row, b0, nb, lane);
-    }
-}
-
-// ---- bf16 weights --------------------------------------------------------------------
-// bf16 -> f32 is exact (bf16_lo / bf16_hi of common.cuh).
-
-extern "C" __global__ void gemv_bf16_f32(const unsigned short* __restrict__ W /*[rows][cols] bf16 bits*/,
-                                         const float* __restrict__ x /*[batch][cols]*/,
-                                         float* __restrict__ y /*[batch][rows]*/,
-                                         int rows, int cols, int batch) {
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    const unsigned short* wr = W + (size_t)row * cols;
-    const bool vec = (cols & 7) == 0;  // 16-byte loads of 8 bf16
-    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
-        const int nb = min(GEMV_MAX_BATCH, batch - b0);
-        float acc[GEMV_MAX_BATCH];
-#pragma unroll
-        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
-        if (vec) {
-            const uint4* w8 = reinterpret_cast<const uint4*>(wr);
-            const int nchunks = cols >> 3;
-            for (int k = lane; k < nchunks; k += 32) {
-                const uint4 raw = w8[k];
-                const float w0 = bf16_lo(raw.x), w1 = bf16_hi(raw.x);
-                const float w2 = bf16_lo(raw.y), w3 = bf16_hi(raw.y);
-                const float w4 = bf16_lo(raw.z), w5 = bf16_hi(raw.z);
-                const float w6 = bf16_lo(raw.w), w7 = bf16_hi(raw.w);
-#pragma unroll
-                for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
-                    if (b < nb) {
-                        const float4* xb = reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols) + 2 * k;
-                        const float4 a = xb[0];
-                        const float4 c = xb[1];
-                        float s = acc[b];
-                        s = fmaf(w0, a.x, s); s = fmaf(w1, a.y, s);
-                        s = fmaf(w2, a.z, s); s = fmaf(w3, a.w, s);
-                        s = fmaf(w4, c.x, s); s = fmaf(w5, c.y, s);
-                        s = fmaf(w6, c.z, s); s = fmaf(w7, c.w, s);
-                        acc[b] = s;
-                    }
-                }
-            }
-        } else {
-            for (int c = lane; c < cols; c += 32) {
-                const float wv = __uint_as_float(((unsigned int)wr[c]) << 16);
-#pragma unroll
-                for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
-                    if (b < nb) acc[b] = fmaf(wv, x[(size_t)(b0 + b) * cols + c], acc[b]);
-                }
-            }
-        }
-        store_tile(acc, y, rows, row, b0, nb, lane);
-    }
-}
-
-// ---- Q4_0 weights (ggml) -------------------------------------------------------------
+// ---- Q4_0 weights (ggml) -----------------------------------------------------------------
 // A block is { f16 d; unsigned char qs[16]; } = 18 bytes: element j (< 16) is the low
 // nibble of qs[j], element j + 16 the high nibble; value = d * (nibble - 8). A row holds
 // cols/32 blocks (cols % 32 == 0, checked by the launcher). Blocks are 2-byte aligned:
 // four lanes share a block, lane `sub` reading qs[4*sub .. 4*sub+4) as two 2-byte loads
 // (elements 4*sub..+4 and 16+4*sub..+4); a warp covers 8 consecutive blocks per step.
-
-#define QK4_0 32
-#define Q4_0_BYTES 18
-
-extern "C" __global__ void gemv_q4_0_f32(const unsigned char* __restrict__ W /*[rows][cols/32] blocks*/,
-                                         const float* __restrict__ x /*[batch][cols]*/,
-                                         float* __restrict__ y /*[batch][rows]*/,
-                                         int rows, int cols, int batch) {
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    const int nblocks = cols / QK4_0;
-    const unsigned char* wr = W + (size_t)row * nblocks * Q4_0_BYTES;
-    const int sub = lane & 3;
-    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
-        const int nb = min(GEMV_MAX_BATCH, batch - b0);
-        float acc[GEMV_MAX_BATCH];
-#pragma unroll
-        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
+struct RowQ4_0 {
+    static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / 32) * 18; }
+    static __device__ __forceinline__ void acc(const unsigned char* __restrict__ wr, const float* __restrict__ x,
+                                               int cols, int b0, int nb, int lane, float (&acc)[GEMV_MAX_BATCH]) {
+        const int nblocks = cols / 32;
+        const int sub = lane & 3;
         for (int kb = lane >> 2; kb < nblocks; kb += 8) {
-            const unsigned char* blk = wr + (size_t)kb * Q4_0_BYTES;
+            const unsigned char* blk = wr + (size_t)kb * 18;
             const float d = __half2float(*reinterpret_cast<const __half*>(blk));
             const unsigned short* q2 = reinterpret_cast<const unsigned short*>(blk + 2) + sub * 2;
             const unsigned int p = (unsigned int)q2[0] | ((unsigned int)q2[1] << 16);  // qs[4sub..4sub+4)
@@ -285,7 +222,7 @@ extern "C" __global__ void gemv_q4_0_f32(const unsigned char* __restrict__ W /*[
 #pragma unroll
             for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
                 if (b < nb) {
-                    const float* xb = x + (size_t)(b0 + b) * cols + (size_t)kb * QK4_0 + sub * 4;
+                    const float* xb = x + (size_t)(b0 + b) * cols + (size_t)kb * 32 + sub * 4;
                     const float4 a = *reinterpret_cast<const float4*>(xb);       // elements 4sub..+4
                     const float4 c = *reinterpret_cast<const float4*>(xb + 16);  // elements 16+4sub..+4
                     float s = lo[0] * a.x;
@@ -296,9 +233,21 @@ extern "C" __global__ void gemv_q4_0_f32(const unsigned char* __restrict__ W /*[
                 }
             }
         }
-        store_tile(acc, y, rows, row, b0, nb, lane);
     }
-}
+};
+
+#define GEMV_ENTRY(name, T, Row)                                                                         \
+    extern "C" __global__ void name(const T* __restrict__ W /*[rows] rows of Row::row_bytes(cols)*/,    \
+                                    const float* __restrict__ x /*[batch][cols]*/,                       \
+                                    float* __restrict__ y /*[batch][rows]*/, int rows, int cols, int batch) { \
+        gemv_rows<Row>(reinterpret_cast<const unsigned char*>(W), x, y, rows, cols, batch);              \
+    }
+
+GEMV_ENTRY(gemv_f32_f32, float, RowF32)
+GEMV_ENTRY(gemv_f16_f32, __half, RowHalf<false>)
+GEMV_ENTRY(gemv_bf16_f32, unsigned short, RowHalf<true>)
+GEMV_ENTRY(gemv_q8_0_f32, unsigned char, RowQ8_0)
+GEMV_ENTRY(gemv_q4_0_f32, unsigned char, RowQ4_0)
 
 // ---- fast GEMV kernels (LLMRT_CUDA_GEMV=0 or LLMRT_CUDA_FAST=0 turn them off) ----------
 //
@@ -314,201 +263,28 @@ extern "C" __global__ void gemv_q4_0_f32(const unsigned char* __restrict__ W /*[
 //   then lane l dequantises blocks l and l + 32 of the stage in registers. Per output,
 //   the order of the sum depends only on cols: batch-invariant. (A different order from
 //   gemv_q8_0_f32: equal within rounding, not bit for bit.)
+//
+// KIND: 0 f16, 1 bf16, 2 q8_0, 3 q4_0. fast_acc<KIND> adds lane `lane`'s products of the
+// weight row at `wrow` (fast_row<KIND>) with vectors b0 .. b0+nb into acc; every fast and
+// fused kernel is built on it,
+// so their sums are the same instructions (the fused kernels are bit-identical to the
+// fast ones). `stage` is the warp's shared stage (quantized kinds only).
 
 #define GEMV_UNROLL 4
 #define FAST_QBLOCKS 64
 
-__device__ __forceinline__ void f16x8_to_f32(const uint4 raw, float (&w)[8]) {
-    const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = __half22float2(h[i]);
-        w[2 * i] = f.x;
-        w[2 * i + 1] = f.y;
-    }
-}
-
-__device__ __forceinline__ void bf16x8_to_f32(const uint4 raw, float (&w)[8]) {
-    w[0] = bf16_lo(raw.x); w[1] = bf16_hi(raw.x);
-    w[2] = bf16_lo(raw.y); w[3] = bf16_hi(raw.y);
-    w[4] = bf16_lo(raw.z); w[5] = bf16_hi(raw.z);
-    w[6] = bf16_lo(raw.w); w[7] = bf16_hi(raw.w);
-}
-
-template <bool Bf16>
-__device__ __forceinline__ void gemv_fast_half(const uint4* __restrict__ w8, const float* __restrict__ x, float* __restrict__ y,
-                                               int rows, int row, int cols, int batch, int lane) {
-    const int nchunks = cols >> 3;
-    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
-        const int nb = min(GEMV_MAX_BATCH, batch - b0);
-        float acc[GEMV_MAX_BATCH];
-#pragma unroll
-        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
-        for (int k0 = lane; k0 < nchunks; k0 += 32 * GEMV_UNROLL) {
-            uint4 raw[GEMV_UNROLL];
-#pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; ++u) {
-                const int k = k0 + 32 * u;
-                if (k < nchunks) raw[u] = w8[k];
-            }
-#pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; ++u) {
-                const int k = k0 + 32 * u;
-                if (k < nchunks) {
-                    float w[8];
-                    if (Bf16) bf16x8_to_f32(raw[u], w);
-                    else f16x8_to_f32(raw[u], w);
-#pragma unroll
-                    for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
-                        if (b < nb) {
-                            const float4* xb = reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols) + 2 * k;
-                            const float4 a = xb[0];
-                            const float4 c = xb[1];
-                            float s = acc[b];
-                            s = fmaf(w[0], a.x, s); s = fmaf(w[1], a.y, s);
-                            s = fmaf(w[2], a.z, s); s = fmaf(w[3], a.w, s);
-                            s = fmaf(w[4], c.x, s); s = fmaf(w[5], c.y, s);
-                            s = fmaf(w[6], c.z, s); s = fmaf(w[7], c.w, s);
-                            acc[b] = s;
-                        }
-                    }
-                }
-            }
-        }
-        store_tile(acc, y, rows, row, b0, nb, lane);
-    }
-}
-
-extern "C" __global__ void gemv_fast_f16_f32(const __half* __restrict__ W, const float* __restrict__ x,
-                                             float* __restrict__ y, int rows, int cols, int batch) {
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    gemv_fast_half<false>(reinterpret_cast<const uint4*>(W + (size_t)row * cols), x, y, rows, row, cols, batch, lane);
-}
-
-extern "C" __global__ void gemv_fast_bf16_f32(const unsigned short* __restrict__ W, const float* __restrict__ x,
-                                              float* __restrict__ y, int rows, int cols, int batch) {
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    gemv_fast_half<true>(reinterpret_cast<const uint4*>(W + (size_t)row * cols), x, y, rows, row, cols, batch, lane);
-}
-
-// Q8_0 / Q4_0 through a per-warp shared-memory stage. BB: block bytes (34 or 18).
-template <int BB>
-__device__ __forceinline__ void gemv_fast_quant(const unsigned char* __restrict__ W, const float* __restrict__ x,
-                                                float* __restrict__ y, int rows, int row, int cols, int batch,
-                                                int lane, uint4* stage) {
-    const int nblocks = cols / 32;
-    const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)row * nblocks * BB);
-    const unsigned char* st = reinterpret_cast<const unsigned char*>(stage);
-    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
-        const int nb = min(GEMV_MAX_BATCH, batch - b0);
-        float acc[GEMV_MAX_BATCH];
-#pragma unroll
-        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
-        for (int c0 = 0; c0 < nblocks; c0 += FAST_QBLOCKS) {
-            const int nblk = min(FAST_QBLOCKS, nblocks - c0);  // a multiple of 8
-            const int nvec = nblk * BB / 16;
-            const uint4* src = wr + (size_t)c0 * BB / 16;
-            __syncwarp();  // the previous chunk's stage reads are done
-            for (int i = lane; i < nvec; i += 32) stage[i] = src[i];
-            __syncwarp();
-#pragma unroll
-            for (int half_ = 0; half_ < 2; ++half_) {
-                const int j = lane + 32 * half_;
-                if (j < nblk) {
-                    const unsigned char* blk = st + j * BB;
-                    const float d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk)));
-                    const unsigned short* qs = reinterpret_cast<const unsigned short*>(blk + 2);
-                    float q[32];
-                    if (BB == 34) {
-#pragma unroll
-                        for (int i = 0; i < 16; ++i) {
-                            const unsigned short p = qs[i];
-                            q[2 * i] = (float)(signed char)(p & 0xff);
-                            q[2 * i + 1] = (float)(signed char)(p >> 8);
-                        }
-                    } else {
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) {
-                            const unsigned short p = qs[i];
-                            q[2 * i] = (float)((int)(p & 0xf) - 8);
-                            q[2 * i + 16] = (float)((int)((p >> 4) & 0xf) - 8);
-                            q[2 * i + 1] = (float)((int)((p >> 8) & 0xf) - 8);
-                            q[2 * i + 17] = (float)((int)(p >> 12) - 8);
-                        }
-                    }
-#pragma unroll
-                    for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
-                        if (b < nb) {
-                            const float4* xb =
-                                reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols + (size_t)(c0 + j) * 32);
-                            float s = 0.0f;
-#pragma unroll
-                            for (int v = 0; v < 8; ++v) {
-                                const float4 a = xb[v];
-                                s = fmaf(q[4 * v], a.x, s);
-                                s = fmaf(q[4 * v + 1], a.y, s);
-                                s = fmaf(q[4 * v + 2], a.z, s);
-                                s = fmaf(q[4 * v + 3], a.w, s);
-                            }
-                            acc[b] = fmaf(d, s, acc[b]);
-                        }
-                    }
-                }
-            }
-        }
-        store_tile(acc, y, rows, row, b0, nb, lane);
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(128)
-    gemv_fast_q8_0_f32(const unsigned char* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
-                       int rows, int cols, int batch) {
-    __shared__ uint4 stage[4][FAST_QBLOCKS * 34 / 16];
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * 4 + warp;
-    if (row >= rows) return;  // warp-uniform; only __syncwarp below
-    gemv_fast_quant<34>(W, x, y, rows, row, cols, batch, lane, stage[warp]);
-}
-
-extern "C" __global__ void __launch_bounds__(128)
-    gemv_fast_q4_0_f32(const unsigned char* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
-                       int rows, int cols, int batch) {
-    __shared__ uint4 stage[4][FAST_QBLOCKS * 18 / 16];
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * 4 + warp;
-    if (row >= rows) return;
-    gemv_fast_quant<18>(W, x, y, rows, row, cols, batch, lane, stage[warp]);
-}
-
-// ---- fused launches for decode (the `fused` fast path) --------------------------------
-//
-// gemv3_fast_<type>_f32: three products with the same x in one launch (Q, K and V):
-//   y_s[b][r] = dot(W_s[r], x[b]) for s < 3, r < rows_s. Warp R of the grid takes row R of
-//   the rows of W0, then W1, then W2 stacked. Per output the same instructions as
-//   gemv_fast_<type>_f32 (bit-identical). Launch: grid = ceil((rows0+rows1+rows2) / 4),
-//   block = 128.
-// gemv_swiglu_fast_<type>_f32: the gate and up products and SwiGLU in one launch:
-//   y[b][r] = silu(dot(Wg[r], x[b])) * dot(Wu[r], x[b]), bit-identical to
-//   gemv_fast_<type>_f32 twice then swiglu_f32. Launch: grid = ceil(rows / 4), block = 128.
-// Shape conditions as the fast kernels (F16/BF16: cols % 8 == 0; Q8_0/Q4_0: cols % 256 == 0).
-
-// KIND: 0 f16, 1 bf16, 2 q8_0, 3 q4_0. The warp-reduced sums of row `row` of W for
-// vectors b0 .. b0+nb (every lane gets them), as the fast kernels compute them.
+// Row `row` of W for kind KIND.
 template <int KIND>
-__device__ __forceinline__ void row_tile(const unsigned char* __restrict__ W, const float* __restrict__ x, int row,
-                                         int cols, int b0, int nb, int lane, uint4* stage,
-                                         float (&sums)[GEMV_MAX_BATCH]) {
-    float acc[GEMV_MAX_BATCH];
-#pragma unroll
-    for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
+__device__ __forceinline__ const unsigned char* fast_row(const unsigned char* W, int row, int cols) {
+    if (KIND <= 1) return W + (size_t)row * cols * 2;
+    return W + (size_t)row * (cols / 32) * (KIND == 2 ? 34 : 18);
+}
+
+template <int KIND>
+__device__ __forceinline__ void fast_acc(const unsigned char* __restrict__ wrow, const float* __restrict__ x, int cols,
+                                         int b0, int nb, int lane, uint4* stage, float (&acc)[GEMV_MAX_BATCH]) {
     if (KIND <= 1) {
-        const uint4* w8 = reinterpret_cast<const uint4*>(W + (size_t)row * cols * 2);
+        const uint4* w8 = reinterpret_cast<const uint4*>(wrow);
         const int nchunks = cols >> 3;
         for (int k0 = lane; k0 < nchunks; k0 += 32 * GEMV_UNROLL) {
             uint4 raw[GEMV_UNROLL];
@@ -522,20 +298,12 @@ __device__ __forceinline__ void row_tile(const unsigned char* __restrict__ W, co
                 const int k = k0 + 32 * u;
                 if (k < nchunks) {
                     float w[8];
-                    if (KIND == 1) bf16x8_to_f32(raw[u], w);
-                    else f16x8_to_f32(raw[u], w);
+                    half8_to_f32<KIND == 1>(raw[u], w);
 #pragma unroll
                     for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
                         if (b < nb) {
                             const float4* xb = reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols) + 2 * k;
-                            const float4 a = xb[0];
-                            const float4 c = xb[1];
-                            float s = acc[b];
-                            s = fmaf(w[0], a.x, s); s = fmaf(w[1], a.y, s);
-                            s = fmaf(w[2], a.z, s); s = fmaf(w[3], a.w, s);
-                            s = fmaf(w[4], c.x, s); s = fmaf(w[5], c.y, s);
-                            s = fmaf(w[6], c.z, s); s = fmaf(w[7], c.w, s);
-                            acc[b] = s;
+                            acc[b] = dot8(w, xb[0], xb[1], acc[b]);
                         }
                     }
                 }
@@ -544,13 +312,13 @@ __device__ __forceinline__ void row_tile(const unsigned char* __restrict__ W, co
     } else {
         const int BB = KIND == 2 ? 34 : 18;
         const int nblocks = cols / 32;
-        const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)row * nblocks * BB);
+        const uint4* wr = reinterpret_cast<const uint4*>(wrow);
         const unsigned char* st = reinterpret_cast<const unsigned char*>(stage);
         for (int c0 = 0; c0 < nblocks; c0 += FAST_QBLOCKS) {
-            const int nblk = min(FAST_QBLOCKS, nblocks - c0);
+            const int nblk = min(FAST_QBLOCKS, nblocks - c0);  // a multiple of 8
             const int nvec = nblk * BB / 16;
             const uint4* src = wr + (size_t)c0 * BB / 16;
-            __syncwarp();
+            __syncwarp();  // the previous chunk's stage reads are done
             for (int i = lane; i < nvec; i += 32) stage[i] = src[i];
             __syncwarp();
 #pragma unroll
@@ -599,6 +367,115 @@ __device__ __forceinline__ void row_tile(const unsigned char* __restrict__ W, co
             }
         }
     }
+}
+
+// The fast quantized kernels: row `row` of W (one warp), every tile of vectors.
+template <int KIND>
+__device__ __forceinline__ void gemv_fast_rows(const unsigned char* __restrict__ W, const float* __restrict__ x,
+                                               float* __restrict__ y, int rows, int row, int cols, int batch,
+                                               int lane, uint4* stage) {
+    const unsigned char* wrow = fast_row<KIND>(W, row, cols);
+    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
+        const int nb = min(GEMV_MAX_BATCH, batch - b0);
+        float acc[GEMV_MAX_BATCH];
+#pragma unroll
+        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
+        fast_acc<KIND>(wrow, x, cols, b0, nb, lane, stage, acc);
+        store_tile(acc, y, rows, row, b0, nb, lane);
+    }
+}
+
+// F16 / BF16: the row loop of gemv_fast_rows written out for a row pointer the kernel
+// computes once (the form whose register use kernel-check's table records: 80 registers;
+// the fast_acc form takes 96 here).
+template <bool Bf16>
+__device__ __forceinline__ void gemv_fast_half(const uint4* __restrict__ w8, const float* __restrict__ x,
+                                               float* __restrict__ y, int rows, int row, int cols, int batch,
+                                               int lane) {
+    const int nchunks = cols >> 3;
+    for (int b0 = 0; b0 < batch; b0 += GEMV_MAX_BATCH) {
+        const int nb = min(GEMV_MAX_BATCH, batch - b0);
+        float acc[GEMV_MAX_BATCH];
+#pragma unroll
+        for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
+        for (int k0 = lane; k0 < nchunks; k0 += 32 * GEMV_UNROLL) {
+            uint4 raw[GEMV_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const int k = k0 + 32 * u;
+                if (k < nchunks) raw[u] = w8[k];
+            }
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                const int k = k0 + 32 * u;
+                if (k < nchunks) {
+                    float w[8];
+                    half8_to_f32<Bf16>(raw[u], w);
+#pragma unroll
+                    for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+                        if (b < nb) {
+                            const float4* xb = reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols) + 2 * k;
+                            acc[b] = dot8(w, xb[0], xb[1], acc[b]);
+                        }
+                    }
+                }
+            }
+        }
+        store_tile(acc, y, rows, row, b0, nb, lane);
+    }
+}
+
+#define FAST_HALF_ENTRY(name, T, BF16)                                                                      \
+    extern "C" __global__ void name(const T* __restrict__ W, const float* __restrict__ x,                   \
+                                    float* __restrict__ y, int rows, int cols, int batch) {                 \
+        const int lane = threadIdx.x & 31;                                                                  \
+        const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                                \
+        if (row >= rows) return;                                                                            \
+        gemv_fast_half<BF16>(reinterpret_cast<const uint4*>(W + (size_t)row * cols), x, y, rows, row, cols, \
+                             batch, lane);                                                                  \
+    }
+
+FAST_HALF_ENTRY(gemv_fast_f16_f32, __half, false)
+FAST_HALF_ENTRY(gemv_fast_bf16_f32, unsigned short, true)
+
+// Q8_0 / Q4_0 through a per-warp shared-memory stage of FAST_QBLOCKS blocks (BB bytes each).
+#define FAST_QUANT_ENTRY(name, KIND, BB)                                                                   \
+    extern "C" __global__ void __launch_bounds__(128)                                                      \
+        name(const unsigned char* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,      \
+             int rows, int cols, int batch) {                                                              \
+        __shared__ uint4 stage[4][FAST_QBLOCKS * BB / 16];                                                  \
+        const int lane = threadIdx.x & 31;                                                                 \
+        const int warp = threadIdx.x >> 5;                                                                 \
+        const int row = blockIdx.x * 4 + warp;                                                             \
+        if (row >= rows) return; /* warp-uniform; only __syncwarp below */                                 \
+        gemv_fast_rows<KIND>(W, x, y, rows, row, cols, batch, lane, stage[warp]);                           \
+    }
+
+FAST_QUANT_ENTRY(gemv_fast_q8_0_f32, 2, 34)
+FAST_QUANT_ENTRY(gemv_fast_q4_0_f32, 3, 18)
+
+// ---- fused launches for decode (the `fused` fast path) --------------------------------
+//
+// gemv3_fast_<type>_f32: three products with the same x in one launch (Q, K and V):
+//   y_s[b][r] = dot(W_s[r], x[b]) for s < 3, r < rows_s. Warp R of the grid takes row R of
+//   the rows of W0, then W1, then W2 stacked. Per output the same instructions as
+//   gemv_fast_<type>_f32 (bit-identical). Launch: grid = ceil((rows0+rows1+rows2) / 4),
+//   block = 128.
+// gemv_swiglu_fast_<type>_f32: the gate and up products and SwiGLU in one launch:
+//   y[b][r] = silu(dot(Wg[r], x[b])) * dot(Wu[r], x[b]), bit-identical to
+//   gemv_fast_<type>_f32 twice then swiglu_f32. Launch: grid = ceil(rows / 4), block = 128.
+// Shape conditions as the fast kernels (F16/BF16: cols % 8 == 0; Q8_0/Q4_0: cols % 256 == 0).
+
+// The warp-reduced sums of row `row` of W for vectors b0 .. b0+nb (every lane gets
+// them), as the fast kernels compute them.
+template <int KIND>
+__device__ __forceinline__ void row_tile(const unsigned char* __restrict__ W, const float* __restrict__ x, int row,
+                                         int cols, int b0, int nb, int lane, uint4* stage,
+                                         float (&sums)[GEMV_MAX_BATCH]) {
+    float acc[GEMV_MAX_BATCH];
+#pragma unroll
+    for (int b = 0; b < GEMV_MAX_BATCH; ++b) acc[b] = 0.0f;
+    fast_acc<KIND>(fast_row<KIND>(W, row, cols), x, cols, b0, nb, lane, stage, acc);
 #pragma unroll
     for (int b = 0; b < GEMV_MAX_BATCH; ++b) sums[b] = warp_sum(acc[b]);
 }

@@ -202,6 +202,7 @@ fn info_reports_cuda_and_the_device() {
     // Default KV budget on the device (kv_cache_bytes = 0).
     let m = load_on(&f.gguf("f16"), LLMRT_BACKEND_CUDA, 0);
     let i = m.info();
+    // SAFETY: llmrt_model_info fills device_name as a NUL-terminated string within the array.
     let name = unsafe { CStr::from_ptr(i.device_name.as_ptr()) }.to_string_lossy().into_owned();
     println!(
         "device {} | model info: backend {:?}, device_name {name:?}, kv {} B/position, weights {} B",
@@ -489,10 +490,12 @@ fn failed_steps_leave_caches_unchanged() {
     m.prefill(other, &toks[..2]);
     let v = m.vocab as u32;
     let mut out = vec![7.0f32; 2 * m.vocab];
+    // SAFETY: m.ptr is a live model; the id arrays hold 2 entries and out 2 * vocab floats.
     let s = unsafe { llmrt::ffi::llmrt_decode(m.ptr, 2, [a, other].as_ptr(), [1, v].as_ptr(), out.as_mut_ptr()) };
     assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
     assert!(out.iter().all(|&x| x == 7.0), "logits written by a failed step");
     let mut ids = [u32::MAX; 2];
+    // SAFETY: m.ptr is a live model; the cache, token and output arrays hold 2 entries each.
     let s =
         unsafe { llmrt::ffi::llmrt_decode_greedy(m.ptr, 2, [a, other].as_ptr(), [v, 1].as_ptr(), ids.as_mut_ptr()) };
     assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
@@ -501,6 +504,7 @@ fn failed_steps_leave_caches_unchanged() {
     assert_eq!(m.try_prefill_all(a, &toks[..11]), Err(Status::LLMRT_CONTEXT_FULL));
     m.prefill(other, &toks[..18]);
     assert_eq!(m.try_decode(&[a, other], &[1, 2]), Err(Status::LLMRT_CONTEXT_FULL));
+    // SAFETY: as above: a live model and arrays of 2 entries each.
     let s =
         unsafe { llmrt::ffi::llmrt_decode_greedy(m.ptr, 2, [a, other].as_ptr(), [1, 2].as_ptr(), ids.as_mut_ptr()) };
     assert_eq!(s, Status::LLMRT_CONTEXT_FULL);

@@ -90,6 +90,76 @@ struct Launch {
     greedy: bool,
 }
 
+/// One array of a step's host plan, as packed into `Scratch::stage` (u32 words; cos
+/// and sin as f32 bits). [`STAGE`] is the one description of the packed layout:
+/// [`Plan::packed`] writes the parts in its order, `launch_step` copies them out in the
+/// same order, and `Scratch::ensure` sizes the stage by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    Ids,
+    Seq,
+    Pos,
+    Slots,
+    BlockTables,
+    Rows,
+    Cos,
+    Sin,
+    /// Last: a step that does not take the tiled attention leaves it packed but unread.
+    Tiles,
+}
+
+/// The packed step arrays, in order.
+const STAGE: [Part; 9] =
+    [Part::Ids, Part::Seq, Part::Pos, Part::Slots, Part::BlockTables, Part::Rows, Part::Cos, Part::Sin, Part::Tiles];
+
+/// The counts the length of each [`Part`] follows from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StageShape {
+    /// Tokens.
+    n: usize,
+    /// Wanted rows.
+    nr: usize,
+    /// Block-table entries (sequences x columns).
+    bt: usize,
+    /// Prefill attention tiles.
+    n_tiles: usize,
+    /// `head_dim / 2` (RoPE pairs).
+    half: usize,
+}
+
+impl Part {
+    /// Words of this part.
+    fn len(self, z: StageShape) -> usize {
+        match self {
+            Part::Ids | Part::Seq | Part::Pos | Part::Slots => z.n,
+            Part::BlockTables => z.bt,
+            Part::Rows => z.nr,
+            Part::Cos | Part::Sin => z.n * z.half,
+            Part::Tiles => 2 * z.n_tiles,
+        }
+    }
+
+    /// What it holds, for errors.
+    fn what(self) -> &'static str {
+        match self {
+            Part::Ids => "token ids",
+            Part::Seq => "sequence indices",
+            Part::Pos => "positions",
+            Part::Slots => "slot ids",
+            Part::BlockTables => "block tables",
+            Part::Rows => "wanted rows",
+            Part::Cos => "RoPE cos",
+            Part::Sin => "RoPE sin",
+            Part::Tiles => "attention tiles",
+        }
+    }
+}
+
+/// Words of the whole stage for `z`.
+fn stage_len(z: StageShape) -> usize {
+    STAGE.iter().map(|p| p.len(z)).sum()
+}
+
 /// What the device memory went to at load (`llmrt_model_info`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryPlan {
@@ -180,24 +250,14 @@ impl Scratch {
     /// Grows every buffer to hold a step of `cap` tokens, `rcap` wanted rows and
     /// `bt_len` block-table entries (contents are not kept). Returns whether any buffer
     /// was reallocated (device pointers changed).
-    #[allow(clippy::too_many_arguments)]
-    fn ensure(
-        &mut self,
-        ctx: &Arc<CudaContext>,
-        info: &DeviceInfo,
-        stream: &Arc<CudaStream>,
-        cfg: &Config,
-        cap: usize,
-        rcap: usize,
-        bt_len: usize,
-    ) -> Result<bool> {
+    fn ensure(&mut self, to: Alloc, cfg: &Config, cap: usize, rcap: usize, bt_len: usize) -> Result<bool> {
         let (h, qd, kvd, ffn, half, vocab) =
             (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn, cfg.head_dim / 2, cfg.vocab_size);
         let s = self;
         let mut grew = false;
         {
             let mut g = |buf: &mut CudaSlice<f32>, len: usize, what: &str| -> Result<()> {
-                grew |= grow(ctx, info, stream, buf, len, what)?;
+                grew |= to.grow(buf, len, what)?;
                 Ok(())
             };
             g(&mut s.x, cap * h, "x")?;
@@ -216,7 +276,7 @@ impl Scratch {
             g(&mut s.logits, rcap * vocab, "logits")?;
         }
         let mut g = |buf: &mut CudaSlice<u32>, len: usize, what: &str| -> Result<()> {
-            grew |= grow(ctx, info, stream, buf, len, what)?;
+            grew |= to.grow(buf, len, what)?;
             Ok(())
         };
         g(&mut s.ids, cap, "ids")?;
@@ -227,9 +287,9 @@ impl Scratch {
         g(&mut s.rows, rcap, "rows")?;
         g(&mut s.next, rcap, "next")?;
         g(&mut s.tiles, 2 * cap, "attention tiles")?;
-        // The packed step arrays: 4 per token, the block tables, the rows, cos and sin,
-        // the tiles (at most one per token).
-        g(&mut s.stage, 6 * cap + bt_len.next_power_of_two() + rcap + 2 * cap * half, "step arrays")?;
+        // The packed step arrays, with at most one tile per token.
+        let z = StageShape { n: cap, nr: rcap, bt: bt_len.next_power_of_two(), n_tiles: cap, half };
+        g(&mut s.stage, stage_len(z), "step arrays")?;
         Ok(grew)
     }
 
@@ -294,28 +354,54 @@ pub struct CudaBackend {
     graph_cache: HashMap<Launch, Graph>,
 }
 
-/// Allocation or copy failure: `LLMRT_OUT_OF_MEMORY` with the sizes when the device
-/// ran out, else `LLMRT_DEVICE`.
-fn mem_err(ctx: &Arc<CudaContext>, dev: &DeviceInfo, what: &str, bytes: usize, e: DriverError) -> Error {
-    if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        let free = match ctx.mem_get_info() {
-            Ok((free, total)) => format!("{free} of {total} bytes free"),
-            Err(_) => format!("{} bytes total", dev.total_mem),
-        };
-        Error::out_of_memory(format!(
-            "cuda:{} {}: out of device memory for {what} ({bytes} bytes; {free})",
-            dev.ordinal, dev.name
-        ))
-    } else {
-        driver_err(&format!("allocating/uploading {what} ({bytes} bytes)"), e)
+/// Where a backend allocates: its context (for memory queries), the device it is on,
+/// the stream every buffer is made and used on.
+#[derive(Clone, Copy)]
+struct Alloc<'a> {
+    ctx: &'a Arc<CudaContext>,
+    dev: &'a DeviceInfo,
+    stream: &'a Arc<CudaStream>,
+}
+
+impl Alloc<'_> {
+    /// Allocation or copy failure: `LLMRT_OUT_OF_MEMORY` with the sizes when the device
+    /// ran out, else `LLMRT_DEVICE`.
+    fn mem_err(&self, what: &str, bytes: usize, e: DriverError) -> Error {
+        let dev = self.dev;
+        if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            let free = match self.ctx.mem_get_info() {
+                Ok((free, total)) => format!("{free} of {total} bytes free"),
+                Err(_) => format!("{} bytes total", dev.total_mem),
+            };
+            Error::out_of_memory(format!(
+                "cuda:{} {}: out of device memory for {what} ({bytes} bytes; {free})",
+                dev.ordinal, dev.name
+            ))
+        } else {
+            driver_err(&format!("allocating/uploading {what} ({bytes} bytes)"), e)
+        }
+    }
+
+    /// A zeroed buffer of `len` elements.
+    fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize, what: &str) -> Result<CudaSlice<T>> {
+        let bytes = len * std::mem::size_of::<T>();
+        self.stream.alloc_zeros::<T>(len).map_err(|e| self.mem_err(what, bytes, e))
+    }
+
+    /// Makes `buf` hold at least `len` elements (contents are not kept); returns whether
+    /// it was reallocated.
+    fn grow<T: DeviceRepr + ValidAsZeroBits>(&self, buf: &mut CudaSlice<T>, len: usize, what: &str) -> Result<bool> {
+        if buf.len() < len {
+            *buf = self.zeros(len, &format!("scratch buffer {what}"))?;
+            return Ok(true);
+        }
+        Ok(false)
     }
 }
 
 /// Uploads the weights, reporting bytes done.
 struct Uploader<'a> {
-    ctx: &'a Arc<CudaContext>,
-    stream: &'a Arc<CudaStream>,
-    dev: &'a DeviceInfo,
+    to: Alloc<'a>,
     weights: &'a Weights,
     done: u64,
     total: u64,
@@ -325,10 +411,7 @@ struct Uploader<'a> {
 impl Uploader<'_> {
     fn upload<T: DeviceRepr>(&mut self, what: &str, host: &[T]) -> Result<CudaSlice<T>> {
         let bytes = std::mem::size_of_val(host);
-        let d = self
-            .stream
-            .clone_htod(host)
-            .map_err(|e| mem_err(self.ctx, self.dev, &format!("tensor {what}"), bytes, e))?;
+        let d = self.to.stream.clone_htod(host).map_err(|e| self.to.mem_err(&format!("tensor {what}"), bytes, e))?;
         self.done += bytes as u64;
         (self.progress)((self.done as f64 / self.total.max(1) as f64).min(1.0) as f32);
         Ok(d)
@@ -342,25 +425,6 @@ impl Uploader<'_> {
     fn vector(&mut self, name: &str, v: &[f32]) -> Result<CudaSlice<f32>> {
         self.upload(name, v)
     }
-}
-
-/// Makes `buf` hold at least `len` elements (contents are not kept); returns whether it
-/// was reallocated.
-fn grow<T: DeviceRepr + ValidAsZeroBits>(
-    ctx: &Arc<CudaContext>,
-    dev: &DeviceInfo,
-    stream: &Arc<CudaStream>,
-    buf: &mut CudaSlice<T>,
-    len: usize,
-    what: &str,
-) -> Result<bool> {
-    if buf.len() < len {
-        let bytes = len * std::mem::size_of::<T>();
-        *buf =
-            stream.alloc_zeros::<T>(len).map_err(|e| mem_err(ctx, dev, &format!("scratch buffer {what}"), bytes, e))?;
-        return Ok(true);
-    }
-    Ok(false)
 }
 
 /// The host-side arrays of one step.
@@ -388,21 +452,24 @@ struct Plan {
 }
 
 impl Plan {
-    /// Every array as u32 words in the order `launch_step` unpacks them: ids, seq, pos,
-    /// slots, block tables, rows, cos bits, sin bits, tiles.
+    /// Every array as u32 words in the order of [`STAGE`] (cos and sin as f32 bits).
     fn packed(&self) -> Vec<u32> {
         let mut v = Vec::with_capacity(
-            4 * self.ids.len() + self.block_tables.len() + self.rows.len() + self.cos.len() + self.sin.len(),
+            4 * self.ids.len() + self.block_tables.len() + self.rows.len() + 2 * self.cos.len() + self.tiles.len(),
         );
-        v.extend_from_slice(&self.ids);
-        v.extend_from_slice(&self.seq);
-        v.extend_from_slice(&self.pos);
-        v.extend_from_slice(&self.slots);
-        v.extend_from_slice(&self.block_tables);
-        v.extend_from_slice(&self.rows);
-        v.extend(self.cos.iter().map(|f| f.to_bits()));
-        v.extend(self.sin.iter().map(|f| f.to_bits()));
-        v.extend_from_slice(&self.tiles);
+        for part in STAGE {
+            match part {
+                Part::Ids => v.extend_from_slice(&self.ids),
+                Part::Seq => v.extend_from_slice(&self.seq),
+                Part::Pos => v.extend_from_slice(&self.pos),
+                Part::Slots => v.extend_from_slice(&self.slots),
+                Part::BlockTables => v.extend_from_slice(&self.block_tables),
+                Part::Rows => v.extend_from_slice(&self.rows),
+                Part::Cos => v.extend(self.cos.iter().map(|f| f.to_bits())),
+                Part::Sin => v.extend(self.sin.iter().map(|f| f.to_bits())),
+                Part::Tiles => v.extend_from_slice(&self.tiles),
+            }
+        }
         v
     }
 
@@ -522,7 +589,8 @@ impl CudaBackend {
         let ops = Ops::new(&ctx, stream.clone(), info.sm())?;
 
         let tied = same_tensor(&w.output, &w.token_embd);
-        let mut up = Uploader { ctx: &ctx, stream: &stream, dev: &info, weights: w, done: 0, total: w.bytes, progress };
+        let to = Alloc { ctx: &ctx, dev: &info, stream: &stream };
+        let mut up = Uploader { to, weights: w, done: 0, total: w.bytes, progress };
         let token_embd = up.matrix(&w.token_embd)?;
         let output_norm = up.vector("output_norm.weight", &w.output_norm)?;
         let output = if tied { None } else { Some(up.matrix(&w.output)?) };
@@ -558,41 +626,40 @@ impl CudaBackend {
 
         let weight_bytes = up.done;
         let inv_freq = cfg.rope_inv_freq(w.rope_freqs.as_deref());
-        let z = |n: usize| stream.alloc_zeros::<f32>(n).map_err(|e| mem_err(&ctx, &info, "scratch buffers", n * 4, e));
-        let zu = |n: usize| stream.alloc_zeros::<u32>(n).map_err(|e| mem_err(&ctx, &info, "scratch buffers", n * 4, e));
+        const SB: &str = "scratch buffers";
         let mut s = Scratch {
-            x: z(1)?,
-            xn: z(1)?,
-            q: z(1)?,
-            k: z(1)?,
-            v: z(1)?,
-            att: z(1)?,
-            proj: z(1)?,
-            gate: z(1)?,
-            up: z(1)?,
-            cos: z(1)?,
-            sin: z(1)?,
-            ids: zu(1)?,
-            seq: zu(1)?,
-            pos: zu(1)?,
-            slots: zu(1)?,
-            block_tables: zu(1)?,
-            rows: zu(1)?,
-            sel: z(1)?,
-            seln: z(1)?,
-            logits: z(1)?,
-            next: zu(1)?,
-            part_o: z(1)?,
-            part_ml: z(1)?,
-            stage: zu(1)?,
-            tiles: zu(1)?,
+            x: to.zeros(1, SB)?,
+            xn: to.zeros(1, SB)?,
+            q: to.zeros(1, SB)?,
+            k: to.zeros(1, SB)?,
+            v: to.zeros(1, SB)?,
+            att: to.zeros(1, SB)?,
+            proj: to.zeros(1, SB)?,
+            gate: to.zeros(1, SB)?,
+            up: to.zeros(1, SB)?,
+            cos: to.zeros(1, SB)?,
+            sin: to.zeros(1, SB)?,
+            ids: to.zeros(1, SB)?,
+            seq: to.zeros(1, SB)?,
+            pos: to.zeros(1, SB)?,
+            slots: to.zeros(1, SB)?,
+            block_tables: to.zeros(1, SB)?,
+            rows: to.zeros(1, SB)?,
+            sel: to.zeros(1, SB)?,
+            seln: to.zeros(1, SB)?,
+            logits: to.zeros(1, SB)?,
+            next: to.zeros(1, SB)?,
+            part_o: to.zeros(1, SB)?,
+            part_ml: to.zeros(1, SB)?,
+            stage: to.zeros(1, SB)?,
+            tiles: to.zeros(1, SB)?,
         };
         // Memory plan: the scratch of a planned step first (activations, step arrays,
         // cuBLAS activation and dequantization scratch), then the KV pool from what is left.
         stream.synchronize().map_err(|e| driver_err("uploading weights", e))?;
         let pt = plan_tokens(context);
         let pr = pt.min(PLAN_MAX_ROWS);
-        s.ensure(&ctx, &info, &stream, &cfg, pt, pr, pt.div_ceil(BLOCK_POSITIONS))?;
+        s.ensure(to, &cfg, pt, pr, pt.div_ceil(BLOCK_POSITIONS))?;
         let all = layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
         let all: Vec<&DevWeight> = all.chain(std::iter::once(&token_embd)).chain(output.as_ref()).collect();
         let max_cols = all.iter().map(|w| w.cols).max().unwrap_or(0);
@@ -696,22 +763,16 @@ impl CudaBackend {
 
         // Scratch for this launch shape; a regrown buffer invalidates the captured graphs.
         let CudaBackend { ctx, info, stream, cfg, s, graph_cache, .. } = self;
-        let mut grew = s.ensure(
-            ctx,
-            info,
-            stream,
-            cfg,
-            n.next_power_of_two(),
-            nr.next_power_of_two().max(1),
-            plan.block_tables.len(),
-        )?;
+        let to = Alloc { ctx, dev: info, stream };
+        let mut grew =
+            s.ensure(to, cfg, n.next_power_of_two(), nr.next_power_of_two().max(1), plan.block_tables.len())?;
         if let Some((ns, _)) = split {
             let (po, pm) = Ops::split_scratch_len(n, shape, ns);
-            grew |= grow(ctx, info, stream, &mut s.part_o, po, "split-KV partials")?;
-            grew |= grow(ctx, info, stream, &mut s.part_ml, pm, "split-KV partials")?;
+            grew |= to.grow(&mut s.part_o, po, "split-KV partials")?;
+            grew |= to.grow(&mut s.part_ml, pm, "split-KV partials")?;
         }
         let packed = plan.packed();
-        grew |= grow(ctx, info, stream, &mut s.stage, packed.len(), "step arrays")?;
+        grew |= to.grow(&mut s.stage, packed.len(), "step arrays")?;
         if grew {
             graph_cache.clear();
         }
@@ -781,61 +842,34 @@ impl CudaBackend {
         let CudaBackend { stream, ops, token_embd, layers, output_norm, output, kv, s, .. } = self;
         let fast = ops.fast_paths();
 
-        // Unpack: [ids n][seq n][pos n][slots n][block tables n_seqs*max_blocks][rows nr]
-        // [cos n*hd/2][sin n*hd/2], u32 words (cos/sin as f32 bits), as Plan::packed.
+        // Unpack the stage, part by part in the order of STAGE (as Plan::packed wrote it).
         {
-            let half = hd / 2;
-            let lens = [n, n, n, n, n_seqs * max_blocks, nr, n * half, n * half, 2 * n_tiles];
-            let (src, _gs) = s.stage.device_ptr(stream);
-            let mut off = 0usize;
-            let dsts: [(&mut CudaSlice<u32>, &str); 6] = [
-                (&mut s.ids, "token ids"),
-                (&mut s.seq, "sequence indices"),
-                (&mut s.pos, "positions"),
-                (&mut s.slots, "slot ids"),
-                (&mut s.block_tables, "block tables"),
-                (&mut s.rows, "wanted rows"),
-            ];
-            let total: usize = lens.iter().sum();
+            let z = StageShape { n, nr, bt: n_seqs * max_blocks, n_tiles, half: hd / 2 };
+            let total = stage_len(z);
             if s.stage.len() < total {
                 return Err(Error::internal(format!(
                     "step arrays: stage holds {} words, {total} needed",
                     s.stage.len()
                 )));
             }
-            // Words `off..off + len` of the stage into the `have`-element buffer at `d`.
-            let unpack = |d: sys::CUdeviceptr, have: usize, off: usize, len: usize, what: &str| -> Result<()> {
-                if len == 0 {
-                    return Ok(());
+            let (src, _gs) = s.stage.device_ptr(stream);
+            let mut off = 0usize;
+            for part in STAGE {
+                let len = part.len(z);
+                let src = Words { ptr: src, off, len, what: part.what() };
+                match part {
+                    Part::Ids => unpack(stream, src, &mut s.ids)?,
+                    Part::Seq => unpack(stream, src, &mut s.seq)?,
+                    Part::Pos => unpack(stream, src, &mut s.pos)?,
+                    Part::Slots => unpack(stream, src, &mut s.slots)?,
+                    Part::BlockTables => unpack(stream, src, &mut s.block_tables)?,
+                    Part::Rows => unpack(stream, src, &mut s.rows)?,
+                    Part::Cos => unpack(stream, src, &mut s.cos)?,
+                    Part::Sin => unpack(stream, src, &mut s.sin)?,
+                    Part::Tiles => unpack(stream, src, &mut s.tiles)?,
                 }
-                if have < len {
-                    return Err(Error::internal(format!("{what}: {have} elements, {len} needed")));
-                }
-                // SAFETY: src + off*4 .. + len*4 lies in the stage (total <= stage.len(),
-                // checked above) and d .. + len*4 in the destination (checked); both are
-                // device allocations of this context, distinct buffers of 4-byte words
-                // (cos/sin are the f32 bits the host wrote); the copy is ordered on
-                // `stream` like every use of them.
-                unsafe {
-                    cudarc::driver::result::memcpy_dtod_async(d, src + (off * 4) as u64, len * 4, stream.cu_stream())
-                }
-                .map_err(|e| driver_err(&format!("unpacking the step's {what} (cuMemcpyDtoDAsync)"), e))
-            };
-            for (i, (dst, what)) in dsts.into_iter().enumerate() {
-                let have = dst.len();
-                let (d, _gd) = dst.device_ptr_mut(stream);
-                unpack(d, have, off, lens[i], what)?;
-                off += lens[i];
+                off += len;
             }
-            for (i, (dst, what)) in [(&mut s.cos, "RoPE cos"), (&mut s.sin, "RoPE sin")].into_iter().enumerate() {
-                let have = dst.len();
-                let (d, _gd) = dst.device_ptr_mut(stream);
-                unpack(d, have, off, lens[6 + i], what)?;
-                off += lens[6 + i];
-            }
-            let have = s.tiles.len();
-            let (d, _gd) = s.tiles.device_ptr_mut(stream);
-            unpack(d, have, off, lens[8], "attention tiles")?;
         }
 
         ops.embed(token_embd, &s.ids, n, &mut s.x)?;
@@ -941,6 +975,37 @@ impl CudaBackend {
             })
             .sum()
     }
+}
+
+/// Words `off..off + len` of the stage at device address `ptr` (the stage holds them:
+/// `launch_step` checks its length against [`stage_len`] first).
+#[derive(Clone, Copy)]
+struct Words {
+    ptr: sys::CUdeviceptr,
+    off: usize,
+    len: usize,
+    what: &'static str,
+}
+
+/// Copies the stage words `src` into the start of `dst` (4-byte elements: u32, or f32
+/// whose bits the host packed), ordered on `stream`.
+fn unpack<T: DeviceRepr>(stream: &Arc<CudaStream>, src: Words, dst: &mut CudaSlice<T>) -> Result<()> {
+    const { assert!(std::mem::size_of::<T>() == 4) };
+    if src.len == 0 {
+        return Ok(());
+    }
+    if dst.len() < src.len {
+        return Err(Error::internal(format!("{}: {} elements, {} needed", src.what, dst.len(), src.len)));
+    }
+    let (d, _gd) = dst.device_ptr_mut(stream);
+    // SAFETY: src.ptr + off*4 .. + len*4 lies in the stage (its length was checked against
+    // stage_len by launch_step) and d .. + len*4 in `dst` (checked above, 4-byte
+    // elements); both are device allocations of this context, distinct buffers; the copy
+    // is ordered on `stream` like every use of them.
+    unsafe {
+        cudarc::driver::result::memcpy_dtod_async(d, src.ptr + (src.off * 4) as u64, src.len * 4, stream.cu_stream())
+    }
+    .map_err(|e| driver_err(&format!("unpacking the step's {} (cuMemcpyDtoDAsync)", src.what), e))
 }
 
 /// f16 K and V of every layer.
@@ -1069,6 +1134,11 @@ mod tests {
         // Packed: ids, seq, pos, slots, tables, rows, cos and sin bits, tiles.
         let w = p.packed();
         assert_eq!(w.len(), 4 * 6 + 9 + 4 + 12 + 12 + 6);
+        assert_eq!(
+            w.len(),
+            stage_len(StageShape { n: 6, nr: 4, bt: 9, n_tiles: 3, half: 2 }),
+            "STAGE sizes the packing"
+        );
         assert_eq!(&w[w.len() - 6..], &p.tiles[..]);
         let long: Vec<u32> = (0..40).collect();
         let blocks: Vec<u32> = (0..8).collect();
