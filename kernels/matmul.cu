@@ -386,8 +386,10 @@ __device__ __forceinline__ void gemv_fast_rows(const unsigned char* __restrict__
 }
 
 // F16 / BF16: the row loop of gemv_fast_rows written out for a row pointer the kernel
-// computes once (the form whose register use kernel-check's table records: 80 registers;
-// the fast_acc form takes 96 here).
+// computes once, and its chunk loop (the same as fast_acc's) written out in place: nvcc
+// gives this form 80 registers, while calling fast_acc, or a shared chunk-step function,
+// from here takes 96 (fewer blocks per SM on the decode path). The sums are the same
+// instructions either way; keep the two loops equal.
 template <bool Bf16>
 __device__ __forceinline__ void gemv_fast_half(const uint4* __restrict__ w8, const float* __restrict__ x,
                                                float* __restrict__ y, int rows, int row, int cols, int batch,

@@ -420,6 +420,42 @@ fn random_pool(d: &Dev, rng: &mut XorShift, n_blocks: usize, n_layers: usize, kv
     (kv, host)
 }
 
+/// The arguments of every attention launcher: `ids` are the sequence indices,
+/// positions and block tables of the step.
+fn attn<'a>(
+    q: &'a CudaSlice<f32>,
+    kv: &'a KvPool,
+    layer: usize,
+    ids: [&'a CudaSlice<u32>; 3],
+    max_blocks: usize,
+    n_tokens: usize,
+    shape: AttnShape,
+) -> AttnArgs<'a> {
+    let [seq, pos, block_tables] = ids;
+    AttnArgs { q, kv, layer, seq, pos, block_tables, max_blocks, n_tokens, shape }
+}
+
+/// The guard every attention launcher keeps: two tokens of one sequence (heads 2/1,
+/// head_dim 16) over a table of 2 blocks, at `positions` (the second past the table).
+/// `run` launches on them: the first row must come out finite, the second NaN (the
+/// kernel reads nothing past the table).
+fn bad_position_gives_nan(
+    d: &Dev,
+    op: &str,
+    positions: [u32; 2],
+    run: impl FnOnce(&AttnArgs, &mut CudaSlice<f32>) -> llmrt::Result<()>,
+) {
+    let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 16 };
+    let kv = KvPool::new(&d.stream, 2, 1, 16).expect("KvPool::new");
+    let (q, seq, pos, table) = (d.up(&[0.5f32; 64]), d.up(&[0u32, 0]), d.up(&positions), d.up(&[1u32, 0]));
+    let mut out = d.nan(2 * 32);
+    run(&attn(&q, &kv, 0, [&seq, &pos, &table], 2, 2, shape), &mut out)
+        .unwrap_or_else(|e| panic!("{op} with a bad position: {e}"));
+    let got = d.down(&out);
+    assert!(got[..32].iter().all(|v| v.is_finite()), "{op}: the good token");
+    assert!(got[32..].iter().all(|v| v.is_nan()), "{op}: a position past the block table must give NaN");
+}
+
 const SHAPES: &[(usize, usize, usize)] = &[(8, 2, 32), (4, 4, 16), (4, 1, 128), (2, 2, 256), (6, 3, 80), (2, 1, 64)];
 
 #[test]
@@ -520,17 +556,7 @@ fn attention_matches_cpu_gqa_and_mha_over_pages() {
         let mut out = d.nan(n * qd + TAIL);
         d.ops
             .attention(
-                &AttnArgs {
-                    q: &d.up(&q),
-                    kv: &kv,
-                    layer,
-                    seq: &d.up(&seq),
-                    pos: &d.up(&pos),
-                    block_tables: &d.up(&tables),
-                    max_blocks,
-                    n_tokens: n,
-                    shape,
-                },
+                &attn(&d.up(&q), &kv, layer, [&d.up(&seq), &d.up(&pos), &d.up(&tables)], max_blocks, n, shape),
                 &mut out,
             )
             .expect("attention");
@@ -555,17 +581,15 @@ fn attention_matches_cpu_gqa_and_mha_over_pages() {
         let mut one = d.nan(qd);
         d.ops
             .attention(
-                &AttnArgs {
-                    q: &d.up(&q[t * qd..(t + 1) * qd]),
-                    kv: &kv,
+                &attn(
+                    &d.up(&q[t * qd..(t + 1) * qd]),
+                    &kv,
                     layer,
-                    seq: &d.up(&[2u32]),
-                    pos: &d.up(&[299u32]),
-                    block_tables: &d.up(&tables),
+                    [&d.up(&[2u32]), &d.up(&[299u32]), &d.up(&tables)],
                     max_blocks,
-                    n_tokens: 1,
+                    1,
                     shape,
-                },
+                ),
                 &mut one,
             )
             .expect("attention, one token");
@@ -575,44 +599,13 @@ fn attention_matches_cpu_gqa_and_mha_over_pages() {
 
     // Guards: a position past the table gives a NaN row, not an out-of-bounds read;
     // bad shapes are refused.
-    let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 16 };
-    let kv = KvPool::new(&d.stream, 2, 1, 16).expect("KvPool::new");
-    let mut out = d.nan(2 * 32);
-    d.ops
-        .attention(
-            &AttnArgs {
-                q: &d.up(&[0.5f32; 64]),
-                kv: &kv,
-                layer: 0,
-                seq: &d.up(&[0u32, 0]),
-                pos: &d.up(&[3u32, 32]),
-                block_tables: &d.up(&[1u32, 0]),
-                max_blocks: 2,
-                n_tokens: 2,
-                shape,
-            },
-            &mut out,
-        )
-        .expect("attention with a bad position");
-    let got = d.down(&out);
-    assert!(got[..32].iter().all(|v| v.is_finite()), "good token");
-    assert!(got[32..].iter().all(|v| v.is_nan()), "position past the block table must give NaN");
+    bad_position_gives_nan(d, "attention", [3, 32], |a, out| d.ops.attention(a, out));
     let bad = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 512 };
     let kv_big = KvPool::new(&d.stream, 1, 1, 512).expect("KvPool::new");
     let err = d
         .ops
         .attention(
-            &AttnArgs {
-                q: &d.up(&[0.0f32; 1024]),
-                kv: &kv_big,
-                layer: 0,
-                seq: &d.up(&[0u32]),
-                pos: &d.up(&[0u32]),
-                block_tables: &d.up(&[0u32]),
-                max_blocks: 1,
-                n_tokens: 1,
-                shape: bad,
-            },
+            &attn(&d.up(&[0.0f32; 1024]), &kv_big, 0, [&d.up(&[0u32]), &d.up(&[0u32]), &d.up(&[0u32])], 1, 1, bad),
             &mut d.nan(1024),
         )
         .expect_err("head_dim 512");
@@ -760,20 +753,7 @@ fn attention_split_kv_matches_cpu_and_the_one_kernel_attention() {
         });
         let mut one = d.nan(n * qd);
         d.ops
-            .attention(
-                &AttnArgs {
-                    q: &q_d,
-                    kv: &kv,
-                    layer,
-                    seq: &seq_d,
-                    pos: &pos_d,
-                    block_tables: &tab_d,
-                    max_blocks,
-                    n_tokens: n,
-                    shape,
-                },
-                &mut one,
-            )
+            .attention(&attn(&q_d, &kv, layer, [&seq_d, &pos_d, &tab_d], max_blocks, n, shape), &mut one)
             .expect("attention");
         let one = d.down(&one);
         // The planned split, and every split length by hand.
@@ -784,17 +764,7 @@ fn attention_split_kv_matches_cpu_and_the_one_kernel_attention() {
             let mut out = d.nan(n * qd + TAIL);
             d.ops
                 .attention_split(
-                    &AttnArgs {
-                        q: &q_d,
-                        kv: &kv,
-                        layer,
-                        seq: &seq_d,
-                        pos: &pos_d,
-                        block_tables: &tab_d,
-                        max_blocks,
-                        n_tokens: n,
-                        shape,
-                    },
+                    &attn(&q_d, &kv, layer, [&seq_d, &pos_d, &tab_d], max_blocks, n, shape),
                     split,
                     &mut part_o,
                     &mut part_ml,
@@ -816,17 +786,15 @@ fn attention_split_kv_matches_cpu_and_the_one_kernel_attention() {
         let (mut part_o, mut part_ml, mut alone) = (d.nan(po), d.nan(pm), d.nan(qd));
         d.ops
             .attention_split(
-                &AttnArgs {
-                    q: &d.up(&q[t * qd..(t + 1) * qd]),
-                    kv: &kv,
+                &attn(
+                    &d.up(&q[t * qd..(t + 1) * qd]),
+                    &kv,
                     layer,
-                    seq: &d.up(&[0u32]),
-                    pos: &d.up(&[299u32]),
-                    block_tables: &d.up(&own),
-                    max_blocks: 19,
-                    n_tokens: 1,
+                    [&d.up(&[0u32]), &d.up(&[299u32]), &d.up(&own)],
+                    19,
+                    1,
                     shape,
-                },
+                ),
                 d.ops.split_plan(1, nkv, 19),
                 &mut part_o,
                 &mut part_ml,
@@ -837,17 +805,7 @@ fn attention_split_kv_matches_cpu_and_the_one_kernel_attention() {
         let (mut part_o, mut part_ml, mut batch) = (d.nan(po), d.nan(pm), d.nan(n * qd));
         d.ops
             .attention_split(
-                &AttnArgs {
-                    q: &q_d,
-                    kv: &kv,
-                    layer,
-                    seq: &seq_d,
-                    pos: &pos_d,
-                    block_tables: &tab_d,
-                    max_blocks,
-                    n_tokens: n,
-                    shape,
-                },
+                &attn(&q_d, &kv, layer, [&seq_d, &pos_d, &tab_d], max_blocks, n, shape),
                 planned,
                 &mut part_o,
                 &mut part_ml,
@@ -868,42 +826,13 @@ fn attention_split_kv_matches_cpu_and_the_one_kernel_attention() {
     let kv = KvPool::new(&d.stream, 2, 1, 16).expect("KvPool::new");
     let (mut po, mut pm) = (d.nan(2 * 2 * 2 * 16), d.nan(2 * 2 * 2 * 2));
     let mut out = d.nan(2 * 32);
-    d.ops
-        .attention_split(
-            &AttnArgs {
-                q: &d.up(&[0.5f32; 64]),
-                kv: &kv,
-                layer: 0,
-                seq: &d.up(&[0u32, 0]),
-                pos: &d.up(&[3u32, 32]),
-                block_tables: &d.up(&[1u32, 0]),
-                max_blocks: 2,
-                n_tokens: 2,
-                shape,
-            },
-            (2, 16),
-            &mut po,
-            &mut pm,
-            &mut out,
-        )
-        .expect("attention_split with a bad position");
-    let got = d.down(&out);
-    assert!(got[..32].iter().all(|v| v.is_finite()), "good token");
-    assert!(got[32..].iter().all(|v| v.is_nan()), "position past the block table must give NaN");
+    bad_position_gives_nan(d, "attention_split", [3, 32], |a, out| {
+        d.ops.attention_split(a, (2, 16), &mut po, &mut pm, out)
+    });
     let err = d
         .ops
         .attention_split(
-            &AttnArgs {
-                q: &d.up(&[0.5f32; 64]),
-                kv: &kv,
-                layer: 0,
-                seq: &d.up(&[0u32]),
-                pos: &d.up(&[3u32]),
-                block_tables: &d.up(&[1u32, 0]),
-                max_blocks: 2,
-                n_tokens: 1,
-                shape,
-            },
+            &attn(&d.up(&[0.5f32; 64]), &kv, 0, [&d.up(&[0u32]), &d.up(&[3u32]), &d.up(&[1u32, 0])], 2, 1, shape),
             (1, 16),
             &mut po,
             &mut pm,
@@ -915,17 +844,7 @@ fn attention_split_kv_matches_cpu_and_the_one_kernel_attention() {
     let err = d
         .ops
         .attention_split(
-            &AttnArgs {
-                q: &d.up(&[0.5f32; 256]),
-                kv: &kv,
-                layer: 0,
-                seq: &d.up(&[0u32]),
-                pos: &d.up(&[3u32]),
-                block_tables: &d.up(&[1u32, 0]),
-                max_blocks: 2,
-                n_tokens: 1,
-                shape: g16,
-            },
+            &attn(&d.up(&[0.5f32; 256]), &kv, 0, [&d.up(&[0u32]), &d.up(&[3u32]), &d.up(&[1u32, 0])], 2, 1, g16),
             (2, 16),
             &mut po,
             &mut pm,
@@ -980,17 +899,7 @@ fn attention_tiled_prefill_matches_cpu_and_the_one_kernel_attention() {
         let mut out = d.nan(n * qd + TAIL);
         d.ops
             .attention_prefill(
-                &AttnArgs {
-                    q: &q_d,
-                    kv: &kv,
-                    layer,
-                    seq: &seq_d,
-                    pos: &pos_d,
-                    block_tables: &tab_d,
-                    max_blocks,
-                    n_tokens: n,
-                    shape,
-                },
+                &attn(&q_d, &kv, layer, [&seq_d, &pos_d, &tab_d], max_blocks, n, shape),
                 &d.up(&tiles),
                 tiles.len() / 2,
                 &mut out,
@@ -1013,20 +922,7 @@ fn attention_tiled_prefill_matches_cpu_and_the_one_kernel_attention() {
         worst.check(case.clone(), &got[..n * qd], &want, 1e-4);
         let mut one = d.nan(n * qd);
         d.ops
-            .attention(
-                &AttnArgs {
-                    q: &q_d,
-                    kv: &kv,
-                    layer,
-                    seq: &seq_d,
-                    pos: &pos_d,
-                    block_tables: &tab_d,
-                    max_blocks,
-                    n_tokens: n,
-                    shape,
-                },
-                &mut one,
-            )
+            .attention(&attn(&q_d, &kv, layer, [&seq_d, &pos_d, &tab_d], max_blocks, n, shape), &mut one)
             .expect("attention");
         worst_vs.check(case, &got[..n * qd], &d.down(&one), 1e-5);
     }
@@ -1057,17 +953,7 @@ fn attention_tiled_prefill_matches_cpu_and_the_one_kernel_attention() {
         let mut out = d.nan(n * qd);
         d.ops
             .attention_prefill(
-                &AttnArgs {
-                    q: &q_d,
-                    kv: &kv,
-                    layer: 0,
-                    seq: &seq_d,
-                    pos: &pos_d,
-                    block_tables: &tab_d,
-                    max_blocks: 2,
-                    n_tokens: n,
-                    shape,
-                },
+                &attn(&q_d, &kv, 0, [&seq_d, &pos_d, &tab_d], 2, n, shape),
                 &d.up(&[0u32, 16, 16, 4]),
                 2,
                 &mut out,
@@ -1092,46 +978,15 @@ fn attention_tiled_prefill_matches_cpu_and_the_one_kernel_attention() {
     }
 
     // Guards: a tile reaching past the table gives NaN rows; head_dim % 8 != 0 is refused.
-    let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 16 };
-    let kv = KvPool::new(&d.stream, 2, 1, 16).expect("KvPool::new");
-    let mut out = d.nan(2 * 32);
-    d.ops
-        .attention_prefill(
-            &AttnArgs {
-                q: &d.up(&[0.5f32; 64]),
-                kv: &kv,
-                layer: 0,
-                seq: &d.up(&[0u32, 0]),
-                pos: &d.up(&[31u32, 32]),
-                block_tables: &d.up(&[1u32, 0]),
-                max_blocks: 2,
-                n_tokens: 2,
-                shape,
-            },
-            &d.up(&[0u32, 1, 1, 1]),
-            2,
-            &mut out,
-        )
-        .expect("attention_prefill with a bad position");
-    let got = d.down(&out);
-    assert!(got[..32].iter().all(|v| v.is_finite()), "good tile");
-    assert!(got[32..].iter().all(|v| v.is_nan()), "a tile past the block table must give NaN");
+    // (Tiles: token 0 alone, token 1 alone.)
+    let tiles = d.up(&[0u32, 1, 1, 1]);
+    bad_position_gives_nan(d, "attention_prefill", [31, 32], |a, out| d.ops.attention_prefill(a, &tiles, 2, out));
     let odd = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 20 };
     let kv20 = KvPool::new(&d.stream, 1, 1, 20).expect("KvPool::new");
     let err = d
         .ops
         .attention_prefill(
-            &AttnArgs {
-                q: &d.up(&[0.0f32; 40]),
-                kv: &kv20,
-                layer: 0,
-                seq: &d.up(&[0u32]),
-                pos: &d.up(&[0u32]),
-                block_tables: &d.up(&[0u32]),
-                max_blocks: 1,
-                n_tokens: 1,
-                shape: odd,
-            },
+            &attn(&d.up(&[0.0f32; 40]), &kv20, 0, [&d.up(&[0u32]), &d.up(&[0u32]), &d.up(&[0u32])], 1, 1, odd),
             &d.up(&[0u32, 1]),
             1,
             &mut d.nan(40),
