@@ -2,8 +2,9 @@
 //! [`ARCHS`] when an nvcc is found, and `OUT_DIR/kernels.rs` embeds the PTX
 //! (`PTX: &[(stem, sm, ptx)]`) and always the sources (`SOURCES: &[(stem, source)]`,
 //! for NVRTC at run time) with the shared headers they include (`HEADERS: &[(file name,
-//! text)]` of `kernels/*.cuh`, spliced into the sources for NVRTC). Without nvcc only the sources are embedded and one
-//! cargo:warning says so; an nvcc error fails the build with nvcc's output.
+//! text)]` of `kernels/*.cuh`, spliced into the sources for NVRTC). Without nvcc only
+//! the sources are embedded and one cargo:warning says so; an nvcc error fails the
+//! build with nvcc's output.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

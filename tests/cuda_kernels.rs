@@ -1,7 +1,9 @@
-//! Every device op of `llmrt::backend::cuda::ops::Ops` against its CPU twin
-//! (src/backend/cuda/reference.rs), on buffers that live on the device, with fresh
-//! xorshift inputs per case and outputs poisoned with NaN (every element an op owns
-//! must be written; elements past the op's prefix must stay untouched).
+//! Every device op of `llmrt::backend::cuda::ops::Ops` against its CPU twin (the
+//! oracle in tests/cuda_util/reference.rs), on buffers that live on the device, with
+//! fresh `llmrt::util::XorShift` inputs per case and outputs poisoned with NaN (every
+//! element an op owns must be written; elements past the op's prefix must stay
+//! untouched). Tests are named after the op file they check (`norm_*` for
+//! src/backend/cuda/ops/norm.rs and kernels/norm.cu, `matmul_*`, `attention_*`, ...).
 //!
 //! Bounds (relative L2 vs the twin, which accumulates in f64):
 //! - GEMV: F32 1e-5; F16/BF16/Q8_0/Q4_0 1e-4 (twin on the same dequantized weights).

@@ -1,7 +1,7 @@
 //! Smoke tests of the CUDA kernels (`llmrt::backend::cuda::CudaKernels`: embedded PTX
-//! and NVRTC) against the CPU oracle (tests/cuda_util/reference.rs). Without a CUDA device each device test prints
-//! "skipped: no CUDA device (<reason>)" and passes; scripts/gpu-check.sh runs this
-//! binary on a GPU machine and collects the `MAXERR` lines.
+//! and NVRTC) against the CPU oracle (tests/cuda_util/reference.rs). Without a CUDA
+//! device each device test prints "skipped: no CUDA device (<reason>)" and passes;
+//! scripts/gpu-check.sh runs this binary on a GPU machine and collects the `MAXERR` lines.
 
 mod cuda_util;
 use cuda_util::{reference, Worst, XorShift};

@@ -94,8 +94,9 @@ fn load_nvrtc(ctx: &Arc<CudaContext>, sm: u32) -> Result<Modules> {
 /// `src` (kernels/`stem`.cu) with every `#include "<header>"` line of an embedded
 /// header (`kernels/<header>`) replaced by the header's text, framed by `#line`
 /// directives so NVRTC's messages still name the right file and line. Other
-/// includes (`<cuda_fp16.h>`) stay. A header is spliced at most once per source
-/// (the headers use `#pragma once`, which a spliced text cannot rely on).
+/// includes (`<cuda_fp16.h>`) stay. A header is spliced at most once per source, as
+/// its include guard would have it. This is exactly the text [`nvrtc_compile`] hands
+/// NVRTC (public so that an emulated NVRTC can recognise it).
 pub fn expand_includes(stem: &str, src: &str) -> String {
     let mut out = String::with_capacity(src.len() + embedded::HEADERS.iter().map(|h| h.1.len()).sum::<usize>());
     let mut done: Vec<&str> = Vec::new();

@@ -2,22 +2,24 @@
 //! `dynamic-loading`), so this builds and runs on machines without CUDA: [`probe`]
 //! says whether a device is usable, without panicking when the driver is absent.
 //!
-//! Modules, leaves first (no cycles: each depends only on those above it):
+//! Modules, leaves first (no cycles: each depends only on those above it). Public:
+//! `ops` (the device ops the tests and benchmarks drive) and the re-exports below;
+//! the rest is `pub(crate)`.
 //! - [`embedded`]: what build.rs embedded (PTX per arch, the sources and headers for NVRTC).
-//! - [`device`]: [`probe`], [`DeviceInfo`], driver errors as [`crate::Error`]s, `guarded`.
+//! - `device`: [`probe`], [`DeviceInfo`], driver errors as [`crate::Error`]s, `guarded`.
 //! - `load`: the kernel modules on a context (embedded PTX or NVRTC), [`KernelSource`],
-//!   [`nvrtc_compile`].
+//!   [`nvrtc_compile`], [`expand_includes`].
 //! - [`ops`]: [`ops::Ops`], every op of the forward pass on device buffers, one file per
 //!   op family mirroring `backend/cpu/ops/` and `kernels/`.
-//! - [`kernels`]: [`CudaKernels`], upload-launch-download wrappers of three kernels for
+//! - `kernels`: [`CudaKernels`], upload-launch-download wrappers of three kernels for
 //!   the smoke tests (tests/cuda_smoke.rs).
 //! - `runner`: the [`crate::backend::Backend`] on one device (`CudaBackend`), built on `ops`.
 //!
 //! The CPU oracle the kernels are tested against lives with the tests
 //! (tests/cuda_util/reference.rs), on top of the CPU backend's public functions.
 
-pub mod device;
-pub mod kernels;
+pub(crate) mod device;
+pub(crate) mod kernels;
 pub(crate) mod load;
 pub mod ops;
 pub(crate) mod runner;

@@ -36,7 +36,7 @@ use crate::{Error, Result};
 
 /// Device memory kept free by the default KV budget, beyond the planned scratch: room
 /// for cuBLAS workspaces, CUDA graphs and other allocations of the process.
-pub fn kv_headroom(total: u64) -> u64 {
+pub(crate) fn kv_headroom(total: u64) -> u64 {
     (256u64 << 20) + total / 100
 }
 
@@ -44,26 +44,26 @@ pub fn kv_headroom(total: u64) -> u64 {
 /// after the weights and the planned scratch were allocated: nine tenths of what is
 /// left above [`kv_headroom`] (the last tenth leaves room for another model in the
 /// same process).
-pub fn default_kv_budget(free_after_scratch: u64, total: u64) -> u64 {
+pub(crate) fn default_kv_budget(free_after_scratch: u64, total: u64) -> u64 {
     free_after_scratch.saturating_sub(kv_headroom(total)) / 10 * 9
 }
 
 /// Tokens of one step the scratch is planned (allocated at load) for: the context,
 /// at most [`PLAN_MAX_TOKENS`], rounded up to a power of two. Longer steps still run,
 /// growing the scratch when the device has room.
-pub fn plan_tokens(context: usize) -> usize {
+pub(crate) fn plan_tokens(context: usize) -> usize {
     context.clamp(1, PLAN_MAX_TOKENS).next_power_of_two()
 }
 
 /// Most tokens of one step the load-time scratch plan covers.
-pub const PLAN_MAX_TOKENS: usize = 2048;
+pub(crate) const PLAN_MAX_TOKENS: usize = 2048;
 /// Most logits rows the load-time scratch plan covers (a decode batch, or the rows
 /// of a prefill that wants them all).
-pub const PLAN_MAX_ROWS: usize = 256;
+pub(crate) const PLAN_MAX_ROWS: usize = 256;
 
 /// Decode steps replayed from CUDA graphs pad their block tables to a multiple of this
 /// many blocks (128 positions), so one captured graph serves 128 context lengths.
-pub const GRAPH_BLOCK_BUCKET: usize = 8;
+pub(crate) const GRAPH_BLOCK_BUCKET: usize = 8;
 /// Captured graphs kept per model (launch shapes: batch size, block bucket, ...); the
 /// cache is emptied when full and whenever a scratch buffer is reallocated.
 const GRAPH_CACHE_MAX: usize = 64;
@@ -162,7 +162,7 @@ fn stage_len(z: StageShape) -> usize {
 
 /// What the device memory went to at load (`llmrt_model_info`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MemoryPlan {
+pub(crate) struct MemoryPlan {
     /// Weights as uploaded.
     pub weight_bytes: u64,
     /// Activations, step arrays and the cuBLAS scratch, allocated for the planned step.
@@ -329,7 +329,7 @@ impl Scratch {
 }
 
 /// The CUDA backend of one model.
-pub struct CudaBackend {
+pub(crate) struct CudaBackend {
     cfg: Config,
     info: DeviceInfo,
     ctx: Arc<CudaContext>,
