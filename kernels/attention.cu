@@ -1,5 +1,8 @@
 // Causal attention over the paged KV pool (f16), f32 math.
 //
+// Twins: src/backend/cpu/ops/attention.rs (CPU), src/backend/cuda/ops/attention.rs (launchers);
+// tests: attention_* in tests/cuda_kernels.rs.
+//
 // For token t (sequence seq[t], position pos[t]) and query head h: attends over
 // positions 0..=pos[t] of KV head h / (n_heads / n_kv_heads) in layer `layer`, position
 // p read from block block_tables[seq[t] * max_blocks + p / 16], slot p % 16:

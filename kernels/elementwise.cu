@@ -1,5 +1,8 @@
 // Element-wise kernels, row gathers, argmax.
 //
+// Twins: src/backend/cpu/ops/elementwise.rs (CPU), src/backend/cuda/ops/elementwise.rs (launchers);
+// tests: elementwise_* in tests/cuda_kernels.rs.
+//
 // Unless a kernel says otherwise: launch grid = (G), block = (T) with T a multiple of
 // 32; the kernel walks its elements with a grid-stride loop (64-bit indices), so any
 // G >= 1 covers every element (the launcher uses T = 256 and G = min(ceil(total/T), 65535)).

@@ -1,5 +1,8 @@
 // Embedding gather: out[t][c] = table[ids[t]][c] dequantized to f32.
 //
+// Twins: src/backend/cpu/ops/embed.rs (CPU), src/backend/cuda/ops/embed.rs (launchers);
+// tests: embed_* in tests/cuda_kernels.rs.
+//
 // table: [vocab][hidden] rows of `row_bytes(hidden)` bytes in its stored type (f32,
 // f16, bf16, or ggml Q8_0 / Q4_0 blocks with hidden % 32 == 0); ids: [n] u32;
 // out: [n][hidden] f32. An id >= vocab yields a row of NaN (never an out-of-bounds

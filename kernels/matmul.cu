@@ -1,5 +1,8 @@
 // Matrix-vector products for decode: y[b][r] = sum_c W[r][c] * x[b][c].
 //
+// Twins: src/backend/cpu/ops/matmul.rs (CPU), src/backend/cuda/ops/matmul.rs (launchers);
+// tests: matmul_* in tests/cuda_kernels.rs.
+//
 // W: [rows][cols] row-major weights (f32, f16, bf16, or ggml Q8_0 / Q4_0 blocks);
 // x: [batch][cols] f32;
 // y: [batch][rows] f32. One warp per weight row; a row is read once for up to

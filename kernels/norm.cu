@@ -1,5 +1,8 @@
 // Normalisation kernels.
 //
+// Twins: src/backend/cpu/ops/norm.rs (CPU), src/backend/cuda/ops/norm.rs (launchers);
+// tests: norm_* in tests/cuda_kernels.rs.
+//
 // rmsnorm_f32: y[r][i] = x[r][i] * w[i] / sqrt(mean_i(x[r][i]^2) + eps)
 //   x, y: [rows][n] row-major f32; w: [n] f32.
 //   Launch: grid = (rows), block = (T) with T a multiple of 32, 32 <= T <= 1024.

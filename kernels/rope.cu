@@ -1,5 +1,8 @@
 // RoPE on Q and K, then K (rotated) and V stored as f16 into the paged KV pool.
 //
+// Twins: src/backend/cpu/ops/rope.rs (CPU), src/backend/cuda/ops/rope.rs (launchers);
+// tests: rope_* in tests/cuda_kernels.rs.
+//
 // q: [n_tokens][n_heads * head_dim] f32, rotated in place.
 // k: [n_tokens][n_kv_heads * head_dim] f32, rotated in place.
 // v: [n_tokens][n_kv_heads * head_dim] f32.
