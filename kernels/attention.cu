@@ -1,5 +1,8 @@
 // Causal attention over the paged KV pool (f16), f32 math.
 //
+// Twins: src/backend/cpu/ops/attention.rs (CPU), src/backend/cuda/ops/attention.rs (launchers);
+// tests: attention_* in tests/cuda_kernels.rs.
+//
 // For token t (sequence seq[t], position pos[t]) and query head h: attends over
 // positions 0..=pos[t] of KV head h / (n_heads / n_kv_heads) in layer `layer`, position
 // p read from block block_tables[seq[t] * max_blocks + p / 16], slot p % 16:
@@ -16,20 +19,12 @@
 // read): seq[t] >= n_seqs, pos[t] >= max_blocks * 16, or a block id >= n_blocks.
 // Needs head_dim <= ATT_MAX_HD (256) and n_heads % n_kv_heads == 0 (checked by the launcher).
 // Launch: grid = (n_tokens, n_heads), block = (ATT_THREADS) exactly.
-#include <cuda_fp16.h>
+#include "common.cuh"
 
-#define FULL_MASK 0xffffffffu
-#define BLOCK_POSITIONS 16
 #define ATT_THREADS 128
 #define ATT_CHUNK 64  // <= ATT_THREADS
 #define ATT_MAX_HD 256
 #define ATT_DPT (ATT_MAX_HD / ATT_THREADS)  // output dims per thread
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
-    return v;
-}
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     attention_f32(const float* __restrict__ q, const __half* __restrict__ kv, const unsigned int* __restrict__ seq,
@@ -149,12 +144,6 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 #define SPLIT_MAX_G 8
 #define SPLIT_MAX_LEN 64
 #define SPLIT_DPT (ATT_MAX_HD / SPLIT_THREADS)  // V dims per thread
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
-    return v;
-}
 
 extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
     attention_split_f32(const float* __restrict__ q, const __half* __restrict__ kv,

@@ -1,14 +1,12 @@
-// Element-wise kernels, row gathers, conversions for the cuBLAS path, argmax.
+// Element-wise kernels, row gathers, argmax.
+//
+// Twins: src/backend/cpu/ops/elementwise.rs (CPU), src/backend/cuda/ops/elementwise.rs (launchers);
+// tests: elementwise_* in tests/cuda_kernels.rs.
 //
 // Unless a kernel says otherwise: launch grid = (G), block = (T) with T a multiple of
 // 32; the kernel walks its elements with a grid-stride loop (64-bit indices), so any
 // G >= 1 covers every element (the launcher uses T = 256 and G = min(ceil(total/T), 65535)).
-#include <cuda_fp16.h>
-
-#define FULL_MASK 0xffffffffu
-
-#define GRID_STRIDE(i, total) \
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (total); i += (long long)gridDim.x * blockDim.x)
+#include "common.cuh"
 
 // x[r][i] += b[i] for r < rows, i < n. x: [rows][n]; b: [n].
 extern "C" __global__ void add_bias_f32(float* __restrict__ x, const float* __restrict__ b, int rows, int n) {
@@ -46,64 +44,6 @@ extern "C" __global__ void gather_rows_f32(const float* __restrict__ x, const un
     for (int c = threadIdx.x; c < width; c += blockDim.x) o[c] = src[c];
 }
 
-// ---- conversions (activations and weights for cuBLAS) ---------------------------------
-
-// f32 -> bf16 bits, round to nearest even (NaN stays NaN), as half::bf16::from_f32.
-__device__ __forceinline__ unsigned short f32_to_bf16_bits(float f) {
-    const unsigned int u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
-    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-// y[i] = (f16) x[i], round to nearest even, for i < n.
-extern "C" __global__ void convert_f32_f16(const float* __restrict__ x, __half* __restrict__ y, int n) {
-    GRID_STRIDE(i, (long long)n) { y[i] = __float2half_rn(x[i]); }
-}
-
-// y[i] = (bf16) x[i] (bits), round to nearest even, for i < n.
-extern "C" __global__ void convert_f32_bf16(const float* __restrict__ x, unsigned short* __restrict__ y, int n) {
-    GRID_STRIDE(i, (long long)n) { y[i] = f32_to_bf16_bits(x[i]); }
-}
-
-// Dequantize a weight matrix W ([rows][cols], stored type) to f16 [rows][cols]
-// (rounded to nearest). Q8_0/Q4_0 need cols % 32 == 0 (checked by the launcher).
-extern "C" __global__ void dequant_f32_f16(const float* __restrict__ W, __half* __restrict__ out, int rows, int cols) {
-    const long long total = (long long)rows * cols;
-    GRID_STRIDE(i, total) { out[i] = __float2half_rn(W[i]); }
-}
-
-extern "C" __global__ void dequant_bf16_f16(const unsigned short* __restrict__ W, __half* __restrict__ out, int rows,
-                                            int cols) {
-    const long long total = (long long)rows * cols;
-    GRID_STRIDE(i, total) { out[i] = __float2half_rn(__uint_as_float(((unsigned int)W[i]) << 16)); }
-}
-
-// Q8_0 block { f16 d; int8 qs[32]; } = 34 bytes; element i of the matrix is in block i/32
-// (rows hold whole blocks, so the flat element index maps straight to a block).
-extern "C" __global__ void dequant_q8_0_f16(const unsigned char* __restrict__ W, __half* __restrict__ out, int rows,
-                                            int cols) {
-    const long long total = (long long)rows * cols;
-    GRID_STRIDE(i, total) {
-        const unsigned char* blk = W + (size_t)(i >> 5) * 34;
-        const float d = __half2float(*reinterpret_cast<const __half*>(blk));
-        out[i] = __float2half_rn(d * (float)(signed char)blk[2 + (i & 31)]);
-    }
-}
-
-// Q4_0 block { f16 d; u8 qs[16]; } = 18 bytes; j < 16: low nibble of qs[j], else high nibble of qs[j-16].
-extern "C" __global__ void dequant_q4_0_f16(const unsigned char* __restrict__ W, __half* __restrict__ out, int rows,
-                                            int cols) {
-    const long long total = (long long)rows * cols;
-    GRID_STRIDE(i, total) {
-        const unsigned char* blk = W + (size_t)(i >> 5) * 18;
-        const float d = __half2float(*reinterpret_cast<const __half*>(blk));
-        const int j = (int)(i & 31);
-        const unsigned int q = blk[2 + (j & 15)];
-        const int nib = (int)(j < 16 ? (q & 0xfu) : (q >> 4));
-        out[i] = __float2half_rn(d * (float)(nib - 8));
-    }
-}
-
 // ---- argmax -----------------------------------------------------------------------------
 
 // (v, i) beats (bv, bi) when larger, or equal with a smaller index (first max wins).
@@ -111,6 +51,16 @@ __device__ __forceinline__ void arg_better(float& bv, int& bi, float v, int i) {
     if (v > bv || (v == bv && i < bi)) {
         bv = v;
         bi = i;
+    }
+}
+
+// The best (value, index) of the warp, by arg_better over an xor-shuffle tree; every lane gets it.
+__device__ __forceinline__ void warp_argmax(float& bv, int& bi) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(FULL_MASK, bv, off);
+        const int oi = __shfl_xor_sync(FULL_MASK, bi, off);
+        arg_better(bv, bi, ov, oi);
     }
 }
 
@@ -136,12 +86,7 @@ extern "C" __global__ void argmax_f32(const float* __restrict__ logits, unsigned
             bi = i;
         }
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const float ov = __shfl_xor_sync(FULL_MASK, bv, off);
-        const int oi = __shfl_xor_sync(FULL_MASK, bi, off);
-        arg_better(bv, bi, ov, oi);
-    }
+    warp_argmax(bv, bi);
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int nwarps = blockDim.x >> 5;
@@ -153,12 +98,7 @@ extern "C" __global__ void argmax_f32(const float* __restrict__ logits, unsigned
     if (warp == 0) {
         bv = lane < nwarps ? sv[lane] : __int_as_float(0xff800000);
         bi = lane < nwarps ? si[lane] : NONE;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const float ov = __shfl_xor_sync(FULL_MASK, bv, off);
-            const int oi = __shfl_xor_sync(FULL_MASK, bi, off);
-            arg_better(bv, bi, ov, oi);
-        }
+        warp_argmax(bv, bi);
         if (lane == 0) out[r] = (unsigned int)(bi == NONE ? 0 : bi);
     }
 }

@@ -1,51 +1,15 @@
 // Embedding gather: out[t][c] = table[ids[t]][c] dequantized to f32.
 //
+// Twins: src/backend/cpu/ops/embed.rs (CPU), src/backend/cuda/ops/embed.rs (launchers);
+// tests: embed_* in tests/cuda_kernels.rs.
+//
 // table: [vocab][hidden] rows of `row_bytes(hidden)` bytes in its stored type (f32,
 // f16, bf16, or ggml Q8_0 / Q4_0 blocks with hidden % 32 == 0); ids: [n] u32;
 // out: [n][hidden] f32. An id >= vocab yields a row of NaN (never an out-of-bounds
 // read): the host checks ids, this is only a guard.
 // Launch: grid = (n), block = (T), T a multiple of 32 (the launcher uses 256); each
 // block walks its row with a stride of T.
-#include <cuda_fp16.h>
-
-// Element c of a row that starts at `row` (bytes), per stored type.
-struct LoadF32 {
-    static __device__ __forceinline__ float at(const unsigned char* row, int c) {
-        return reinterpret_cast<const float*>(row)[c];
-    }
-    static __device__ __forceinline__ size_t row_bytes(int n) { return (size_t)n * 4; }
-};
-struct LoadF16 {
-    static __device__ __forceinline__ float at(const unsigned char* row, int c) {
-        return __half2float(reinterpret_cast<const __half*>(row)[c]);
-    }
-    static __device__ __forceinline__ size_t row_bytes(int n) { return (size_t)n * 2; }
-};
-struct LoadBF16 {
-    static __device__ __forceinline__ float at(const unsigned char* row, int c) {
-        return __uint_as_float(((unsigned int)reinterpret_cast<const unsigned short*>(row)[c]) << 16);
-    }
-    static __device__ __forceinline__ size_t row_bytes(int n) { return (size_t)n * 2; }
-};
-struct LoadQ8_0 {  // { f16 d; int8 qs[32]; } = 34 bytes
-    static __device__ __forceinline__ float at(const unsigned char* row, int c) {
-        const unsigned char* blk = row + (size_t)(c >> 5) * 34;
-        const float d = __half2float(*reinterpret_cast<const __half*>(blk));
-        return d * (float)(signed char)blk[2 + (c & 31)];
-    }
-    static __device__ __forceinline__ size_t row_bytes(int n) { return (size_t)(n >> 5) * 34; }
-};
-struct LoadQ4_0 {  // { f16 d; u8 qs[16]; } = 18 bytes; j < 16: low nibble of qs[j], else high of qs[j-16]
-    static __device__ __forceinline__ float at(const unsigned char* row, int c) {
-        const unsigned char* blk = row + (size_t)(c >> 5) * 18;
-        const float d = __half2float(*reinterpret_cast<const __half*>(blk));
-        const int j = c & 31;
-        const unsigned int q = blk[2 + (j & 15)];
-        const int nib = (int)(j < 16 ? (q & 0xfu) : (q >> 4));
-        return d * (float)(nib - 8);
-    }
-    static __device__ __forceinline__ size_t row_bytes(int n) { return (size_t)(n >> 5) * 18; }
-};
+#include "common.cuh"
 
 template <typename L>
 __device__ __forceinline__ void embed_rows(const unsigned char* __restrict__ table, const unsigned int* __restrict__ ids,

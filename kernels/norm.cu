@@ -1,5 +1,8 @@
 // Normalisation kernels.
 //
+// Twins: src/backend/cpu/ops/norm.rs (CPU), src/backend/cuda/ops/norm.rs (launchers);
+// tests: norm_* in tests/cuda_kernels.rs.
+//
 // rmsnorm_f32: y[r][i] = x[r][i] * w[i] / sqrt(mean_i(x[r][i]^2) + eps)
 //   x, y: [rows][n] row-major f32; w: [n] f32.
 //   Launch: grid = (rows), block = (T) with T a multiple of 32, 32 <= T <= 1024.
@@ -16,15 +19,7 @@
 //   is the same rmsnorm_row on the updated row. Each thread adds exactly the elements it
 //   later reads in rmsnorm_row (same loop shape), so no barrier is needed between the two.
 //   Same launch shape as rmsnorm_f32.
-#include <cuda_fp16.h>
-
-#define FULL_MASK 0xffffffffu
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
-    return v;
-}
+#include "common.cuh"
 
 // Sum of v over the whole block; every thread gets the result.
 __device__ __forceinline__ float block_sum(float v) {

@@ -1,5 +1,8 @@
 // RoPE on Q and K, then K (rotated) and V stored as f16 into the paged KV pool.
 //
+// Twins: src/backend/cpu/ops/rope.rs (CPU), src/backend/cuda/ops/rope.rs (launchers);
+// tests: rope_* in tests/cuda_kernels.rs.
+//
 // q: [n_tokens][n_heads * head_dim] f32, rotated in place.
 // k: [n_tokens][n_kv_heads * head_dim] f32, rotated in place.
 // v: [n_tokens][n_kv_heads * head_dim] f32.
@@ -13,9 +16,7 @@
 // checks slots). Tokens must have distinct slots.
 // Launch: grid = (n_tokens), block = (T), T a multiple of 32 (launcher: 128); each
 // thread owns whole pairs, so the in-place update is race-free.
-#include <cuda_fp16.h>
-
-#define BLOCK_POSITIONS 16
+#include "common.cuh"
 
 __device__ __forceinline__ void rot(float x0, float x1, float c, float s, float& y0, float& y1) {
     y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));

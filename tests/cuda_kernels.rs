@@ -1,7 +1,9 @@
-//! Every device op of `llmrt::backend::cuda::ops::Ops` against its CPU twin
-//! (src/backend/cuda/reference.rs), on buffers that live on the device, with fresh
-//! xorshift inputs per case and outputs poisoned with NaN (every element an op owns
-//! must be written; elements past the op's prefix must stay untouched).
+//! Every device op of `llmrt::backend::cuda::ops::Ops` against its CPU twin (the
+//! oracle in tests/cuda_util/reference.rs), on buffers that live on the device, with
+//! fresh `llmrt::util::XorShift` inputs per case and outputs poisoned with NaN (every
+//! element an op owns must be written; elements past the op's prefix must stay
+//! untouched). Tests are named after the op file they check (`norm_*` for
+//! src/backend/cuda/ops/norm.rs and kernels/norm.cu, `matmul_*`, `attention_*`, ...).
 //!
 //! Bounds (relative L2 vs the twin, which accumulates in f64):
 //! - GEMV: F32 1e-5; F16/BF16/Q8_0/Q4_0 1e-4 (twin on the same dequantized weights).
@@ -20,14 +22,16 @@
 //! passes; scripts/gpu-check.sh runs this binary on a GPU and collects the MAXERR lines.
 
 mod cuda_util;
-use cuda_util::{Rng, Worst};
+use cuda_util::{reference, shuffle, Worst, XorShift};
 
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
 use half::{bf16, f16};
-use llmrt::backend::cuda::ops::{AttnShape, DevWeight, FastPaths, KvPool, MatmulPath, Ops};
-use llmrt::backend::cuda::{self, reference};
+use llmrt::backend::cuda;
+use llmrt::backend::cuda::ops::{
+    AttnArgs, AttnShape, DevWeight, FastPaths, KvPool, KvWrite, MatmulPath, Ops, Qkv, RmsNorm, Rope,
+};
 use llmrt::kv::BLOCK_POSITIONS;
 use llmrt::quant::DType;
 use llmrt::Status;
@@ -88,9 +92,8 @@ impl Dev {
     }
 }
 
-
 /// Random weight bytes of `dtype`: values in about [-1, 1), small quantization scales.
-fn random_weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
+fn random_weight(rng: &mut XorShift, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
     let n = rows * cols;
     match dtype {
         DType::F32 => (0..n).flat_map(|_| rng.uniform(-1.0, 1.0).to_le_bytes()).collect(),
@@ -118,7 +121,6 @@ fn dtype_tag(d: DType) -> &'static str {
     }
 }
 
-
 /// The elements past an op's prefix are still NaN (the op touched only its prefix).
 fn assert_tail_nan(op: &str, case: &str, got: &[f32], prefix: usize) {
     if let Some(i) = got[prefix..].iter().position(|v| !v.is_nan()) {
@@ -137,7 +139,7 @@ fn embed_matches_cpu_for_every_dtype() {
         for &vocab in &[1usize, 37, 1000] {
             for &hidden in hiddens {
                 for &n in &[1usize, 5, 19] {
-                    let mut rng = Rng::new(&[10, dtype.ggml_id() as usize, vocab, hidden, n]);
+                    let mut rng = XorShift::from_parts(&[10, dtype.ggml_id() as usize, vocab, hidden, n]);
                     let table = random_weight(&mut rng, dtype, vocab, hidden);
                     let mut ids: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
                     ids[n - 1] = vocab as u32 - 1;
@@ -156,7 +158,7 @@ fn embed_matches_cpu_for_every_dtype() {
         worst.report();
     }
     // An id past the table is a NaN row (device guard), not an out-of-bounds read.
-    let mut rng = Rng::new(&[11]);
+    let mut rng = XorShift::from_parts(&[11]);
     let table = random_weight(&mut rng, DType::F16, 4, 64);
     let w = d.weight("table", DType::F16, 4, 64, &table);
     let mut out = d.nan(2 * 64);
@@ -166,19 +168,19 @@ fn embed_matches_cpu_for_every_dtype() {
 }
 
 #[test]
-fn rmsnorm_matches_cpu_out_of_place_and_in_place() {
+fn norm_rmsnorm_matches_cpu_out_of_place_and_in_place() {
     let Some(d) = device() else { return };
     let mut worst = Worst::new("rmsnorm");
     let mut worst_ip = Worst::new("rmsnorm_inplace");
     for &rows in &[1usize, 7, 33] {
         for &n in &[16usize, 77, 128, 1000, 4096] {
-            let mut rng = Rng::new(&[20, rows, n]);
+            let mut rng = XorShift::from_parts(&[20, rows, n]);
             let x = rng.vec(rows * n, -2.0, 2.0);
             let w = rng.vec(n, 0.5, 1.5);
             let case = format!("rows={rows} n={n}");
             let (x_d, w_d) = (d.up(&x), d.up(&w));
             let mut y = d.nan(rows * n + TAIL);
-            d.ops.rmsnorm(&x_d, &w_d, rows, n, 1e-6, &mut y).expect("rmsnorm");
+            d.ops.rmsnorm(RmsNorm { w: &w_d, eps: 1e-6 }, &x_d, rows, n, &mut y).expect("rmsnorm");
             let got = d.down(&y);
             assert_tail_nan("rmsnorm", &case, &got, rows * n);
             let want = reference::rmsnorm_f32(&x, &w, rows, n, 1e-6);
@@ -187,7 +189,7 @@ fn rmsnorm_matches_cpu_out_of_place_and_in_place() {
             let mut xt = x.clone();
             xt.extend([f32::NAN; TAIL]);
             let mut x_ip = d.up(&xt);
-            d.ops.rmsnorm_inplace(&mut x_ip, &w_d, rows, n, 1e-6).expect("rmsnorm_inplace");
+            d.ops.rmsnorm_inplace(RmsNorm { w: &w_d, eps: 1e-6 }, &mut x_ip, rows, n).expect("rmsnorm_inplace");
             let got = d.down(&x_ip);
             assert_tail_nan("rmsnorm_inplace", &case, &got, rows * n);
             worst_ip.check(case, &got[..rows * n], &want, 1e-5);
@@ -195,7 +197,10 @@ fn rmsnorm_matches_cpu_out_of_place_and_in_place() {
     }
     worst.report();
     worst_ip.report();
-    let err = d.ops.rmsnorm(&d.up(&[1.0f32; 8]), &d.up(&[1.0f32; 4]), 2, 4, 1e-6, &mut d.nan(7)).expect_err("short y");
+    let err = d
+        .ops
+        .rmsnorm(RmsNorm { w: &d.up(&[1.0f32; 4]), eps: 1e-6 }, &d.up(&[1.0f32; 8]), 2, 4, &mut d.nan(7))
+        .expect_err("short y");
     assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
 }
 
@@ -217,7 +222,7 @@ fn matmul_matches_cpu_for_every_dtype_on_both_paths() {
         for &(rows, cols) in shapes {
             let tokens: &[usize] = if rows >= 300 { &[1, 9, 33] } else { &[1, 3, 8, 9, 11, 17, 33] };
             for &n in tokens {
-                let mut rng = Rng::new(&[30, dtype.ggml_id() as usize, rows, cols, n]);
+                let mut rng = XorShift::from_parts(&[30, dtype.ggml_id() as usize, rows, cols, n]);
                 let wb = random_weight(&mut rng, dtype, rows, cols);
                 let x = rng.vec(n * cols, -1.0, 1.0);
                 let w = d.weight("w", dtype, rows, cols, &wb);
@@ -255,12 +260,12 @@ fn matmul_matches_cpu_for_every_dtype_on_both_paths() {
 }
 
 #[test]
-fn gemv_is_batch_invariant_bit_for_bit() {
+fn matmul_gemv_is_batch_invariant_bit_for_bit() {
     let Some(d) = device() else { return };
     let mut worst = Worst::new("gemv_batch_invariance");
     for dtype in DType::all() {
         for &(rows, cols) in &[(67usize, 256usize), (33, 4096)] {
-            let mut rng = Rng::new(&[40, dtype.ggml_id() as usize, rows, cols]);
+            let mut rng = XorShift::from_parts(&[40, dtype.ggml_id() as usize, rows, cols]);
             let wb = random_weight(&mut rng, dtype, rows, cols);
             let w = d.weight("w", dtype, rows, cols, &wb);
             let x = rng.vec(11 * cols, -1.0, 1.0);
@@ -299,12 +304,12 @@ fn gemv_is_batch_invariant_bit_for_bit() {
 }
 
 #[test]
-fn dequantize_to_f16_is_exact() {
+fn matmul_dequantize_to_f16_is_exact() {
     let Some(d) = device() else { return };
     let mut worst = Worst::new("dequantize_to_f16");
     for dtype in [DType::F32, DType::BF16, DType::Q8_0, DType::Q4_0] {
         for &(rows, cols) in &[(1usize, 32usize), (7, 96), (130, 1024)] {
-            let mut rng = Rng::new(&[50, dtype.ggml_id() as usize, rows, cols]);
+            let mut rng = XorShift::from_parts(&[50, dtype.ggml_id() as usize, rows, cols]);
             let wb = random_weight(&mut rng, dtype, rows, cols);
             let w = d.weight("w", dtype, rows, cols, &wb);
             let mut out = d.up(&vec![f16::NAN; rows * cols + TAIL]);
@@ -328,7 +333,7 @@ fn elementwise_ops_match_cpu() {
     let Some(d) = device() else { return };
     let (mut wb, mut wa, mut ws) = (Worst::new("add_bias"), Worst::new("add"), Worst::new("swiglu"));
     for &(rows, n) in &[(1usize, 1usize), (3, 5), (7, 1000), (5, 4097)] {
-        let mut rng = Rng::new(&[60, rows, n]);
+        let mut rng = XorShift::from_parts(&[60, rows, n]);
         let total = rows * n;
         let case = format!("rows={rows} n={n}");
         let x = rng.vec(total, -4.0, 4.0);
@@ -360,12 +365,12 @@ fn elementwise_ops_match_cpu() {
 }
 
 #[test]
-fn gather_rows_matches_cpu() {
+fn elementwise_gather_rows_matches_cpu() {
     let Some(d) = device() else { return };
     let mut worst = Worst::new("gather_rows");
     for &width in &[1usize, 77, 4096] {
         for &n_idx in &[1usize, 3, 17] {
-            let mut rng = Rng::new(&[70, width, n_idx]);
+            let mut rng = XorShift::from_parts(&[70, width, n_idx]);
             let x_rows = 50;
             let x = rng.vec(x_rows * width, -1.0, 1.0);
             let mut idx: Vec<u32> = (0..n_idx).map(|_| rng.below(x_rows) as u32).collect();
@@ -382,12 +387,12 @@ fn gather_rows_matches_cpu() {
 }
 
 #[test]
-fn argmax_takes_the_first_max() {
+fn elementwise_argmax_takes_the_first_max() {
     let Some(d) = device() else { return };
     let mut worst = Worst::new("argmax");
     for &vocab in &[1usize, 7, 1000, 32000, 151_936] {
         for &rows in &[1usize, 3, 9] {
-            let mut rng = Rng::new(&[80, vocab, rows]);
+            let mut rng = XorShift::from_parts(&[80, vocab, rows]);
             // Few distinct values: many ties; one row all equal; one with the max last.
             let mut logits: Vec<f32> = (0..rows * vocab).map(|_| (rng.below(8) as f32) - 4.0).collect();
             if rows > 1 {
@@ -410,11 +415,47 @@ fn argmax_takes_the_first_max() {
 }
 
 /// A pool with every element random (f16 in [-1, 1)), uploaded; returns the host copy.
-fn random_pool(d: &Dev, rng: &mut Rng, n_blocks: usize, n_layers: usize, kv_dim: usize) -> (KvPool, Vec<f16>) {
+fn random_pool(d: &Dev, rng: &mut XorShift, n_blocks: usize, n_layers: usize, kv_dim: usize) -> (KvPool, Vec<f16>) {
     let mut kv = KvPool::new(&d.stream, n_blocks, n_layers, kv_dim).expect("KvPool::new");
     let host: Vec<f16> = (0..kv.data.len()).map(|_| f16::from_f32(rng.uniform(-1.0, 1.0))).collect();
     d.stream.memcpy_htod(&host, &mut kv.data).expect("upload pool");
     (kv, host)
+}
+
+/// The arguments of every attention launcher: `ids` are the sequence indices,
+/// positions and block tables of the step.
+fn attn<'a>(
+    q: &'a CudaSlice<f32>,
+    kv: &'a KvPool,
+    layer: usize,
+    ids: [&'a CudaSlice<u32>; 3],
+    max_blocks: usize,
+    n_tokens: usize,
+    shape: AttnShape,
+) -> AttnArgs<'a> {
+    let [seq, pos, block_tables] = ids;
+    AttnArgs { q, kv, layer, seq, pos, block_tables, max_blocks, n_tokens, shape }
+}
+
+/// The guard every attention launcher keeps: two tokens of one sequence (heads 2/1,
+/// head_dim 16) over a table of 2 blocks, at `positions` (the second past the table).
+/// `run` launches on them: the first row must come out finite, the second NaN (the
+/// kernel reads nothing past the table).
+fn bad_position_gives_nan(
+    d: &Dev,
+    op: &str,
+    positions: [u32; 2],
+    run: impl FnOnce(&AttnArgs, &mut CudaSlice<f32>) -> llmrt::Result<()>,
+) {
+    let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 16 };
+    let kv = KvPool::new(&d.stream, 2, 1, 16).expect("KvPool::new");
+    let (q, seq, pos, table) = (d.up(&[0.5f32; 64]), d.up(&[0u32, 0]), d.up(&positions), d.up(&[1u32, 0]));
+    let mut out = d.nan(2 * 32);
+    run(&attn(&q, &kv, 0, [&seq, &pos, &table], 2, 2, shape), &mut out)
+        .unwrap_or_else(|e| panic!("{op} with a bad position: {e}"));
+    let got = d.down(&out);
+    assert!(got[..32].iter().all(|v| v.is_finite()), "{op}: the good token");
+    assert!(got[32..].iter().all(|v| v.is_nan()), "{op}: a position past the block table must give NaN");
 }
 
 const SHAPES: &[(usize, usize, usize)] = &[(8, 2, 32), (4, 4, 16), (4, 1, 128), (2, 2, 256), (6, 3, 80), (2, 1, 64)];
@@ -429,7 +470,7 @@ fn rope_kv_write_matches_cpu() {
         let (qd, kvd) = (nh * hd, nkv * hd);
         for neox in [false, true] {
             for &(n, layer) in &[(1usize, 0usize), (5, 1), (19, 2)] {
-                let mut rng = Rng::new(&[90, nh, nkv, hd, neox as usize, n]);
+                let mut rng = XorShift::from_parts(&[90, nh, nkv, hd, neox as usize, n]);
                 let q = rng.vec(n * qd, -1.0, 1.0);
                 let k = rng.vec(n * kvd, -1.0, 1.0);
                 let v = rng.vec(n * kvd, -1.0, 1.0);
@@ -437,7 +478,7 @@ fn rope_kv_write_matches_cpu() {
                 let cos: Vec<f32> = ang.iter().map(|a| a.cos()).collect();
                 let sin: Vec<f32> = ang.iter().map(|a| a.sin()).collect();
                 let mut all: Vec<u32> = (0..(n_blocks * BLOCK_POSITIONS) as u32).collect();
-                rng.shuffle(&mut all);
+                shuffle(&mut rng, &mut all);
                 let slots = &all[..n];
                 let (mut kv, mut pool) = random_pool(d, &mut rng, n_blocks, n_layers, kvd);
                 // Poison the rows the op must write.
@@ -453,21 +494,20 @@ fn rope_kv_write_matches_cpu() {
                 let (mut q_d, mut k_d) = (d.up(&q), d.up(&k));
                 d.ops
                     .rope_kv_write(
-                        &mut q_d,
-                        &mut k_d,
-                        &d.up(&v),
-                        &d.up(&cos),
-                        &d.up(&sin),
-                        &d.up(slots),
-                        n,
-                        shape,
-                        neox,
-                        &mut kv,
-                        layer,
+                        Qkv { q: &mut q_d, k: &mut k_d, v: &d.up(&v), n_tokens: n, shape },
+                        Rope { cos: &d.up(&cos), sin: &d.up(&sin), neox },
+                        KvWrite { kv: &mut kv, layer, slots: &d.up(slots) },
                     )
                     .expect("rope_kv_write");
                 let (mut qw, mut kw) = (q.clone(), k.clone());
-                reference::rope_kv_write(&mut qw, &mut kw, &v, &cos, &sin, slots, shape, neox, &mut pool, n_layers, layer);
+                reference::rope_kv_write(
+                    &mut qw,
+                    &mut kw,
+                    &v,
+                    reference::Rope { cos: &cos, sin: &sin, neox },
+                    shape,
+                    reference::Pool { kv: &mut pool, n_layers, layer, slots },
+                );
                 let case = format!("heads={nh}/{nkv} hd={hd} neox={neox} n={n} layer={layer}");
                 wq.check(case.clone(), &d.down(&q_d), &qw, 1e-6);
                 wk.check(case.clone(), &d.down(&k_d), &kw, 1e-6);
@@ -494,11 +534,11 @@ fn attention_matches_cpu_gqa_and_mha_over_pages() {
     for &(nh, nkv, hd) in SHAPES {
         let shape = AttnShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd };
         let (qd, kvd) = (nh * hd, nkv * hd);
-        let mut rng = Rng::new(&[100, nh, nkv, hd]);
+        let mut rng = XorShift::from_parts(&[100, nh, nkv, hd]);
         let (kv, pool) = random_pool(d, &mut rng, n_blocks, n_layers, kvd);
         // Scattered block tables; entries past a sequence's blocks are never read.
         let mut ids: Vec<u32> = (0..n_blocks as u32).collect();
-        rng.shuffle(&mut ids);
+        shuffle(&mut rng, &mut ids);
         let mut tables = vec![u32::MAX; lens.len() * max_blocks];
         let mut next = 0;
         for (s, &len) in lens.iter().enumerate() {
@@ -510,19 +550,32 @@ fn attention_matches_cpu_gqa_and_mha_over_pages() {
         // Tokens: decode-like (last position), prefill-like runs, block boundaries.
         let mut toks: Vec<(u32, u32)> =
             vec![(0, 0), (0, 4), (1, 15), (1, 16), (1, 36), (2, 0), (2, 255), (2, 256), (2, 299), (3, 15), (4, 16)];
-        rng.shuffle(&mut toks);
+        shuffle(&mut rng, &mut toks);
         let seq: Vec<u32> = toks.iter().map(|t| t.0).collect();
         let pos: Vec<u32> = toks.iter().map(|t| t.1).collect();
         let n = toks.len();
         let q = rng.vec(n * qd, -2.0, 2.0);
         let mut out = d.nan(n * qd + TAIL);
         d.ops
-            .attention(&d.up(&q), &kv, layer, &d.up(&seq), &d.up(&pos), &d.up(&tables), max_blocks, n, shape, &mut out)
+            .attention(
+                &attn(&d.up(&q), &kv, layer, [&d.up(&seq), &d.up(&pos), &d.up(&tables)], max_blocks, n, shape),
+                &mut out,
+            )
             .expect("attention");
         let got = d.down(&out);
         let case = format!("heads={nh}/{nkv} hd={hd} tokens={n}");
         assert_tail_nan("attention", &case, &got, n * qd);
-        let want = reference::attention(&q, &pool, n_layers, layer, &seq, &pos, &tables, max_blocks, shape);
+        let want = reference::attention(&reference::Attn {
+            q: &q,
+            kv: &pool,
+            n_layers,
+            layer,
+            seq: &seq,
+            pos: &pos,
+            block_tables: &tables,
+            max_blocks,
+            shape,
+        });
         worst.check(case, &got[..n * qd], &want, 1e-4);
 
         // One token alone (decode of a single sequence) gives the same row.
@@ -530,15 +583,15 @@ fn attention_matches_cpu_gqa_and_mha_over_pages() {
         let mut one = d.nan(qd);
         d.ops
             .attention(
-                &d.up(&q[t * qd..(t + 1) * qd]),
-                &kv,
-                layer,
-                &d.up(&[2u32]),
-                &d.up(&[299u32]),
-                &d.up(&tables),
-                max_blocks,
-                1,
-                shape,
+                &attn(
+                    &d.up(&q[t * qd..(t + 1) * qd]),
+                    &kv,
+                    layer,
+                    [&d.up(&[2u32]), &d.up(&[299u32]), &d.up(&tables)],
+                    max_blocks,
+                    1,
+                    shape,
+                ),
                 &mut one,
             )
             .expect("attention, one token");
@@ -548,20 +601,15 @@ fn attention_matches_cpu_gqa_and_mha_over_pages() {
 
     // Guards: a position past the table gives a NaN row, not an out-of-bounds read;
     // bad shapes are refused.
-    let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 16 };
-    let kv = KvPool::new(&d.stream, 2, 1, 16).expect("KvPool::new");
-    let mut out = d.nan(2 * 32);
-    d.ops
-        .attention(&d.up(&[0.5f32; 64]), &kv, 0, &d.up(&[0u32, 0]), &d.up(&[3u32, 32]), &d.up(&[1u32, 0]), 2, 2, shape, &mut out)
-        .expect("attention with a bad position");
-    let got = d.down(&out);
-    assert!(got[..32].iter().all(|v| v.is_finite()), "good token");
-    assert!(got[32..].iter().all(|v| v.is_nan()), "position past the block table must give NaN");
+    bad_position_gives_nan(d, "attention", [3, 32], |a, out| d.ops.attention(a, out));
     let bad = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 512 };
     let kv_big = KvPool::new(&d.stream, 1, 1, 512).expect("KvPool::new");
     let err = d
         .ops
-        .attention(&d.up(&[0.0f32; 1024]), &kv_big, 0, &d.up(&[0u32]), &d.up(&[0u32]), &d.up(&[0u32]), 1, 1, bad, &mut d.nan(1024))
+        .attention(
+            &attn(&d.up(&[0.0f32; 1024]), &kv_big, 0, [&d.up(&[0u32]), &d.up(&[0u32]), &d.up(&[0u32])], 1, 1, bad),
+            &mut d.nan(1024),
+        )
         .expect_err("head_dim 512");
     assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
 }
@@ -577,7 +625,7 @@ fn kv_pool_alloc_and_copy_block() {
     assert_eq!(err.status, Status::LLMRT_OUT_OF_MEMORY, "{err}");
     println!("  huge pool: {err}");
 
-    let mut rng = Rng::new(&[110]);
+    let mut rng = XorShift::from_parts(&[110]);
     let (mut kv, mut pool) = random_pool(d, &mut rng, 6, 2, 24);
     let be = kv.block_elems();
     for &(src, dst) in &[(1u32, 4u32), (5, 0), (2, 2), (0, 5)] {
@@ -596,7 +644,7 @@ fn kv_pool_alloc_and_copy_block() {
 }
 
 #[test]
-fn fast_gemv_matches_plain_and_cpu() {
+fn matmul_fast_gemv_matches_plain_and_cpu() {
     let Some(d) = device() else { return };
     for dtype in [DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0] {
         let tag = dtype_tag(dtype);
@@ -604,7 +652,7 @@ fn fast_gemv_matches_plain_and_cpu() {
         // cols % 256 == 0 takes the fast quantized kernels; 4096 / 14336 are Llama's.
         for &(rows, cols) in &[(5usize, 256usize), (67, 512), (130, 1280), (33, 4096), (9, 14336)] {
             for &n in &[1usize, 2, 8, 11] {
-                let mut rng = Rng::new(&[140, dtype.ggml_id() as usize, rows, cols, n]);
+                let mut rng = XorShift::from_parts(&[140, dtype.ggml_id() as usize, rows, cols, n]);
                 let wb = random_weight(&mut rng, dtype, rows, cols);
                 let x = rng.vec(n * cols, -1.0, 1.0);
                 let w = d.weight("w", dtype, rows, cols, &wb);
@@ -631,12 +679,12 @@ fn fast_gemv_matches_plain_and_cpu() {
 }
 
 #[test]
-fn add_rmsnorm_equals_add_then_rmsnorm() {
+fn norm_add_rmsnorm_equals_add_then_rmsnorm() {
     let Some(d) = device() else { return };
     let mut worst = Worst::new("add_rmsnorm");
     for &rows in &[1usize, 7, 64] {
         for &n in &[16usize, 77, 2048, 4096] {
-            let mut rng = Rng::new(&[150, rows, n]);
+            let mut rng = XorShift::from_parts(&[150, rows, n]);
             let x = rng.vec(rows * n, -2.0, 2.0);
             let r = rng.vec(rows * n, -2.0, 2.0);
             let w = rng.vec(n, 0.5, 1.5);
@@ -644,11 +692,11 @@ fn add_rmsnorm_equals_add_then_rmsnorm() {
             let (r_d, w_d) = (d.up(&r), d.up(&w));
             let mut x_f = d.up(&x);
             let mut y_f = d.nan(rows * n + TAIL);
-            d.ops.add_rmsnorm(&mut x_f, &r_d, &w_d, rows, n, 1e-5, &mut y_f).expect("add_rmsnorm");
+            d.ops.add_rmsnorm(RmsNorm { w: &w_d, eps: 1e-5 }, &mut x_f, &r_d, rows, n, &mut y_f).expect("add_rmsnorm");
             let mut x_p = d.up(&x);
             let mut y_p = d.nan(rows * n);
             d.ops.add(&mut x_p, &r_d, rows * n).expect("add");
-            d.ops.rmsnorm(&x_p, &w_d, rows, n, 1e-5, &mut y_p).expect("rmsnorm");
+            d.ops.rmsnorm(RmsNorm { w: &w_d, eps: 1e-5 }, &x_p, rows, n, &mut y_p).expect("rmsnorm");
             let (gx, gy, px, py) = (d.down(&x_f), d.down(&y_f), d.down(&x_p), d.down(&y_p));
             assert_tail_nan("add_rmsnorm", &case, &gy, rows * n);
             for (i, (a, b)) in gx.iter().zip(&px).chain(gy.iter().zip(&py)).enumerate() {
@@ -662,7 +710,7 @@ fn add_rmsnorm_equals_add_then_rmsnorm() {
 }
 
 #[test]
-fn split_kv_attention_matches_cpu_and_the_one_kernel_attention() {
+fn attention_split_kv_matches_cpu_and_the_one_kernel_attention() {
     let Some(d) = device() else { return };
     let mut worst = Worst::new("attention_split");
     let mut worst_vs = Worst::new("attention_split_vs_attention");
@@ -675,10 +723,10 @@ fn split_kv_attention_matches_cpu_and_the_one_kernel_attention() {
     for &(nh, nkv, hd) in shapes {
         let shape = AttnShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd };
         let (qd, kvd) = (nh * hd, nkv * hd);
-        let mut rng = Rng::new(&[160, nh, nkv, hd]);
+        let mut rng = XorShift::from_parts(&[160, nh, nkv, hd]);
         let (kv, pool) = random_pool(d, &mut rng, n_blocks, n_layers, kvd);
         let mut ids: Vec<u32> = (0..n_blocks as u32).collect();
-        rng.shuffle(&mut ids);
+        shuffle(&mut rng, &mut ids);
         let mut tables = vec![u32::MAX; lens.len() * max_blocks];
         let mut next = 0;
         for (s, &len) in lens.iter().enumerate() {
@@ -694,9 +742,21 @@ fn split_kv_attention_matches_cpu_and_the_one_kernel_attention() {
         let n = toks.len();
         let q = rng.vec(n * qd, -2.0, 2.0);
         let (q_d, seq_d, pos_d, tab_d) = (d.up(&q), d.up(&seq), d.up(&pos), d.up(&tables));
-        let want = reference::attention(&q, &pool, n_layers, layer, &seq, &pos, &tables, max_blocks, shape);
+        let want = reference::attention(&reference::Attn {
+            q: &q,
+            kv: &pool,
+            n_layers,
+            layer,
+            seq: &seq,
+            pos: &pos,
+            block_tables: &tables,
+            max_blocks,
+            shape,
+        });
         let mut one = d.nan(n * qd);
-        d.ops.attention(&q_d, &kv, layer, &seq_d, &pos_d, &tab_d, max_blocks, n, shape, &mut one).expect("attention");
+        d.ops
+            .attention(&attn(&q_d, &kv, layer, [&seq_d, &pos_d, &tab_d], max_blocks, n, shape), &mut one)
+            .expect("attention");
         let one = d.down(&one);
         // The planned split, and every split length by hand.
         let planned = d.ops.split_plan(n, nkv, max_blocks);
@@ -705,7 +765,13 @@ fn split_kv_attention_matches_cpu_and_the_one_kernel_attention() {
             let (mut part_o, mut part_ml) = (d.nan(po), d.nan(pm));
             let mut out = d.nan(n * qd + TAIL);
             d.ops
-                .attention_split(&q_d, &kv, layer, &seq_d, &pos_d, &tab_d, max_blocks, n, shape, split, &mut part_o, &mut part_ml, &mut out)
+                .attention_split(
+                    &attn(&q_d, &kv, layer, [&seq_d, &pos_d, &tab_d], max_blocks, n, shape),
+                    split,
+                    &mut part_o,
+                    &mut part_ml,
+                    &mut out,
+                )
                 .expect("attention_split");
             let got = d.down(&out);
             let case = format!("heads={nh}/{nkv} hd={hd} split={split:?}");
@@ -722,15 +788,15 @@ fn split_kv_attention_matches_cpu_and_the_one_kernel_attention() {
         let (mut part_o, mut part_ml, mut alone) = (d.nan(po), d.nan(pm), d.nan(qd));
         d.ops
             .attention_split(
-                &d.up(&q[t * qd..(t + 1) * qd]),
-                &kv,
-                layer,
-                &d.up(&[0u32]),
-                &d.up(&[299u32]),
-                &d.up(&own),
-                19,
-                1,
-                shape,
+                &attn(
+                    &d.up(&q[t * qd..(t + 1) * qd]),
+                    &kv,
+                    layer,
+                    [&d.up(&[0u32]), &d.up(&[299u32]), &d.up(&own)],
+                    19,
+                    1,
+                    shape,
+                ),
                 d.ops.split_plan(1, nkv, 19),
                 &mut part_o,
                 &mut part_ml,
@@ -740,7 +806,13 @@ fn split_kv_attention_matches_cpu_and_the_one_kernel_attention() {
         let (po, pm) = Ops::split_scratch_len(n, shape, planned.0);
         let (mut part_o, mut part_ml, mut batch) = (d.nan(po), d.nan(pm), d.nan(n * qd));
         d.ops
-            .attention_split(&q_d, &kv, layer, &seq_d, &pos_d, &tab_d, max_blocks, n, shape, planned, &mut part_o, &mut part_ml, &mut batch)
+            .attention_split(
+                &attn(&q_d, &kv, layer, [&seq_d, &pos_d, &tab_d], max_blocks, n, shape),
+                planned,
+                &mut part_o,
+                &mut part_ml,
+                &mut batch,
+            )
             .expect("attention_split batch");
         let (alone, batch) = (d.down(&alone), d.down(&batch));
         for (j, (a, b)) in alone.iter().zip(&batch[t * qd..(t + 1) * qd]).enumerate() {
@@ -756,27 +828,36 @@ fn split_kv_attention_matches_cpu_and_the_one_kernel_attention() {
     let kv = KvPool::new(&d.stream, 2, 1, 16).expect("KvPool::new");
     let (mut po, mut pm) = (d.nan(2 * 2 * 2 * 16), d.nan(2 * 2 * 2 * 2));
     let mut out = d.nan(2 * 32);
-    d.ops
-        .attention_split(&d.up(&[0.5f32; 64]), &kv, 0, &d.up(&[0u32, 0]), &d.up(&[3u32, 32]), &d.up(&[1u32, 0]), 2, 2, shape, (2, 16), &mut po, &mut pm, &mut out)
-        .expect("attention_split with a bad position");
-    let got = d.down(&out);
-    assert!(got[..32].iter().all(|v| v.is_finite()), "good token");
-    assert!(got[32..].iter().all(|v| v.is_nan()), "position past the block table must give NaN");
+    bad_position_gives_nan(d, "attention_split", [3, 32], |a, out| {
+        d.ops.attention_split(a, (2, 16), &mut po, &mut pm, out)
+    });
     let err = d
         .ops
-        .attention_split(&d.up(&[0.5f32; 64]), &kv, 0, &d.up(&[0u32]), &d.up(&[3u32]), &d.up(&[1u32, 0]), 2, 1, shape, (1, 16), &mut po, &mut pm, &mut out)
+        .attention_split(
+            &attn(&d.up(&[0.5f32; 64]), &kv, 0, [&d.up(&[0u32]), &d.up(&[3u32]), &d.up(&[1u32, 0])], 2, 1, shape),
+            (1, 16),
+            &mut po,
+            &mut pm,
+            &mut out,
+        )
         .expect_err("splits short of the table");
     assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
     let g16 = AttnShape { n_heads: 16, n_kv_heads: 1, head_dim: 16 };
     let err = d
         .ops
-        .attention_split(&d.up(&[0.5f32; 256]), &kv, 0, &d.up(&[0u32]), &d.up(&[3u32]), &d.up(&[1u32, 0]), 2, 1, g16, (2, 16), &mut po, &mut pm, &mut d.nan(256))
+        .attention_split(
+            &attn(&d.up(&[0.5f32; 256]), &kv, 0, [&d.up(&[0u32]), &d.up(&[3u32]), &d.up(&[1u32, 0])], 2, 1, g16),
+            (2, 16),
+            &mut po,
+            &mut pm,
+            &mut d.nan(256),
+        )
         .expect_err("group of 16");
     assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
 }
 
 #[test]
-fn tiled_prefill_attention_matches_cpu_and_the_one_kernel_attention() {
+fn attention_tiled_prefill_matches_cpu_and_the_one_kernel_attention() {
     let Some(d) = device() else { return };
     let mut worst = Worst::new("attention_prefill");
     let mut worst_vs = Worst::new("attention_prefill_vs_attention");
@@ -787,10 +868,10 @@ fn tiled_prefill_attention_matches_cpu_and_the_one_kernel_attention() {
     for &(nh, nkv, hd) in shapes {
         let shape = AttnShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd };
         let (qd, kvd) = (nh * hd, nkv * hd);
-        let mut rng = Rng::new(&[170, nh, nkv, hd]);
+        let mut rng = XorShift::from_parts(&[170, nh, nkv, hd]);
         let (kv, pool) = random_pool(d, &mut rng, n_blocks, n_layers, kvd);
         let mut ids: Vec<u32> = (0..n_blocks as u32).collect();
-        rng.shuffle(&mut ids);
+        shuffle(&mut rng, &mut ids);
         // Three sequences: a fresh prefill of 37 tokens (3 tiles), a continuation of 20
         // tokens at positions 300..320 (crossing blocks), a single token at position 16.
         let runs: [(u32, usize); 3] = [(0, 37), (300, 20), (16, 1)];
@@ -819,15 +900,32 @@ fn tiled_prefill_attention_matches_cpu_and_the_one_kernel_attention() {
         let (q_d, seq_d, pos_d, tab_d) = (d.up(&q), d.up(&seq), d.up(&pos), d.up(&tables));
         let mut out = d.nan(n * qd + TAIL);
         d.ops
-            .attention_prefill(&q_d, &kv, layer, &seq_d, &pos_d, &tab_d, &d.up(&tiles), tiles.len() / 2, max_blocks, n, shape, &mut out)
+            .attention_prefill(
+                &attn(&q_d, &kv, layer, [&seq_d, &pos_d, &tab_d], max_blocks, n, shape),
+                &d.up(&tiles),
+                tiles.len() / 2,
+                &mut out,
+            )
             .expect("attention_prefill");
         let got = d.down(&out);
         let case = format!("heads={nh}/{nkv} hd={hd} tokens={n}");
         assert_tail_nan("attention_prefill", &case, &got, n * qd);
-        let want = reference::attention(&q, &pool, n_layers, layer, &seq, &pos, &tables, max_blocks, shape);
+        let want = reference::attention(&reference::Attn {
+            q: &q,
+            kv: &pool,
+            n_layers,
+            layer,
+            seq: &seq,
+            pos: &pos,
+            block_tables: &tables,
+            max_blocks,
+            shape,
+        });
         worst.check(case.clone(), &got[..n * qd], &want, 1e-4);
         let mut one = d.nan(n * qd);
-        d.ops.attention(&q_d, &kv, layer, &seq_d, &pos_d, &tab_d, max_blocks, n, shape, &mut one).expect("attention");
+        d.ops
+            .attention(&attn(&q_d, &kv, layer, [&seq_d, &pos_d, &tab_d], max_blocks, n, shape), &mut one)
+            .expect("attention");
         worst_vs.check(case, &got[..n * qd], &d.down(&one), 1e-5);
     }
     worst.report();
@@ -839,7 +937,7 @@ fn tiled_prefill_attention_matches_cpu_and_the_one_kernel_attention() {
     {
         let shape = AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: 32 };
         let (n_layers, kvd, qd) = (1usize, 64usize, 128usize);
-        let mut rng = Rng::new(&[171]);
+        let mut rng = XorShift::from_parts(&[171]);
         let (mut kv, mut pool) = random_pool(d, &mut rng, 4, n_layers, kvd);
         let be = n_layers * 2 * BLOCK_POSITIONS * kvd;
         // Block 1, slot 10 (position 26 of the sequence below, past its last position 19):
@@ -856,46 +954,62 @@ fn tiled_prefill_attention_matches_cpu_and_the_one_kernel_attention() {
         let (q_d, seq_d, pos_d, tab_d) = (d.up(&q), d.up(&seq), d.up(&pos), d.up(&tables));
         let mut out = d.nan(n * qd);
         d.ops
-            .attention_prefill(&q_d, &kv, 0, &seq_d, &pos_d, &tab_d, &d.up(&[0u32, 16, 16, 4]), 2, 2, n, shape, &mut out)
+            .attention_prefill(
+                &attn(&q_d, &kv, 0, [&seq_d, &pos_d, &tab_d], 2, n, shape),
+                &d.up(&[0u32, 16, 16, 4]),
+                2,
+                &mut out,
+            )
             .expect("attention_prefill over a stale slot");
         let got = d.down(&out);
         assert!(got.iter().all(|v| v.is_finite()), "a stale Inf/NaN slot past the tile's end reached the output");
-        let want = reference::attention(&q, &pool, n_layers, 0, &seq, &pos, &tables, 2, shape);
+        let want = reference::attention(&reference::Attn {
+            q: &q,
+            kv: &pool,
+            n_layers,
+            layer: 0,
+            seq: &seq,
+            pos: &pos,
+            block_tables: &tables,
+            max_blocks: 2,
+            shape,
+        });
         let mut w = Worst::new("attention_prefill_stale_slot");
         w.check("stale Inf/NaN past the end".to_string(), &got, &want, 1e-4);
         w.report();
     }
 
     // Guards: a tile reaching past the table gives NaN rows; head_dim % 8 != 0 is refused.
-    let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 16 };
-    let kv = KvPool::new(&d.stream, 2, 1, 16).expect("KvPool::new");
-    let mut out = d.nan(2 * 32);
-    d.ops
-        .attention_prefill(&d.up(&[0.5f32; 64]), &kv, 0, &d.up(&[0u32, 0]), &d.up(&[31u32, 32]), &d.up(&[1u32, 0]), &d.up(&[0u32, 1, 1, 1]), 2, 2, 2, shape, &mut out)
-        .expect("attention_prefill with a bad position");
-    let got = d.down(&out);
-    assert!(got[..32].iter().all(|v| v.is_finite()), "good tile");
-    assert!(got[32..].iter().all(|v| v.is_nan()), "a tile past the block table must give NaN");
+    // (Tiles: token 0 alone, token 1 alone.)
+    let tiles = d.up(&[0u32, 1, 1, 1]);
+    bad_position_gives_nan(d, "attention_prefill", [31, 32], |a, out| d.ops.attention_prefill(a, &tiles, 2, out));
     let odd = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 20 };
     let kv20 = KvPool::new(&d.stream, 1, 1, 20).expect("KvPool::new");
     let err = d
         .ops
-        .attention_prefill(&d.up(&[0.0f32; 40]), &kv20, 0, &d.up(&[0u32]), &d.up(&[0u32]), &d.up(&[0u32]), &d.up(&[0u32, 1]), 1, 1, 1, odd, &mut d.nan(40))
+        .attention_prefill(
+            &attn(&d.up(&[0.0f32; 40]), &kv20, 0, [&d.up(&[0u32]), &d.up(&[0u32]), &d.up(&[0u32])], 1, 1, odd),
+            &d.up(&[0u32, 1]),
+            1,
+            &mut d.nan(40),
+        )
         .expect_err("head_dim 20");
     assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
 }
 
 #[test]
-fn fused_decode_launches_equal_the_separate_ops() {
+fn matmul_fused_decode_launches_equal_the_separate_ops() {
     let Some(d) = device() else { return };
     let mut worst = Worst::new("gemv3_and_gemv_swiglu");
     for dtype in [DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0] {
         let tag = dtype_tag(dtype);
         // (q rows, kv rows, ffn rows, cols): GQA-like shapes; 4096 / 14336 are Llama's.
-        for &(rq, rkv, rf, cols) in &[(64usize, 16usize, 96usize, 256usize), (130, 33, 200, 512), (256, 64, 700, 4096)] {
+        for &(rq, rkv, rf, cols) in &[(64usize, 16usize, 96usize, 256usize), (130, 33, 200, 512), (256, 64, 700, 4096)]
+        {
             for &n in &[1usize, 3, 8, 11] {
-                let mut rng = Rng::new(&[180, dtype.ggml_id() as usize, rq, cols, n]);
-                let ws: Vec<Vec<u8>> = [rq, rkv, rkv, rf, rf].iter().map(|&r| random_weight(&mut rng, dtype, r, cols)).collect();
+                let mut rng = XorShift::from_parts(&[180, dtype.ggml_id() as usize, rq, cols, n]);
+                let ws: Vec<Vec<u8>> =
+                    [rq, rkv, rkv, rf, rf].iter().map(|&r| random_weight(&mut rng, dtype, r, cols)).collect();
                 let dw: Vec<DevWeight> =
                     ws.iter().zip([rq, rkv, rkv, rf, rf]).map(|(b, r)| d.weight("w", dtype, r, cols, b)).collect();
                 let x = rng.vec(n * cols, -1.0, 1.0);
@@ -903,7 +1017,8 @@ fn fused_decode_launches_equal_the_separate_ops() {
                 let case = format!("{tag} rq={rq} rkv={rkv} rf={rf} cols={cols} n={n}");
                 // Q, K, V in one launch vs three.
                 let (mut q, mut k, mut v) = (d.nan(n * rq + TAIL), d.nan(n * rkv + TAIL), d.nan(n * rkv + TAIL));
-                let fused = d.ops.matmul3([&dw[0], &dw[1], &dw[2]], &x_d, n, [&mut q, &mut k, &mut v]).expect("matmul3");
+                let fused =
+                    d.ops.matmul3([&dw[0], &dw[1], &dw[2]], &x_d, n, [&mut q, &mut k, &mut v]).expect("matmul3");
                 assert!(fused, "{case}: the fused kernel should apply");
                 for (i, (buf, rows)) in [(&q, rq), (&k, rkv), (&v, rkv)].into_iter().enumerate() {
                     let got = d.down(buf);
@@ -912,7 +1027,11 @@ fn fused_decode_launches_equal_the_separate_ops() {
                     d.ops.matmul(&dw[i], &x_d, n, &mut y, MatmulPath::Gemv).expect("matmul");
                     let want = d.down(&y);
                     for (j, (a, b)) in got.iter().zip(&want).enumerate() {
-                        assert_eq!(a.to_bits(), b.to_bits(), "{case}: matrix {i} output {j}: fused {a} != separate {b}");
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "{case}: matrix {i} output {j}: fused {a} != separate {b}"
+                        );
                     }
                 }
                 // Gate, up, SwiGLU in one launch vs three.

@@ -9,6 +9,7 @@ mod common;
 use common::*;
 use llmrt::backend::cuda;
 use llmrt::ffi::llmrt_backend::{self, LLMRT_BACKEND_AUTO, LLMRT_BACKEND_CPU, LLMRT_BACKEND_CUDA};
+use llmrt::util::argmax;
 use llmrt::Status;
 use std::ffi::CStr;
 use std::path::{Path, PathBuf};
@@ -186,7 +187,8 @@ fn backend_selection_auto_and_cuda() {
             assert_eq!(m.info().backend, LLMRT_BACKEND_CUDA);
             // An ordinal past the last device is the caller's mistake, named with the count.
             let bad = devs.len() as i32;
-            let (s, msg) = try_load_with(&path, LLMRT_BACKEND_CUDA, bad, 1, KV_BYTES).err().expect("bad ordinal loaded");
+            let (s, msg) =
+                try_load_with(&path, LLMRT_BACKEND_CUDA, bad, 1, KV_BYTES).err().expect("bad ordinal loaded");
             assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT, "{msg}");
             assert!(msg.contains(&bad.to_string()) && msg.contains(&devs.len().to_string()), "{msg}");
         }
@@ -200,6 +202,7 @@ fn info_reports_cuda_and_the_device() {
     // Default KV budget on the device (kv_cache_bytes = 0).
     let m = load_on(&f.gguf("f16"), LLMRT_BACKEND_CUDA, 0);
     let i = m.info();
+    // SAFETY: llmrt_model_info fills device_name as a NUL-terminated string within the array.
     let name = unsafe { CStr::from_ptr(i.device_name.as_ptr()) }.to_string_lossy().into_owned();
     println!(
         "device {} | model info: backend {:?}, device_name {name:?}, kv {} B/position, weights {} B",
@@ -217,7 +220,12 @@ fn info_reports_cuda_and_the_device() {
     );
     assert!(i.scratch_bytes > 0 && i.kv_pool_bytes > 0 && i.device_total_bytes > 0);
     assert!(i.weight_bytes + i.scratch_bytes + i.kv_pool_bytes + i.device_free_bytes <= i.device_total_bytes);
-    assert!(i.kv_pool_bytes > i.device_free_bytes, "default pool {} B leaves {} B free", i.kv_pool_bytes, i.device_free_bytes);
+    assert!(
+        i.kv_pool_bytes > i.device_free_bytes,
+        "default pool {} B leaves {} B free",
+        i.kv_pool_bytes,
+        i.device_free_bytes
+    );
     // kv_cache_bytes overrides the plan: the pool is that budget in whole blocks.
     let block = i.kv_bytes_per_position * 16;
     let m2 = load_on(&f.gguf("f16"), LLMRT_BACKEND_CUDA, 1000 * block + 7);
@@ -265,7 +273,10 @@ fn greedy_ids_match_cpu_f32() {
         let n = decided_prefix(&c_model, &f.greedy_prompt(), &ids[0]);
         assert_eq!(ids[1][..n], ids[0][..n], "{}: CUDA greedy ids differ from the CPU's (decided prefix {n})", f.name);
         let same = ids[1].iter().zip(&ids[0]).take_while(|(a, b)| a == b).count();
-        println!("{:<16} greedy ids: {same} of 32 identical on CUDA and CPU (first {n} decided by a clear margin)", f.name);
+        println!(
+            "{:<16} greedy ids: {same} of 32 identical on CUDA and CPU (first {n} decided by a clear margin)",
+            f.name
+        );
     }
 }
 
@@ -297,7 +308,10 @@ fn stories260k_greedy_on_cuda() {
     // other token at step 37 (a top-2 gap of 9e-4 sd). Equal up to the first near-tie.
     let n = decided_prefix(&cpu(&path), &prompt, &want);
     let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-    println!("stories260K greedy ids: {same} of {} identical to run.c (first {n} decided by a clear margin)", want.len());
+    println!(
+        "stories260K greedy ids: {same} of {} identical to run.c (first {n} decided by a clear margin)",
+        want.len()
+    );
     assert!(n >= 32, "stories260K: only {n} decided steps (expected 37)");
     assert_eq!(got[..n], want[..n], "stories260K greedy ids on CUDA differ from llama2.c's run.c");
     // f16 KV alone gives up to 3.0e-3 on these rows (emulated on the CPU).
@@ -391,7 +405,11 @@ fn wide_decode_batch_agrees_with_single_decodes() {
             }
             next = following;
         }
-        println!("MAXERR wide_decode_batch {} {ty}: {worst:.2e} (batch of 24 vs single decodes){}", f.name, if exact { ", bit for bit" } else { "" });
+        println!(
+            "MAXERR wide_decode_batch {} {ty}: {worst:.2e} (batch of 24 vs single decodes){}",
+            f.name,
+            if exact { ", bit for bit" } else { "" }
+        );
     }
 }
 
@@ -472,18 +490,23 @@ fn failed_steps_leave_caches_unchanged() {
     m.prefill(other, &toks[..2]);
     let v = m.vocab as u32;
     let mut out = vec![7.0f32; 2 * m.vocab];
+    // SAFETY: m.ptr is a live model; the id arrays hold 2 entries and out 2 * vocab floats.
     let s = unsafe { llmrt::ffi::llmrt_decode(m.ptr, 2, [a, other].as_ptr(), [1, v].as_ptr(), out.as_mut_ptr()) };
     assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
     assert!(out.iter().all(|&x| x == 7.0), "logits written by a failed step");
     let mut ids = [u32::MAX; 2];
-    let s = unsafe { llmrt::ffi::llmrt_decode_greedy(m.ptr, 2, [a, other].as_ptr(), [v, 1].as_ptr(), ids.as_mut_ptr()) };
+    // SAFETY: m.ptr is a live model; the cache, token and output arrays hold 2 entries each.
+    let s =
+        unsafe { llmrt::ffi::llmrt_decode_greedy(m.ptr, 2, [a, other].as_ptr(), [v, 1].as_ptr(), ids.as_mut_ptr()) };
     assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
     assert_eq!(ids, [u32::MAX; 2], "ids written by a failed greedy step");
     assert_eq!((m.len(a), m.len(other)), (10, 2));
     assert_eq!(m.try_prefill_all(a, &toks[..11]), Err(Status::LLMRT_CONTEXT_FULL));
     m.prefill(other, &toks[..18]);
     assert_eq!(m.try_decode(&[a, other], &[1, 2]), Err(Status::LLMRT_CONTEXT_FULL));
-    let s = unsafe { llmrt::ffi::llmrt_decode_greedy(m.ptr, 2, [a, other].as_ptr(), [1, 2].as_ptr(), ids.as_mut_ptr()) };
+    // SAFETY: as above: a live model and arrays of 2 entries each.
+    let s =
+        unsafe { llmrt::ffi::llmrt_decode_greedy(m.ptr, 2, [a, other].as_ptr(), [1, 2].as_ptr(), ids.as_mut_ptr()) };
     assert_eq!(s, Status::LLMRT_CONTEXT_FULL);
     assert_eq!(ids, [u32::MAX; 2]);
     assert_eq!(m.len(a), 10);
@@ -493,17 +516,6 @@ fn failed_steps_leave_caches_unchanged() {
 // ---------------------------------------------------------------------------------
 // Benchmark (ignored; gpu-check runs it with --ignored).
 
-/// xorshift64*.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        ((self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
-
 /// A llama-shaped GGUF with random weights: hidden 2048, 8 layers, 32 heads, 8 KV
 /// heads, ffn 5632, vocab 32000; matrices of type `dt`, each layer's matrices shared.
 fn synthetic_model(dir: &Path, dt: llmrt::quant::DType) -> PathBuf {
@@ -512,13 +524,13 @@ fn synthetic_model(dir: &Path, dt: llmrt::quant::DType) -> PathBuf {
     use llmrt::quant::{quantize_row, DType};
     let (h, layers, heads, kv_heads, ffn, vocab) = (2048u64, 8u32, 32u32, 8u32, 5632u64, 32000u64);
     let kv = h / heads as u64 * kv_heads as u64;
-    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut rng = llmrt::util::XorShift::new(0x1234_5678_9abc_def1);
     let mut mat = |rows: u64, cols: u64, scale: f32| -> Vec<u8> {
         let rb = dt.row_bytes(cols as usize).unwrap();
         let mut out = vec![0u8; rb * rows as usize];
         let mut row = vec![0f32; cols as usize];
         for r in 0..rows as usize {
-            row.iter_mut().for_each(|x| *x = rng.next() * scale);
+            row.iter_mut().for_each(|x| *x = rng.uniform(-1.0, 1.0) * scale);
             quantize_row(dt, &row, &mut out[r * rb..(r + 1) * rb]);
         }
         out
@@ -612,7 +624,8 @@ fn bench_decode() {
         None => return,
     };
     // The largest fixture file.
-    let mut largest: Vec<PathBuf> = fixtures_present().iter().flat_map(|f| files(f).into_iter().map(|(_, p)| p)).collect();
+    let mut largest: Vec<PathBuf> =
+        fixtures_present().iter().flat_map(|f| files(f).into_iter().map(|(_, p)| p)).collect();
     largest.sort_by_key(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0));
     let fx = largest.pop().unwrap();
     bench(&fx, LLMRT_BACKEND_CPU, 24, 64);

@@ -1,13 +1,14 @@
-//! Smoke tests of the CUDA kernels against their CPU twins
-//! (src/backend/cuda/reference.rs). Without a CUDA device each device test prints
-//! "skipped: no CUDA device (<reason>)" and passes; scripts/gpu-check.sh runs this
-//! binary on a GPU machine and collects the `MAXERR` lines.
+//! Smoke tests of the CUDA kernels (`llmrt::backend::cuda::CudaKernels`: embedded PTX
+//! and NVRTC) against the CPU oracle (tests/cuda_util/reference.rs). Without a CUDA
+//! device each device test prints "skipped: no CUDA device (<reason>)" and passes;
+//! scripts/gpu-check.sh runs this binary on a GPU machine and collects the `MAXERR` lines.
 
 mod cuda_util;
-use cuda_util::{Rng, Worst};
+use cuda_util::{reference, Worst, XorShift};
 
 use half::f16;
-use llmrt::backend::cuda::{self, embedded, reference, CudaKernels};
+use llmrt::backend::cuda::{self, embedded, CudaKernels};
+use llmrt::quant::DType;
 use llmrt::Status;
 
 /// The kernels on device 0, or None (after saying why) when there is no usable device.
@@ -25,8 +26,6 @@ fn device() -> Option<CudaKernels> {
         }
     }
 }
-
-
 
 const ROWS: &[usize] = &[1, 7, 4096];
 const BATCHES: &[usize] = &[1, 3, 8, 11]; // 11: more than one tile of 8 vectors
@@ -51,7 +50,7 @@ fn probe_never_panics() {
 #[test]
 fn embedded_kernels_are_complete() {
     let stems: Vec<&str> = embedded::SOURCES.iter().map(|&(s, _)| s).collect();
-    assert!(stems.contains(&"norm") && stems.contains(&"gemv"), "sources: {stems:?}");
+    assert!(stems.contains(&"norm") && stems.contains(&"matmul"), "sources: {stems:?}");
     println!("embedded sources: {stems:?}; PTX archs: {:?}", embedded::ptx_archs());
     if embedded::PTX.is_empty() {
         println!("no PTX embedded (built without nvcc): kernels will be compiled by NVRTC");
@@ -63,7 +62,7 @@ fn embedded_kernels_are_complete() {
         println!("  {stem}.cu sm_{sm}: {} bytes, {version}", ptx.len());
         assert!(ptx.contains(&format!(".target sm_{sm}")), "{stem} sm_{sm}: wrong target");
     }
-    for (stem, entries) in [("norm", &["rmsnorm_f32"][..]), ("gemv", &["gemv_f16_f32", "gemv_q8_0_f32"][..])] {
+    for (stem, entries) in [("norm", &["rmsnorm_f32"][..]), ("matmul", &["gemv_f16_f32", "gemv_q8_0_f32"][..])] {
         for &(_, _, ptx) in embedded::PTX.iter().filter(|&&(s, _, _)| s == stem) {
             for e in entries {
                 assert!(ptx.contains(&format!(".entry {e}(")), "{stem}: no entry {e}");
@@ -79,7 +78,7 @@ fn rmsnorm_f32_matches_cpu() {
     // 77: odd (scalar path); 1000: float4 path, not a power of two
     for &rows in ROWS {
         for &n in &[64usize, 136, 4096, 77, 1000] {
-            let mut rng = Rng::new(&[1, rows, n]);
+            let mut rng = XorShift::from_parts(&[1, rows, n]);
             let x = rng.vec(rows * n, -2.0, 2.0);
             let w = rng.vec(n, 0.5, 1.5);
             let eps = 1e-5;
@@ -100,7 +99,7 @@ fn gemv_f16_matches_cpu() {
     for &rows in ROWS {
         for &cols in &[64usize, 136, 4096, 100, 77] {
             for &batch in BATCHES {
-                let mut rng = Rng::new(&[2, rows, cols, batch]);
+                let mut rng = XorShift::from_parts(&[2, rows, cols, batch]);
                 let w: Vec<f16> = (0..rows * cols).map(|_| f16::from_f32(rng.uniform(-1.0, 1.0))).collect();
                 let x = rng.vec(batch * cols, -1.0, 1.0);
                 let got = k.gemv_f16(&w, &x, rows, cols, batch).expect("gemv_f16");
@@ -113,12 +112,13 @@ fn gemv_f16_matches_cpu() {
 }
 
 /// Random Q8_0 blocks: small f16 scales, quants over the whole int8 range.
-fn random_q8_0(rng: &mut Rng, rows: usize, cols: usize) -> Vec<u8> {
-    let nblocks = rows * cols / reference::QK8_0;
-    let mut bytes = Vec::with_capacity(nblocks * reference::Q8_0_BLOCK_BYTES);
+fn random_q8_0(rng: &mut XorShift, rows: usize, cols: usize) -> Vec<u8> {
+    let (qk, block_bytes) = (DType::Q8_0.block_elems(), DType::Q8_0.block_bytes());
+    let nblocks = rows * cols / qk;
+    let mut bytes = Vec::with_capacity(nblocks * block_bytes);
     for _ in 0..nblocks {
         bytes.extend_from_slice(&f16::from_f32(rng.uniform(0.001, 0.02)).to_le_bytes());
-        bytes.extend((0..reference::QK8_0).map(|_| (rng.next_u64() >> 56) as u8));
+        bytes.extend((0..qk).map(|_| (rng.next_u64() >> 56) as u8));
     }
     bytes
 }
@@ -131,7 +131,7 @@ fn gemv_q8_0_matches_cpu() {
     for &rows in ROWS {
         for &cols in &[64usize, 160, 4096] {
             for &batch in BATCHES {
-                let mut rng = Rng::new(&[3, rows, cols, batch]);
+                let mut rng = XorShift::from_parts(&[3, rows, cols, batch]);
                 let w = random_q8_0(&mut rng, rows, cols);
                 let x = rng.vec(batch * cols, -1.0, 1.0);
                 let got = k.gemv_q8_0(&w, &x, rows, cols, batch).expect("gemv_q8_0");
@@ -186,7 +186,7 @@ fn nvrtc_compiles_sources() {
     let k = CudaKernels::with_nvrtc(0).expect("loading NVRTC-compiled kernels");
     println!("device: {} | kernels: {}", k.device(), k.source());
     let (rows, cols, batch) = (257usize, 4096usize, 3usize);
-    let mut rng = Rng::new(&[4, rows, cols, batch]);
+    let mut rng = XorShift::from_parts(&[4, rows, cols, batch]);
     let x = rng.vec(batch * cols, -1.0, 1.0);
     let mut worst = Worst::verbose("nvrtc");
     let g = rng.vec(cols, 0.5, 1.5);

@@ -1,38 +1,18 @@
 //! Helpers shared by the CUDA test binaries (tests/cuda_smoke.rs, tests/cuda_kernels.rs):
-//! seeded random inputs and the worst-error bookkeeping behind their `MAXERR` lines,
+//! the CPU oracle of the device ops ([`reference`]), seeded random inputs
+//! (`llmrt::util::XorShift`) and the worst-error bookkeeping behind their `MAXERR` lines,
 //! which scripts/gpu-check.sh collects.
 #![allow(dead_code)]
 
-/// xorshift64*, seeded from the case so every case or size gets its own inputs.
-pub struct Rng(u64);
+pub mod reference;
 
-impl Rng {
-    pub fn new(parts: &[usize]) -> Rng {
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        for &p in parts {
-            s = (s ^ p as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9).rotate_left(29);
-        }
-        Rng(s | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-    pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-        (0..n).map(|_| self.uniform(lo, hi)).collect()
-    }
-    pub fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            v.swap(i, self.below(i + 1));
-        }
+pub use llmrt::util::XorShift;
+
+/// Fisher-Yates with `rng` (the same draws in the same order as before the tests moved
+/// to `llmrt::util::XorShift`, so every case keeps its inputs).
+pub fn shuffle<T>(rng: &mut XorShift, v: &mut [T]) {
+    for i in (1..v.len()).rev() {
+        v.swap(i, rng.below(i + 1));
     }
 }
 

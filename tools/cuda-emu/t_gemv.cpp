@@ -1,5 +1,5 @@
-// kernels/gemv.cu on the CPU (run.sh): fast GEMV against plain, fused launches against separate ones.
-#include "../../kernels/gemv.cu"
+// kernels/matmul.cu on the CPU (run.sh): fast GEMV against plain, fused launches against separate ones.
+#include "../../kernels/matmul.cu"
 #include <cstdio>
 #include <random>
 static std::mt19937 rng(11);

@@ -18,11 +18,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    sys, CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, ValidAsZeroBits,
+    sys, CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError,
+    ValidAsZeroBits,
 };
 
 use super::device::{driver_err, guarded, probe};
-use super::ops::{AttnShape, DevWeight, KvPool, MatmulPath, Ops, GEMM_MIN_TOKENS, PREFILL_TILE, SPLIT_MAX_GROUP};
+use super::ops::{
+    env_flag, AttnArgs, AttnShape, DevWeight, KvPool, KvWrite, MatmulPath, Ops, Qkv, RmsNorm, Rope, GEMM_MIN_TOKENS,
+    PREFILL_TILE, SPLIT_MAX_GROUP,
+};
 use super::DeviceInfo;
 use crate::backend::{Backend, Seq, Want};
 use crate::kv::{BlockCopy, BLOCK_POSITIONS};
@@ -32,7 +36,7 @@ use crate::{Error, Result};
 
 /// Device memory kept free by the default KV budget, beyond the planned scratch: room
 /// for cuBLAS workspaces, CUDA graphs and other allocations of the process.
-pub fn kv_headroom(total: u64) -> u64 {
+pub(crate) fn kv_headroom(total: u64) -> u64 {
     (256u64 << 20) + total / 100
 }
 
@@ -40,26 +44,26 @@ pub fn kv_headroom(total: u64) -> u64 {
 /// after the weights and the planned scratch were allocated: nine tenths of what is
 /// left above [`kv_headroom`] (the last tenth leaves room for another model in the
 /// same process).
-pub fn default_kv_budget(free_after_scratch: u64, total: u64) -> u64 {
+pub(crate) fn default_kv_budget(free_after_scratch: u64, total: u64) -> u64 {
     free_after_scratch.saturating_sub(kv_headroom(total)) / 10 * 9
 }
 
 /// Tokens of one step the scratch is planned (allocated at load) for: the context,
 /// at most [`PLAN_MAX_TOKENS`], rounded up to a power of two. Longer steps still run,
 /// growing the scratch when the device has room.
-pub fn plan_tokens(context: usize) -> usize {
+pub(crate) fn plan_tokens(context: usize) -> usize {
     context.clamp(1, PLAN_MAX_TOKENS).next_power_of_two()
 }
 
 /// Most tokens of one step the load-time scratch plan covers.
-pub const PLAN_MAX_TOKENS: usize = 2048;
+pub(crate) const PLAN_MAX_TOKENS: usize = 2048;
 /// Most logits rows the load-time scratch plan covers (a decode batch, or the rows
 /// of a prefill that wants them all).
-pub const PLAN_MAX_ROWS: usize = 256;
+pub(crate) const PLAN_MAX_ROWS: usize = 256;
 
 /// Decode steps replayed from CUDA graphs pad their block tables to a multiple of this
 /// many blocks (128 positions), so one captured graph serves 128 context lengths.
-pub const GRAPH_BLOCK_BUCKET: usize = 8;
+pub(crate) const GRAPH_BLOCK_BUCKET: usize = 8;
 /// Captured graphs kept per model (launch shapes: batch size, block bucket, ...); the
 /// cache is emptied when full and whenever a scratch buffer is reallocated.
 const GRAPH_CACHE_MAX: usize = 64;
@@ -86,9 +90,79 @@ struct Launch {
     greedy: bool,
 }
 
+/// One array of a step's host plan, as packed into `Scratch::stage` (u32 words; cos
+/// and sin as f32 bits). [`STAGE`] is the one description of the packed layout:
+/// [`Plan::packed`] writes the parts in its order, `launch_step` copies them out in the
+/// same order, and `Scratch::ensure` sizes the stage by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    Ids,
+    Seq,
+    Pos,
+    Slots,
+    BlockTables,
+    Rows,
+    Cos,
+    Sin,
+    /// Last: a step that does not take the tiled attention leaves it packed but unread.
+    Tiles,
+}
+
+/// The packed step arrays, in order.
+const STAGE: [Part; 9] =
+    [Part::Ids, Part::Seq, Part::Pos, Part::Slots, Part::BlockTables, Part::Rows, Part::Cos, Part::Sin, Part::Tiles];
+
+/// The counts the length of each [`Part`] follows from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StageShape {
+    /// Tokens.
+    n: usize,
+    /// Wanted rows.
+    nr: usize,
+    /// Block-table entries (sequences x columns).
+    bt: usize,
+    /// Prefill attention tiles.
+    n_tiles: usize,
+    /// `head_dim / 2` (RoPE pairs).
+    half: usize,
+}
+
+impl Part {
+    /// Words of this part.
+    fn len(self, z: StageShape) -> usize {
+        match self {
+            Part::Ids | Part::Seq | Part::Pos | Part::Slots => z.n,
+            Part::BlockTables => z.bt,
+            Part::Rows => z.nr,
+            Part::Cos | Part::Sin => z.n * z.half,
+            Part::Tiles => 2 * z.n_tiles,
+        }
+    }
+
+    /// What it holds, for errors.
+    fn what(self) -> &'static str {
+        match self {
+            Part::Ids => "token ids",
+            Part::Seq => "sequence indices",
+            Part::Pos => "positions",
+            Part::Slots => "slot ids",
+            Part::BlockTables => "block tables",
+            Part::Rows => "wanted rows",
+            Part::Cos => "RoPE cos",
+            Part::Sin => "RoPE sin",
+            Part::Tiles => "attention tiles",
+        }
+    }
+}
+
+/// Words of the whole stage for `z`.
+fn stage_len(z: StageShape) -> usize {
+    STAGE.iter().map(|p| p.len(z)).sum()
+}
+
 /// What the device memory went to at load (`llmrt_model_info`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MemoryPlan {
+pub(crate) struct MemoryPlan {
     /// Weights as uploaded.
     pub weight_bytes: u64,
     /// Activations, step arrays and the cuBLAS scratch, allocated for the planned step.
@@ -104,12 +178,7 @@ pub struct MemoryPlan {
 /// `LLMRT_CUDA_GRAPHS` (default on; `LLMRT_CUDA_FAST=0` turns it off with the other fast
 /// paths; `LLMRT_CUDA_GRAPHS=1` turns it back on).
 fn graphs_enabled() -> bool {
-    let flag = |name: &str| match std::env::var(name).ok().as_deref().map(str::trim) {
-        Some("0") | Some("off") | Some("false") => Some(false),
-        Some("1") | Some("on") | Some("true") => Some(true),
-        _ => None,
-    };
-    flag("LLMRT_CUDA_GRAPHS").unwrap_or_else(|| flag("LLMRT_CUDA_FAST").unwrap_or(true))
+    env_flag("LLMRT_CUDA_GRAPHS").unwrap_or_else(|| env_flag("LLMRT_CUDA_FAST").unwrap_or(true))
 }
 
 /// A captured CUDA graph owned by one backend.
@@ -181,24 +250,14 @@ impl Scratch {
     /// Grows every buffer to hold a step of `cap` tokens, `rcap` wanted rows and
     /// `bt_len` block-table entries (contents are not kept). Returns whether any buffer
     /// was reallocated (device pointers changed).
-    #[allow(clippy::too_many_arguments)]
-    fn ensure(
-        &mut self,
-        ctx: &Arc<CudaContext>,
-        info: &DeviceInfo,
-        stream: &Arc<CudaStream>,
-        cfg: &Config,
-        cap: usize,
-        rcap: usize,
-        bt_len: usize,
-    ) -> Result<bool> {
+    fn ensure(&mut self, to: Alloc, cfg: &Config, cap: usize, rcap: usize, bt_len: usize) -> Result<bool> {
         let (h, qd, kvd, ffn, half, vocab) =
             (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn, cfg.head_dim / 2, cfg.vocab_size);
         let s = self;
         let mut grew = false;
         {
             let mut g = |buf: &mut CudaSlice<f32>, len: usize, what: &str| -> Result<()> {
-                grew |= grow(ctx, info, stream, buf, len, what)?;
+                grew |= to.grow(buf, len, what)?;
                 Ok(())
             };
             g(&mut s.x, cap * h, "x")?;
@@ -217,7 +276,7 @@ impl Scratch {
             g(&mut s.logits, rcap * vocab, "logits")?;
         }
         let mut g = |buf: &mut CudaSlice<u32>, len: usize, what: &str| -> Result<()> {
-            grew |= grow(ctx, info, stream, buf, len, what)?;
+            grew |= to.grow(buf, len, what)?;
             Ok(())
         };
         g(&mut s.ids, cap, "ids")?;
@@ -228,25 +287,49 @@ impl Scratch {
         g(&mut s.rows, rcap, "rows")?;
         g(&mut s.next, rcap, "next")?;
         g(&mut s.tiles, 2 * cap, "attention tiles")?;
-        // The packed step arrays: 4 per token, the block tables, the rows, cos and sin,
-        // the tiles (at most one per token).
-        g(&mut s.stage, 6 * cap + bt_len.next_power_of_two() + rcap + 2 * cap * half, "step arrays")?;
+        // The packed step arrays, with at most one tile per token.
+        let z = StageShape { n: cap, nr: rcap, bt: bt_len.next_power_of_two(), n_tiles: cap, half };
+        g(&mut s.stage, stage_len(z), "step arrays")?;
         Ok(grew)
     }
 
     /// Bytes held by the buffers.
     fn bytes(&self) -> u64 {
         let f = [
-            &self.x, &self.xn, &self.q, &self.k, &self.v, &self.att, &self.proj, &self.gate, &self.up, &self.cos,
-            &self.sin, &self.sel, &self.seln, &self.logits, &self.part_o, &self.part_ml,
+            &self.x,
+            &self.xn,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.att,
+            &self.proj,
+            &self.gate,
+            &self.up,
+            &self.cos,
+            &self.sin,
+            &self.sel,
+            &self.seln,
+            &self.logits,
+            &self.part_o,
+            &self.part_ml,
         ];
-        let u = [&self.ids, &self.seq, &self.pos, &self.slots, &self.block_tables, &self.rows, &self.next, &self.stage, &self.tiles];
+        let u = [
+            &self.ids,
+            &self.seq,
+            &self.pos,
+            &self.slots,
+            &self.block_tables,
+            &self.rows,
+            &self.next,
+            &self.stage,
+            &self.tiles,
+        ];
         4 * (f.iter().map(|b| b.len() as u64).sum::<u64>() + u.iter().map(|b| b.len() as u64).sum::<u64>())
     }
 }
 
 /// The CUDA backend of one model.
-pub struct CudaBackend {
+pub(crate) struct CudaBackend {
     cfg: Config,
     info: DeviceInfo,
     ctx: Arc<CudaContext>,
@@ -271,25 +354,54 @@ pub struct CudaBackend {
     graph_cache: HashMap<Launch, Graph>,
 }
 
-/// Allocation or copy failure: `LLMRT_OUT_OF_MEMORY` with the sizes when the device
-/// ran out, else `LLMRT_DEVICE`.
-fn mem_err(ctx: &Arc<CudaContext>, dev: &DeviceInfo, what: &str, bytes: usize, e: DriverError) -> Error {
-    if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        let free = match ctx.mem_get_info() {
-            Ok((free, total)) => format!("{free} of {total} bytes free"),
-            Err(_) => format!("{} bytes total", dev.total_mem),
-        };
-        Error::out_of_memory(format!("cuda:{} {}: out of device memory for {what} ({bytes} bytes; {free})", dev.ordinal, dev.name))
-    } else {
-        driver_err(&format!("allocating/uploading {what} ({bytes} bytes)"), e)
+/// Where a backend allocates: its context (for memory queries), the device it is on,
+/// the stream every buffer is made and used on.
+#[derive(Clone, Copy)]
+struct Alloc<'a> {
+    ctx: &'a Arc<CudaContext>,
+    dev: &'a DeviceInfo,
+    stream: &'a Arc<CudaStream>,
+}
+
+impl Alloc<'_> {
+    /// Allocation or copy failure: `LLMRT_OUT_OF_MEMORY` with the sizes when the device
+    /// ran out, else `LLMRT_DEVICE`.
+    fn mem_err(&self, what: &str, bytes: usize, e: DriverError) -> Error {
+        let dev = self.dev;
+        if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            let free = match self.ctx.mem_get_info() {
+                Ok((free, total)) => format!("{free} of {total} bytes free"),
+                Err(_) => format!("{} bytes total", dev.total_mem),
+            };
+            Error::out_of_memory(format!(
+                "cuda:{} {}: out of device memory for {what} ({bytes} bytes; {free})",
+                dev.ordinal, dev.name
+            ))
+        } else {
+            driver_err(&format!("allocating/uploading {what} ({bytes} bytes)"), e)
+        }
+    }
+
+    /// A zeroed buffer of `len` elements.
+    fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize, what: &str) -> Result<CudaSlice<T>> {
+        let bytes = len * std::mem::size_of::<T>();
+        self.stream.alloc_zeros::<T>(len).map_err(|e| self.mem_err(what, bytes, e))
+    }
+
+    /// Makes `buf` hold at least `len` elements (contents are not kept); returns whether
+    /// it was reallocated.
+    fn grow<T: DeviceRepr + ValidAsZeroBits>(&self, buf: &mut CudaSlice<T>, len: usize, what: &str) -> Result<bool> {
+        if buf.len() < len {
+            *buf = self.zeros(len, &format!("scratch buffer {what}"))?;
+            return Ok(true);
+        }
+        Ok(false)
     }
 }
 
 /// Uploads the weights, reporting bytes done.
 struct Uploader<'a> {
-    ctx: &'a Arc<CudaContext>,
-    stream: &'a Arc<CudaStream>,
-    dev: &'a DeviceInfo,
+    to: Alloc<'a>,
     weights: &'a Weights,
     done: u64,
     total: u64,
@@ -299,7 +411,7 @@ struct Uploader<'a> {
 impl Uploader<'_> {
     fn upload<T: DeviceRepr>(&mut self, what: &str, host: &[T]) -> Result<CudaSlice<T>> {
         let bytes = std::mem::size_of_val(host);
-        let d = self.stream.clone_htod(host).map_err(|e| mem_err(self.ctx, self.dev, &format!("tensor {what}"), bytes, e))?;
+        let d = self.to.stream.clone_htod(host).map_err(|e| self.to.mem_err(&format!("tensor {what}"), bytes, e))?;
         self.done += bytes as u64;
         (self.progress)((self.done as f64 / self.total.max(1) as f64).min(1.0) as f32);
         Ok(d)
@@ -313,24 +425,6 @@ impl Uploader<'_> {
     fn vector(&mut self, name: &str, v: &[f32]) -> Result<CudaSlice<f32>> {
         self.upload(name, v)
     }
-}
-
-/// Makes `buf` hold at least `len` elements (contents are not kept); returns whether it
-/// was reallocated.
-fn grow<T: DeviceRepr + ValidAsZeroBits>(
-    ctx: &Arc<CudaContext>,
-    dev: &DeviceInfo,
-    stream: &Arc<CudaStream>,
-    buf: &mut CudaSlice<T>,
-    len: usize,
-    what: &str,
-) -> Result<bool> {
-    if buf.len() < len {
-        let bytes = len * std::mem::size_of::<T>();
-        *buf = stream.alloc_zeros::<T>(len).map_err(|e| mem_err(ctx, dev, &format!("scratch buffer {what}"), bytes, e))?;
-        return Ok(true);
-    }
-    Ok(false)
 }
 
 /// The host-side arrays of one step.
@@ -358,21 +452,24 @@ struct Plan {
 }
 
 impl Plan {
-    /// Every array as u32 words in the order `launch_step` unpacks them: ids, seq, pos,
-    /// slots, block tables, rows, cos bits, sin bits, tiles.
+    /// Every array as u32 words in the order of [`STAGE`] (cos and sin as f32 bits).
     fn packed(&self) -> Vec<u32> {
         let mut v = Vec::with_capacity(
-            4 * self.ids.len() + self.block_tables.len() + self.rows.len() + self.cos.len() + self.sin.len(),
+            4 * self.ids.len() + self.block_tables.len() + self.rows.len() + 2 * self.cos.len() + self.tiles.len(),
         );
-        v.extend_from_slice(&self.ids);
-        v.extend_from_slice(&self.seq);
-        v.extend_from_slice(&self.pos);
-        v.extend_from_slice(&self.slots);
-        v.extend_from_slice(&self.block_tables);
-        v.extend_from_slice(&self.rows);
-        v.extend(self.cos.iter().map(|f| f.to_bits()));
-        v.extend(self.sin.iter().map(|f| f.to_bits()));
-        v.extend_from_slice(&self.tiles);
+        for part in STAGE {
+            match part {
+                Part::Ids => v.extend_from_slice(&self.ids),
+                Part::Seq => v.extend_from_slice(&self.seq),
+                Part::Pos => v.extend_from_slice(&self.pos),
+                Part::Slots => v.extend_from_slice(&self.slots),
+                Part::BlockTables => v.extend_from_slice(&self.block_tables),
+                Part::Rows => v.extend_from_slice(&self.rows),
+                Part::Cos => v.extend(self.cos.iter().map(|f| f.to_bits())),
+                Part::Sin => v.extend(self.sin.iter().map(|f| f.to_bits())),
+                Part::Tiles => v.extend_from_slice(&self.tiles),
+            }
+        }
         v
     }
 
@@ -380,7 +477,8 @@ impl Plan {
     fn build(seqs: &[Seq<'_>], inv_freq: &[f64], n_blocks: usize, vocab: usize, bucket: usize) -> Result<Plan> {
         let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         let half = inv_freq.len();
-        let max_blocks = seqs.iter().map(|s| (s.start + s.tokens.len()).div_ceil(BLOCK_POSITIONS)).max().unwrap_or(1).max(1);
+        let max_blocks =
+            seqs.iter().map(|s| (s.start + s.tokens.len()).div_ceil(BLOCK_POSITIONS)).max().unwrap_or(1).max(1);
         let max_blocks = max_blocks.next_multiple_of(bucket.max(1));
         let mut p = Plan {
             ids: Vec::with_capacity(n),
@@ -419,7 +517,9 @@ impl Plan {
             }
             for (i, &tok) in s.tokens.iter().enumerate() {
                 if tok as usize >= vocab {
-                    return Err(Error::internal(format!("token id {tok} outside the vocabulary reached the CUDA step")));
+                    return Err(Error::internal(format!(
+                        "token id {tok} outside the vocabulary reached the CUDA step"
+                    )));
                 }
                 let pos = s.start + i;
                 let t = p.ids.len();
@@ -489,7 +589,8 @@ impl CudaBackend {
         let ops = Ops::new(&ctx, stream.clone(), info.sm())?;
 
         let tied = same_tensor(&w.output, &w.token_embd);
-        let mut up = Uploader { ctx: &ctx, stream: &stream, dev: &info, weights: w, done: 0, total: w.bytes, progress };
+        let to = Alloc { ctx: &ctx, dev: &info, stream: &stream };
+        let mut up = Uploader { to, weights: w, done: 0, total: w.bytes, progress };
         let token_embd = up.matrix(&w.token_embd)?;
         let output_norm = up.vector("output_norm.weight", &w.output_norm)?;
         let output = if tied { None } else { Some(up.matrix(&w.output)?) };
@@ -525,41 +626,40 @@ impl CudaBackend {
 
         let weight_bytes = up.done;
         let inv_freq = cfg.rope_inv_freq(w.rope_freqs.as_deref());
-        let z = |n: usize| stream.alloc_zeros::<f32>(n).map_err(|e| mem_err(&ctx, &info, "scratch buffers", n * 4, e));
-        let zu = |n: usize| stream.alloc_zeros::<u32>(n).map_err(|e| mem_err(&ctx, &info, "scratch buffers", n * 4, e));
+        const SB: &str = "scratch buffers";
         let mut s = Scratch {
-            x: z(1)?,
-            xn: z(1)?,
-            q: z(1)?,
-            k: z(1)?,
-            v: z(1)?,
-            att: z(1)?,
-            proj: z(1)?,
-            gate: z(1)?,
-            up: z(1)?,
-            cos: z(1)?,
-            sin: z(1)?,
-            ids: zu(1)?,
-            seq: zu(1)?,
-            pos: zu(1)?,
-            slots: zu(1)?,
-            block_tables: zu(1)?,
-            rows: zu(1)?,
-            sel: z(1)?,
-            seln: z(1)?,
-            logits: z(1)?,
-            next: zu(1)?,
-            part_o: z(1)?,
-            part_ml: z(1)?,
-            stage: zu(1)?,
-            tiles: zu(1)?,
+            x: to.zeros(1, SB)?,
+            xn: to.zeros(1, SB)?,
+            q: to.zeros(1, SB)?,
+            k: to.zeros(1, SB)?,
+            v: to.zeros(1, SB)?,
+            att: to.zeros(1, SB)?,
+            proj: to.zeros(1, SB)?,
+            gate: to.zeros(1, SB)?,
+            up: to.zeros(1, SB)?,
+            cos: to.zeros(1, SB)?,
+            sin: to.zeros(1, SB)?,
+            ids: to.zeros(1, SB)?,
+            seq: to.zeros(1, SB)?,
+            pos: to.zeros(1, SB)?,
+            slots: to.zeros(1, SB)?,
+            block_tables: to.zeros(1, SB)?,
+            rows: to.zeros(1, SB)?,
+            sel: to.zeros(1, SB)?,
+            seln: to.zeros(1, SB)?,
+            logits: to.zeros(1, SB)?,
+            next: to.zeros(1, SB)?,
+            part_o: to.zeros(1, SB)?,
+            part_ml: to.zeros(1, SB)?,
+            stage: to.zeros(1, SB)?,
+            tiles: to.zeros(1, SB)?,
         };
         // Memory plan: the scratch of a planned step first (activations, step arrays,
         // cuBLAS activation and dequantization scratch), then the KV pool from what is left.
         stream.synchronize().map_err(|e| driver_err("uploading weights", e))?;
         let pt = plan_tokens(context);
         let pr = pt.min(PLAN_MAX_ROWS);
-        s.ensure(&ctx, &info, &stream, &cfg, pt, pr, pt.div_ceil(BLOCK_POSITIONS))?;
+        s.ensure(to, &cfg, pt, pr, pt.div_ceil(BLOCK_POSITIONS))?;
         let all = layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
         let all: Vec<&DevWeight> = all.chain(std::iter::once(&token_embd)).chain(output.as_ref()).collect();
         let max_cols = all.iter().map(|w| w.cols).max().unwrap_or(0);
@@ -622,16 +722,6 @@ impl CudaBackend {
         self.kv_blocks
     }
 
-    /// What the device memory went to at load.
-    pub fn memory_plan(&self) -> MemoryPlan {
-        self.memory
-    }
-
-    /// The device this backend runs on.
-    pub fn device(&self) -> &DeviceInfo {
-        &self.info
-    }
-
     /// Runs the forward pass of a step up to the LM head; the wanted rows' logits
     /// are left in `self.s.logits` (and with `greedy` their argmax ids in `self.s.next`).
     /// Returns the number of wanted rows.
@@ -645,7 +735,8 @@ impl CudaBackend {
             return Ok(0);
         }
         let vocab = self.cfg.vocab_size;
-        let shape = AttnShape { n_heads: self.cfg.n_heads, n_kv_heads: self.cfg.n_kv_heads, head_dim: self.cfg.head_dim };
+        let shape =
+            AttnShape { n_heads: self.cfg.n_heads, n_kv_heads: self.cfg.n_kv_heads, head_dim: self.cfg.head_dim };
         let fast = self.ops.fast_paths();
         let decode = seqs.iter().all(|q| q.tokens.len() == 1);
         // Decode steps (one token per sequence) take the GEMV kernels, whose reduction
@@ -666,19 +757,22 @@ impl CudaBackend {
             None
         };
         // Tiled attention for prefill steps.
-        let n_tiles = if !decode && fast.prefill_attn && Ops::prefill_attention_fits(shape) { plan.tiles.len() / 2 } else { 0 };
+        let n_tiles =
+            if !decode && fast.prefill_attn && Ops::prefill_attention_fits(shape) { plan.tiles.len() / 2 } else { 0 };
         let l = Launch { n, nr, n_seqs: seqs.len(), max_blocks: plan.max_blocks, gemm, split, n_tiles, greedy };
 
         // Scratch for this launch shape; a regrown buffer invalidates the captured graphs.
         let CudaBackend { ctx, info, stream, cfg, s, graph_cache, .. } = self;
-        let mut grew = s.ensure(ctx, info, stream, cfg, n.next_power_of_two(), nr.next_power_of_two().max(1), plan.block_tables.len())?;
+        let to = Alloc { ctx, dev: info, stream };
+        let mut grew =
+            s.ensure(to, cfg, n.next_power_of_two(), nr.next_power_of_two().max(1), plan.block_tables.len())?;
         if let Some((ns, _)) = split {
             let (po, pm) = Ops::split_scratch_len(n, shape, ns);
-            grew |= grow(ctx, info, stream, &mut s.part_o, po, "split-KV partials")?;
-            grew |= grow(ctx, info, stream, &mut s.part_ml, pm, "split-KV partials")?;
+            grew |= to.grow(&mut s.part_o, po, "split-KV partials")?;
+            grew |= to.grow(&mut s.part_ml, pm, "split-KV partials")?;
         }
         let packed = plan.packed();
-        grew |= grow(ctx, info, stream, &mut s.stage, packed.len(), "step arrays")?;
+        grew |= to.grow(&mut s.stage, packed.len(), "step arrays")?;
         if grew {
             graph_cache.clear();
         }
@@ -705,7 +799,10 @@ impl CudaBackend {
     /// Captures [`Self::launch_step`] of launch shape `l` into a CUDA graph (nothing runs).
     fn capture(&mut self, l: Launch) -> Result<CudaGraph> {
         let cap_err = |what: &str, e: DriverError| {
-            driver_err(&format!("{what} (capturing the decode step's CUDA graph; LLMRT_CUDA_GRAPHS=0 runs without graphs)"), e)
+            driver_err(
+                &format!("{what} (capturing the decode step's CUDA graph; LLMRT_CUDA_GRAPHS=0 runs without graphs)"),
+                e,
+            )
         };
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
@@ -717,7 +814,10 @@ impl CudaBackend {
         let r = r.unwrap_or_else(|_| Err(Error::internal("panic while capturing the decode step's CUDA graph")));
         r.map_err(|e| Error {
             status: e.status,
-            message: format!("{} (while capturing the decode step's CUDA graph; LLMRT_CUDA_GRAPHS=0 runs without graphs)", e.message),
+            message: format!(
+                "{} (while capturing the decode step's CUDA graph; LLMRT_CUDA_GRAPHS=0 runs without graphs)",
+                e.message
+            ),
         })?;
         let g = g.map_err(|e| cap_err("cuStreamEndCapture / cuGraphInstantiate", e))?;
         let g = g.ok_or_else(|| Error::device("capturing the decode step's CUDA graph gave an empty graph"))?;
@@ -732,7 +832,8 @@ impl CudaBackend {
     /// captured into a graph).
     fn launch_step(&mut self, l: Launch) -> Result<()> {
         let cfg = &self.cfg;
-        let (h, qd, kvd, hd, ffn, vocab) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim, cfg.ffn, cfg.vocab_size);
+        let (h, qd, kvd, hd, ffn, vocab) =
+            (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim, cfg.ffn, cfg.vocab_size);
         let eps = cfg.rms_eps;
         let shape = AttnShape { n_heads: cfg.n_heads, n_kv_heads: cfg.n_kv_heads, head_dim: hd };
         let neox = cfg.arch.rope_style == RopeStyle::Neox;
@@ -741,56 +842,34 @@ impl CudaBackend {
         let CudaBackend { stream, ops, token_embd, layers, output_norm, output, kv, s, .. } = self;
         let fast = ops.fast_paths();
 
-        // Unpack: [ids n][seq n][pos n][slots n][block tables n_seqs*max_blocks][rows nr]
-        // [cos n*hd/2][sin n*hd/2], u32 words (cos/sin as f32 bits), as Plan::packed.
+        // Unpack the stage, part by part in the order of STAGE (as Plan::packed wrote it).
         {
-            let half = hd / 2;
-            let lens = [n, n, n, n, n_seqs * max_blocks, nr, n * half, n * half, 2 * n_tiles];
+            let z = StageShape { n, nr, bt: n_seqs * max_blocks, n_tiles, half: hd / 2 };
+            let total = stage_len(z);
+            if s.stage.len() < total {
+                return Err(Error::internal(format!(
+                    "step arrays: stage holds {} words, {total} needed",
+                    s.stage.len()
+                )));
+            }
             let (src, _gs) = s.stage.device_ptr(stream);
             let mut off = 0usize;
-            let dsts: [(&mut CudaSlice<u32>, &str); 6] = [
-                (&mut s.ids, "token ids"),
-                (&mut s.seq, "sequence indices"),
-                (&mut s.pos, "positions"),
-                (&mut s.slots, "slot ids"),
-                (&mut s.block_tables, "block tables"),
-                (&mut s.rows, "wanted rows"),
-            ];
-            let total: usize = lens.iter().sum();
-            if s.stage.len() < total {
-                return Err(Error::internal(format!("step arrays: stage holds {} words, {total} needed", s.stage.len())));
-            }
-            // Words `off..off + len` of the stage into the `have`-element buffer at `d`.
-            let unpack = |d: sys::CUdeviceptr, have: usize, off: usize, len: usize, what: &str| -> Result<()> {
-                if len == 0 {
-                    return Ok(());
+            for part in STAGE {
+                let len = part.len(z);
+                let src = Words { ptr: src, off, len, what: part.what() };
+                match part {
+                    Part::Ids => unpack(stream, src, &mut s.ids)?,
+                    Part::Seq => unpack(stream, src, &mut s.seq)?,
+                    Part::Pos => unpack(stream, src, &mut s.pos)?,
+                    Part::Slots => unpack(stream, src, &mut s.slots)?,
+                    Part::BlockTables => unpack(stream, src, &mut s.block_tables)?,
+                    Part::Rows => unpack(stream, src, &mut s.rows)?,
+                    Part::Cos => unpack(stream, src, &mut s.cos)?,
+                    Part::Sin => unpack(stream, src, &mut s.sin)?,
+                    Part::Tiles => unpack(stream, src, &mut s.tiles)?,
                 }
-                if have < len {
-                    return Err(Error::internal(format!("{what}: {have} elements, {len} needed")));
-                }
-                // SAFETY: src + off*4 .. + len*4 lies in the stage (total <= stage.len(),
-                // checked above) and d .. + len*4 in the destination (checked); both are
-                // device allocations of this context, distinct buffers of 4-byte words
-                // (cos/sin are the f32 bits the host wrote); the copy is ordered on
-                // `stream` like every use of them.
-                unsafe { cudarc::driver::result::memcpy_dtod_async(d, src + (off * 4) as u64, len * 4, stream.cu_stream()) }
-                    .map_err(|e| driver_err(&format!("unpacking the step's {what} (cuMemcpyDtoDAsync)"), e))
-            };
-            for (i, (dst, what)) in dsts.into_iter().enumerate() {
-                let have = dst.len();
-                let (d, _gd) = dst.device_ptr_mut(stream);
-                unpack(d, have, off, lens[i], what)?;
-                off += lens[i];
+                off += len;
             }
-            for (i, (dst, what)) in [(&mut s.cos, "RoPE cos"), (&mut s.sin, "RoPE sin")].into_iter().enumerate() {
-                let have = dst.len();
-                let (d, _gd) = dst.device_ptr_mut(stream);
-                unpack(d, have, off, lens[6 + i], what)?;
-                off += lens[6 + i];
-            }
-            let have = s.tiles.len();
-            let (d, _gd) = s.tiles.device_ptr_mut(stream);
-            unpack(d, have, off, lens[8], "attention tiles")?;
         }
 
         ops.embed(token_embd, &s.ids, n, &mut s.x)?;
@@ -798,7 +877,7 @@ impl CudaBackend {
             // Attention block. With the fused path the previous layer's last residual
             // add already normed x into xn with this layer's attn_norm.
             if li == 0 || !fast.fused {
-                ops.rmsnorm(&s.x, &lw.attn_norm, n, h, eps, &mut s.xn)?;
+                ops.rmsnorm(RmsNorm { w: &lw.attn_norm, eps }, &s.x, n, h, &mut s.xn)?;
             }
             // Decode (GEMV path): Q, K and V in one launch when the fused kernels apply.
             let fused3 = path == MatmulPath::Gemv
@@ -814,53 +893,42 @@ impl CudaBackend {
                 ops.add_bias(&mut s.v, bv, n, kvd)?;
             }
             if let Some([qn, kn]) = &lw.qk_norm {
-                ops.rmsnorm_inplace(&mut s.q, qn, n * shape.n_heads, hd, eps)?;
-                ops.rmsnorm_inplace(&mut s.k, kn, n * shape.n_kv_heads, hd, eps)?;
+                ops.rmsnorm_inplace(RmsNorm { w: qn, eps }, &mut s.q, n * shape.n_heads, hd)?;
+                ops.rmsnorm_inplace(RmsNorm { w: kn, eps }, &mut s.k, n * shape.n_kv_heads, hd)?;
             }
-            ops.rope_kv_write(&mut s.q, &mut s.k, &s.v, &s.cos, &s.sin, &s.slots, n, shape, neox, kv, li)?;
+            ops.rope_kv_write(
+                Qkv { q: &mut s.q, k: &mut s.k, v: &s.v, n_tokens: n, shape },
+                Rope { cos: &s.cos, sin: &s.sin, neox },
+                KvWrite { kv: &mut *kv, layer: li, slots: &s.slots },
+            )?;
+            let att = AttnArgs {
+                q: &s.q,
+                kv,
+                layer: li,
+                seq: &s.seq,
+                pos: &s.pos,
+                block_tables: &s.block_tables,
+                max_blocks,
+                n_tokens: n,
+                shape,
+            };
             match split {
-                Some(sp) => ops.attention_split(
-                    &s.q,
-                    kv,
-                    li,
-                    &s.seq,
-                    &s.pos,
-                    &s.block_tables,
-                    max_blocks,
-                    n,
-                    shape,
-                    sp,
-                    &mut s.part_o,
-                    &mut s.part_ml,
-                    &mut s.att,
-                )?,
-                None if n_tiles > 0 => ops.attention_prefill(
-                    &s.q,
-                    kv,
-                    li,
-                    &s.seq,
-                    &s.pos,
-                    &s.block_tables,
-                    &s.tiles,
-                    n_tiles,
-                    max_blocks,
-                    n,
-                    shape,
-                    &mut s.att,
-                )?,
-                None => ops.attention(&s.q, kv, li, &s.seq, &s.pos, &s.block_tables, max_blocks, n, shape, &mut s.att)?,
+                Some(sp) => ops.attention_split(&att, sp, &mut s.part_o, &mut s.part_ml, &mut s.att)?,
+                None if n_tiles > 0 => ops.attention_prefill(&att, &s.tiles, n_tiles, &mut s.att)?,
+                None => ops.attention(&att, &mut s.att)?,
             }
             ops.matmul(&lw.wo, &s.att, n, &mut s.proj, path)?;
             if fast.fused {
-                ops.add_rmsnorm(&mut s.x, &s.proj, &lw.ffn_norm, n, h, eps, &mut s.xn)?;
+                ops.add_rmsnorm(RmsNorm { w: &lw.ffn_norm, eps }, &mut s.x, &s.proj, n, h, &mut s.xn)?;
             } else {
                 ops.add(&mut s.x, &s.proj, n * h)?;
-                ops.rmsnorm(&s.x, &lw.ffn_norm, n, h, eps, &mut s.xn)?;
+                ops.rmsnorm(RmsNorm { w: &lw.ffn_norm, eps }, &s.x, n, h, &mut s.xn)?;
             }
 
             // Feed-forward block (SwiGLU).
             // Decode: gate, up and SwiGLU in one launch when the fused kernel applies.
-            let fused_ffn = path == MatmulPath::Gemv && ops.matmul_swiglu(&lw.w_gate, &lw.w_up, &s.xn, n, &mut s.gate)?;
+            let fused_ffn =
+                path == MatmulPath::Gemv && ops.matmul_swiglu(&lw.w_gate, &lw.w_up, &s.xn, n, &mut s.gate)?;
             if !fused_ffn {
                 ops.matmul(&lw.w_gate, &s.xn, n, &mut s.gate, path)?;
                 ops.matmul(&lw.w_up, &s.xn, n, &mut s.up, path)?;
@@ -868,7 +936,9 @@ impl CudaBackend {
             }
             ops.matmul(&lw.w_down, &s.gate, n, &mut s.proj, path)?;
             match layers.get(li + 1) {
-                Some(next) if fast.fused => ops.add_rmsnorm(&mut s.x, &s.proj, &next.attn_norm, n, h, eps, &mut s.xn)?,
+                Some(next) if fast.fused => {
+                    ops.add_rmsnorm(RmsNorm { w: &next.attn_norm, eps }, &mut s.x, &s.proj, n, h, &mut s.xn)?
+                }
                 _ => ops.add(&mut s.x, &s.proj, n * h)?,
             }
         }
@@ -876,7 +946,7 @@ impl CudaBackend {
         // Final norm and LM head, only for the wanted rows.
         if nr > 0 {
             ops.gather_rows(&s.x, &s.rows, nr, h, &mut s.sel)?;
-            ops.rmsnorm(&s.sel, output_norm, nr, h, eps, &mut s.seln)?;
+            ops.rmsnorm(RmsNorm { w: output_norm, eps }, &s.sel, nr, h, &mut s.seln)?;
             let head = output.as_ref().unwrap_or(token_embd);
             ops.matmul(head, &s.seln, nr, &mut s.logits, path)?;
             if greedy {
@@ -905,6 +975,37 @@ impl CudaBackend {
             })
             .sum()
     }
+}
+
+/// Words `off..off + len` of the stage at device address `ptr` (the stage holds them:
+/// `launch_step` checks its length against [`stage_len`] first).
+#[derive(Clone, Copy)]
+struct Words {
+    ptr: sys::CUdeviceptr,
+    off: usize,
+    len: usize,
+    what: &'static str,
+}
+
+/// Copies the stage words `src` into the start of `dst` (4-byte elements: u32, or f32
+/// whose bits the host packed), ordered on `stream`.
+fn unpack<T: DeviceRepr>(stream: &Arc<CudaStream>, src: Words, dst: &mut CudaSlice<T>) -> Result<()> {
+    const { assert!(std::mem::size_of::<T>() == 4) };
+    if src.len == 0 {
+        return Ok(());
+    }
+    if dst.len() < src.len {
+        return Err(Error::internal(format!("{}: {} elements, {} needed", src.what, dst.len(), src.len)));
+    }
+    let (d, _gd) = dst.device_ptr_mut(stream);
+    // SAFETY: src.ptr + off*4 .. + len*4 lies in the stage (its length was checked against
+    // stage_len by launch_step) and d .. + len*4 in `dst` (checked above, 4-byte
+    // elements); both are device allocations of this context, distinct buffers; the copy
+    // is ordered on `stream` like every use of them.
+    unsafe {
+        cudarc::driver::result::memcpy_dtod_async(d, src.ptr + (src.off * 4) as u64, src.len * 4, stream.cu_stream())
+    }
+    .map_err(|e| driver_err(&format!("unpacking the step's {} (cuMemcpyDtoDAsync)", src.what), e))
 }
 
 /// f16 K and V of every layer.
@@ -1033,6 +1134,11 @@ mod tests {
         // Packed: ids, seq, pos, slots, tables, rows, cos and sin bits, tiles.
         let w = p.packed();
         assert_eq!(w.len(), 4 * 6 + 9 + 4 + 12 + 12 + 6);
+        assert_eq!(
+            w.len(),
+            stage_len(StageShape { n: 6, nr: 4, bt: 9, n_tiles: 3, half: 2 }),
+            "STAGE sizes the packing"
+        );
         assert_eq!(&w[w.len() - 6..], &p.tiles[..]);
         let long: Vec<u32> = (0..40).collect();
         let blocks: Vec<u32> = (0..8).collect();

@@ -1,0 +1,133 @@
+//! Element-wise ops on the device: bias add, residual add, SwiGLU, row gather and the
+//! greedy argmax. Twins: `backend/cpu/ops/elementwise.rs` (the CPU ops; argmax is
+//! `crate::util::argmax`), `kernels/elementwise.cu` (the kernels); tests:
+//! `elementwise_*` in tests/cuda_kernels.rs.
+
+use cudarc::driver::{CudaFunction, CudaSlice, PushKernelArg};
+
+use super::{ew_cfg, launch_err, mul, need, rows_cfg, to_i32, Ops, EW_THREADS};
+use crate::backend::cuda::load::Modules;
+use crate::error::Error;
+use crate::Result;
+
+/// The entry points of kernels/elementwise.cu.
+pub(super) struct Kernels {
+    add_bias: CudaFunction,
+    add: CudaFunction,
+    swiglu: CudaFunction,
+    gather_rows: CudaFunction,
+    argmax: CudaFunction,
+}
+
+impl Kernels {
+    pub(super) fn load(m: &Modules) -> Result<Kernels> {
+        Ok(Kernels {
+            add_bias: m.function("elementwise", "add_bias_f32")?,
+            add: m.function("elementwise", "add_f32")?,
+            swiglu: m.function("elementwise", "swiglu_f32")?,
+            gather_rows: m.function("elementwise", "gather_rows_f32")?,
+            argmax: m.function("elementwise", "argmax_f32")?,
+        })
+    }
+}
+
+impl Ops {
+    /// `x[r][i] += b[i]` for `r < rows`, `i < n`.
+    pub fn add_bias(&self, x: &mut CudaSlice<f32>, b: &CudaSlice<f32>, rows: usize, n: usize) -> Result<()> {
+        const OP: &str = "add_bias";
+        let total = mul(OP, rows, n)?;
+        need(OP, "x", x.len(), total)?;
+        need(OP, "b", b.len(), n)?;
+        let (rows_i, n_i) = (to_i32(OP, "rows", rows)?, to_i32(OP, "n", n)?);
+        if total == 0 {
+            return Ok(());
+        }
+        let mut lb = self.stream.launch_builder(&self.k.elementwise.add_bias);
+        lb.arg(x).arg(b).arg(&rows_i).arg(&n_i);
+        // SAFETY: the arguments match add_bias_f32 in kernels/elementwise.cu (x, b pointers,
+        // int rows, int n); x holds >= rows*n f32 and b >= n (n > 0 since rows*n > 0), checked
+        // above; the grid-stride loop (64-bit index) covers rows*n with any grid.
+        unsafe { lb.launch(ew_cfg(total)) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
+    }
+
+    /// `x[i] += y[i]` for `i < n`.
+    pub fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) -> Result<()> {
+        self.binary("add", &self.k.elementwise.add, x, y, n)
+    }
+
+    /// `g[i] = silu(g[i]) * u[i]` for `i < n`.
+    pub fn swiglu(&self, g: &mut CudaSlice<f32>, u: &CudaSlice<f32>, n: usize) -> Result<()> {
+        self.binary("swiglu", &self.k.elementwise.swiglu, g, u, n)
+    }
+
+    /// Launches `f` (add_f32 or swiglu_f32: `x[i] = op(x[i], y[i])` for `i < n`).
+    fn binary(&self, op: &str, f: &CudaFunction, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) -> Result<()> {
+        need(op, "x", x.len(), n)?;
+        need(op, "y", y.len(), n)?;
+        let n_i = to_i32(op, "n", n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut b = self.stream.launch_builder(f);
+        b.arg(x).arg(y).arg(&n_i);
+        // SAFETY: `f` is add_f32 or swiglu_f32 of kernels/elementwise.cu, both taking (x, y
+        // pointers, int n); both buffers hold >= n f32 (checked above) and are distinct (x is
+        // &mut); the grid-stride loop covers n with any grid.
+        unsafe { b.launch(ew_cfg(n)) }.map_err(|e| launch_err(op, e))?;
+        Ok(())
+    }
+
+    /// `out[i][:] = x[idx[i]][:]` for `i < n_idx`, rows of `width`.
+    ///
+    /// (An index >= `x.len() / width` gives a NaN row on the device: a guard.)
+    pub fn gather_rows(
+        &self,
+        x: &CudaSlice<f32>,
+        idx: &CudaSlice<u32>,
+        n_idx: usize,
+        width: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        const OP: &str = "gather_rows";
+        need(OP, "idx", idx.len(), n_idx)?;
+        need(OP, "out", out.len(), mul(OP, n_idx, width)?)?;
+        let (n_i, width_i) = (to_i32(OP, "n_idx", n_idx)?, to_i32(OP, "width", width)?);
+        if n_idx == 0 || width == 0 {
+            return Ok(());
+        }
+        let x_rows = i32::try_from(x.len() / width).unwrap_or(i32::MAX);
+        let mut b = self.stream.launch_builder(&self.k.elementwise.gather_rows);
+        b.arg(x).arg(idx).arg(out).arg(&n_i).arg(&width_i).arg(&x_rows);
+        // SAFETY: the arguments match gather_rows_f32 in kernels/elementwise.cu (x, idx, out
+        // pointers, int n_idx, width, x_rows); x holds x_rows full rows (x_rows = len/width,
+        // rows at or past it are refused by the kernel), idx >= n_idx and out >= n_idx*width
+        // (checked above); one block per index.
+        unsafe { b.launch(rows_cfg(n_idx, EW_THREADS)) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
+    }
+
+    /// `out[r]` = index of the largest value of row r of `logits` (`[rows][vocab]`),
+    /// the first one on ties (as `crate::util::argmax`), for `r < rows`.
+    ///
+    /// (NaN never wins; a row with nothing above -inf gives 0.)
+    pub fn argmax(&self, logits: &CudaSlice<f32>, rows: usize, vocab: usize, out: &mut CudaSlice<u32>) -> Result<()> {
+        const OP: &str = "argmax";
+        if vocab == 0 && rows > 0 {
+            return Err(Error::invalid(format!("{OP}: vocab must be > 0")));
+        }
+        need(OP, "logits", logits.len(), mul(OP, rows, vocab)?)?;
+        need(OP, "out", out.len(), rows)?;
+        let (rows_i, vocab_i) = (to_i32(OP, "rows", rows)?, to_i32(OP, "vocab", vocab)?);
+        if rows == 0 {
+            return Ok(());
+        }
+        let mut b = self.stream.launch_builder(&self.k.elementwise.argmax);
+        b.arg(logits).arg(out).arg(&rows_i).arg(&vocab_i);
+        // SAFETY: the arguments match argmax_f32 in kernels/elementwise.cu (logits, out
+        // pointers, int rows, int vocab); logits holds >= rows*vocab f32 and out >= rows u32
+        // (checked above); one block per row of 512 threads (a multiple of 32, <= 1024).
+        unsafe { b.launch(rows_cfg(rows, 512)) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,67 @@
+//! Embedding rows on the device: rows of a table of any weight type, dequantized to
+//! f32. Twins: `backend/cpu/ops/embed.rs` (the CPU op), `kernels/embed.cu` (the
+//! kernels); tests: `embed_*` in tests/cuda_kernels.rs.
+
+use cudarc::driver::{CudaFunction, CudaSlice, PushKernelArg};
+
+use super::{check_weight, launch_err, mul, need, rows_cfg, to_i32, DevWeight, Ops, EW_THREADS};
+use crate::backend::cuda::load::Modules;
+use crate::quant::DType;
+use crate::Result;
+
+/// The entry points of kernels/embed.cu, one per table type.
+pub(super) struct Kernels {
+    f32: CudaFunction,
+    f16: CudaFunction,
+    bf16: CudaFunction,
+    q8_0: CudaFunction,
+    q4_0: CudaFunction,
+}
+
+impl Kernels {
+    pub(super) fn load(m: &Modules) -> Result<Kernels> {
+        Ok(Kernels {
+            f32: m.function("embed", "embed_f32_f32")?,
+            f16: m.function("embed", "embed_f16_f32")?,
+            bf16: m.function("embed", "embed_bf16_f32")?,
+            q8_0: m.function("embed", "embed_q8_0_f32")?,
+            q4_0: m.function("embed", "embed_q4_0_f32")?,
+        })
+    }
+}
+
+impl Ops {
+    /// `out[t][:] = row ids[t] of table`, dequantized to f32, for `t < n`.
+    /// `table`: `[vocab][hidden]` of any supported type. Ids are trusted (checked on the host).
+    ///
+    /// (An id >= `table.rows` gives a NaN row on the device, never an out-of-bounds read.)
+    pub fn embed(&self, table: &DevWeight, ids: &CudaSlice<u32>, n: usize, out: &mut CudaSlice<f32>) -> Result<()> {
+        const OP: &str = "embed";
+        check_weight(OP, table)?;
+        let (vocab, hidden) = (table.rows, table.cols);
+        need(OP, "ids", ids.len(), n)?;
+        need(OP, "out", out.len(), mul(OP, n, hidden)?)?;
+        let (n_i, hidden_i, vocab_i) =
+            (to_i32(OP, "n", n)?, to_i32(OP, "hidden", hidden)?, to_i32(OP, "vocab", vocab)?);
+        if n == 0 || hidden == 0 {
+            return Ok(());
+        }
+        let k = &self.k.embed;
+        let f = match table.dtype {
+            DType::F32 => &k.f32,
+            DType::F16 => &k.f16,
+            DType::BF16 => &k.bf16,
+            DType::Q8_0 => &k.q8_0,
+            DType::Q4_0 => &k.q4_0,
+        };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&table.data).arg(ids).arg(out).arg(&n_i).arg(&hidden_i).arg(&vocab_i);
+        // SAFETY: the arguments match embed_<type>_f32 in kernels/embed.cu (table, ids, out
+        // pointers, then int n, hidden, vocab); check_weight verified the table holds
+        // vocab rows of row_bytes(hidden) bytes (hidden % 32 == 0 for Q8_0/Q4_0), ids
+        // holds >= n ids and out >= n*hidden f32; ids >= vocab are caught in the kernel;
+        // the grid has one block per id.
+        unsafe { b.launch(rows_cfg(n, EW_THREADS)) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
+    }
+}
