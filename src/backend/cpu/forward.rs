@@ -6,7 +6,7 @@ use super::ops;
 use super::CpuBackend;
 use crate::backend::{Seq, Want};
 use crate::kv::BLOCK_POSITIONS;
-use super::simd;
+use super::{isa, simd};
 use crate::quant;
 
 /// Where a row of the step's activations comes from.
@@ -149,7 +149,7 @@ fn attention(be: &CpuBackend, seqs: &[Seq<'_>], toks: &[Tok], layer: usize, q: &
     let group = cfg.n_heads / cfg.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let kv = &be.kv;
-    let isa = simd::isa();
+    let isa = isa::isa();
     let max_pos = toks.iter().map(|t| t.pos).max().unwrap_or(0);
     ops::par_units(&be.pool, out, hd, (max_pos + 1) * hd * 2, 1, |u0, part| {
         let mut scores = vec![0f32; max_pos + 1];

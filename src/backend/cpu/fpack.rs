@@ -14,7 +14,7 @@
 //! column `k` in turn, the 32 rows' f16 values of that column (64 bytes, one
 //! cache line). Groups are `cols * 64` bytes, 64-byte aligned.
 
-use super::simd::Isa;
+use super::isa::Isa;
 use crate::quant::{f16_bits_to_f32, DType};
 use super::groups::Groups;
 use crate::Result;
@@ -106,7 +106,7 @@ fn gemm_portable(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]
 #[allow(clippy::needless_range_loop)]
 mod x86 {
     use super::{Packed, GROUP};
-    use crate::backend::cpu::simd::token_chunk;
+    use crate::backend::cpu::isa::token_chunk;
     use std::arch::x86_64::*;
 
     /// One group (32 rows at `g`) x C activation rows (`x`, stride `cols`).
@@ -280,7 +280,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::simd::available;
+    use crate::backend::cpu::isa::available;
 
     /// Packed kernels (every kernel set, token tiles 1..12 and more, partial
     /// groups, row ranges inside the matrix, threads) are bit-identical to the

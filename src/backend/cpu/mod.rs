@@ -2,6 +2,7 @@
 //! weights, worker threads per `options.threads`.
 
 mod forward;
+mod isa;
 pub mod ops;
 pub mod pool;
 pub mod fpack;
@@ -89,7 +90,7 @@ impl CpuBackend {
         let kv = KvStore { blocks: Vec::new(), n_layers: cfg.n_layers, kv_dim: cfg.kv_dim() };
         let threads = threads.max(1);
         let mut packed = HashMap::new();
-        let isa = simd::isa();
+        let isa = isa::isa();
         let wants = |dt: DType| {
             (qpack::block_order(isa) && matches!(dt, DType::Q8_0 | DType::Q4_0)) || fpack::sequential_order(isa, dt)
         };
@@ -174,7 +175,7 @@ impl Backend for CpuBackend {
     }
 
     fn device_name(&self) -> String {
-        format!("cpu ({} threads, {})", self.threads, simd::isa().name())
+        format!("cpu ({} threads, {})", self.threads, isa::isa().name())
     }
 }
 

@@ -4,7 +4,8 @@
 
 use super::pool::{Pool, SendPtr};
 use super::{fpack, qpack};
-use super::simd::{self, QAct};
+use super::isa::{self, QAct};
+use super::simd;
 use crate::quant::DType;
 use std::cell::OnceCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -108,7 +109,7 @@ struct Bound<'a> {
     qa: Option<&'a QAct>,
     x: &'a [f32],
     cols: usize,
-    isa: simd::Isa,
+    isa: isa::Isa,
 }
 
 impl<'a> Bound<'a> {
@@ -120,7 +121,7 @@ impl<'a> Bound<'a> {
             Pack::Q(q) => quant && q.rows == m.rows && q.cols == cols && q.dtype == m.dtype,
             Pack::F(f) => m.dtype == DType::F16 && f.rows == m.rows && f.cols == cols,
         });
-        Bound { m: Weight { packed, ..m }, qa, x: act.x, cols, isa: simd::isa() }
+        Bound { m: Weight { packed, ..m }, qa, x: act.x, cols, isa: isa::isa() }
     }
 
     /// Rows per unit of work: packed groups of rows are never split between threads.

@@ -26,7 +26,7 @@
 //! per stream with the scales after the values reached about 84% of the read
 //! bandwidth here, this layout about 100%).
 
-use super::simd::{Isa, QAct};
+use super::isa::{Isa, QAct};
 use crate::quant::{f16_bits_to_f32, DType, QK};
 use super::groups::Groups;
 use crate::Result;
@@ -192,7 +192,7 @@ fn gemm_portable(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32])
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 mod x86 {
     use super::{block_stride, vals_per_block, Packed, ALIGN, GROUP, SUPER};
-    use crate::backend::cpu::simd::{dpbusd512 as dpbusd, token_chunk, QAct};
+    use crate::backend::cpu::isa::{dpbusd512 as dpbusd, token_chunk, QAct};
     use crate::quant::{DType, QK};
     use std::arch::x86_64::*;
 
@@ -408,7 +408,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::simd::available;
+    use crate::backend::cpu::isa::available;
     use crate::quant::quantize_row;
 
     use crate::backend::cpu::test_rng_vec as rng_vec;
