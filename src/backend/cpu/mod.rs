@@ -3,14 +3,17 @@
 
 mod forward;
 mod isa;
-pub mod ops;
-pub mod pool;
-pub mod fpack;
+pub(crate) mod fpack;
+// `pub` for the bench binary's bandwidth probe (`groups::HostBuf`).
 pub mod groups;
-pub mod qpack;
+pub(crate) mod ops;
+pub(crate) mod pool;
+pub(crate) mod qpack;
+// `pub` for the bench binary (`simd::isa()`, the kernel set's name).
 pub mod simd;
 
 use super::{Backend, Seq, Want};
+use ops::matmul::Pack;
 use crate::kv::{BlockCopy, BlockId, BLOCK_POSITIONS};
 use crate::model::weights::Weights;
 use crate::quant::DType;
@@ -78,7 +81,7 @@ pub struct CpuBackend {
     inv_freq: Vec<f64>,
     /// Q8_0 / Q4_0 matrices repacked for the block-order kernels, keyed by
     /// (file, offset) (empty where the kernel set reads rows as stored).
-    packed: HashMap<(usize, usize), ops::Pack>,
+    packed: HashMap<(usize, usize), Pack>,
 }
 
 impl CpuBackend {
@@ -107,9 +110,9 @@ impl CpuBackend {
             for m in mats {
                 if let std::collections::hash_map::Entry::Vacant(slot) = packed.entry((m.file, m.offset)) {
                     slot.insert(if m.dtype == DType::F16 {
-                        ops::Pack::F(fpack::Packed::new(m.bytes(&w), m.rows, m.cols, &m.name, threads)?)
+                        Pack::F(fpack::Packed::new(m.bytes(&w), m.rows, m.cols, &m.name, threads)?)
                     } else {
-                        ops::Pack::Q(qpack::Packed::new(m.dtype, m.bytes(&w), m.row_bytes, m.rows, m.cols, &m.name, threads)?)
+                        Pack::Q(qpack::Packed::new(m.dtype, m.bytes(&w), m.row_bytes, m.rows, m.cols, &m.name, threads)?)
                     });
                     // The mapped pages of this tensor are not read again (the
                     // embedding table, read row by row, keeps its pages).
