@@ -78,6 +78,7 @@ pub fn detect() -> Isa {
 }
 
 /// Every kernel set this CPU can run (for the tests).
+#[cfg(test)]
 pub fn available() -> Vec<Isa> {
     let mut v = vec![Isa::Scalar];
     match detect() {
