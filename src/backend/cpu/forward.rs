@@ -33,6 +33,7 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
     let mut sin = vec![0f32; n * half];
     rope::angles(toks.iter().map(|t| t.pos), &be.inv_freq, &mut cos, &mut sin);
     let neox = cfg.arch.rope_style == crate::model::RopeStyle::Neox;
+    let heads = attention::Heads { n_heads: cfg.n_heads, n_kv_heads: cfg.n_kv_heads, head_dim: hd };
 
     let mut xn = vec![0f32; n * h];
     let mut q = vec![0f32; n * qd];
@@ -78,7 +79,7 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
             rope::rope(&mut k[t * kvd..(t + 1) * kvd], hd, c, s, neox);
         }
         attention::kv_write(&mut be.kv, seqs, &toks, l, &k, &v);
-        attention::attention(pool, &be.kv, cfg, seqs, &toks, l, &q, &mut att);
+        attention::attention(pool, &be.kv, heads, seqs, &toks, l, &q, &mut att);
         mm(&lw.wo, &Act::new(&att, qd), &mut proj);
         elementwise::add_in_place(&mut x, &proj);
 

@@ -265,11 +265,9 @@ mod tests {
     fn round_to_i8_is_round_then_saturating_cast() {
         let mut vals = vec![0.5f32, -0.5, 1.5, -1.5, 2.5, 126.5, 127.5, -127.5, -128.5, 127.49999, 0.49999997, -0.49999997];
         vals.extend([0.0, -0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e30, -1e30, 128.0, -129.0, f32::MIN_POSITIVE]);
-        let mut x = 0x1234_5678u32;
+        let mut rng = crate::util::XorShift::new(0x1234_5678);
         for _ in 0..100_000 {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
+            let x = rng.next_u64() as u32;
             vals.push(f32::from_bits(x) % 300.0);
             vals.push((x as f32 / u32::MAX as f32) * 260.0 - 130.0);
         }
@@ -283,8 +281,7 @@ mod tests {
     /// subnormal blocks, a block of one sign.
     #[test]
     fn quantize_paths_agree() {
-        let mut seed = 0x2545_F491_4F6C_DD1Du64;
-        let mut x: Vec<f32> = crate::backend::cpu::test_rng_vec(&mut seed, QK * 64).iter().map(|v| v * 4.0).collect();
+        let mut x = crate::util::XorShift::new(0x2545_F491_4F6C_DD1D).vec(QK * 64, -4.0, 4.0);
         // Block 1: values landing exactly on halves (amax 127 -> id 1).
         for (j, v) in x[QK..2 * QK].iter_mut().enumerate() {
             *v = if j == 0 { 127.0 } else { j as f32 - 16.5 };

@@ -181,16 +181,3 @@ impl Backend for CpuBackend {
         format!("cpu ({} threads, {})", self.threads, isa::isa().name())
     }
 }
-
-/// Values in [-1, 1) from an xorshift64 state: the CPU kernels' tests' random rows.
-#[cfg(test)]
-pub(crate) fn test_rng_vec(seed: &mut u64, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            *seed ^= *seed << 13;
-            *seed ^= *seed >> 7;
-            *seed ^= *seed << 17;
-            ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}

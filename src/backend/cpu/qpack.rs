@@ -411,22 +411,21 @@ mod tests {
     use crate::backend::cpu::isa::available;
     use crate::quant::quantize_row;
 
-    use crate::backend::cpu::test_rng_vec as rng_vec;
 
     /// Packed kernels (every kernel set, every token-tile width, partial groups,
     /// row ranges starting inside the matrix) are bit-identical to the block-order
     /// reference over the stored rows.
     #[test]
     fn packed_kernels_match_the_block_order_reference() {
-        let mut seed = 0x1234_5678_9ABC_DEF0u64;
+        let mut rng = crate::util::XorShift::new(0x1234_5678_9ABC_DEF0);
         for &(rows, cols, t) in &[(16usize, 64usize, 1usize), (100, 96, 1), (64, 64, 1), (35, 96, 9), (48, 256, 17), (5, 32, 3), (33, 160, 8), (200, 64, 1), (130, 96, 5)] {
-            let x = rng_vec(&mut seed, t * cols);
+            let x = rng.vec(t * cols, -1.0, 1.0);
             let a = QAct::quantize(&x, cols);
             for dt in [DType::Q8_0, DType::Q4_0] {
                 let rb = dt.row_bytes(cols).unwrap();
                 let mut w = vec![0u8; rows * rb];
                 for r in 0..rows {
-                    quantize_row(dt, &rng_vec(&mut seed, cols), &mut w[r * rb..(r + 1) * rb]);
+                    quantize_row(dt, &rng.vec(cols, -1.0, 1.0), &mut w[r * rb..(r + 1) * rb]);
                 }
                 let p = Packed::new(dt, &w, rb, rows, cols, "test", 1 + rows % 3).unwrap();
                 let nb = cols / QK;

@@ -290,26 +290,13 @@ mod tests {
     use super::*;
     use crate::backend::cpu::isa::available;
     use crate::quant::quantize_row;
+    use crate::util::XorShift;
 
-    struct Rng(u64);
-    impl Rng {
-        fn f(&mut self) -> f32 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            let u = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
-            ((u >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
-        fn vec(&mut self, n: usize) -> Vec<f32> {
-            (0..n).map(|_| self.f()).collect()
-        }
-    }
-
-    fn weights(dt: DType, rows: usize, cols: usize, rng: &mut Rng) -> (Vec<u8>, usize) {
+    fn weights(dt: DType, rows: usize, cols: usize, rng: &mut XorShift) -> (Vec<u8>, usize) {
         let rb = dt.row_bytes(cols).unwrap();
         let mut w = vec![0u8; rows * rb];
         for r in 0..rows {
-            quantize_row(dt, &rng.vec(cols), &mut w[r * rb..(r + 1) * rb]);
+            quantize_row(dt, &rng.vec(cols, -1.0, 1.0), &mut w[r * rb..(r + 1) * rb]);
         }
         (w, rb)
     }
@@ -318,9 +305,9 @@ mod tests {
     /// bit-identical to the reference.
     #[test]
     fn simd_kernels_are_bit_identical_to_the_reference() {
-        let mut rng = Rng(0xDEADBEEF);
+        let mut rng = XorShift::new(0xDEADBEEF);
         for &(rows, cols, t) in &[(9usize, 64usize, 1usize), (7, 96, 6), (13, 256, 9), (4, 32, 4), (5, 160, 3)] {
-            let x = rng.vec(t * cols);
+            let x = rng.vec(t * cols, -1.0, 1.0);
             for dt in [DType::Q8_0, DType::Q4_0] {
                 let (w, rb) = weights(dt, rows, cols, &mut rng);
                 let a = QAct::quantize(&x, cols);
@@ -336,7 +323,7 @@ mod tests {
             }
         }
         for &(rows, cols, t) in &[(9usize, 64usize, 1usize), (7, 13, 6), (5, 100, 9), (4, 3, 5), (6, 40, 17), (5, 35, 7)] {
-            let x = rng.vec(t * cols);
+            let x = rng.vec(t * cols, -1.0, 1.0);
             for dt in [DType::F32, DType::F16, DType::BF16] {
                 let (w, rb) = weights(dt, rows, cols, &mut rng);
                 for isa in available() {
@@ -361,9 +348,9 @@ mod tests {
     /// unquantized activations: the error is the activations' 8-bit rounding.
     #[test]
     fn quantized_kernels_are_close_to_exact() {
-        let mut rng = Rng(42);
+        let mut rng = XorShift::new(42);
         let (rows, cols) = (16, 512);
-        let x = rng.vec(cols);
+        let x = rng.vec(cols, -1.0, 1.0);
         let a = QAct::quantize(&x, cols);
         for dt in [DType::Q8_0, DType::Q4_0] {
             let (w, rb) = weights(dt, rows, cols, &mut rng);

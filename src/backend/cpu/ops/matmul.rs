@@ -180,8 +180,8 @@ mod tests {
     #[test]
     fn matmul_many_equals_one_matmul_each() {
         use crate::quant::quantize_row;
-        let mut seed = 0x0DDB_1A5E_5BAD_5EEDu64;
-        let mut rnd = |n: usize| crate::backend::cpu::test_rng_vec(&mut seed, n);
+        let mut rng = crate::util::XorShift::new(0x0DDB_1A5E_5BAD_5EED);
+        let mut rnd = |n: usize| rng.vec(n, -1.0, 1.0);
         let cols = 256;
         for dt in [DType::Q4_0, DType::Q8_0, DType::F16, DType::F32] {
             for rows in [vec![128usize, 64, 64], vec![192, 64], vec![100, 36, 50], vec![64, 33]] {
