@@ -85,10 +85,7 @@ fn dot_float(
     let mut acc = [0f32; LANES];
     let full = x.len() / LANES * LANES;
     let chunk = bytes_per_elem * LANES;
-    for (rc, xc) in row[..bytes_per_elem * full]
-        .chunks_exact(chunk)
-        .zip(x[..full].chunks_exact(LANES))
-    {
+    for (rc, xc) in row[..bytes_per_elem * full].chunks_exact(chunk).zip(x[..full].chunks_exact(LANES)) {
         let wv = w(rc);
         let xv = lanes(xc);
         for l in 0..LANES {
@@ -115,32 +112,17 @@ fn map_lanes(u: [u16; LANES], f: impl Fn(u16) -> f32) -> [f32; LANES] {
 }
 
 fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
-    dot_float(
-        row,
-        x,
-        2,
-        |c| map_lanes(load_u16s(c), bf16_bits_to_f32),
-        |i| bf16_bits_to_f32(ld_u16(row, i)),
-    )
+    dot_float(row, x, 2, |c| map_lanes(load_u16s(c), bf16_bits_to_f32), |i| bf16_bits_to_f32(ld_u16(row, i)))
 }
 
 fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
-    dot_float(
-        row,
-        x,
-        2,
-        |c| map_lanes(load_u16s(c), f16_bits_to_f32),
-        |i| f16_bits_to_f32(ld_u16(row, i)),
-    )
+    dot_float(row, x, 2, |c| map_lanes(load_u16s(c), f16_bits_to_f32), |i| f16_bits_to_f32(ld_u16(row, i)))
 }
 
 fn dot_q8_0(row: &[u8], x: &[f32]) -> f32 {
     const H: usize = QK / 2;
     let mut acc = [0f32; LANES];
-    for (b, xb) in row
-        .chunks_exact(DType::Q8_0.block_bytes())
-        .zip(x.chunks_exact(QK))
-    {
+    for (b, xb) in row.chunks_exact(DType::Q8_0.block_bytes()).zip(x.chunks_exact(QK)) {
         let d = block_scale(b);
         let (x0, x1) = (lanes(&xb[..H]), lanes(&xb[H..]));
         let mut s = [0f32; H];
@@ -160,10 +142,7 @@ fn dot_q8_0(row: &[u8], x: &[f32]) -> f32 {
 fn dot_q4_0(row: &[u8], x: &[f32]) -> f32 {
     const H: usize = QK / 2;
     let mut acc = [0f32; LANES];
-    for (b, xb) in row
-        .chunks_exact(DType::Q4_0.block_bytes())
-        .zip(x.chunks_exact(QK))
-    {
+    for (b, xb) in row.chunks_exact(DType::Q4_0.block_bytes()).zip(x.chunks_exact(QK)) {
         let d = block_scale(b);
         let (x0, x1) = (lanes(&xb[..H]), lanes(&xb[H..]));
         let mut s = [0f32; H];
@@ -197,10 +176,7 @@ fn type_table() {
     for dt in DType::all() {
         assert_eq!(DType::from_ggml(dt.ggml_id()), Some(dt));
         let (name, be, bb) = ggml_type_info(dt.ggml_id()).unwrap();
-        assert_eq!(
-            (name, be, bb),
-            (dt.name(), dt.block_elems(), dt.block_bytes())
-        );
+        assert_eq!((name, be, bb), (dt.name(), dt.block_elems(), dt.block_bytes()));
     }
     assert_eq!(DType::from_ggml(3), None);
     assert_eq!(ggml_type_info(4), None);
@@ -217,23 +193,11 @@ fn type_table() {
 #[test]
 fn known_bit_patterns() {
     // F16 1.0 = 0x3C00, -2.0 = 0xC000.
-    assert_eq!(
-        deq(DType::F16, &[0x00, 0x3C, 0x00, 0xC0], 2),
-        vec![1.0, -2.0]
-    );
-    assert_eq!(
-        quant(DType::F16, &[1.0, -2.0]),
-        vec![0x00, 0x3C, 0x00, 0xC0]
-    );
+    assert_eq!(deq(DType::F16, &[0x00, 0x3C, 0x00, 0xC0], 2), vec![1.0, -2.0]);
+    assert_eq!(quant(DType::F16, &[1.0, -2.0]), vec![0x00, 0x3C, 0x00, 0xC0]);
     // BF16 1.0 = 0x3F80, -0.5 = 0xBF00.
-    assert_eq!(
-        deq(DType::BF16, &[0x80, 0x3F, 0x00, 0xBF], 2),
-        vec![1.0, -0.5]
-    );
-    assert_eq!(
-        quant(DType::BF16, &[1.0, -0.5]),
-        vec![0x80, 0x3F, 0x00, 0xBF]
-    );
+    assert_eq!(deq(DType::BF16, &[0x80, 0x3F, 0x00, 0xBF], 2), vec![1.0, -0.5]);
+    assert_eq!(quant(DType::BF16, &[1.0, -0.5]), vec![0x80, 0x3F, 0x00, 0xBF]);
     // F32 1.0 = 0x3F800000.
     assert_eq!(deq(DType::F32, &[0, 0, 0x80, 0x3F], 1), vec![1.0]);
 
@@ -305,12 +269,7 @@ fn round_trip_random() {
                     DType::Q4_0 => amax / 8.0 + amax * 1e-3,
                 };
                 for j in 32 * b..32 * b + 32 {
-                    assert!(
-                        (x[j] - y[j]).abs() <= tol,
-                        "{dt} n={n} j={j}: {} vs {} (tol {tol})",
-                        x[j],
-                        y[j]
-                    );
+                    assert!((x[j] - y[j]).abs() <= tol, "{dt} n={n} j={j}: {} vs {} (tol {tol})", x[j], y[j]);
                 }
             }
             // Re-quantizing dequantized values is idempotent for every type.
@@ -329,16 +288,9 @@ fn dot_matches_dequantize_then_dot() {
             let q = quant(dt, &w);
             let y = deq(dt, &q, n);
             let exact: f64 = y.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
-            let abs: f64 = y
-                .iter()
-                .zip(&x)
-                .map(|(a, b)| (*a as f64 * *b as f64).abs())
-                .sum();
+            let abs: f64 = y.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
             let got = dot_row(dt, &q, &x) as f64;
-            assert!(
-                (got - exact).abs() <= abs * 1e-6 + 1e-6,
-                "{dt} n={n}: {got} vs {exact}"
-            );
+            assert!((got - exact).abs() <= abs * 1e-6 + 1e-6, "{dt} n={n}: {got} vs {exact}");
         }
     }
     // Float types with lengths that are not a multiple of the lane count.
@@ -349,16 +301,9 @@ fn dot_matches_dequantize_then_dot() {
             let q = quant(dt, &w);
             let y = deq(dt, &q, n);
             let exact: f64 = y.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
-            let abs: f64 = y
-                .iter()
-                .zip(&x)
-                .map(|(a, b)| (*a as f64 * *b as f64).abs())
-                .sum();
+            let abs: f64 = y.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
             let got = dot_row(dt, &q, &x) as f64;
-            assert!(
-                (got - exact).abs() <= abs * 1e-6 + 1e-6,
-                "{dt} n={n}: {got} vs {exact}"
-            );
+            assert!((got - exact).abs() <= abs * 1e-6 + 1e-6, "{dt} n={n}: {got} vs {exact}");
         }
     }
 }
@@ -375,11 +320,7 @@ fn dot_is_independent_of_alignment() {
         for shift in 1..8 {
             let mut buf = vec![0u8; shift];
             buf.extend_from_slice(&q);
-            assert_eq!(
-                dot_row(dt, &buf[shift..], &x).to_bits(),
-                want,
-                "{dt} shift {shift}"
-            );
+            assert_eq!(dot_row(dt, &buf[shift..], &x).to_bits(), want, "{dt} shift {shift}");
         }
     }
 }

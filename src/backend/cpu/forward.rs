@@ -62,7 +62,12 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
         norm::rmsnorm(&x, &lw.attn_norm, cfg.rms_eps, &mut xn);
         // One activation set (quantized once when a weight needs it) for Q, K and V.
         let xa = Act::new(&xn, h);
-        matmul::matmul_many(pool, &[weight(&lw.wq), weight(&lw.wk), weight(&lw.wv)], &xa, &mut [&mut q, &mut k, &mut v]);
+        matmul::matmul_many(
+            pool,
+            &[weight(&lw.wq), weight(&lw.wk), weight(&lw.wv)],
+            &xa,
+            &mut [&mut q, &mut k, &mut v],
+        );
         drop(xa);
         if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
             elementwise::add_bias(&mut q, bq);

@@ -14,9 +14,9 @@
 //! column `k` in turn, the 32 rows' f16 values of that column (64 bytes, one
 //! cache line). Groups are `cols * 64` bytes, 64-byte aligned.
 
+use super::groups::Groups;
 use super::isa::Isa;
 use crate::quant::{f16_bits_to_f32, DType};
-use super::groups::Groups;
 use crate::Result;
 
 /// Rows per packed group (two 512-bit vectors of f32 lanes).
@@ -159,7 +159,14 @@ mod x86 {
     /// One activation row against G groups side by side (decode).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-    unsafe fn gemv<const G: usize>(g: *const u8, gstride: usize, cols: usize, x: *const f32, out: *mut f32, valid: usize) {
+    unsafe fn gemv<const G: usize>(
+        g: *const u8,
+        gstride: usize,
+        cols: usize,
+        x: *const f32,
+        out: *mut f32,
+        valid: usize,
+    ) {
         let mut acc = [[_mm512_setzero_ps(); 2]; G];
         // SAFETY (whole body): G groups of `cols` lines at `g + j * gstride`, one
         // row of `cols` f32 at `x`; `32 (G - 1) + valid` outputs at `out`.
@@ -289,9 +296,12 @@ mod tests {
     fn packed_f16_kernels_match_the_sequential_reference() {
         let mut rng = crate::util::XorShift::new(0x9E37_79B9_7F4A_7C15);
         let mut rnd = |n: usize| rng.vec(n, -1.0, 1.0);
-        for &(rows, cols, t) in &[(32usize, 64usize, 1usize), (200, 48, 1), (131, 37, 1), (45, 100, 13), (64, 16, 25), (7, 5, 3)] {
+        for &(rows, cols, t) in
+            &[(32usize, 64usize, 1usize), (200, 48, 1), (131, 37, 1), (45, 100, 13), (64, 16, 25), (7, 5, 3)]
+        {
             let x = rnd(t * cols);
-            let w: Vec<u8> = rnd(rows * cols).iter().flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes()).collect();
+            let w: Vec<u8> =
+                rnd(rows * cols).iter().flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes()).collect();
             let p = Packed::new(&w, rows, cols, "test", 1 + rows % 3).unwrap();
             for isa in available() {
                 for r0 in (0..rows).step_by(GROUP) {
@@ -301,8 +311,13 @@ mod tests {
                     for i in 0..n {
                         for c in 0..t {
                             let r = r0 + i;
-                            let want = dot_sequential_ref(&w[r * cols * 2..(r + 1) * cols * 2], &x[c * cols..(c + 1) * cols]);
-                            assert_eq!(got[i * t + c].to_bits(), want.to_bits(), "{isa:?} rows={rows} cols={cols} t={t} r={r} c={c}");
+                            let want =
+                                dot_sequential_ref(&w[r * cols * 2..(r + 1) * cols * 2], &x[c * cols..(c + 1) * cols]);
+                            assert_eq!(
+                                got[i * t + c].to_bits(),
+                                want.to_bits(),
+                                "{isa:?} rows={rows} cols={cols} t={t} r={r} c={c}"
+                            );
                         }
                     }
                 }

@@ -33,14 +33,26 @@ impl HostBuf {
     /// Maps `len` zeroed bytes; `None` when the system refuses the memory.
     pub fn zeroed(len: usize) -> Option<HostBuf> {
         if len == 0 {
-            return Some(HostBuf { map: std::ptr::null_mut(), map_len: 0, ptr: std::ptr::without_provenance_mut(64), len: 0 });
+            return Some(HostBuf {
+                map: std::ptr::null_mut(),
+                map_len: 0,
+                ptr: std::ptr::without_provenance_mut(64),
+                len: 0,
+            });
         }
         // One extra huge page of address space (never touched, so never backed)
         // to align the start.
         let map_len = len.checked_add(HUGE)?;
         // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
         let map = unsafe {
-            libc::mmap(std::ptr::null_mut(), map_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
         };
         if map == libc::MAP_FAILED {
             return None;

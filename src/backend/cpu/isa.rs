@@ -127,7 +127,10 @@ pub struct QAct {
 impl QAct {
     /// Quantizes `x` (rows of `cols`, `cols` a multiple of 32).
     pub fn quantize(x: &[f32], cols: usize) -> QAct {
-        assert!(cols.is_multiple_of(QK) && x.len().is_multiple_of(cols), "activation rows of {cols} cannot be quantized");
+        assert!(
+            cols.is_multiple_of(QK) && x.len().is_multiple_of(cols),
+            "activation rows of {cols} cannot be quantized"
+        );
         let t = x.len() / cols;
         let mut qs = vec![0i8; x.len()];
         let mut d = vec![0f32; x.len() / QK];
@@ -263,8 +266,20 @@ mod tests {
 
     #[test]
     fn round_to_i8_is_round_then_saturating_cast() {
-        let mut vals = vec![0.5f32, -0.5, 1.5, -1.5, 2.5, 126.5, 127.5, -127.5, -128.5, 127.49999, 0.49999997, -0.49999997];
-        vals.extend([0.0, -0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e30, -1e30, 128.0, -129.0, f32::MIN_POSITIVE]);
+        let mut vals =
+            vec![0.5f32, -0.5, 1.5, -1.5, 2.5, 126.5, 127.5, -127.5, -128.5, 127.49999, 0.49999997, -0.49999997];
+        vals.extend([
+            0.0,
+            -0.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e30,
+            -1e30,
+            128.0,
+            -129.0,
+            f32::MIN_POSITIVE,
+        ]);
         let mut rng = crate::util::XorShift::new(0x1234_5678);
         for _ in 0..100_000 {
             let x = rng.next_u64() as u32;
@@ -317,7 +332,10 @@ mod tests {
             // SAFETY: the CPU has AVX-512 F/BW/VL (detected).
             unsafe { quantize_avx512(&x, &mut q1, &mut d1, &mut s1) };
             assert_eq!(q1, q0);
-            assert_eq!(d1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), d0.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            assert_eq!(
+                d1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                d0.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
             assert_eq!(s1, s0);
         }
     }

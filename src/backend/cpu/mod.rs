@@ -2,8 +2,8 @@
 //! weights, worker threads per `options.threads`.
 
 mod forward;
-mod isa;
 pub(crate) mod fpack;
+mod isa;
 // `pub` for the bench binary's bandwidth probe (`groups::HostBuf`).
 pub mod groups;
 pub(crate) mod ops;
@@ -13,13 +13,13 @@ pub(crate) mod qpack;
 pub mod simd;
 
 use super::{Backend, Seq, Want};
-use ops::matmul::Pack;
 use crate::kv::{BlockCopy, BlockId, BLOCK_POSITIONS};
 use crate::model::weights::Weights;
-use crate::quant::DType;
-use std::collections::HashMap;
 use crate::model::Config;
+use crate::quant::DType;
 use crate::{Error, Result};
+use ops::matmul::Pack;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// KV storage: one f32 buffer per block, laid out `[layer][K|V][slot][kv_dim]`.
@@ -59,7 +59,8 @@ impl KvStore {
     /// The K (v = 0) or V (v = 1) rows of `layer` for all slots of block `b`.
     fn page(&self, b: BlockId, layer: usize, v: usize) -> &[f32] {
         let o = self.offset(layer, v, 0);
-        &self.blocks[b as usize].as_ref().expect("block storage ensured before use")[o..o + BLOCK_POSITIONS * self.kv_dim]
+        &self.blocks[b as usize].as_ref().expect("block storage ensured before use")
+            [o..o + BLOCK_POSITIONS * self.kv_dim]
     }
 
     fn row_mut(&mut self, b: BlockId, layer: usize, v: usize, slot: usize) -> &mut [f32] {
@@ -112,7 +113,15 @@ impl CpuBackend {
                     slot.insert(if m.dtype == DType::F16 {
                         Pack::F(fpack::Packed::new(m.bytes(&w), m.rows, m.cols, &m.name, threads)?)
                     } else {
-                        Pack::Q(qpack::Packed::new(m.dtype, m.bytes(&w), m.row_bytes, m.rows, m.cols, &m.name, threads)?)
+                        Pack::Q(qpack::Packed::new(
+                            m.dtype,
+                            m.bytes(&w),
+                            m.row_bytes,
+                            m.rows,
+                            m.cols,
+                            &m.name,
+                            threads,
+                        )?)
                     });
                     // The mapped pages of this tensor are not read again (the
                     // embedding table, read row by row, keeps its pages).

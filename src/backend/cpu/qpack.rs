@@ -26,9 +26,9 @@
 //! per stream with the scales after the values reached about 84% of the read
 //! bandwidth here, this layout about 100%).
 
+use super::groups::Groups;
 use super::isa::{Isa, QAct};
 use crate::quant::{f16_bits_to_f32, DType, QK};
-use super::groups::Groups;
 use crate::Result;
 
 /// Rows per packed group (one 512-bit vector of i32 lanes).
@@ -122,7 +122,9 @@ pub fn dot_block_order_ref(dt: DType, row: &[u8], xq: &[i8], xd: &[f32]) -> f32 
         let xb = &xq[b * QK..(b + 1) * QK];
         let isum: i32 = if dt == DType::Q4_0 {
             (0..QK / 2)
-                .map(|j| ((blk[2 + j] & 0x0F) as i32 - 8) * xb[j] as i32 + ((blk[2 + j] >> 4) as i32 - 8) * xb[j + 16] as i32)
+                .map(|j| {
+                    ((blk[2 + j] & 0x0F) as i32 - 8) * xb[j] as i32 + ((blk[2 + j] >> 4) as i32 - 8) * xb[j + 16] as i32
+                })
                 .sum()
         } else {
             (0..QK).map(|j| blk[2 + j] as i8 as i32 * xb[j] as i32).sum()
@@ -411,14 +413,23 @@ mod tests {
     use crate::backend::cpu::isa::available;
     use crate::quant::quantize_row;
 
-
     /// Packed kernels (every kernel set, every token-tile width, partial groups,
     /// row ranges starting inside the matrix) are bit-identical to the block-order
     /// reference over the stored rows.
     #[test]
     fn packed_kernels_match_the_block_order_reference() {
         let mut rng = crate::util::XorShift::new(0x1234_5678_9ABC_DEF0);
-        for &(rows, cols, t) in &[(16usize, 64usize, 1usize), (100, 96, 1), (64, 64, 1), (35, 96, 9), (48, 256, 17), (5, 32, 3), (33, 160, 8), (200, 64, 1), (130, 96, 5)] {
+        for &(rows, cols, t) in &[
+            (16usize, 64usize, 1usize),
+            (100, 96, 1),
+            (64, 64, 1),
+            (35, 96, 9),
+            (48, 256, 17),
+            (5, 32, 3),
+            (33, 160, 8),
+            (200, 64, 1),
+            (130, 96, 5),
+        ] {
             let x = rng.vec(t * cols, -1.0, 1.0);
             let a = QAct::quantize(&x, cols);
             for dt in [DType::Q8_0, DType::Q4_0] {
@@ -456,4 +467,3 @@ mod tests {
         }
     }
 }
-

@@ -63,12 +63,12 @@ macro_rules! dispatch_f {
     };
 }
 
+#[cfg(target_arch = "aarch64")]
+mod neon;
 #[cfg(target_arch = "x86_64")]
 mod x86_256;
 #[cfg(target_arch = "x86_64")]
 mod x86_512;
-#[cfg(target_arch = "aarch64")]
-mod neon;
 
 // ---------------------------------------------------------------------------
 // Reference kernels (the definition of the order).
@@ -139,7 +139,16 @@ pub fn dot_f_ref_lanes(dt: DType, wide: bool, row: &[u8], x: &[f32]) -> f32 {
 
 /// The reference of `gemm_q` / `gemm_f` in the order of `isa`.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_ref(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, x: &[f32], cols: usize, out: &mut [f32]) {
+pub fn gemm_ref(
+    isa: Isa,
+    dt: DType,
+    w: &[u8],
+    row_bytes: usize,
+    nrows: usize,
+    x: &[f32],
+    cols: usize,
+    out: &mut [f32],
+) {
     let t = x.len() / cols;
     let q = matches!(dt, DType::Q8_0 | DType::Q4_0).then(|| QAct::quantize(x, cols));
     for r in 0..nrows {
@@ -207,12 +216,8 @@ pub fn gemm_q(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: 
             for r in 0..nrows {
                 let row = &w[r * row_bytes..(r + 1) * row_bytes];
                 for c in 0..a.t {
-                    out[r * a.t + c] = dot_q_ref(
-                        dt,
-                        row,
-                        &a.qs[c * a.cols..(c + 1) * a.cols],
-                        &a.d[c * nb..(c + 1) * nb],
-                    );
+                    out[r * a.t + c] =
+                        dot_q_ref(dt, row, &a.qs[c * a.cols..(c + 1) * a.cols], &a.d[c * nb..(c + 1) * nb]);
                 }
             }
         }
@@ -284,7 +289,6 @@ pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,7 +326,9 @@ mod tests {
                 }
             }
         }
-        for &(rows, cols, t) in &[(9usize, 64usize, 1usize), (7, 13, 6), (5, 100, 9), (4, 3, 5), (6, 40, 17), (5, 35, 7)] {
+        for &(rows, cols, t) in
+            &[(9usize, 64usize, 1usize), (7, 13, 6), (5, 100, 9), (4, 3, 5), (6, 40, 17), (5, 35, 7)]
+        {
             let x = rng.vec(t * cols, -1.0, 1.0);
             for dt in [DType::F32, DType::F16, DType::BF16] {
                 let (w, rb) = weights(dt, rows, cols, &mut rng);

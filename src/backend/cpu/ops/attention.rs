@@ -124,7 +124,8 @@ mod tests {
             Seq { tokens: &t0, start: 0, blocks: &b0, want: Want::Nothing },
             Seq { tokens: &t1, start: 0, blocks: &b1, want: Want::Nothing },
         ];
-        let toks: Vec<Tok> = (0..37).map(|p| Tok { seq: 0, pos: p }).chain((0..21).map(|p| Tok { seq: 1, pos: p })).collect();
+        let toks: Vec<Tok> =
+            (0..37).map(|p| Tok { seq: 0, pos: p }).chain((0..21).map(|p| Tok { seq: 1, pos: p })).collect();
         let n = toks.len();
         let mut rng = XorShift::new(0xA77E_2710);
         let (k, v, q) = (rng.vec(n * kvd, -1.0, 1.0), rng.vec(n * kvd, -1.0, 1.0), rng.vec(n * qd, -1.0, 1.0));
@@ -133,7 +134,10 @@ mod tests {
         attention(&Pool::new(1), &kv, heads, &seqs, &toks, 1, &q, &mut got);
         let mut again = vec![f32::NAN; n * qd];
         attention(&Pool::new(3), &kv, heads, &seqs, &toks, 1, &q, &mut again);
-        assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), again.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            again.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
         let first = |s: usize| if s == 0 { 0 } else { 37 };
         for (t, tok) in toks.iter().enumerate() {
             for h in 0..4 {

@@ -145,11 +145,14 @@ pub(crate) fn matmul_many(pool: &Pool, ms: &[Weight<'_>], act: &Act<'_>, ys: &mu
         }
         return;
     }
-    let starts: Vec<usize> = bs.iter().scan(0, |acc, b| {
-        let s = *acc;
-        *acc += b.m.rows;
-        Some(s)
-    }).collect();
+    let starts: Vec<usize> = bs
+        .iter()
+        .scan(0, |acc, b| {
+            let s = *acc;
+            *acc += b.m.rows;
+            Some(s)
+        })
+        .collect();
     let total: usize = bs.iter().map(|b| b.m.rows).sum();
     let mut all = vec![0f32; total];
     par_units(pool, &mut all, 1, act.cols, align, |u0, part| {
@@ -201,7 +204,9 @@ mod tests {
                         .iter()
                         .zip(&rows)
                         .map(|(w, &r)| match (pack, dt) {
-                            (true, DType::Q4_0 | DType::Q8_0) => Some(Pack::Q(qpack::Packed::new(dt, w, rb, r, cols, "t", 2).unwrap())),
+                            (true, DType::Q4_0 | DType::Q8_0) => {
+                                Some(Pack::Q(qpack::Packed::new(dt, w, rb, r, cols, "t", 2).unwrap()))
+                            }
                             (true, DType::F16) => Some(Pack::F(fpack::Packed::new(w, r, cols, "t", 2).unwrap())),
                             _ => None,
                         })
@@ -223,8 +228,10 @@ mod tests {
                             for (m, g) in ms.iter().zip(&got) {
                                 let mut want = vec![f32::NAN; m.rows * t];
                                 matmul(&pool, *m, &Act::new(&x, cols), &mut want);
-                                let (gb, wb): (Vec<u32>, Vec<u32>) =
-                                    (g.iter().map(|v| v.to_bits()).collect(), want.iter().map(|v| v.to_bits()).collect());
+                                let (gb, wb): (Vec<u32>, Vec<u32>) = (
+                                    g.iter().map(|v| v.to_bits()).collect(),
+                                    want.iter().map(|v| v.to_bits()).collect(),
+                                );
                                 assert_eq!(gb, wb, "{dt} rows {rows:?} packed {pack} t {t} threads {threads}");
                             }
                         }

@@ -30,9 +30,7 @@ macro_rules! dispatch_c {
 /// function (tiles included) is compiled with the features it needs.
 macro_rules! x86_kernels {
     ($feat:literal, $vnni:expr) => {
-
         const VNNI: bool = $vnni;
-
 
         /// `acc + sum over groups of 4 of u8(a) * i8(b)`.
         #[inline]
@@ -109,11 +107,8 @@ macro_rules! x86_kernels {
                         let xv = _mm256_loadu_si256(xq.add(c * xstride + b * QK) as *const __m256i);
                         let xs = _mm256_broadcast_ss(&*xd.add(c * dstride + b));
                         // Q4: the nibbles are unsigned (q + 8): subtract 8 * sum(x) per group.
-                        let negcorr = if Q4 {
-                            _mm256_sub_epi32(zero, dpbusd(zero, _mm256_set1_epi8(8), xv))
-                        } else {
-                            zero
-                        };
+                        let negcorr =
+                            if Q4 { _mm256_sub_epi32(zero, dpbusd(zero, _mm256_set1_epi8(8), xv)) } else { zero };
                         let xu = _mm256_xor_si256(xv, _mm256_set1_epi8(-128));
                         for r in 0..R {
                             let isum = if Q4 {
@@ -139,7 +134,15 @@ macro_rules! x86_kernels {
 
         /// `out[r * t + c]` for `nrows` rows at `w` and all rows of `a`.
         #[target_feature(enable = $feat)]
-        pub unsafe fn gemm_q(q4: bool, w: *const u8, row_bytes: usize, nrows: usize, nb: usize, a: &QAct, out: &mut [f32]) {
+        pub unsafe fn gemm_q(
+            q4: bool,
+            w: *const u8,
+            row_bytes: usize,
+            nrows: usize,
+            nb: usize,
+            a: &QAct,
+            out: &mut [f32],
+        ) {
             let t = a.t;
             // 4 x 4 tiles with the 32 registers of AVX-512VL, 4 x 2 with AVX2's 16.
             let maxc = if VNNI { 4 } else { 2 };
@@ -256,7 +259,15 @@ macro_rules! x86_kernels {
         }
 
         #[target_feature(enable = $feat)]
-        pub unsafe fn gemm_f(kind: u8, w: *const u8, row_bytes: usize, nrows: usize, x: &[f32], cols: usize, out: &mut [f32]) {
+        pub unsafe fn gemm_f(
+            kind: u8,
+            w: *const u8,
+            row_bytes: usize,
+            nrows: usize,
+            x: &[f32],
+            cols: usize,
+            out: &mut [f32],
+        ) {
             let t = x.len() / cols;
             // 4 x 6 tiles keep 24 accumulators in the 32 registers of AVX-512VL;
             // plain AVX2 has 16 registers: 4 x 3.

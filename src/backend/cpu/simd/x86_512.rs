@@ -16,7 +16,8 @@ use std::arch::x86_64::*;
 #[inline]
 #[target_feature(enable = "avx512f,avx512vl,avx2")]
 unsafe fn reduce16_v(v: __m512) -> f32 {
-    let b = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))));
+    let b =
+        _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))));
     let c = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps::<1>(b));
     let d = _mm_add_ps(c, _mm_movehl_ps(c, c));
     _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)))
