@@ -122,7 +122,8 @@ mod x86 {
         valid: usize,
     ) {
         let mut acc = [[[_mm512_setzero_ps(); C]; 2]; NG];
-        // SAFETY (whole body): the group holds `cols` lines of 64 bytes; C rows of
+        // SAFETY: (whole body) the CPU has this function's target features (it is reached only
+        // through the kernel set `isa()` detected); the group holds `cols` lines of 64 bytes; C rows of
         // `cols` f32 at `x`; outputs for `valid` rows x C tokens at `out` (the
         // driver checks); prefetches never fault.
         unsafe {
@@ -168,7 +169,8 @@ mod x86 {
         valid: usize,
     ) {
         let mut acc = [[_mm512_setzero_ps(); 2]; G];
-        // SAFETY (whole body): G groups of `cols` lines at `g + j * gstride`, one
+        // SAFETY: (whole body) the CPU has this function's target features (it is reached only
+        // through the kernel set `isa()` detected); G groups of `cols` lines at `g + j * gstride`, one
         // row of `cols` f32 at `x`; `32 (G - 1) + valid` outputs at `out`.
         unsafe {
             for k in 0..cols {
@@ -234,7 +236,8 @@ mod x86 {
         let gs = cols * 64;
         let base = p.groups.bytes().as_ptr();
         let o = out.as_mut_ptr();
-        // SAFETY (whole body): groups from `r0 / 32` up to row `r0 + nrows` are in
+        // SAFETY: (whole body) the CPU has this function's target features (it is reached only
+        // through the kernel set `isa()` detected); groups from `r0 / 32` up to row `r0 + nrows` are in
         // `p`, token rows `c..c + ct <= t` in `x`, outputs `i * t + c` for
         // `i < nrows` in `out` (the safe wrapper checked the lengths).
         unsafe {

@@ -171,7 +171,8 @@ unsafe fn quantize_avx512(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i
     let nb = x.len() / QK;
     assert!(qs.len() >= nb * QK && d.len() >= nb && sums.len() >= nb);
     let one = _mm512_set1_epi32(1);
-    // SAFETY (whole loop): block `b` reads x[32b..32b + 32] and writes
+    // SAFETY: (whole loop) the CPU has this function's target features (it is reached only
+    // through the kernel set `isa()` detected); block `b` reads x[32b..32b + 32] and writes
     // qs[32b..32b + 32], d[b], sums[b], all in bounds (asserted above).
     unsafe {
         for b in 0..nb {
@@ -246,7 +247,8 @@ pub(crate) unsafe fn dpbusd512(
     b: std::arch::x86_64::__m512i,
 ) -> std::arch::x86_64::__m512i {
     let mut r = acc;
-    // SAFETY: VPDPBUSD (AVX-512 VNNI) exists whenever this module runs; it
+    // SAFETY: VPDPBUSD needs AVX-512 F + VNNI, this function's target features
+    // (its callers, `qpack`'s kernels, run only when `isa()` detected them); it
     // only reads and writes the named registers.
     unsafe {
         std::arch::asm!(

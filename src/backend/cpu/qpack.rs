@@ -226,7 +226,8 @@ mod x86 {
         let corr = if Q4 { -8 } else { -128 };
         let m4 = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); C];
-        // SAFETY (whole body): the group's `nb` blocks of values and scales lie
+        // SAFETY: (whole body) the CPU has this function's target features (it is reached only
+        // through the kernel set `isa()` detected); the group's `nb` blocks of values and scales lie
         // at `v + b * bs` and `s + b * bs`; activation rows `c0..c0 + C` exist in
         // `a` (the driver checks); prefetches may point past the end and never fault.
         unsafe {
@@ -283,7 +284,8 @@ mod x86 {
         let m4 = _mm512_set1_epi8(0x0F);
         let mf0 = _mm512_set1_epi8(0xF0u8 as i8);
         let mut acc = [_mm512_setzero_ps(); SUPER];
-        // SAFETY (whole body): the super-group's `nb` blocks of `bs` bytes at
+        // SAFETY: (whole body) the CPU has this function's target features (it is reached only
+        // through the kernel set `isa()` detected); the super-group's `nb` blocks of `bs` bytes at
         // `sg`, one activation row in `a`; `valid` (<= 64) floats at `out` (the
         // driver checks); prefetches never fault.
         unsafe {
@@ -367,7 +369,8 @@ mod x86 {
         let tc = (token_chunk(t, a.cols) / MAXC * MAXC).max(MAXC);
         let base = p.groups.bytes().as_ptr();
         let o = out.as_mut_ptr();
-        // SAFETY (whole loop nest): super-groups `r0 / 64 ..` up to row `r0 +
+        // SAFETY: (whole loop nest) the CPU has this function's target features (it is reached only
+        // through the kernel set `isa()` detected); super-groups `r0 / 64 ..` up to row `r0 +
         // nrows` are inside `p`, activation rows `c..c + ct <= t` inside `a`, and
         // the outputs `i * t + c` for `i < nrows` inside `out` (the safe wrapper
         // checked).

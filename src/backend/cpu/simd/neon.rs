@@ -22,7 +22,8 @@ unsafe fn dot16(w: int8x16_t, x: int8x16_t) -> int32x4_t {
 #[target_feature(enable = "neon")]
 pub unsafe fn gemm_q(q4: bool, w: *const u8, row_bytes: usize, nrows: usize, nb: usize, a: &QAct, out: &mut [f32]) {
     let bb = if q4 { 2 + QK / 2 } else { 2 + QK };
-    // SAFETY (whole body): rows < nrows of `w`, activation rows < a.t, and
+    // SAFETY: (whole body) the CPU has this function's target features (it is reached only
+    // through the kernel set `isa()` detected); rows < nrows of `w`, activation rows < a.t, and
     // outputs r * t + c are in bounds (checked by the safe wrapper).
     unsafe {
         for r in 0..nrows {

@@ -74,7 +74,8 @@ macro_rules! x86_kernels {
             let bb = if Q4 { 2 + QK / 2 } else { 2 + QK };
             let zero = _mm256_setzero_si256();
             let mut acc = [[_mm256_setzero_ps(); C]; R];
-            // SAFETY (whole body): the driver passes pointers to R rows of
+            // SAFETY: (whole body) the CPU has this function's target features (it is reached only
+            // through the kernel set `isa()` detected); the driver passes pointers to R rows of
             // `nb` blocks each and C activation rows of `nb * 32` bytes and
             // `nb` scales; every load below stays inside those.
             unsafe {
@@ -149,7 +150,8 @@ macro_rules! x86_kernels {
             let tc = (token_chunk(t, a.cols) / maxc * maxc).max(maxc);
             let o = out.as_mut_ptr();
             let mut t0 = 0;
-            // SAFETY (whole loop nest): rows `r..r + rt < nrows` of `w`, activation
+            // SAFETY: (whole loop nest) the CPU has this function's target features (it is reached only
+            // through the kernel set `isa()` detected); rows `r..r + rt < nrows` of `w`, activation
             // rows `c..c + ct <= t` and outputs `r * t + c` are all in bounds
             // (the safe wrapper checked the lengths).
             unsafe {
@@ -223,7 +225,8 @@ macro_rules! x86_kernels {
             let es = if K == 0 { 4 } else { 2 };
             let n8 = n / 8 * 8;
             let mut acc = [[_mm256_setzero_ps(); C]; R];
-            // SAFETY (whole body): R rows of `n` elements at `w` (stride
+            // SAFETY: (whole body) the CPU has this function's target features (it is reached only
+            // through the kernel set `isa()` detected); R rows of `n` elements at `w` (stride
             // `row_bytes`) and C rows of `n` f32 at `x` (stride `xstride`).
             unsafe {
                 let mut i = 0;
@@ -276,7 +279,8 @@ macro_rules! x86_kernels {
             let tc = tc.max(maxc);
             let o = out.as_mut_ptr();
             let mut t0 = 0;
-            // SAFETY (whole loop nest): as in `gemm_q`, every tile is in bounds.
+            // SAFETY: (whole loop nest) the CPU has this function's target features (it is reached only
+            // through the kernel set `isa()` detected); as in `gemm_q`, every tile is in bounds.
             unsafe {
                 while t0 < t {
                     let t1 = (t0 + tc).min(t);

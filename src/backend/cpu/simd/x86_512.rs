@@ -66,7 +66,8 @@ unsafe fn tile_f<const R: usize, const C: usize, const K: u8>(
     let es = if K == 0 { 4 } else { 2 };
     let n16 = n / 16 * 16;
     let mut acc = [[_mm512_setzero_ps(); C]; R];
-    // SAFETY (whole body): R rows of `n` elements at `w` (stride `row_bytes`)
+    // SAFETY: (whole body) the CPU has this function's target features (it is reached only
+    // through the kernel set `isa()` detected); R rows of `n` elements at `w` (stride `row_bytes`)
     // and C rows of `n` f32 at `x` (stride `xstride`); prefetches never fault.
     unsafe {
         // The same spot of a row streamed soon: the next tile's rows, or for
@@ -130,7 +131,8 @@ pub unsafe fn gemm_f(kind: u8, w: *const u8, row_bytes: usize, nrows: usize, x: 
     let tc = (token_chunk(t, cols * 4) / MAXC * MAXC).max(MAXC);
     let o = out.as_mut_ptr();
     let mut t0 = 0;
-    // SAFETY (whole loop nest): every tile is in bounds (lengths checked by
+    // SAFETY: (whole loop nest) the CPU has this function's target features (it is reached only
+    // through the kernel set `isa()` detected); every tile is in bounds (lengths checked by
     // the safe wrapper).
     unsafe {
         while t0 < t {
