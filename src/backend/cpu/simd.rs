@@ -65,6 +65,38 @@ macro_rules! dispatch_f {
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
+/// The tile walk of the x86 row-major kernels: token chunks of `tc` (so the
+/// activations stay in cache while the weights stream), then rows 4 at a time (1
+/// for the last rows, or always 1 unless `four`), then up to `maxc` tokens:
+/// `tile(r, rt, c, ct)` for rows `r..r + rt` x tokens `c..c + ct`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn for_each_tile(
+    nrows: usize,
+    t: usize,
+    tc: usize,
+    maxc: usize,
+    four: bool,
+    mut tile: impl FnMut(usize, usize, usize, usize),
+) {
+    let mut t0 = 0;
+    while t0 < t {
+        let t1 = (t0 + tc).min(t);
+        let mut r = 0;
+        while r < nrows {
+            let rt = if four && nrows - r >= 4 { 4 } else { 1 };
+            let mut c = t0;
+            while c < t1 {
+                let ct = (t1 - c).min(maxc);
+                tile(r, rt, c, ct);
+                c += ct;
+            }
+            r += rt;
+        }
+        t0 = t1;
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86_256;
 #[cfg(target_arch = "x86_64")]

@@ -7,6 +7,7 @@
 //! Depends on `isa` (reductions, `QAct`, `token_chunk`, `dpbusd_avx2`) and `crate::quant`.
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments, unused_unsafe)]
 
+use super::for_each_tile;
 use crate::backend::cpu::isa::{dpbusd_avx2, reduce8, token_chunk, QAct};
 use crate::quant::QK;
 use std::arch::x86_64::*;
@@ -149,36 +150,23 @@ macro_rules! x86_kernels {
             let maxc = if VNNI { 4 } else { 2 };
             let tc = (token_chunk(t, a.cols) / maxc * maxc).max(maxc);
             let o = out.as_mut_ptr();
-            let mut t0 = 0;
-            // SAFETY: (whole loop nest) the CPU has this function's target features (it is reached only
-            // through the kernel set `isa()` detected); rows `r..r + rt < nrows` of `w`, activation
-            // rows `c..c + ct <= t` and outputs `r * t + c` are all in bounds
-            // (the safe wrapper checked the lengths).
-            unsafe {
-                while t0 < t {
-                    let t1 = (t0 + tc).min(t);
-                    let mut r = 0;
-                    while r < nrows {
-                        let rt = if nrows - r >= 4 { 4 } else { 1 };
-                        let mut c = t0;
-                        while c < t1 {
-                            let ct = (t1 - c).min(maxc);
-                            let wp = w.add(r * row_bytes);
-                            let xq = a.qs.as_ptr().add(c * a.cols);
-                            let xd = a.d.as_ptr().add(c * nb);
-                            let op = o.add(r * t + c);
-                            if rt == 4 {
-                                dispatch_c!(4, ct, q4, wp, row_bytes, nb, xq, a.cols, xd, nb, op, t);
-                            } else {
-                                dispatch_c!(1, ct, q4, wp, row_bytes, nb, xq, a.cols, xd, nb, op, t);
-                            }
-                            c += ct;
-                        }
-                        r += rt;
+            for_each_tile(nrows, t, tc, maxc, true, |r, rt, c, ct| {
+                // SAFETY: the CPU has this function's target features (it is reached only
+                // through the kernel set `isa()` detected); rows `r..r + rt <= nrows` of `w`,
+                // activation rows `c..c + ct <= t` and outputs `r * t + c` are all in bounds
+                // (the safe wrapper checked the lengths).
+                unsafe {
+                    let wp = w.add(r * row_bytes);
+                    let xq = a.qs.as_ptr().add(c * a.cols);
+                    let xd = a.d.as_ptr().add(c * nb);
+                    let op = o.add(r * t + c);
+                    if rt == 4 {
+                        dispatch_c!(4, ct, q4, wp, row_bytes, nb, xq, a.cols, xd, nb, op, t);
+                    } else {
+                        dispatch_c!(1, ct, q4, wp, row_bytes, nb, xq, a.cols, xd, nb, op, t);
                     }
-                    t0 = t1;
                 }
-            }
+            });
         }
 
         /// Eight weights of kind `K` (0 f32, 1 f16, 2 bf16) from `p` as f32.
@@ -278,33 +266,20 @@ macro_rules! x86_kernels {
             let tc = token_chunk(t, cols * 4) / maxc * maxc;
             let tc = tc.max(maxc);
             let o = out.as_mut_ptr();
-            let mut t0 = 0;
-            // SAFETY: (whole loop nest) the CPU has this function's target features (it is reached only
-            // through the kernel set `isa()` detected); as in `gemm_q`, every tile is in bounds.
-            unsafe {
-                while t0 < t {
-                    let t1 = (t0 + tc).min(t);
-                    let mut r = 0;
-                    while r < nrows {
-                        let rt = if nrows - r >= 4 { 4 } else { 1 };
-                        let mut c = t0;
-                        while c < t1 {
-                            let ct = (t1 - c).min(maxc);
-                            let wp = w.add(r * row_bytes);
-                            let xp = x.as_ptr().add(c * cols);
-                            let op = o.add(r * t + c);
-                            if rt == 4 {
-                                dispatch_f!(4, ct, kind, wp, row_bytes, cols, xp, cols, op, t);
-                            } else {
-                                dispatch_f!(1, ct, kind, wp, row_bytes, cols, xp, cols, op, t);
-                            }
-                            c += ct;
-                        }
-                        r += rt;
+            for_each_tile(nrows, t, tc, maxc, true, |r, rt, c, ct| {
+                // SAFETY: the CPU has this function's target features (it is reached only
+                // through the kernel set `isa()` detected); as in `gemm_q`, every tile is in bounds.
+                unsafe {
+                    let wp = w.add(r * row_bytes);
+                    let xp = x.as_ptr().add(c * cols);
+                    let op = o.add(r * t + c);
+                    if rt == 4 {
+                        dispatch_f!(4, ct, kind, wp, row_bytes, cols, xp, cols, op, t);
+                    } else {
+                        dispatch_f!(1, ct, kind, wp, row_bytes, cols, xp, cols, op, t);
                     }
-                    t0 = t1;
                 }
-            }
+            });
         }
 
         #[target_feature(enable = $feat)]

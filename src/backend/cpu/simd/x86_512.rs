@@ -7,6 +7,7 @@
 //! Depends on `isa` (reductions, `token_chunk`) and `crate::quant`.
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
+use super::for_each_tile;
 use crate::backend::cpu::isa::{reduce16, token_chunk};
 use std::arch::x86_64::*;
 
@@ -130,34 +131,21 @@ pub unsafe fn gemm_f(kind: u8, w: *const u8, row_bytes: usize, nrows: usize, x: 
     let t = x.len() / cols;
     let tc = (token_chunk(t, cols * 4) / MAXC * MAXC).max(MAXC);
     let o = out.as_mut_ptr();
-    let mut t0 = 0;
-    // SAFETY: (whole loop nest) the CPU has this function's target features (it is reached only
-    // through the kernel set `isa()` detected); every tile is in bounds (lengths checked by
-    // the safe wrapper).
-    unsafe {
-        while t0 < t {
-            let t1 = (t0 + tc).min(t);
-            let mut r = 0;
-            while r < nrows {
-                // 4 x 6 tiles; decode (one token) streams one row at a time,
-                // which the hardware prefetcher follows best (measured).
-                let rt = if t > 1 && nrows - r >= 4 { 4 } else { 1 };
-                let mut c = t0;
-                while c < t1 {
-                    let ct = (t1 - c).min(MAXC);
-                    let wp = w.add(r * row_bytes);
-                    let xp = x.as_ptr().add(c * cols);
-                    let op = o.add(r * t + c);
-                    if rt == 4 {
-                        dispatch_f!(4, ct, kind, wp, row_bytes, cols, xp, cols, op, t);
-                    } else {
-                        dispatch_f!(1, ct, kind, wp, row_bytes, cols, xp, cols, op, t);
-                    }
-                    c += ct;
-                }
-                r += rt;
+    // 4 x 6 tiles; decode (one token) streams one row at a time, which the
+    // hardware prefetcher follows best (measured).
+    for_each_tile(nrows, t, tc, MAXC, t > 1, |r, rt, c, ct| {
+        // SAFETY: the CPU has this function's target features (it is reached only
+        // through the kernel set `isa()` detected); every tile is in bounds (lengths
+        // checked by the safe wrapper).
+        unsafe {
+            let wp = w.add(r * row_bytes);
+            let xp = x.as_ptr().add(c * cols);
+            let op = o.add(r * t + c);
+            if rt == 4 {
+                dispatch_f!(4, ct, kind, wp, row_bytes, cols, xp, cols, op, t);
+            } else {
+                dispatch_f!(1, ct, kind, wp, row_bytes, cols, xp, cols, op, t);
             }
-            t0 = t1;
         }
-    }
+    });
 }
