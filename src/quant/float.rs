@@ -8,7 +8,7 @@ use half::{bf16, f16};
 /// payloads included; NaNs are made quiet), written branch-free so that loops over it vectorise.
 /// Bit-identical to `half::f16::to_f32` (tested over all 65536 inputs).
 #[inline(always)]
-pub fn f16_bits_to_f32(h: u16) -> f32 {
+pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
     const SHIFTED_EXP: u32 = 0x7C00 << 13;
     let mut o = ((h & 0x7FFF) as u32) << 13; // exponent and mantissa
     let exp = o & SHIFTED_EXP;

@@ -20,7 +20,7 @@ mod float;
 mod q4_0;
 mod q8_0;
 
-pub use float::f16_bits_to_f32;
+pub(crate) use float::f16_bits_to_f32;
 
 /// Elements per Q8_0 / Q4_0 block.
 pub(crate) const QK: usize = 32;
@@ -110,7 +110,7 @@ impl std::fmt::Display for DType {
 /// repacked Q4_0_x_x / IQ4_NL_x_x ids (31-33, 36-38) that ggml no longer
 /// accepts in files but which old files may still carry. `None` for unknown ids
 /// (including the long-removed Q4_2 = 4 and Q4_3 = 5).
-pub fn ggml_type_info(id: u32) -> Option<(&'static str, usize, usize)> {
+pub(crate) fn ggml_type_info(id: u32) -> Option<(&'static str, usize, usize)> {
     const QK_K: usize = 256;
     Some(match id {
         0 => ("F32", 1, 4),

@@ -92,7 +92,7 @@ impl Drop for HostBuf {
 }
 
 /// `groups` groups of `group_bytes` bytes each (a multiple of 64), back to back.
-pub struct Groups {
+pub(crate) struct Groups {
     buf: HostBuf,
     group_bytes: usize,
 }
@@ -101,7 +101,7 @@ impl Groups {
     /// Allocates zeroed groups and fills group `g` with `fill(g, its bytes)`, on up
     /// to `threads` threads. `what()` describes the tensor for the error when the
     /// memory cannot be had.
-    pub fn build(
+    pub(crate) fn build(
         groups: usize,
         group_bytes: usize,
         threads: usize,
@@ -137,12 +137,12 @@ impl Groups {
     }
 
     /// Bytes from one group to the next.
-    pub fn group_bytes(&self) -> usize {
+    pub(crate) fn group_bytes(&self) -> usize {
         self.group_bytes
     }
 
     /// The whole buffer.
-    pub fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         self.buf.bytes()
     }
 }

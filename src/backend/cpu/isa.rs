@@ -107,6 +107,7 @@ pub fn reduce16(a: [f32; 16]) -> f32 {
 }
 
 /// Whether `isa` computes the 16-lane ("wide") orders.
+#[cfg(test)]
 pub fn wide(isa: Isa) -> bool {
     isa == Isa::Avx512Vnni
 }

@@ -28,8 +28,17 @@
 //! The SIMD versions compute exactly these operations (the integer sums are
 //! exact in any order), so they are bit-identical to the reference; the unit
 //! tests below check that for every kernel and tile shape.
+//!
+//! Layout: this file holds the portable reference (the definition of the orders)
+//! and the safe entry points, which pick a kernel set's implementation:
+//! `simd/x86_256.rs` (AVX2), `simd/x86_512.rs` (AVX-512 floats), `simd/neon.rs`.
+//! Depends on `isa` (the kernel set, reductions, `QAct`) and on `qpack` / `fpack`
+//! (their block and sequential references, for rows as stored on AVX-512 VNNI
+//! CPUs); nothing below `ops` depends on this file.
 
-use super::isa::{reduce16, reduce8, wide, Isa, QAct};
+#[cfg(test)]
+use super::isa::wide;
+use super::isa::{reduce16, reduce8, Isa, QAct};
 use super::{fpack, qpack};
 use crate::quant::{f16_bits_to_f32, DType, QK};
 
@@ -120,12 +129,12 @@ fn wq(dt: DType, blk: &[u8], j: usize) -> i32 {
 }
 
 /// Reference quantized dot of one Q8_0/Q4_0 row with one [`QAct`] row (8 lanes).
-pub fn dot_q_ref(dt: DType, row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+pub(crate) fn dot_q_ref(dt: DType, row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
     dot_q_ref_lanes(dt, false, row, xq, xd)
 }
 
 /// The same in the 8-lane (`wide = false`) or 16-lane order.
-pub fn dot_q_ref_lanes(dt: DType, wide: bool, row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+pub(crate) fn dot_q_ref_lanes(dt: DType, wide: bool, row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
     let bb = dt.block_bytes();
     let mut acc = [0f32; 16];
     for (b, blk) in row.chunks_exact(bb).enumerate() {
@@ -150,12 +159,12 @@ fn wf(dt: DType, row: &[u8], i: usize) -> f32 {
 }
 
 /// Reference dot of one float-typed row with f32 `x` (8 lanes).
-pub fn dot_f_ref(dt: DType, row: &[u8], x: &[f32]) -> f32 {
+pub(crate) fn dot_f_ref(dt: DType, row: &[u8], x: &[f32]) -> f32 {
     dot_f_ref_lanes(dt, false, row, x)
 }
 
 /// The same in the 8-lane (`wide = false`) or 16-lane order.
-pub fn dot_f_ref_lanes(dt: DType, wide: bool, row: &[u8], x: &[f32]) -> f32 {
+pub(crate) fn dot_f_ref_lanes(dt: DType, wide: bool, row: &[u8], x: &[f32]) -> f32 {
     let lanes = if wide { 16 } else { 8 };
     let n = x.len();
     let nl = n / lanes * lanes;
@@ -169,9 +178,10 @@ pub fn dot_f_ref_lanes(dt: DType, wide: bool, row: &[u8], x: &[f32]) -> f32 {
     reduce16(acc)
 }
 
+#[cfg(test)]
 /// The reference of `gemm_q` / `gemm_f` in the order of `isa`.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_ref(
+pub(crate) fn gemm_ref(
     isa: Isa,
     dt: DType,
     w: &[u8],
@@ -214,7 +224,7 @@ pub fn gemm_ref(
 // `nrows` rows of `w` and all `t` activation rows.
 
 /// Quantized weights (Q8_0 / Q4_0) times quantized activations.
-pub fn gemm_q(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+pub(crate) fn gemm_q(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
     assert!(matches!(dt, DType::Q8_0 | DType::Q4_0));
     assert_eq!(dt.row_bytes(a.cols), Some(row_bytes));
     assert!(w.len() >= nrows * row_bytes);
@@ -258,7 +268,16 @@ pub fn gemm_q(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: 
 
 /// Float weights (F32 / F16 / BF16) times f32 activations (`x`: rows of `cols`).
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_f(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, x: &[f32], cols: usize, out: &mut [f32]) {
+pub(crate) fn gemm_f(
+    isa: Isa,
+    dt: DType,
+    w: &[u8],
+    row_bytes: usize,
+    nrows: usize,
+    x: &[f32],
+    cols: usize,
+    out: &mut [f32],
+) {
     assert!(matches!(dt, DType::F32 | DType::F16 | DType::BF16));
     assert_eq!(dt.row_bytes(cols), Some(row_bytes));
     assert!(w.len() >= nrows * row_bytes);
@@ -300,7 +319,7 @@ pub fn gemm_f(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, x: 
 }
 
 /// `dot_f32` in the float order (used by attention): f32 · f32.
-pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     match isa {
         #[cfg(target_arch = "x86_64")]
