@@ -4,6 +4,7 @@
 mod forward;
 pub(crate) mod fpack;
 mod isa;
+mod kv;
 // `pub` for the bench binary's bandwidth probe (`groups::HostBuf`).
 pub mod groups;
 pub(crate) mod ops;
@@ -13,62 +14,15 @@ pub(crate) mod qpack;
 pub mod simd;
 
 use super::{Backend, Seq, Want};
-use crate::kv::{BlockCopy, BlockId, BLOCK_POSITIONS};
+use crate::kv::{BlockCopy, BLOCK_POSITIONS};
 use crate::model::weights::Weights;
 use crate::model::Config;
 use crate::quant::DType;
 use crate::{Error, Result};
+use kv::KvStore;
 use ops::matmul::Pack;
 use std::collections::HashMap;
 use std::sync::Arc;
-
-/// KV storage: one f32 buffer per block, laid out `[layer][K|V][slot][kv_dim]`.
-pub struct KvStore {
-    blocks: Vec<Option<Box<[f32]>>>,
-    n_layers: usize,
-    kv_dim: usize,
-}
-
-impl KvStore {
-    fn block_elems(&self) -> usize {
-        self.n_layers * 2 * BLOCK_POSITIONS * self.kv_dim
-    }
-
-    /// Makes sure block `b` has storage (allocated on first use).
-    fn ensure(&mut self, b: BlockId) -> Result<()> {
-        let b = b as usize;
-        if b >= self.blocks.len() {
-            self.blocks.resize_with(b + 1, || None);
-        }
-        if self.blocks[b].is_none() {
-            let n = self.block_elems();
-            let mut v: Vec<f32> = Vec::new();
-            v.try_reserve_exact(n).map_err(|_| {
-                Error::out_of_memory(format!("cannot allocate KV block {b} ({} bytes) in host memory", n * 4))
-            })?;
-            v.resize(n, 0.0);
-            self.blocks[b] = Some(v.into_boxed_slice());
-        }
-        Ok(())
-    }
-
-    fn offset(&self, layer: usize, v: usize, slot: usize) -> usize {
-        ((layer * 2 + v) * BLOCK_POSITIONS + slot) * self.kv_dim
-    }
-
-    /// The K (v = 0) or V (v = 1) rows of `layer` for all slots of block `b`.
-    fn page(&self, b: BlockId, layer: usize, v: usize) -> &[f32] {
-        let o = self.offset(layer, v, 0);
-        &self.blocks[b as usize].as_ref().expect("block storage ensured before use")
-            [o..o + BLOCK_POSITIONS * self.kv_dim]
-    }
-
-    fn row_mut(&mut self, b: BlockId, layer: usize, v: usize, slot: usize) -> &mut [f32] {
-        let o = self.offset(layer, v, slot);
-        let kv_dim = self.kv_dim;
-        &mut self.blocks[b as usize].as_mut().expect("block storage ensured before use")[o..o + kv_dim]
-    }
-}
 
 /// The CPU backend of one model.
 pub struct CpuBackend {
@@ -91,7 +45,7 @@ impl CpuBackend {
     /// `progress` gets the fraction of the repacking done.
     pub fn new(cfg: Config, w: Arc<Weights>, threads: usize, progress: &mut dyn FnMut(f32)) -> Result<CpuBackend> {
         let inv_freq = cfg.rope_inv_freq(w.rope_freqs.as_deref());
-        let kv = KvStore { blocks: Vec::new(), n_layers: cfg.n_layers, kv_dim: cfg.kv_dim() };
+        let kv = KvStore::new(cfg.n_layers, cfg.kv_dim());
         let threads = threads.max(1);
         let mut packed = HashMap::new();
         let isa = isa::isa();
@@ -141,12 +95,7 @@ impl CpuBackend {
 impl Backend for CpuBackend {
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
         for c in copies {
-            self.kv.ensure(c.dst)?;
-            let src = self.kv.blocks[c.src as usize].clone();
-            match (src, self.kv.blocks[c.dst as usize].as_mut()) {
-                (Some(s), Some(d)) => d.copy_from_slice(&s),
-                _ => return Err(Error::internal(format!("KV copy from block {} that has no storage", c.src))),
-            }
+            self.kv.copy(c.src, c.dst)?;
         }
         Ok(())
     }

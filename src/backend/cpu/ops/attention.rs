@@ -7,11 +7,12 @@
 //! store is fused with RoPE there: `kernels/rope.cu`).
 //!
 //! Depends on `isa` / `simd` (the f32 dot of the scores), `pool` (the work split),
-//! `elementwise` (`axpy`) and the backend's `KvStore`.
+//! `elementwise` (`axpy`) and `kv` (the backend's `KvStore`).
 
 use super::elementwise::axpy;
+use crate::backend::cpu::kv::KvStore;
 use crate::backend::cpu::pool::{par_units, Pool};
-use crate::backend::cpu::{isa, simd, KvStore};
+use crate::backend::cpu::{isa, simd};
 use crate::backend::Seq;
 use crate::kv::BLOCK_POSITIONS;
 
@@ -26,7 +27,7 @@ pub(crate) struct Tok {
 /// Stores row `t` of `k` and `v` (`kv_dim` values each) at token `t`'s position in
 /// its cache, for layer `layer`.
 pub(crate) fn kv_write(kv: &mut KvStore, seqs: &[Seq<'_>], toks: &[Tok], layer: usize, k: &[f32], v: &[f32]) {
-    let kvd = kv.kv_dim;
+    let kvd = kv.kv_dim();
     for (t, tok) in toks.iter().enumerate() {
         let b = seqs[tok.seq].blocks[tok.pos / BLOCK_POSITIONS];
         let slot = tok.pos % BLOCK_POSITIONS;
@@ -112,7 +113,7 @@ mod tests {
     fn attention_matches_f64_softmax() {
         let heads = Heads { n_heads: 4, n_kv_heads: 2, head_dim: 8 };
         let (qd, kvd, hd) = (32, 16, 8);
-        let mut kv = KvStore { blocks: Vec::new(), n_layers: 2, kv_dim: kvd };
+        let mut kv = KvStore::new(2, kvd);
         let (b0, b1): (Vec<u32>, Vec<u32>) = (vec![5, 2, 7], vec![0, 3]);
         for &b in b0.iter().chain(&b1) {
             kv.ensure(b).unwrap();
