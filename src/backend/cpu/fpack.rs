@@ -14,9 +14,9 @@
 //! column `k` in turn, the 32 rows' f16 values of that column (64 bytes, one
 //! cache line). Groups are `cols * 64` bytes, 64-byte aligned.
 
-use super::simd::Isa;
-use crate::quant::{f16_bits_to_f32, DType};
 use super::groups::Groups;
+use super::isa::Isa;
+use crate::quant::{f16_bits_to_f32, DType};
 use crate::Result;
 
 /// Rows per packed group (two 512-bit vectors of f32 lanes).
@@ -106,7 +106,7 @@ fn gemm_portable(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]
 #[allow(clippy::needless_range_loop)]
 mod x86 {
     use super::{Packed, GROUP};
-    use crate::backend::cpu::simd::token_chunk;
+    use crate::backend::cpu::isa::token_chunk;
     use std::arch::x86_64::*;
 
     /// One group (32 rows at `g`) x C activation rows (`x`, stride `cols`).
@@ -122,7 +122,8 @@ mod x86 {
         valid: usize,
     ) {
         let mut acc = [[[_mm512_setzero_ps(); C]; 2]; NG];
-        // SAFETY (whole body): the group holds `cols` lines of 64 bytes; C rows of
+        // SAFETY: (whole body) the CPU has this function's target features (it is reached only
+        // through the kernel set `isa()` detected); the group holds `cols` lines of 64 bytes; C rows of
         // `cols` f32 at `x`; outputs for `valid` rows x C tokens at `out` (the
         // driver checks); prefetches never fault.
         unsafe {
@@ -159,9 +160,17 @@ mod x86 {
     /// One activation row against G groups side by side (decode).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-    unsafe fn gemv<const G: usize>(g: *const u8, gstride: usize, cols: usize, x: *const f32, out: *mut f32, valid: usize) {
+    unsafe fn gemv<const G: usize>(
+        g: *const u8,
+        gstride: usize,
+        cols: usize,
+        x: *const f32,
+        out: *mut f32,
+        valid: usize,
+    ) {
         let mut acc = [[_mm512_setzero_ps(); 2]; G];
-        // SAFETY (whole body): G groups of `cols` lines at `g + j * gstride`, one
+        // SAFETY: (whole body) the CPU has this function's target features (it is reached only
+        // through the kernel set `isa()` detected); G groups of `cols` lines at `g + j * gstride`, one
         // row of `cols` f32 at `x`; `32 (G - 1) + valid` outputs at `out`.
         unsafe {
             for k in 0..cols {
@@ -227,7 +236,8 @@ mod x86 {
         let gs = cols * 64;
         let base = p.groups.bytes().as_ptr();
         let o = out.as_mut_ptr();
-        // SAFETY (whole body): groups from `r0 / 32` up to row `r0 + nrows` are in
+        // SAFETY: (whole body) the CPU has this function's target features (it is reached only
+        // through the kernel set `isa()` detected); groups from `r0 / 32` up to row `r0 + nrows` are in
         // `p`, token rows `c..c + ct <= t` in `x`, outputs `i * t + c` for
         // `i < nrows` in `out` (the safe wrapper checked the lengths).
         unsafe {
@@ -280,18 +290,21 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::simd::available;
+    use crate::backend::cpu::isa::available;
 
     /// Packed kernels (every kernel set, token tiles 1..12 and more, partial
     /// groups, row ranges inside the matrix, threads) are bit-identical to the
     /// sequential reference over the stored rows.
     #[test]
     fn packed_f16_kernels_match_the_sequential_reference() {
-        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        let mut rnd = |n: usize| crate::backend::cpu::test_rng_vec(&mut seed, n);
-        for &(rows, cols, t) in &[(32usize, 64usize, 1usize), (200, 48, 1), (131, 37, 1), (45, 100, 13), (64, 16, 25), (7, 5, 3)] {
+        let mut rng = crate::util::XorShift::new(0x9E37_79B9_7F4A_7C15);
+        let mut rnd = |n: usize| rng.vec(n, -1.0, 1.0);
+        for &(rows, cols, t) in
+            &[(32usize, 64usize, 1usize), (200, 48, 1), (131, 37, 1), (45, 100, 13), (64, 16, 25), (7, 5, 3)]
+        {
             let x = rnd(t * cols);
-            let w: Vec<u8> = rnd(rows * cols).iter().flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes()).collect();
+            let w: Vec<u8> =
+                rnd(rows * cols).iter().flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes()).collect();
             let p = Packed::new(&w, rows, cols, "test", 1 + rows % 3).unwrap();
             for isa in available() {
                 for r0 in (0..rows).step_by(GROUP) {
@@ -301,8 +314,13 @@ mod tests {
                     for i in 0..n {
                         for c in 0..t {
                             let r = r0 + i;
-                            let want = dot_sequential_ref(&w[r * cols * 2..(r + 1) * cols * 2], &x[c * cols..(c + 1) * cols]);
-                            assert_eq!(got[i * t + c].to_bits(), want.to_bits(), "{isa:?} rows={rows} cols={cols} t={t} r={r} c={c}");
+                            let want =
+                                dot_sequential_ref(&w[r * cols * 2..(r + 1) * cols * 2], &x[c * cols..(c + 1) * cols]);
+                            assert_eq!(
+                                got[i * t + c].to_bits(),
+                                want.to_bits(),
+                                "{isa:?} rows={rows} cols={cols} t={t} r={r} c={c}"
+                            );
                         }
                     }
                 }

@@ -33,14 +33,26 @@ impl HostBuf {
     /// Maps `len` zeroed bytes; `None` when the system refuses the memory.
     pub fn zeroed(len: usize) -> Option<HostBuf> {
         if len == 0 {
-            return Some(HostBuf { map: std::ptr::null_mut(), map_len: 0, ptr: std::ptr::without_provenance_mut(64), len: 0 });
+            return Some(HostBuf {
+                map: std::ptr::null_mut(),
+                map_len: 0,
+                ptr: std::ptr::without_provenance_mut(64),
+                len: 0,
+            });
         }
         // One extra huge page of address space (never touched, so never backed)
         // to align the start.
         let map_len = len.checked_add(HUGE)?;
         // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
         let map = unsafe {
-            libc::mmap(std::ptr::null_mut(), map_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
         };
         if map == libc::MAP_FAILED {
             return None;
@@ -80,7 +92,7 @@ impl Drop for HostBuf {
 }
 
 /// `groups` groups of `group_bytes` bytes each (a multiple of 64), back to back.
-pub struct Groups {
+pub(crate) struct Groups {
     buf: HostBuf,
     group_bytes: usize,
 }
@@ -89,7 +101,7 @@ impl Groups {
     /// Allocates zeroed groups and fills group `g` with `fill(g, its bytes)`, on up
     /// to `threads` threads. `what()` describes the tensor for the error when the
     /// memory cannot be had.
-    pub fn build(
+    pub(crate) fn build(
         groups: usize,
         group_bytes: usize,
         threads: usize,
@@ -125,12 +137,12 @@ impl Groups {
     }
 
     /// Bytes from one group to the next.
-    pub fn group_bytes(&self) -> usize {
+    pub(crate) fn group_bytes(&self) -> usize {
         self.group_bytes
     }
 
     /// The whole buffer.
-    pub fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         self.buf.bytes()
     }
 }

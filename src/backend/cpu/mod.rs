@@ -2,68 +2,27 @@
 //! weights, worker threads per `options.threads`.
 
 mod forward;
-pub mod ops;
-pub mod pool;
-pub mod fpack;
+pub(crate) mod fpack;
+mod isa;
+mod kv;
+// `pub` for the bench binary's bandwidth probe (`groups::HostBuf`).
 pub mod groups;
-pub mod qpack;
+pub(crate) mod ops;
+pub(crate) mod pool;
+pub(crate) mod qpack;
+// `pub` for the bench binary (`simd::isa()`, the kernel set's name).
 pub mod simd;
 
 use super::{Backend, Seq, Want};
-use crate::kv::{BlockCopy, BlockId, BLOCK_POSITIONS};
+use crate::kv::{BlockCopy, BLOCK_POSITIONS};
 use crate::model::weights::Weights;
-use crate::quant::DType;
-use std::collections::HashMap;
 use crate::model::Config;
+use crate::quant::DType;
 use crate::{Error, Result};
+use kv::KvStore;
+use ops::matmul::Pack;
+use std::collections::HashMap;
 use std::sync::Arc;
-
-/// KV storage: one f32 buffer per block, laid out `[layer][K|V][slot][kv_dim]`.
-pub struct KvStore {
-    blocks: Vec<Option<Box<[f32]>>>,
-    n_layers: usize,
-    kv_dim: usize,
-}
-
-impl KvStore {
-    fn block_elems(&self) -> usize {
-        self.n_layers * 2 * BLOCK_POSITIONS * self.kv_dim
-    }
-
-    /// Makes sure block `b` has storage (allocated on first use).
-    fn ensure(&mut self, b: BlockId) -> Result<()> {
-        let b = b as usize;
-        if b >= self.blocks.len() {
-            self.blocks.resize_with(b + 1, || None);
-        }
-        if self.blocks[b].is_none() {
-            let n = self.block_elems();
-            let mut v: Vec<f32> = Vec::new();
-            v.try_reserve_exact(n).map_err(|_| {
-                Error::out_of_memory(format!("cannot allocate KV block {b} ({} bytes) in host memory", n * 4))
-            })?;
-            v.resize(n, 0.0);
-            self.blocks[b] = Some(v.into_boxed_slice());
-        }
-        Ok(())
-    }
-
-    fn offset(&self, layer: usize, v: usize, slot: usize) -> usize {
-        ((layer * 2 + v) * BLOCK_POSITIONS + slot) * self.kv_dim
-    }
-
-    /// The K (v = 0) or V (v = 1) rows of `layer` for all slots of block `b`.
-    fn page(&self, b: BlockId, layer: usize, v: usize) -> &[f32] {
-        let o = self.offset(layer, v, 0);
-        &self.blocks[b as usize].as_ref().expect("block storage ensured before use")[o..o + BLOCK_POSITIONS * self.kv_dim]
-    }
-
-    fn row_mut(&mut self, b: BlockId, layer: usize, v: usize, slot: usize) -> &mut [f32] {
-        let o = self.offset(layer, v, slot);
-        let kv_dim = self.kv_dim;
-        &mut self.blocks[b as usize].as_mut().expect("block storage ensured before use")[o..o + kv_dim]
-    }
-}
 
 /// The CPU backend of one model.
 pub struct CpuBackend {
@@ -77,7 +36,7 @@ pub struct CpuBackend {
     inv_freq: Vec<f64>,
     /// Q8_0 / Q4_0 matrices repacked for the block-order kernels, keyed by
     /// (file, offset) (empty where the kernel set reads rows as stored).
-    packed: HashMap<(usize, usize), ops::Pack>,
+    packed: HashMap<(usize, usize), Pack>,
 }
 
 impl CpuBackend {
@@ -86,10 +45,10 @@ impl CpuBackend {
     /// `progress` gets the fraction of the repacking done.
     pub fn new(cfg: Config, w: Arc<Weights>, threads: usize, progress: &mut dyn FnMut(f32)) -> Result<CpuBackend> {
         let inv_freq = cfg.rope_inv_freq(w.rope_freqs.as_deref());
-        let kv = KvStore { blocks: Vec::new(), n_layers: cfg.n_layers, kv_dim: cfg.kv_dim() };
+        let kv = KvStore::new(cfg.n_layers, cfg.kv_dim());
         let threads = threads.max(1);
         let mut packed = HashMap::new();
-        let isa = simd::isa();
+        let isa = isa::isa();
         let wants = |dt: DType| {
             (qpack::block_order(isa) && matches!(dt, DType::Q8_0 | DType::Q4_0)) || fpack::sequential_order(isa, dt)
         };
@@ -106,9 +65,17 @@ impl CpuBackend {
             for m in mats {
                 if let std::collections::hash_map::Entry::Vacant(slot) = packed.entry((m.file, m.offset)) {
                     slot.insert(if m.dtype == DType::F16 {
-                        ops::Pack::F(fpack::Packed::new(m.bytes(&w), m.rows, m.cols, &m.name, threads)?)
+                        Pack::F(fpack::Packed::new(m.bytes(&w), m.rows, m.cols, &m.name, threads)?)
                     } else {
-                        ops::Pack::Q(qpack::Packed::new(m.dtype, m.bytes(&w), m.row_bytes, m.rows, m.cols, &m.name, threads)?)
+                        Pack::Q(qpack::Packed::new(
+                            m.dtype,
+                            m.bytes(&w),
+                            m.row_bytes,
+                            m.rows,
+                            m.cols,
+                            &m.name,
+                            threads,
+                        )?)
                     });
                     // The mapped pages of this tensor are not read again (the
                     // embedding table, read row by row, keeps its pages).
@@ -128,12 +95,7 @@ impl CpuBackend {
 impl Backend for CpuBackend {
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
         for c in copies {
-            self.kv.ensure(c.dst)?;
-            let src = self.kv.blocks[c.src as usize].clone();
-            match (src, self.kv.blocks[c.dst as usize].as_mut()) {
-                (Some(s), Some(d)) => d.copy_from_slice(&s),
-                _ => return Err(Error::internal(format!("KV copy from block {} that has no storage", c.src))),
-            }
+            self.kv.copy(c.src, c.dst)?;
         }
         Ok(())
     }
@@ -174,19 +136,6 @@ impl Backend for CpuBackend {
     }
 
     fn device_name(&self) -> String {
-        format!("cpu ({} threads, {})", self.threads, simd::isa().name())
+        format!("cpu ({} threads, {})", self.threads, isa::isa().name())
     }
-}
-
-/// Values in [-1, 1) from an xorshift64 state: the CPU kernels' tests' random rows.
-#[cfg(test)]
-pub(crate) fn test_rng_vec(seed: &mut u64, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            *seed ^= *seed << 13;
-            *seed ^= *seed >> 7;
-            *seed ^= *seed << 17;
-            ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
 }

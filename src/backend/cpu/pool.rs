@@ -2,7 +2,7 @@
 //! run one job at a time together with the calling thread. Between jobs a worker
 //! spins for a short bounded time (a decode step dispatches a few hundred small
 //! jobs back to back) and then parks on a condition variable, so an idle model
-//! costs no CPU.
+//! costs no CPU. [`par_units`] splits an op's output between the pool's threads.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -165,8 +165,65 @@ impl Drop for Pool {
     }
 }
 
+/// Work below this many multiply-adds runs on the calling thread.
+const PAR_THRESHOLD: usize = 1 << 15;
+
+/// Splits `data` (made of `units` units of `unit_len` items, the last one
+/// possibly partial) into chunks of whole units (a multiple of `align` units)
+/// that the pool's threads take in turn, and runs `f(first_unit, chunk)` on each. Which thread computes a unit
+/// never changes how it is computed, so results do not depend on the thread count.
+pub(crate) fn par_units<T: Send>(
+    pool: &Pool,
+    data: &mut [T],
+    unit_len: usize,
+    work_per_unit: usize,
+    align: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    let units = data.len().checked_div(unit_len).unwrap_or(0);
+    let threads = pool.threads();
+    if threads == 1 || units < 2 || units.saturating_mul(work_per_unit) < PAR_THRESHOLD {
+        f(0, data);
+        return;
+    }
+    // Guided self-scheduling: each take is 1/threads of what is left (whole
+    // `align` units, at least one): long runs first (decode streams each chunk
+    // of weights from memory, and restarts cost), then shrinking chunks, so the
+    // threads finish close together even on a shared, noisy machine. (Measured
+    // on TinyLlama Q4_0 decode, 2 threads: 1/threads 98.8 t/s, 1/(2 threads)
+    // 92.8, 1/(4 threads) 91.4, same minute.)
+    let align = align.max(1);
+    let next = AtomicUsize::new(0);
+    let base = SendPtr(data.as_mut_ptr());
+    let total = data.len();
+    pool.run(&|_| loop {
+        let mut u0 = next.load(Ordering::Relaxed);
+        let take = loop {
+            if u0 >= units {
+                return;
+            }
+            let left = units - u0;
+            let take = (left / threads).div_ceil(align).max(1).saturating_mul(align).min(left);
+            match next.compare_exchange_weak(u0, u0 + take, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => break take,
+                Err(now) => u0 = now,
+            }
+        };
+        let lo = u0 * unit_len;
+        // The last chunk also takes a partial unit at the end, if any.
+        let hi = if u0 + take == units { total } else { (u0 + take) * unit_len };
+        let p = base;
+        // SAFETY: each range `u0..u0 + take` is handed out once (the atomic
+        // compare-exchange), the ranges are disjoint and inside `data`, and `data`
+        // stays exclusively borrowed until `pool.run` returns after every part has
+        // finished.
+        let part = unsafe { std::slice::from_raw_parts_mut(p.0.add(lo), hi - lo) };
+        f(u0, part);
+    });
+}
+
 /// A raw pointer that may cross threads (the pool's parts write disjoint ranges).
-pub(crate) struct SendPtr<T>(pub *mut T);
+struct SendPtr<T>(*mut T);
 impl<T> Clone for SendPtr<T> {
     fn clone(&self) -> Self {
         *self
@@ -207,5 +264,39 @@ mod tests {
         let r = catch_unwind(AssertUnwindSafe(|| p.run(&|i| assert!(i != 1, "boom"))));
         assert!(r.is_err());
         p.run(&|_| {});
+    }
+
+    /// Every item is visited once, with the unit index of its chunk, whatever
+    /// the thread count, including a partial last unit.
+    #[test]
+    fn par_units_covers_every_item_once() {
+        for threads in 1..=3 {
+            let pool = Pool::new(threads);
+            for (len, unit, align) in [(1000usize, 256usize, 1usize), (4096, 1, 64), (5632, 256, 1), (77, 8, 2)] {
+                let mut data = vec![0usize; len];
+                par_units(&pool, &mut data, unit, PAR_THRESHOLD, align, |u0, part| {
+                    for (i, v) in part.iter_mut().enumerate() {
+                        *v += u0 * unit + i + 1;
+                    }
+                });
+                assert!(data.iter().enumerate().all(|(i, &v)| v == i + 1), "threads {threads} len {len} unit {unit}");
+            }
+        }
+    }
+
+    #[test]
+    fn par_units_covers_every_unit_once() {
+        let mut v = vec![0u32; 1000 * 7];
+        let pool = Pool::new(3);
+        par_units(&pool, &mut v, 7, 1 << 20, 4, |u0, part| {
+            for (i, c) in part.chunks_exact_mut(7).enumerate() {
+                for x in c {
+                    *x += (u0 + i) as u32 + 1;
+                }
+            }
+        });
+        for (u, c) in v.chunks_exact(7).enumerate() {
+            assert!(c.iter().all(|&x| x == u as u32 + 1));
+        }
     }
 }

@@ -26,9 +26,9 @@
 //! per stream with the scales after the values reached about 84% of the read
 //! bandwidth here, this layout about 100%).
 
-use super::simd::{Isa, QAct};
-use crate::quant::{f16_bits_to_f32, DType, QK};
 use super::groups::Groups;
+use super::isa::{Isa, QAct};
+use crate::quant::{f16_bits_to_f32, DType, QK};
 use crate::Result;
 
 /// Rows per packed group (one 512-bit vector of i32 lanes).
@@ -122,7 +122,9 @@ pub fn dot_block_order_ref(dt: DType, row: &[u8], xq: &[i8], xd: &[f32]) -> f32 
         let xb = &xq[b * QK..(b + 1) * QK];
         let isum: i32 = if dt == DType::Q4_0 {
             (0..QK / 2)
-                .map(|j| ((blk[2 + j] & 0x0F) as i32 - 8) * xb[j] as i32 + ((blk[2 + j] >> 4) as i32 - 8) * xb[j + 16] as i32)
+                .map(|j| {
+                    ((blk[2 + j] & 0x0F) as i32 - 8) * xb[j] as i32 + ((blk[2 + j] >> 4) as i32 - 8) * xb[j + 16] as i32
+                })
                 .sum()
         } else {
             (0..QK).map(|j| blk[2 + j] as i8 as i32 * xb[j] as i32).sum()
@@ -192,7 +194,7 @@ fn gemm_portable(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32])
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 mod x86 {
     use super::{block_stride, vals_per_block, Packed, ALIGN, GROUP, SUPER};
-    use crate::backend::cpu::simd::{dpbusd512 as dpbusd, token_chunk, QAct};
+    use crate::backend::cpu::isa::{dpbusd512 as dpbusd, token_chunk, QAct};
     use crate::quant::{DType, QK};
     use std::arch::x86_64::*;
 
@@ -224,7 +226,8 @@ mod x86 {
         let corr = if Q4 { -8 } else { -128 };
         let m4 = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); C];
-        // SAFETY (whole body): the group's `nb` blocks of values and scales lie
+        // SAFETY: (whole body) the CPU has this function's target features (it is reached only
+        // through the kernel set `isa()` detected); the group's `nb` blocks of values and scales lie
         // at `v + b * bs` and `s + b * bs`; activation rows `c0..c0 + C` exist in
         // `a` (the driver checks); prefetches may point past the end and never fault.
         unsafe {
@@ -281,7 +284,8 @@ mod x86 {
         let m4 = _mm512_set1_epi8(0x0F);
         let mf0 = _mm512_set1_epi8(0xF0u8 as i8);
         let mut acc = [_mm512_setzero_ps(); SUPER];
-        // SAFETY (whole body): the super-group's `nb` blocks of `bs` bytes at
+        // SAFETY: (whole body) the CPU has this function's target features (it is reached only
+        // through the kernel set `isa()` detected); the super-group's `nb` blocks of `bs` bytes at
         // `sg`, one activation row in `a`; `valid` (<= 64) floats at `out` (the
         // driver checks); prefetches never fault.
         unsafe {
@@ -365,7 +369,8 @@ mod x86 {
         let tc = (token_chunk(t, a.cols) / MAXC * MAXC).max(MAXC);
         let base = p.groups.bytes().as_ptr();
         let o = out.as_mut_ptr();
-        // SAFETY (whole loop nest): super-groups `r0 / 64 ..` up to row `r0 +
+        // SAFETY: (whole loop nest) the CPU has this function's target features (it is reached only
+        // through the kernel set `isa()` detected); super-groups `r0 / 64 ..` up to row `r0 +
         // nrows` are inside `p`, activation rows `c..c + ct <= t` inside `a`, and
         // the outputs `i * t + c` for `i < nrows` inside `out` (the safe wrapper
         // checked).
@@ -408,25 +413,33 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::simd::available;
+    use crate::backend::cpu::isa::available;
     use crate::quant::quantize_row;
-
-    use crate::backend::cpu::test_rng_vec as rng_vec;
 
     /// Packed kernels (every kernel set, every token-tile width, partial groups,
     /// row ranges starting inside the matrix) are bit-identical to the block-order
     /// reference over the stored rows.
     #[test]
     fn packed_kernels_match_the_block_order_reference() {
-        let mut seed = 0x1234_5678_9ABC_DEF0u64;
-        for &(rows, cols, t) in &[(16usize, 64usize, 1usize), (100, 96, 1), (64, 64, 1), (35, 96, 9), (48, 256, 17), (5, 32, 3), (33, 160, 8), (200, 64, 1), (130, 96, 5)] {
-            let x = rng_vec(&mut seed, t * cols);
+        let mut rng = crate::util::XorShift::new(0x1234_5678_9ABC_DEF0);
+        for &(rows, cols, t) in &[
+            (16usize, 64usize, 1usize),
+            (100, 96, 1),
+            (64, 64, 1),
+            (35, 96, 9),
+            (48, 256, 17),
+            (5, 32, 3),
+            (33, 160, 8),
+            (200, 64, 1),
+            (130, 96, 5),
+        ] {
+            let x = rng.vec(t * cols, -1.0, 1.0);
             let a = QAct::quantize(&x, cols);
             for dt in [DType::Q8_0, DType::Q4_0] {
                 let rb = dt.row_bytes(cols).unwrap();
                 let mut w = vec![0u8; rows * rb];
                 for r in 0..rows {
-                    quantize_row(dt, &rng_vec(&mut seed, cols), &mut w[r * rb..(r + 1) * rb]);
+                    quantize_row(dt, &rng.vec(cols, -1.0, 1.0), &mut w[r * rb..(r + 1) * rb]);
                 }
                 let p = Packed::new(dt, &w, rb, rows, cols, "test", 1 + rows % 3).unwrap();
                 let nb = cols / QK;
@@ -457,4 +470,3 @@ mod tests {
         }
     }
 }
-

@@ -1,0 +1,345 @@
+//! The leaf of the CPU backend: which kernel set this CPU runs ([`Isa`], detected
+//! once per process), the fixed lane reductions every kernel ends with, the
+//! activation quantization the quantized kernels read ([`QAct`]), and the small
+//! x86 helpers (the `dpbusd` integer dot steps, [`token_chunk`]) that the lane-order
+//! kernels (`simd`) and the packed kernels (`qpack`, `fpack`) share.
+//!
+//! Dependency order of the CPU kernels (no cycles): `isa` (this file; imports only
+//! `crate::quant`) <- `qpack`, `fpack` (packed layouts and their orders) <- `simd`
+//! (the lane orders over rows as stored, which on AVX-512 VNNI fall back to the
+//! block and sequential references of `qpack`/`fpack`) <- `ops::matmul`.
+
+use crate::quant::QK;
+use std::sync::OnceLock;
+
+/// Which kernel set runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// Portable Rust (any CPU).
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 (F, VL, BW) with VNNI, plus AVX2 + FMA + F16C: 512-bit kernels
+    /// with the 16-lane orders (see the module docs).
+    Avx512Vnni,
+    /// aarch64 NEON (quantized kernels; float ones use the reference, which
+    /// compiles to fused multiply-adds there).
+    Neon,
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2+fma+f16c",
+            Isa::Avx512Vnni => "avx512f/vl/bw+vnni (512-bit), avx2+fma+f16c",
+            Isa::Neon => "neon",
+        }
+    }
+}
+
+/// The kernels this CPU runs (detected once). `LLMRT_CPU_KERNELS=scalar|avx2`
+/// forces a lower set (for tests and comparisons).
+pub fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let forced = std::env::var("LLMRT_CPU_KERNELS").ok();
+        let best = detect();
+        match forced.as_deref() {
+            Some("scalar") => Isa::Scalar,
+            Some("avx2") if best == Isa::Avx512Vnni => Isa::Avx2,
+            _ => best,
+        }
+    })
+}
+
+/// The best kernel set the CPU supports.
+pub fn detect() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vnni")
+            {
+                return Isa::Avx512Vnni;
+            }
+            return Isa::Avx2;
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return Isa::Neon;
+        }
+    }
+    Isa::Scalar
+}
+
+/// Every kernel set this CPU can run (for the tests).
+#[cfg(test)]
+pub fn available() -> Vec<Isa> {
+    let mut v = vec![Isa::Scalar];
+    match detect() {
+        Isa::Avx512Vnni => v.extend([Isa::Avx2, Isa::Avx512Vnni]),
+        Isa::Scalar => {}
+        other => v.push(other),
+    }
+    v
+}
+
+/// The fixed 8-lane reduction: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
+#[inline(always)]
+pub fn reduce8(a: [f32; 8]) -> f32 {
+    let b = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+    (b[0] + b[2]) + (b[1] + b[3])
+}
+
+/// The fixed 16-lane reduction of the wide orders.
+#[inline(always)]
+pub fn reduce16(a: [f32; 16]) -> f32 {
+    let mut b = [0f32; 8];
+    for l in 0..8 {
+        b[l] = a[l] + a[l + 8];
+    }
+    reduce8(b)
+}
+
+/// Whether `isa` computes the 16-lane ("wide") orders.
+#[cfg(test)]
+pub fn wide(isa: Isa) -> bool {
+    isa == Isa::Avx512Vnni
+}
+
+/// Activations quantized to 8-bit blocks of 32 (symmetric, scale `amax / 127`
+/// kept in f32), `t` rows of `cols`.
+#[derive(Default)]
+pub struct QAct {
+    pub qs: Vec<i8>,
+    pub d: Vec<f32>,
+    /// Sum of each block's 32 quantized values (for the unsigned-operand
+    /// corrections of the packed kernels).
+    pub sums: Vec<i32>,
+    pub cols: usize,
+    pub t: usize,
+}
+
+impl QAct {
+    /// Quantizes `x` (rows of `cols`, `cols` a multiple of 32).
+    pub fn quantize(x: &[f32], cols: usize) -> QAct {
+        assert!(
+            cols.is_multiple_of(QK) && x.len().is_multiple_of(cols),
+            "activation rows of {cols} cannot be quantized"
+        );
+        let t = x.len() / cols;
+        let mut qs = vec![0i8; x.len()];
+        let mut d = vec![0f32; x.len() / QK];
+        let mut sums = vec![0i32; x.len() / QK];
+        match isa() {
+            // SAFETY: `Avx512Vnni` is only chosen on CPUs with AVX-512 F/BW/VL.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => unsafe { quantize_avx512(x, &mut qs, &mut d, &mut sums) },
+            _ => quantize_blocks(x, &mut qs, &mut d, &mut sums),
+        }
+        QAct { qs, d, sums, cols, t }
+    }
+}
+
+/// The quantization of [`QAct::quantize`], block by block (exact element-wise
+/// operations and an exact maximum: the same bytes whatever the vector width).
+#[inline(always)]
+fn quantize_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i32]) {
+    for (((xb, qb), db), sb) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(d.iter_mut()).zip(sums.iter_mut()) {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = amax / 127.0;
+        let id = if s != 0.0 { 127.0 / amax } else { 0.0 };
+        for (q, &v) in qb.iter_mut().zip(xb) {
+            *q = round_to_i8(v * id);
+        }
+        *db = s;
+        *sb = qb.iter().map(|&q| q as i32).sum();
+    }
+}
+
+/// [`quantize_blocks`] with AVX-512 intrinsics, byte for byte the same (the
+/// maximum ignores NaN as `f32::max` does; rounding as [`round_to_i8`]: clamp,
+/// truncate, adjust by the exact remainder, NaN to 0, saturate to i8).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn quantize_avx512(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i32]) {
+    use std::arch::x86_64::*;
+    let nb = x.len() / QK;
+    assert!(qs.len() >= nb * QK && d.len() >= nb && sums.len() >= nb);
+    let one = _mm512_set1_epi32(1);
+    // SAFETY: (whole loop) the CPU has this function's target features (it is reached only
+    // through the kernel set `isa()` detected); block `b` reads x[32b..32b + 32] and writes
+    // qs[32b..32b + 32], d[b], sums[b], all in bounds (asserted above).
+    unsafe {
+        for b in 0..nb {
+            let p = x.as_ptr().add(b * QK);
+            let xv = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))];
+            // MAXPS returns its second operand when either is NaN: the running
+            // maximum (never NaN) goes second, so NaNs are skipped like f32::max.
+            let m = _mm512_max_ps(_mm512_abs_ps(xv[1]), _mm512_max_ps(_mm512_abs_ps(xv[0]), _mm512_setzero_ps()));
+            let amax = _mm512_reduce_max_ps(m);
+            let s = amax / 127.0;
+            let id = if s != 0.0 { 127.0 / amax } else { 0.0 };
+            *d.get_unchecked_mut(b) = s;
+            let mut isum = _mm512_setzero_si512();
+            for (h, &xh) in xv.iter().enumerate() {
+                let v = _mm512_mul_ps(xh, _mm512_set1_ps(id));
+                let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+                let v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-128.0)), _mm512_set1_ps(128.0));
+                let i = _mm512_cvttps_epi32(v);
+                let f = _mm512_sub_ps(v, _mm512_cvtepi32_ps(i));
+                let i = _mm512_mask_add_epi32(i, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(f, _mm512_set1_ps(0.5)), i, one);
+                let i = _mm512_mask_sub_epi32(i, _mm512_cmp_ps_mask::<_CMP_LE_OQ>(f, _mm512_set1_ps(-0.5)), i, one);
+                let i = _mm512_min_epi32(_mm512_maskz_mov_epi32(!nan, i), _mm512_set1_epi32(127));
+                _mm_storeu_si128(qs.as_mut_ptr().add(b * QK + 16 * h) as *mut __m128i, _mm512_cvtepi32_epi8(i));
+                isum = _mm512_add_epi32(isum, i);
+            }
+            *sums.get_unchecked_mut(b) = _mm512_reduce_add_epi32(isum);
+        }
+    }
+}
+
+/// `v.round() as i8` (halves away from zero; saturating; NaN -> 0) without a
+/// libm call, so the quantization loop vectorizes: after clamping to
+/// [-128, 128] the truncation and the remainder `v - trunc(v)` are exact.
+#[inline(always)]
+pub fn round_to_i8(v: f32) -> i8 {
+    let v = v.clamp(-128.0, 128.0);
+    let i = v as i32; // NaN -> 0
+    let f = v - i as f32;
+    (i + (f >= 0.5) as i32 - (f <= -0.5) as i32).clamp(-128, 127) as i8
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+/// Token rows processed per pass over a weight tile, sized so that the
+/// activations stay in the L2 cache while the weights stream once.
+pub(crate) fn token_chunk(t: usize, act_row_bytes: usize) -> usize {
+    let fit = (512 * 1024 / act_row_bytes.max(1)).max(4) / 4 * 4;
+    fit.min(t).max(1)
+}
+
+/// `acc + sum over groups of 4 of u8(a) * i8(b)` with AVX2 (VPMADDUBSW, which
+/// saturates at i16: callers keep |u8 * i8| pairs within range).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn dpbusd_avx2(
+    acc: std::arch::x86_64::__m256i,
+    a: std::arch::x86_64::__m256i,
+    b: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let p = _mm256_maddubs_epi16(a, b);
+    _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+}
+
+#[cfg(target_arch = "x86_64")]
+/// `acc + sum over groups of 4 of u8(a) * i8(b)` (VPDPBUSD on zmm; exact).
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+pub(crate) unsafe fn dpbusd512(
+    acc: std::arch::x86_64::__m512i,
+    a: std::arch::x86_64::__m512i,
+    b: std::arch::x86_64::__m512i,
+) -> std::arch::x86_64::__m512i {
+    let mut r = acc;
+    // SAFETY: VPDPBUSD needs AVX-512 F + VNNI, this function's target features
+    // (its callers, `qpack`'s kernels, run only when `isa()` detected them); it
+    // only reads and writes the named registers.
+    unsafe {
+        std::arch::asm!(
+            "vpdpbusd {r}, {a}, {b}",
+            r = inout(zmm_reg) r,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_to_i8_is_round_then_saturating_cast() {
+        let mut vals =
+            vec![0.5f32, -0.5, 1.5, -1.5, 2.5, 126.5, 127.5, -127.5, -128.5, 127.49999, 0.49999997, -0.49999997];
+        vals.extend([
+            0.0,
+            -0.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e30,
+            -1e30,
+            128.0,
+            -129.0,
+            f32::MIN_POSITIVE,
+        ]);
+        let mut rng = crate::util::XorShift::new(0x1234_5678);
+        for _ in 0..100_000 {
+            let x = rng.next_u64() as u32;
+            vals.push(f32::from_bits(x) % 300.0);
+            vals.push((x as f32 / u32::MAX as f32) * 260.0 - 130.0);
+        }
+        for v in vals {
+            assert_eq!(round_to_i8(v), v.round() as i8, "{v:e}");
+        }
+    }
+
+    /// Every quantization path gives the same bytes as the portable one, on
+    /// random rows and on the edge cases: exact halves, NaN, infinities, zeros,
+    /// subnormal blocks, a block of one sign.
+    #[test]
+    fn quantize_paths_agree() {
+        let mut x = crate::util::XorShift::new(0x2545_F491_4F6C_DD1D).vec(QK * 64, -4.0, 4.0);
+        // Block 1: values landing exactly on halves (amax 127 -> id 1).
+        for (j, v) in x[QK..2 * QK].iter_mut().enumerate() {
+            *v = if j == 0 { 127.0 } else { j as f32 - 16.5 };
+        }
+        x[2 * QK + 3] = f32::NAN;
+        x[3 * QK + 5] = f32::INFINITY;
+        x[4 * QK + 7] = f32::NEG_INFINITY;
+        x[5 * QK..6 * QK].fill(0.0);
+        for v in x[6 * QK..7 * QK].iter_mut() {
+            *v = 1e-40;
+        }
+        x[7 * QK..8 * QK].fill(f32::NAN);
+        for v in x[8 * QK..9 * QK].iter_mut() {
+            *v = -v.abs();
+        }
+        let n = x.len();
+        let (mut q0, mut d0, mut s0) = (vec![0i8; n], vec![0f32; n / QK], vec![0i32; n / QK]);
+        quantize_blocks(&x, &mut q0, &mut d0, &mut s0);
+        let mut want_q = vec![0i8; n];
+        for (b, (xb, qb)) in x.chunks_exact(QK).zip(want_q.chunks_exact_mut(QK)).enumerate() {
+            let amax = xb.iter().filter(|v| !v.is_nan()).fold(0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+            let id = if amax / 127.0 != 0.0 { 127.0 / amax } else { 0.0 };
+            for (q, &v) in qb.iter_mut().zip(xb) {
+                let r = (v * id).round();
+                *q = if r.is_nan() { 0 } else { r.clamp(-128.0, 127.0) as i8 };
+            }
+            assert_eq!(d0[b].to_bits(), (amax / 127.0).to_bits(), "block {b}");
+        }
+        assert_eq!(q0, want_q);
+        #[cfg(target_arch = "x86_64")]
+        if detect() == Isa::Avx512Vnni {
+            let (mut q1, mut d1, mut s1) = (vec![0i8; n], vec![0f32; n / QK], vec![0i32; n / QK]);
+            // SAFETY: the CPU has AVX-512 F/BW/VL (detected).
+            unsafe { quantize_avx512(&x, &mut q1, &mut d1, &mut s1) };
+            assert_eq!(q1, q0);
+            assert_eq!(
+                d1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                d0.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+            assert_eq!(s1, s0);
+        }
+    }
+}

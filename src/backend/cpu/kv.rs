@@ -1,0 +1,76 @@
+//! The CPU backend's KV storage: one f32 buffer per cache block, allocated on
+//! first use, laid out `[layer][K|V][slot][kv_dim]`.
+//!
+//! Depends on `crate::kv` (block ids, positions per block) only.
+
+use crate::kv::{BlockId, BLOCK_POSITIONS};
+use crate::{Error, Result};
+
+/// KV storage: one f32 buffer per block, laid out `[layer][K|V][slot][kv_dim]`.
+pub(crate) struct KvStore {
+    blocks: Vec<Option<Box<[f32]>>>,
+    n_layers: usize,
+    kv_dim: usize,
+}
+
+impl KvStore {
+    /// Empty storage for `n_layers` layers of K and V rows of `kv_dim` values.
+    pub(crate) fn new(n_layers: usize, kv_dim: usize) -> KvStore {
+        KvStore { blocks: Vec::new(), n_layers, kv_dim }
+    }
+
+    /// Values in one K or V row.
+    pub(crate) fn kv_dim(&self) -> usize {
+        self.kv_dim
+    }
+
+    /// Copies block `src`'s contents into block `dst` (storage for `dst` made if needed).
+    pub(crate) fn copy(&mut self, src: BlockId, dst: BlockId) -> Result<()> {
+        self.ensure(dst)?;
+        let from = self.blocks[src as usize].clone();
+        match (from, self.blocks[dst as usize].as_mut()) {
+            (Some(s), Some(d)) => d.copy_from_slice(&s),
+            _ => return Err(Error::internal(format!("KV copy from block {src} that has no storage"))),
+        }
+        Ok(())
+    }
+
+    fn block_elems(&self) -> usize {
+        self.n_layers * 2 * BLOCK_POSITIONS * self.kv_dim
+    }
+
+    /// Makes sure block `b` has storage (allocated on first use).
+    pub(crate) fn ensure(&mut self, b: BlockId) -> Result<()> {
+        let b = b as usize;
+        if b >= self.blocks.len() {
+            self.blocks.resize_with(b + 1, || None);
+        }
+        if self.blocks[b].is_none() {
+            let n = self.block_elems();
+            let mut v: Vec<f32> = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| {
+                Error::out_of_memory(format!("cannot allocate KV block {b} ({} bytes) in host memory", n * 4))
+            })?;
+            v.resize(n, 0.0);
+            self.blocks[b] = Some(v.into_boxed_slice());
+        }
+        Ok(())
+    }
+
+    fn offset(&self, layer: usize, v: usize, slot: usize) -> usize {
+        ((layer * 2 + v) * BLOCK_POSITIONS + slot) * self.kv_dim
+    }
+
+    /// The K (v = 0) or V (v = 1) rows of `layer` for all slots of block `b`.
+    pub(crate) fn page(&self, b: BlockId, layer: usize, v: usize) -> &[f32] {
+        let o = self.offset(layer, v, 0);
+        &self.blocks[b as usize].as_ref().expect("block storage ensured before use")
+            [o..o + BLOCK_POSITIONS * self.kv_dim]
+    }
+
+    pub(crate) fn row_mut(&mut self, b: BlockId, layer: usize, v: usize, slot: usize) -> &mut [f32] {
+        let o = self.offset(layer, v, slot);
+        let kv_dim = self.kv_dim;
+        &mut self.blocks[b as usize].as_mut().expect("block storage ensured before use")[o..o + kv_dim]
+    }
+}

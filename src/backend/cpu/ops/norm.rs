@@ -1,0 +1,51 @@
+//! RMSNorm: `y = x / sqrt(mean(x^2) + eps) * w` per row (the attention and
+//! feed-forward norms, the final norm) and per head (Q/K norm), the sum of
+//! squares accumulated in f64.
+//!
+//! CUDA twin: `backend/cuda/ops/norm.rs`, `kernels/norm.cu`.
+//!
+//! Depends on nothing else in the backend.
+
+/// `y[t] = x[t] / rms(x[t]) * w` for each row of length `w.len()`.
+pub(crate) fn rmsnorm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    let n = w.len();
+    for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
+        rmsnorm_row(xr, w, eps, yr);
+    }
+}
+
+/// One row of [`rmsnorm`] (also used per head for Q/K norm).
+pub(crate) fn rmsnorm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let scale = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    for ((yo, &xi), &wi) in y.iter_mut().zip(x).zip(w) {
+        *yo = xi * scale * wi;
+    }
+}
+
+/// [`rmsnorm_row`] in place on every head of `x` (heads of `head_dim` values):
+/// the Q/K norm of the architectures that have one.
+pub(crate) fn rmsnorm_heads(x: &mut [f32], head_dim: usize, w: &[f32], eps: f32) {
+    for head in x.chunks_exact_mut(head_dim) {
+        let src = head.to_vec();
+        rmsnorm_row(&src, w, eps, head);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn norm_matches_f64_definition() {
+        let x = [1.0f32, -2.0, 3.0, 0.5];
+        let w = [1.0f32, 2.0, 0.5, 1.5];
+        let mut y = [0f32; 4];
+        rmsnorm(&x, &w, 1e-5, &mut y);
+        let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / 4.0;
+        for i in 0..4 {
+            let want = x[i] as f64 / (ms + 1e-5).sqrt() * w[i] as f64;
+            assert!((y[i] as f64 - want).abs() < 1e-6);
+        }
+    }
+}

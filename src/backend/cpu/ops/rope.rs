@@ -1,0 +1,53 @@
+//! Rotary position embedding: the angle tables of a step's positions
+//! ([`angles`], computed in f64 and rounded once) and the rotation of every head
+//! of Q and K by them ([`rope`]), in the interleaved (pairs `2i, 2i+1`) or neox
+//! (pairs `i, i + d/2`) layout.
+//!
+//! CUDA twin: `backend/cuda/ops/rope.rs`, `kernels/rope.cu` (which also stores K
+//! and V into the cache: on the CPU that is `attention::kv_write`).
+//!
+//! Depends on nothing else in the backend.
+
+/// `cos` / `sin` (`inv_freq.len()` values per position) of the angles
+/// `pos * inv_freq[i]` for each position of `positions`.
+pub(crate) fn angles(positions: impl Iterator<Item = usize>, inv_freq: &[f64], cos: &mut [f32], sin: &mut [f32]) {
+    let half = inv_freq.len();
+    for (t, pos) in positions.enumerate() {
+        for (i, f) in inv_freq.iter().enumerate() {
+            let a = pos as f64 * f;
+            cos[t * half + i] = a.cos() as f32;
+            sin[t * half + i] = a.sin() as f32;
+        }
+    }
+}
+
+/// Rotates every head of one token's `x` (heads of `head_dim`) by `cos`/`sin`
+/// (`head_dim / 2` each). `neox`: pairs (i, i + d/2); else pairs (2i, 2i+1).
+pub(crate) fn rope(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32], neox: bool) {
+    let half = head_dim / 2;
+    for head in x.chunks_exact_mut(head_dim) {
+        for i in 0..half {
+            let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos[i] - x1 * sin[i];
+            head[b] = x0 * sin[i] + x1 * cos[i];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_layouts_rotate_the_right_pairs() {
+        let cos = [0.0f32, 1.0];
+        let sin = [1.0f32, 0.0];
+        let mut a = [1.0f32, 2.0, 3.0, 4.0];
+        rope(&mut a, 4, &cos, &sin, false);
+        assert_eq!(a, [-2.0, 1.0, 3.0, 4.0]);
+        let mut b = [1.0f32, 2.0, 3.0, 4.0];
+        rope(&mut b, 4, &cos, &sin, true);
+        assert_eq!(b, [-3.0, 2.0, 1.0, 4.0]);
+    }
+}
