@@ -1,9 +1,9 @@
 //! Tensor types: the element types a weight can be stored in ([`DType`]), the
-//! table of every ggml type id ([`ggml_type_info`]), row sizes, and the row
+//! table of every ggml type id (`ggml_type_info`), row sizes, and the row
 //! conversions over them: [`dequantize_row`] (stored row to f32) and
 //! [`quantize_row`] (f32 to a stored row, as ggml's reference quantizers do).
 //! Each type family has its own file: `float` (F32, F16, BF16), `q8_0`, `q4_0`.
-//! Adding a type: a variant of [`DType`], its line in [`DType::traits`] (and the
+//! Adding a type: a variant of [`DType`], its line in `DType::traits` (and the
 //! ggml table if new there), a file with its two row functions, and their arms in
 //! [`dequantize_row`] / [`quantize_row`].
 //!

@@ -8,21 +8,21 @@
 //! * float weights (F32, F16 via F16C, BF16) times f32 activations: element `i`
 //!   of the row goes to lane `i % 8` (the `n % 8` tail elements go to lanes
 //!   `0..`), each lane accumulates with a fused multiply-add, and the 8 lanes
-//!   are summed by [`reduce8`].
+//!   are summed by `reduce8`.
 //! * Q8_0 / Q4_0 weights times activations quantized once per step to 8-bit
-//!   blocks of 32 with an f32 scale ([`QAct`]): per block, lane `l` gets the
+//!   blocks of 32 with an f32 scale (`QAct`): per block, lane `l` gets the
 //!   exact integer sum of elements `4l..4l+4`, and
-//!   `acc[l] = fma(d_w * d_x, isum as f32, acc[l])`; then [`reduce8`].
+//!   `acc[l] = fma(d_w * d_x, isum as f32, acc[l])`; then `reduce8`.
 //!
 //! With AVX-512 the same definitions run on 16 lanes ("wide" orders): float
 //! element `i` goes to lane `i % 16`; quantized block `b` fills lanes
 //! `8 * (b % 2) + l`; the 16 lanes are folded `a[l] + a[l + 8]` and then
-//! summed by [`reduce8`]. The kernel set is fixed per CPU, so a given machine
+//! summed by `reduce8`. The kernel set is fixed per CPU, so a given machine
 //! always uses one order.
 //!
 //! On AVX-512 VNNI CPUs the quantized kernels use the block order of
-//! [`super::qpack`] instead (one rounding per 32-element block), and F16 the
-//! sequential order of [`super::fpack`], over weights repacked at load;
+//! `super::qpack` instead (one rounding per 32-element block), and F16 the
+//! sequential order of `super::fpack`, over weights repacked at load;
 //! `gemm_q` / `gemm_f` there take the reference over rows as stored.
 //!
 //! The SIMD versions compute exactly these operations (the integer sums are
