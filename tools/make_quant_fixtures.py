@@ -367,6 +367,9 @@ SPEC = dict(vocab=512, hidden=256, n_head=4, head_dim=64, n_kv=2, ffn=768, n_lay
 MODEL_SEED = SEED + 1000
 PROMPT_SEED = SEED + 7
 N_PROMPT = 24
+LLAMACPP_BUILD_NOTE = ("llama.cpp vendored in llama-cpp-python 0.3.36, CPU, cmake Release GGML_NATIVE=ON with AMX off "
+                       "(-mno-amx-tile -mno-amx-int8 -mno-amx-bf16: ggml's AMX mul_mat dies with SIGILL here), "
+                       "static, 1 thread")
 
 
 def vocab_tokens(n: int):
@@ -544,13 +547,15 @@ def type_histogram(types: dict) -> dict:
     return dict(sorted(h.items()))
 
 
-def make_models(out: Path, work: Path, qbin: Path | None, tools: Path | None) -> dict:
+def make_models(out: Path, work: Path, qbin: Path | None, tools: Path | None, commit_f32: bool = False) -> dict:
     if qbin is None or tools is None:
         raise SystemExit("part models needs --llama-bin and --tools")
     mdir = out / "models"
     mdir.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    src = mdir / "llama-q.F32.gguf"
+    # the F32 source (7.4 MB) stays in the work folder unless --commit-f32: it is regenerated bit for
+    # bit by write_small_llama() (numpy + gguf-py only); its sha256 is in index.json.
+    src = (mdir if commit_f32 else work) / "llama-q.F32.gguf"
     spec = write_small_llama(src)
     prompt = [1] + [int(t) for t in np.random.default_rng(PROMPT_SEED).integers(3, SPEC["vocab"], N_PROMPT - 1)]
     qlog = open(work / "models-llama-quantize.log", "w")
@@ -577,6 +582,7 @@ def make_models(out: Path, work: Path, qbin: Path | None, tools: Path | None) ->
                           "f32 [n_prompt, n_vocab]; rel_l2 = ||llamacpp - ref|| / ||ref|| per row"),
              "llamacpp_f32kv": ("llama.cpp with an f32 KV cache and flash attention off "
                                 "(tools/llamacpp_greedy.cpp), rel L2 per row against ref; not stored"),
+             "llamacpp_build": LLAMACPP_BUILD_NOTE,
              "refused_by_llama_quantize": refused, "files": {}}
     logits_tool, greedy_tool = tools / "llamacpp_logits", tools / "llamacpp_greedy"
     for ft, path in files.items():
@@ -589,7 +595,7 @@ def make_models(out: Path, work: Path, qbin: Path | None, tools: Path | None) ->
         lc32 = np.fromfile(work / f"{path.name}.f32kv.f32", "<f4").reshape(len(prompt), -1)
         errs32 = rel_l2_rows(lc32.astype(np.float64), ref)
         index["files"][ft] = {
-            "file": path.name, "bytes": path.stat().st_size, "sha256": sha256(path),
+            "file": path.name, "committed": path.parent == mdir, "bytes": path.stat().st_size, "sha256": sha256(path),
             "ref": f"{path.name}.ref.f32", "llamacpp": f"{path.name}.llamacpp.f32",
             "tensor_types": types, "type_counts": type_histogram(types),
             "llamacpp_rel_l2": errs, "llamacpp_rel_l2_max": max(errs),
@@ -624,7 +630,7 @@ def make_stories(out: Path, work: Path, qbin: Path | None, tools: Path | None, s
     wdir.mkdir(parents=True, exist_ok=True)
     res = {"generator": "tools/make_quant_fixtures.py --parts stories", "source": "../shared/models/stories260K/"
            "stories260K.gguf (not committed)", "source_sha256": sha256(src), "prompt": STORIES_PROMPT,
-           "n_steps": STORIES_STEPS,
+           "n_steps": STORIES_STEPS, "llamacpp_build": LLAMACPP_BUILD_NOTE,
            "greedy": ("llama.cpp's greedy ids (tools/llamacpp_greedy.cpp, 1 thread), from the prompt, never stopping "
                       "at EOS; margin = top1 - top2 logit at each step. kv 'f32': f32 KV cache, flash attention "
                       "off; kv 'default': llama.cpp's defaults (f16 KV cache, flash attention auto)"),
@@ -675,13 +681,14 @@ def main():
     ap.add_argument("--tools", type=Path, default=None, help="dir with built llamacpp_logits / llamacpp_greedy")
     ap.add_argument("--stories", type=Path, default=Path(__file__).resolve().parents[1] / "../shared/models/stories260K")
     ap.add_argument("--parts", default="dequant,models,stories")
+    ap.add_argument("--commit-f32", action="store_true", help="write the F32 source model into --out too")
     a = ap.parse_args()
     parts = a.parts.split(",")
     qbin = a.llama_bin / "llama-quantize" if a.llama_bin else None
     if "dequant" in parts:
         make_dequant(a.out, a.work, qbin)
     if "models" in parts:
-        make_models(a.out, a.work, qbin, a.tools)
+        make_models(a.out, a.work, qbin, a.tools, a.commit_f32)
     if "stories" in parts:
         make_stories(a.out, a.work, qbin, a.tools, a.stories)
 

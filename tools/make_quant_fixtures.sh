@@ -10,6 +10,8 @@
 #   WORK=DIR            work folder (default /tmp/llmrt-qfix); reused between runs
 #   LLAMACPP_SRC=DIR    an unpacked vendor/llama.cpp (default: pip download the sdist into WORK)
 #   LLAMA_BUILD=DIR     an existing llama.cpp cmake build (bin/llama-quantize, src/libllama.a, ...)
+#   LLAMA_CPU_LIBDIR=DIR  take libggml-cpu.a / libggml-base.a from DIR instead of LLAMA_BUILD/ggml/src
+#                       (e.g. a second build of only the ggml-cpu target with the AMX flags below)
 #   VENV=DIR            a venv with numpy (default: WORK/venv, made with numpy==2.4.6)
 #   OUT=DIR             output folder (default tests/fixtures/quant)
 set -euo pipefail
@@ -33,20 +35,26 @@ if [ -z "${LLAMA_BUILD:-}" ]; then
   LLAMA_BUILD="$WORK/llama-build"
   if [ ! -x "$LLAMA_BUILD/bin/llama-quantize" ] || [ ! -f "$LLAMA_BUILD/src/libllama.a" ]; then
     echo "== building llama.cpp from $LLAMACPP_SRC in $LLAMA_BUILD (several minutes)" >&2
+    # AMX off: on this project's machines the CPU reports amx_tile/amx_int8 but ggml's AMX mul_mat
+    # dies with SIGILL (tilezero) on a Q4_0 prompt batch; without AMX llama.cpp takes its AVX-512
+    # paths (with its usual CPU_REPACK weight repacking), as on any machine without AMX.
+    NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     cmake -S "$LLAMACPP_SRC" -B "$LLAMA_BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-      -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF >&2
+      -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DCMAKE_C_FLAGS="$NOAMX" -DCMAKE_CXX_FLAGS="$NOAMX" >&2
     cmake --build "$LLAMA_BUILD" -j"$(nproc)" --target llama-quantize llama >&2
   fi
 fi
 
+CPULIB="${LLAMA_CPU_LIBDIR:-$LLAMA_BUILD/ggml/src}"
 TOOLS="$WORK/tools"
 mkdir -p "$TOOLS"
 for t in llamacpp_logits llamacpp_greedy; do
   if [ ! -x "$TOOLS/$t" ] || [ "$HERE/tools/$t.cpp" -nt "$TOOLS/$t" ]; then
     echo "== building $t" >&2
     g++ -O2 -std=c++17 -I"$LLAMACPP_SRC/include" -I"$LLAMACPP_SRC/ggml/include" "$HERE/tools/$t.cpp" \
-      "$LLAMA_BUILD/src/libllama.a" "$LLAMA_BUILD/ggml/src/libggml.a" "$LLAMA_BUILD/ggml/src/libggml-cpu.a" \
-      "$LLAMA_BUILD/ggml/src/libggml-base.a" -fopenmp -lpthread -o "$TOOLS/$t"
+      "$LLAMA_BUILD/src/libllama.a" "$LLAMA_BUILD/ggml/src/libggml.a" "$CPULIB/libggml-cpu.a" \
+      "$CPULIB/libggml-base.a" -fopenmp -lpthread -o "$TOOLS/$t"
   fi
 done
 
