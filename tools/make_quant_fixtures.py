@@ -33,11 +33,8 @@ import argparse
 import hashlib
 import json
 import math
-import os
-import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -648,7 +645,8 @@ def make_stories(out: Path, work: Path, qbin: Path | None, tools: Path | None, s
         r = gguf.GGUFReader(str(path))
         types = {t.name: t.tensor_type.name for t in r.tensors}
         entry = {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256(path),
-                 "type_counts": type_histogram(types), "tensor_types": types}
+                 "type_counts": type_histogram(types), "tensor_types": types,
+                 "k_or_iq_tensors": sum(1 for v in types.values() if v.endswith("_K") or v.startswith("IQ"))}
         for kv in ("f32", "default"):
             g = run_greedy_tool(tools / "llamacpp_greedy", path, kv, STORIES_STEPS, None, STORIES_PROMPT)
             st = g["steps"]
@@ -667,8 +665,147 @@ def make_stories(out: Path, work: Path, qbin: Path | None, tools: Path | None, s
             if "greedy_f32" in e:
                 got = e["greedy_f32"]["ids"]
                 e["matches_run_c_f32_expected"] = sum(int(a == b) for a, b in zip(got, want))
+    res["note"] = ("stories260K has dim 64 and ffn 172: no row length is a multiple of 256, so llama-quantize "
+                   "falls back (K-quant -> Q8_0/Q5_0, rows of 172 -> F16) and these files hold no K-quant tensor; "
+                   "the quantized files are derived from ../shared data and are not committed (sha256 above)")
     (out / "stories260K.json").write_text(compact_json(res) + "\n")
     return res
+
+
+# ----------------------------------------------------------------------------- README
+
+README_HEAD = """# tests/fixtures/quant — reference data for llmrt's quantized tensor types (issue 13)
+
+Made by tools nobody here wrote — gguf-py {gguf_version} (`gguf.quants`) and llama.cpp
+(`llama-quantize`, and its logits / greedy ids through the two small programs
+tools/llamacpp_logits.cpp and tools/llamacpp_greedy.cpp written against llama.h) — both from the
+llama.cpp vendored in the llama-cpp-python 0.3.36 source package; numpy {numpy_version}, Python
+{python_version}. Generated {date} by:
+
+    tools/make_quant_fixtures.sh            # = dequant,models,stories; WORK=/tmp/llmrt-qfix by default
+
+which fetches the sdist (`pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36`)
+into WORK, builds llama.cpp there (cmake Release, GGML_NATIVE=ON, static, **AMX off**:
+`-mno-amx-tile -mno-amx-int8 -mno-amx-bf16` — on this machine the CPU reports AMX but ggml's AMX
+mul_mat dies with SIGILL on `tilezero` for a Q4_0 prompt batch), builds the two tools with the g++
+line of scripts/bench-vs-llamacpp.sh --logits, makes a venv with numpy, and runs
+`tools/make_quant_fixtures.py --out tests/fixtures/quant --work WORK --llama-bin BUILD/bin
+--tools WORK/tools --parts dequant,models,stories` with `PYTHONPATH=<sdist>/vendor/llama.cpp/gguf-py`.
+Everything is deterministic: two runs gave byte-identical files (fixed numpy seeds; llama.cpp's
+quantizers, and its logits at 1 thread).
+Nothing of llama.cpp and nothing from ../shared is committed here.
+"""
+
+
+def write_readme(out: Path):
+    import datetime
+    import platform
+    L = [README_HEAD.format(gguf_version=gguf_version(), numpy_version=np.__version__,
+                            python_version=platform.python_version(), date=datetime.date.today().isoformat())]
+    A = L.append
+    dq = out / "dequant" / "index.json"
+    if dq.exists():
+        ix = json.loads(dq.read_text())
+        A("## dequant/ — dequantization vectors\n")
+        A("Per type: `<TYPE>.blocks` (raw blocks, n_blocks * type_size bytes) and `<TYPE>.f32` "
+          "(`gguf.quants.dequantize` of those bytes, little-endian f32, n_blocks * block_size values); "
+          "`index.json` gives per type the ggml type id, block_size, type_size, n_blocks, the byte offsets of "
+          "the f16 `d` / min fields, the quant and sub-block-scale byte ranges, a label per block "
+          "(`block_labels`), label -> indices (`cases`), what made each block (`block_sources`), and "
+          "`case_notes` explaining each label.\n")
+        A("| type | ggml id | block_size | type_size | n_blocks | blocks 24..47 made by |")
+        A("| --- | ---: | ---: | ---: | ---: | --- |")
+        for t, e in ix["types"].items():
+            A(f"| {t} | {e['ggml_type']} | {e['block_size']} | {e['type_size']} | {e['n_blocks']} | {e['data_source']} |")
+        A("")
+        A("Blocks 0..23 are crafted at the byte level: d = +0 / -0 / -0.75 / subnormal (0x0001, 0x03FF, 0x83FF) "
+          "/ smallest normal / ±65504 (0x7BFF, 0xFBFF); for the types with a min (Q4_1 Q5_1 Q2_K Q4_K Q5_K) "
+          "min/dmin = ±65504, subnormal, zero (the same slots hold d = 1 or 65504 blocks in the others); "
+          "quant bytes all 0x00 / all 0xFF; every byte 0x00; every non-f16 byte 0xFF with d = ±1; 6 blocks of "
+          "random bytes. No f16 field anywhere is inf or NaN (random ones are redrawn into finite values), and "
+          "every f32 output is finite. Blocks 24..47 are quantized from seeded data of varied shape and scale "
+          "(normal at 1e-5..300, uniform, Student-t 1.5, an outlier, all-positive, all-negative, constants, "
+          "zeros, one spike, per-sub-block scales and offsets, ...): by `gguf.quants.quantize` where gguf-py "
+          "can quantize the type, else by `llama-quantize --pure` (ggml's reference quantizers, no imatrix) on "
+          "a one-tensor GGUF (`blk.0.ffn_up.weight`, one block per row). Some data blocks (normal_1e-5 for "
+          "Q5_K, Q6_K, IQ4_XS) get a zero or subnormal super-block scale: that is what llama.cpp writes there.\n")
+        for t, why in ix.get("not_generated", {}).items():
+            A(f"**{t}: not generated** — {why}. (ggml uses Q8_K only as the activation type of the K-quant "
+              "dot products; no file stores it.)\n")
+        A("The `.f32` values are gguf-py's float32 numpy arithmetic bit for bit, -0.0 included where its "
+          "products give it; e.g. Q4_K/Q5_K compute `(d * sc) * q - (dmin * m)` with each product rounded "
+          "to f32, Q2_K `(d * sc) * q - (dmin * m)` per 16 values, Q6_K `(d * sc) * q`. Compare with == on "
+          "values (or bits, allowing ±0).\n")
+    md = out / "models" / "index.json"
+    if md.exists():
+        ix = json.loads(md.read_text())
+        sp = ix["spec"]
+        A("## models/ — a small llama quantized by llama-quantize, with logits references\n")
+        A(f"`llama-q.F32.gguf` (not committed, {ix['files']['F32']['bytes']} bytes, sha256 "
+          f"`{ix['files']['F32']['sha256']}`; `write_small_llama()` rewrites it bit for bit with numpy + gguf-py "
+          f"only, `--commit-f32` writes it here) is written with gguf-py's GGUFWriter: arch llama, hidden "
+          f"{sp['hidden']}, {sp['n_head']} heads x head_dim {sp['head_dim']}, {sp['n_kv']} kv heads, ffn {sp['ffn']}, "
+          f"{sp['n_layer']} layers, vocab {sp['vocab']} (SentencePiece-style `tokenizer.ggml.model` llama: <unk> <s> "
+          f"</s>, 256 byte tokens, plain pieces), rms eps {sp['eps']}, rope theta {sp['theta']}, context "
+          f"{sp['ctx']}; seeded weights (numpy default_rng({ix['model_seed']})): embeddings N(0, 0.5^2), every "
+          "matrix N(0, 1/in), every RMSNorm weight 1 + 0.1 N(0, 1), untied output. Each `llama-q.<FT>.gguf` is "
+          "`llama-quantize llama-q.F32.gguf llama-q.<FT>.gguf <FT> 1` (types asked for by name).\n")
+        A(f"Prompt (24 ids, `index.json` `prompt`): {ix['prompt']}.\n")
+        A("Per file: `<file>.ref.f32` = a float64 numpy forward pass over the file's own tensors dequantized by "
+          "`gguf.quants.dequantize` (RMSNorm, adjacent-pair RoPE as llama.cpp's llama arch, causal GQA "
+          "attention, SwiGLU), logits of every row, **computed in float64, stored as little-endian f32** "
+          "[24, 512]; `<file>.llamacpp.f32` = llama.cpp's logits of every row (tools/llamacpp_logits.cpp, 1 "
+          "thread, llama.cpp's default context: f16 KV cache, flash attention auto), f32 [24, 512]. "
+          "`index.json` per file: tensor types (per tensor and counted), sha256, llama.cpp's relative L2 "
+          "error per row against the reference (`llamacpp_rel_l2`, ||llama.cpp - ref|| / ||ref||) and its max, "
+          "the same max with an f32 KV cache and flash attention off (`llamacpp_f32kv_rel_l2_max`, not "
+          "stored), the reference's argmax per row and on how many rows llama.cpp's argmax agrees.\n")
+        A("Sanity check of the reference pass: on F32, llama.cpp with an f32 KV cache lands "
+          f"{ix['files']['F32']['llamacpp_f32kv_rel_l2_max']:.1e} from it (the generator stops if > 1e-4); "
+          "with its default f16 KV cache "
+          f"{ix['files']['F32']['llamacpp_rel_l2_max']:.1e}.\n")
+        refused = ix.get("refused_by_llama_quantize", {})
+        A("llama-quantize refused: " + (", ".join(refused) if refused else "nothing (no type asked for an imatrix)")
+          + ".\n")
+        A("| file type | tensor types (count) | bytes | llama.cpp max rel L2 per row | same, f32 KV cache | argmax agree (of 24) |")
+        A("| --- | --- | ---: | ---: | ---: | ---: |")
+        for ft, e in ix["files"].items():
+            tc = ", ".join(f"{k} {v}" for k, v in e["type_counts"].items())
+            A(f"| {ft}{'' if e['committed'] else ' (not committed)'} | {tc} | {e['bytes']} | "
+              f"{e['llamacpp_rel_l2_max']:.3e} | {e['llamacpp_f32kv_rel_l2_max']:.3e} | {e['llamacpp_argmax_agree']} |")
+        A("")
+        A("In every file the 5 F32 tensors are the RMSNorm weights. Issue 13's bound: llmrt's logits "
+          "(prefill_all, every row) within 1.5x llama.cpp's `llamacpp_rel_l2` of `<file>.ref.f32`.\n")
+    st = out / "stories260K.json"
+    if st.exists():
+        r = json.loads(st.read_text())
+        A("## stories260K.json — llama.cpp's greedy ids on stories260K quantized\n")
+        A("`../shared/models/stories260K/stories260K.gguf` (F32, sha256 in the file) quantized by "
+          "`llama-quantize <src> <dst> <FT> 1` to " + ", ".join(STORIES_TYPES) + " in the work folder (not "
+          "committed: derived from ../shared data; their sha256 are recorded). Per file and per KV setting "
+          "(`greedy_f32`: f32 KV cache, flash attention off; `greedy_default`: llama.cpp's defaults) the 64 "
+          "greedy ids from BOS (tools/llamacpp_greedy.cpp, 1 thread, never stopping at EOS), the runner-up id "
+          "and the top-1/top-2 margin at each step. " + r.get("note", "") + ".\n")
+        A("| file | tensor types | K/IQ tensors | matches run.c's F32 ids (of 64) | min margin (f32 KV) at step | f32-KV ids = default-KV ids (of 64) |")
+        A("| --- | --- | ---: | ---: | --- | ---: |")
+        for ft, e in r["files"].items():
+            if "refused" in e:
+                A(f"| {ft} | refused by llama-quantize | | | | |")
+                continue
+            a, b = e["greedy_f32"], e["greedy_default"]
+            tc = ", ".join(f"{k} {v}" for k, v in e["type_counts"].items())
+            same = sum(int(x == y) for x, y in zip(a["ids"], b["ids"]))
+            A(f"| {ft} | {tc} | {e['k_or_iq_tensors']} | {e.get('matches_run_c_f32_expected', '')} | "
+              f"{a['min_margin']:.4f} at {a['min_margin_step']} | {same} |")
+        A("")
+        A("Greedy ids on the quantized files are fragile (measured 2026-12-01): llama.cpp's two settings part ways at step 4 (Q8_0, "
+          "Q6_K) and 5 (Q4_K_M) although the f32-KV margins there are 0.47 and 0.10. llama.cpp rounds the "
+          "activations to 8 bits in front of every Q8_0/Q5_0 matmul, so a 1e-3 perturbation (f16 KV cache, "
+          "flash attention) re-rolls that rounding: at step 0 (one token) its two settings differ by 2.1e-2 "
+          "relative L2 (0.22 max abs) on the Q8_0 file, 8.9e-4 on F32. Compare llmrt to `greedy_f32` (an f32 "
+          "KV cache) and report the first divergence's margin, as issue 13 asks.\n")
+    A("This README is written by the generator (`write_readme()`), from the three index files.\n")
+    (out / "README.md").write_text("\n".join(L))
 
 
 # ----------------------------------------------------------------------------- main
@@ -691,6 +828,7 @@ def main():
         make_models(a.out, a.work, qbin, a.tools, a.commit_f32)
     if "stories" in parts:
         make_stories(a.out, a.work, qbin, a.tools, a.stories)
+    write_readme(a.out)
 
 
 if __name__ == "__main__":
