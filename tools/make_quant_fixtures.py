@@ -588,7 +588,7 @@ def make_models(out: Path, work: Path, qbin: Path | None, tools: Path | None, co
         ref.astype("<f4").tofile(mdir / f"{path.name}.ref.f32")
         lc = run_logits_tool(logits_tool, path, mdir / f"{path.name}.llamacpp.f32", prompt)
         errs = rel_l2_rows(lc.astype(np.float64), ref)
-        g = run_greedy_tool(greedy_tool, path, "f32", 1, work / f"{path.name}.f32kv.f32", prompt)
+        run_greedy_tool(greedy_tool, path, "f32", 1, work / f"{path.name}.f32kv.f32", prompt)
         lc32 = np.fromfile(work / f"{path.name}.f32kv.f32", "<f4").reshape(len(prompt), -1)
         errs32 = rel_l2_rows(lc32.astype(np.float64), ref)
         index["files"][ft] = {
