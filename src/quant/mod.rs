@@ -17,22 +17,35 @@
 //! Depends on nothing else in the crate (`half` for the f32 -> f16/bf16 rounding).
 
 mod float;
+pub(crate) mod groups;
 mod q4_0;
 mod q8_0;
 
 pub(crate) use float::f16_bits_to_f32;
+use groups::QK_K;
 
 /// Elements per Q8_0 / Q4_0 block.
 pub(crate) const QK: usize = 32;
 
-/// A tensor element type this runtime computes with.
+/// A tensor element type this runtime computes with (named as ggml names them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
 pub enum DType {
     F32,
     F16,
     BF16,
     Q8_0,
     Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    IQ4_NL,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    IQ4_XS,
 }
 
 /// What the runtime knows of a [`DType`]: its ggml id and name, and its block.
@@ -45,8 +58,9 @@ struct Traits {
 
 impl DType {
     /// All supported types.
-    pub fn all() -> [DType; 5] {
-        [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0]
+    pub fn all() -> [DType; 15] {
+        use DType::*;
+        [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS]
     }
 
     /// The one table of the supported types (checked against [`ggml_type_info`]
@@ -59,11 +73,39 @@ impl DType {
             DType::BF16 => (30, "BF16", 1, 2),
             DType::Q8_0 => (8, "Q8_0", QK, 2 + QK),
             DType::Q4_0 => (2, "Q4_0", QK, 2 + QK / 2),
+            DType::Q4_1 => (3, "Q4_1", QK, 4 + QK / 2),
+            DType::Q5_0 => (6, "Q5_0", QK, 6 + QK / 2),
+            DType::Q5_1 => (7, "Q5_1", QK, 8 + QK / 2),
+            DType::IQ4_NL => (20, "IQ4_NL", QK, 2 + QK / 2),
+            DType::Q2_K => (10, "Q2_K", QK_K, 84),
+            DType::Q3_K => (11, "Q3_K", QK_K, 110),
+            DType::Q4_K => (12, "Q4_K", QK_K, 144),
+            DType::Q5_K => (13, "Q5_K", QK_K, 176),
+            DType::Q6_K => (14, "Q6_K", QK_K, 210),
+            DType::IQ4_XS => (23, "IQ4_XS", QK_K, 136),
         };
         Traits { ggml_id, name, block_elems, block_bytes }
     }
 
-    /// The supported type for a ggml type id (0=F32, 1=F16, 2=Q4_0, 8=Q8_0, 30=BF16).
+    /// One of the group-quantized types of `groups` (everything but the float
+    /// types, Q8_0 and Q4_0, which have kernels of their own).
+    pub fn is_grouped(self) -> bool {
+        !matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0)
+    }
+
+    /// A grouped type whose values carry an offset (`s * q + o`: Q4_1, Q5_1, Q2_K,
+    /// Q4_K, Q5_K).
+    pub fn has_offset(self) -> bool {
+        matches!(self, DType::Q4_1 | DType::Q5_1 | DType::Q2_K | DType::Q4_K | DType::Q5_K)
+    }
+
+    /// A grouped type with a scale (and offset) per 16 values instead of per 32
+    /// (Q2_K, Q3_K, Q6_K).
+    pub fn halves(self) -> bool {
+        matches!(self, DType::Q2_K | DType::Q3_K | DType::Q6_K)
+    }
+
+    /// The supported type for a ggml type id.
     pub fn from_ggml(id: u32) -> Option<DType> {
         DType::all().into_iter().find(|d| d.ggml_id() == id)
     }
@@ -111,7 +153,6 @@ impl std::fmt::Display for DType {
 /// accepts in files but which old files may still carry. `None` for unknown ids
 /// (including the long-removed Q4_2 = 4 and Q4_3 = 5).
 pub(crate) fn ggml_type_info(id: u32) -> Option<(&'static str, usize, usize)> {
-    const QK_K: usize = 256;
     Some(match id {
         0 => ("F32", 1, 4),
         1 => ("F16", 1, 2),
@@ -182,6 +223,7 @@ pub fn dequantize_row(dt: DType, src: &[u8], dst: &mut [f32]) {
         DType::BF16 => float::dequantize_bf16(src, dst),
         DType::Q8_0 => q8_0::dequantize(src, dst),
         DType::Q4_0 => q4_0::dequantize(src, dst),
+        _ => groups::dequantize(dt, src, dst),
     }
 }
 
@@ -200,6 +242,7 @@ pub fn quantize_row(dt: DType, src: &[f32], dst: &mut [u8]) {
         DType::BF16 => float::quantize_bf16(src, dst),
         DType::Q8_0 => q8_0::quantize(src, dst),
         DType::Q4_0 => q4_0::quantize(src, dst),
+        _ => panic!("no quantizer for {dt}: files bring these types quantized (llama-quantize)"),
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod forward;
 pub(crate) mod fpack;
+pub(crate) mod gq;
 mod isa;
 mod kv;
 // `pub` for the bench binary's bandwidth probe (`groups::HostBuf`).

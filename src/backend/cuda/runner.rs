@@ -418,6 +418,12 @@ impl Uploader<'_> {
     }
 
     fn matrix(&mut self, m: &Matrix) -> Result<DevWeight> {
+        if m.dtype.is_grouped() {
+            return Err(Error::unsupported(format!(
+                "tensor {} has type {}, which the CUDA runner does not run yet (the CPU backend does)",
+                m.name, m.dtype
+            )));
+        }
         let data = self.upload(&m.name, m.bytes(self.weights))?;
         Ok(DevWeight { name: m.name.clone(), dtype: m.dtype, rows: m.rows, cols: m.cols, data })
     }

@@ -87,7 +87,7 @@ fn sample_tensors() -> Vec<T> {
         T { name: "c.q4_0", ne: vec![32, 1, 1, 2], ggml_type: 2, data: quant(DType::Q4_0, &x[..64]) },
         T { name: "d.f16", ne: vec![3], ggml_type: 1, data: quant(DType::F16, &x[..3]) },
         T { name: "e.bf16", ne: vec![7, 2], ggml_type: 30, data: quant(DType::BF16, &x[..14]) },
-        T { name: "f.q4_k", ne: vec![256], ggml_type: 12, data: vec![0xAB; 144] },
+        T { name: "f.iq2_xxs", ne: vec![256], ggml_type: 16, data: vec![0xAB; 66] },
     ]
 }
 
@@ -125,8 +125,8 @@ fn check_round_trip(g: &Gguf, version: u32, alignment: u64) {
         assert_eq!(g.tensor_data(info), &t.data[..]);
         assert_eq!(g.tensor(t.name), Some(info));
     }
-    assert_eq!(g.tensor("f.q4_k").unwrap().dtype, None);
-    assert_eq!(g.tensor("f.q4_k").unwrap().type_name(), "Q4_K");
+    assert_eq!(g.tensor("f.iq2_xxs").unwrap().dtype, None);
+    assert_eq!(g.tensor("f.iq2_xxs").unwrap().type_name(), "IQ2_XXS");
     assert!(g.tensor("nope").is_none());
     // The file ends exactly at the end of the last tensor.
     let last = g.tensors.last().unwrap();
@@ -369,9 +369,11 @@ fn tensor_header_checks() {
     assert!(e.message.contains("'t'") && e.message.contains("unknown ggml type id 99"), "{e}");
     let e = bad(one(&[32], 4, vec![0; 32])); // Q4_2: removed, unknown.
     assert!(e.message.contains("type id 4"), "{e}");
-    let g = one(&[256, 2], 14, vec![0; 420]).unwrap(); // Q6_K: known, unsupported.
+    let g = one(&[256, 2], 16, vec![0; 132]).unwrap(); // IQ2_XXS: known, unsupported.
     assert_eq!(g.tensors[0].dtype, None);
-    assert_eq!(g.tensors[0].size, 420);
+    assert_eq!(g.tensors[0].size, 132);
+    let g = one(&[256, 2], 14, vec![0; 420]).unwrap(); // Q6_K: supported.
+    assert_eq!(g.tensors[0].dtype, Some(DType::Q6_K));
     let e = bad(one(&[], 0, vec![]));
     assert!(e.message.contains("0 dimensions"), "{e}");
     let e = bad(one(&[1, 1, 1, 1, 1], 0, vec![0; 4]));

@@ -35,7 +35,7 @@ mod tests {
         let (vocab, cols) = (7, 64);
         let mut rng = XorShift::new(0x000E_3BED);
         let values = rng.vec(vocab * cols, -2.0, 2.0);
-        for dt in DType::all() {
+        for dt in DType::all().into_iter().filter(|d| !d.is_grouped()) {
             let rb = dt.row_bytes(cols).unwrap();
             let mut table = vec![0u8; vocab * rb];
             for (r, src) in values.chunks_exact(cols).enumerate() {

@@ -8,12 +8,13 @@
 //!
 //! CUDA twin: `backend/cuda/ops/matmul.rs`, `kernels/matmul.cu`.
 //!
-//! Depends on `isa` (`QAct`, the kernel set), `simd` (rows as stored), `qpack` /
+//! Depends on `isa` (`QAct`, the kernel set), `simd` (rows as stored), `gq` (the
+//! group-quantized types), `qpack` /
 //! `fpack` (packed rows), `pool` (the work split).
 
 use crate::backend::cpu::isa::{self, QAct};
 use crate::backend::cpu::pool::{par_units, Pool};
-use crate::backend::cpu::{fpack, qpack, simd};
+use crate::backend::cpu::{fpack, gq, qpack, simd};
 use crate::quant::DType;
 use std::cell::OnceCell;
 
@@ -65,7 +66,7 @@ struct Bound<'a> {
 impl<'a> Bound<'a> {
     fn new(m: Weight<'a>, act: &'a Act<'_>) -> Bound<'a> {
         let cols = act.cols;
-        let quant = matches!(m.dtype, DType::Q8_0 | DType::Q4_0);
+        let quant = matches!(m.dtype, DType::Q8_0 | DType::Q4_0) || m.dtype.is_grouped();
         let qa = if quant { Some(act.quantized()) } else { None };
         let packed = m.packed.filter(|p| match p {
             Pack::Q(q) => quant && q.rows == m.rows && q.cols == cols && q.dtype == m.dtype,
@@ -90,6 +91,7 @@ impl<'a> Bound<'a> {
         let wr = &m.w[r0 * m.row_bytes..(r0 + n) * m.row_bytes];
         match (self.qa, m.packed) {
             (Some(qa), Some(Pack::Q(p))) => qpack::gemm(self.isa, p, r0, n, qa, part),
+            (Some(qa), _) if m.dtype.is_grouped() => gq::gemm(self.isa, m.dtype, wr, m.row_bytes, n, qa, part),
             (Some(qa), _) => simd::gemm_q(self.isa, m.dtype, wr, m.row_bytes, n, qa, part),
             (None, Some(Pack::F(p))) => fpack::gemm(self.isa, p, r0, n, self.x, part),
             _ => simd::gemm_f(self.isa, m.dtype, wr, m.row_bytes, n, self.x, self.cols, part),

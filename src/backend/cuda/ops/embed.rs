@@ -7,7 +7,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, PushKernelArg};
 use super::{check_weight, launch_err, mul, need, rows_cfg, to_i32, DevWeight, Ops, EW_THREADS};
 use crate::backend::cuda::load::Modules;
 use crate::quant::DType;
-use crate::Result;
+use crate::{Error, Result};
 
 /// The entry points of kernels/embed.cu, one per table type.
 pub(super) struct Kernels {
@@ -53,6 +53,7 @@ impl Ops {
             DType::BF16 => &k.bf16,
             DType::Q8_0 => &k.q8_0,
             DType::Q4_0 => &k.q4_0,
+            dt => return Err(Error::unsupported(format!("{OP}: no CUDA kernel for {dt} embeddings yet"))),
         };
         let mut b = self.stream.launch_builder(f);
         b.arg(&table.data).arg(ids).arg(out).arg(&n_i).arg(&hidden_i).arg(&vocab_i);

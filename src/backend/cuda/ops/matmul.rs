@@ -111,7 +111,7 @@ fn type_index(dtype: DType) -> Option<usize> {
         DType::BF16 => Some(1),
         DType::Q8_0 => Some(2),
         DType::Q4_0 => Some(3),
-        DType::F32 => None,
+        _ => None,
     }
 }
 
@@ -123,7 +123,7 @@ fn fast_kind(dtype: DType, cols: usize) -> Option<usize> {
     let fits = match dtype {
         DType::F16 | DType::BF16 => cols.is_multiple_of(8),
         DType::Q8_0 | DType::Q4_0 => cols.is_multiple_of(256),
-        DType::F32 => false,
+        _ => false,
     };
     type_index(dtype).filter(|_| fits)
 }
@@ -390,7 +390,7 @@ impl Ops {
         let half_type = match w.dtype {
             DType::F32 => None,
             DType::BF16 => Some(cudaDataType::CUDA_R_16BF),
-            DType::F16 | DType::Q8_0 | DType::Q4_0 => Some(cudaDataType::CUDA_R_16F),
+            _ => Some(cudaDataType::CUDA_R_16F),
         };
         let k = &self.k.matmul;
         if let Some(t) = half_type {
@@ -492,6 +492,7 @@ impl Ops {
             DType::Q8_0 => &k.dequant_q8_0_f16,
             DType::Q4_0 => &k.dequant_q4_0_f16,
             DType::F16 => return Err(Error::invalid(format!("{OP}: {} is F16 already", w.name))),
+            dt => return Err(Error::unsupported(format!("{OP}: no CUDA dequantization of {dt} ({}) yet", w.name))),
         };
         let mut b = self.stream.launch_builder(f);
         b.arg(&w.data).arg(out).arg(&rows_i).arg(&cols_i);

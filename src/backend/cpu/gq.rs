@@ -1,0 +1,151 @@
+//! Matrix products over the group-quantized types (`quant::groups`: Q4_1, Q5_0,
+//! Q5_1, IQ4_NL, Q2_K..Q6_K, IQ4_XS) times activations quantized to 8 bits once per
+//! step ([`QAct`]: blocks of 32 with an f32 scale, as Q8_0/Q4_0 use them).
+//!
+//! The *group order* (what every kernel set computes, bit for bit): a row is a
+//! sequence of groups of 32 values, each unpacked by `quant::groups::unpack` into
+//! integers `q` with a scale and offset per half (`s`, `o`); activation block `g`
+//! has scale `dx` and integers `qx`. Per group, with the exact integer sums
+//! `isum_h = sum q*qx` and `bsum_h = sum qx` over half `h`, the f32 accumulator
+//! takes fused multiply-adds in this order:
+//! - one scale per 32 values: `acc = fma(dx*s, isum_0 + isum_1, acc)`, then for
+//!   types with an offset `acc = fma(dx*o, bsum_0 + bsum_1, acc)`;
+//! - a scale per 16 (Q2_K, Q3_K, Q6_K): `fma(dx*s_0, isum_0)`, `fma(dx*s_1, isum_1)`,
+//!   then with an offset `fma(dx*o_0, bsum_0)`, `fma(dx*o_1, bsum_1)`.
+//!
+//! Groups are taken in row order, so a row's result depends only on the row and the
+//! activation row: never on the batch, the tile, the thread count or the CPU. A
+//! kernel may compute the integer sums any way it likes (they are exact) and run
+//! the fused multiply-adds of several rows or tokens side by side in SIMD lanes.
+//!
+//! Depends on `isa` (`QAct`) and `quant::groups`.
+
+use crate::backend::cpu::isa::{Isa, QAct};
+use crate::quant::groups::{unpack, Group, GROUP};
+use crate::quant::DType;
+
+/// The group-order dot product of one weight row with one activation row
+/// (`qx`: `cols` values, `dx`: `cols / 32` scales).
+pub(crate) fn dot_ref(dt: DType, row: &[u8], qx: &[i8], dx: &[f32]) -> f32 {
+    let per_block = dt.block_elems() / GROUP;
+    let bb = dt.block_bytes();
+    let mut acc = 0f32;
+    for (g, (xb, &d)) in qx.chunks_exact(GROUP).zip(dx).enumerate() {
+        let gr = unpack(dt, &row[(g / per_block) * bb..(g / per_block + 1) * bb], g % per_block);
+        acc = accumulate(dt, &gr, xb, d, acc);
+    }
+    acc
+}
+
+/// One group's fused multiply-adds, in the group order.
+#[inline(always)]
+fn accumulate(dt: DType, gr: &Group, xb: &[i8], d: f32, mut acc: f32) -> f32 {
+    let (mut isum, mut bsum) = ([0i32; 2], [0i32; 2]);
+    for (j, (&q, &x)) in gr.q.iter().zip(xb).enumerate() {
+        isum[j / 16] += q as i32 * x as i32;
+        bsum[j / 16] += x as i32;
+    }
+    if dt.halves() {
+        acc = (d * gr.s[0]).mul_add(isum[0] as f32, acc);
+        acc = (d * gr.s[1]).mul_add(isum[1] as f32, acc);
+        if dt.has_offset() {
+            acc = (d * gr.o[0]).mul_add(bsum[0] as f32, acc);
+            acc = (d * gr.o[1]).mul_add(bsum[1] as f32, acc);
+        }
+    } else {
+        acc = (d * gr.s[0]).mul_add((isum[0] + isum[1]) as f32, acc);
+        if dt.has_offset() {
+            acc = (d * gr.o[0]).mul_add((bsum[0] + bsum[1]) as f32, acc);
+        }
+    }
+    acc
+}
+
+/// `out[r * t + c] = dot(row r, activation row c)` for `nrows` rows of `w` (rows of
+/// `row_bytes`) and all `t` rows of `a`, in the group order. Each group of a row is
+/// unpacked once for all tokens.
+pub(crate) fn gemm(_isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+    assert!(dt.is_grouped(), "{dt} is not a grouped type");
+    assert_eq!(dt.row_bytes(a.cols), Some(row_bytes));
+    assert!(w.len() >= nrows * row_bytes);
+    assert_eq!(a.qs.len(), a.t * a.cols);
+    assert_eq!(a.d.len(), a.t * a.cols / GROUP);
+    assert_eq!(out.len(), nrows * a.t);
+    let (t, cols) = (a.t, a.cols);
+    let (per_block, bb, groups) = (dt.block_elems() / GROUP, dt.block_bytes(), cols / GROUP);
+    for r in 0..nrows {
+        let row = &w[r * row_bytes..(r + 1) * row_bytes];
+        let acc = &mut out[r * t..(r + 1) * t];
+        acc.fill(0.0);
+        for g in 0..groups {
+            let gr = unpack(dt, &row[(g / per_block) * bb..(g / per_block + 1) * bb], g % per_block);
+            for (c, o) in acc.iter_mut().enumerate() {
+                let xb = &a.qs[c * cols + g * GROUP..c * cols + (g + 1) * GROUP];
+                *o = accumulate(dt, &gr, xb, a.d[c * groups + g], *o);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::dequantize_row;
+    use crate::util::XorShift;
+
+    /// Random but valid rows of `dt`: random bytes with every f16 field set to a
+    /// small finite value (so no inf/NaN scale).
+    fn random_row(dt: DType, cols: usize, r: &mut XorShift) -> Vec<u8> {
+        let n = dt.row_bytes(cols).unwrap();
+        let mut row: Vec<u8> = (0..n).map(|_| r.next_u64() as u8).collect();
+        let f16_fields: &[usize] = match dt {
+            DType::Q4_1 | DType::Q5_1 => &[0, 2],
+            DType::Q5_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
+            DType::Q4_K | DType::Q5_K => &[0, 2],
+            DType::Q2_K => &[80, 82],
+            DType::Q3_K => &[108],
+            DType::Q6_K => &[208],
+            _ => unreachable!(),
+        };
+        for blk in row.chunks_exact_mut(dt.block_bytes()) {
+            for &o in f16_fields {
+                let v = half::f16::from_f32(r.uniform(-0.05, 0.05)).to_bits().to_le_bytes();
+                blk[o..o + 2].copy_from_slice(&v);
+            }
+        }
+        row
+    }
+
+    #[test]
+    fn gq_dot_is_close_to_the_dequantized_row_and_gemm_equals_dot() {
+        let mut r = XorShift::new(0x6a09_e667);
+        for dt in DType::all().into_iter().filter(|d| d.is_grouped()) {
+            let cols = 512;
+            let (rows, t) = (3, 5);
+            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(dt, cols, &mut r)).collect();
+            let x = r.vec(t * cols, -1.0, 1.0);
+            let a = QAct::quantize(&x, cols);
+            let rb = dt.row_bytes(cols).unwrap();
+            let mut out = vec![0f32; rows * t];
+            gemm(Isa::Scalar, dt, &w, rb, rows, &a, &mut out);
+            for i in 0..rows {
+                let row = &w[i * rb..(i + 1) * rb];
+                let mut deq = vec![0f32; cols];
+                dequantize_row(dt, row, &mut deq);
+                for c in 0..t {
+                    let got = dot_ref(dt, row, &a.qs[c * cols..(c + 1) * cols], &a.d[c * 16..(c + 1) * 16]);
+                    assert_eq!(got.to_bits(), out[i * t + c].to_bits(), "{dt}: gemm != dot at row {i} token {c}");
+                    // Against the exact product with the dequantized activations.
+                    let xq: Vec<f64> =
+                        (0..cols).map(|j| a.qs[c * cols + j] as f64 * a.d[c * 16 + j / 32] as f64).collect();
+                    let want: f64 = deq.iter().zip(&xq).map(|(&w, &x)| w as f64 * x).sum();
+                    let scale: f64 = deq.iter().zip(&xq).map(|(&w, &x)| (w as f64 * x).abs()).sum::<f64>().max(1e-30);
+                    assert!(
+                        ((got as f64 - want) / scale).abs() < 1e-5,
+                        "{dt}: row {i} token {c}: {got} vs {want} (scale {scale})"
+                    );
+                }
+            }
+        }
+    }
+}
