@@ -12,8 +12,8 @@ use crate::model::Config;
 use crate::sample::{self, SamplerParams};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
-use std::path::Path;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -41,7 +41,14 @@ pub struct LoadOptions<'a> {
 
 impl Default for LoadOptions<'_> {
     fn default() -> Self {
-        LoadOptions { backend: BackendKind::Auto, device: 0, threads: 0, max_context: 0, kv_cache_bytes: 0, progress: None }
+        LoadOptions {
+            backend: BackendKind::Auto,
+            device: 0,
+            threads: 0,
+            max_context: 0,
+            kv_cache_bytes: 0,
+            progress: None,
+        }
     }
 }
 
@@ -229,7 +236,18 @@ impl Model {
         let file = Arc::new(Gguf::from_bytes(bytes, name)?);
         report(0.1);
         let (cfg, weights, tokenizer) = bind_gguf(file, bind_share, &mut report)?;
-        Self::finish(Path::new(name), kind, cfg, weights, tokenizer, device, threads, max_context, kv_cache_bytes, &mut report)
+        Self::finish(
+            Path::new(name),
+            kind,
+            cfg,
+            weights,
+            tokenizer,
+            device,
+            threads,
+            max_context,
+            kv_cache_bytes,
+            &mut report,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -401,7 +419,13 @@ impl Model {
     /// As [`Self::decode`], then samples each cache's next token on the host: the
     /// draw depends only on `params.seed` and the new token's position in its cache,
     /// and the repetition penalty looks at the cache's tokens.
-    pub fn decode_sample(&self, caches: &[u64], tokens: &[u32], params: &SamplerParams, next: &mut [u32]) -> Result<()> {
+    pub fn decode_sample(
+        &self,
+        caches: &[u64],
+        tokens: &[u32],
+        params: &SamplerParams,
+        next: &mut [u32],
+    ) -> Result<()> {
         params.validate()?;
         self.check_batch(caches, tokens)?;
         if next.len() != caches.len() {
@@ -529,7 +553,8 @@ impl Model {
             panic!("debug panic in the bookkeeping (llmrt test hook)");
         }
         let starts: Vec<usize> = caches.iter().map(|&c| kv.get(c).map(|s| s.len as usize)).collect::<Result<_>>()?;
-        let tables: Vec<Vec<u32>> = caches.iter().map(|&c| kv.get(c).map(|s| s.blocks.clone())).collect::<Result<_>>()?;
+        let tables: Vec<Vec<u32>> =
+            caches.iter().map(|&c| kv.get(c).map(|s| s.blocks.clone())).collect::<Result<_>>()?;
         let seqs: Vec<Seq<'_>> = tokens
             .iter()
             .zip(&starts)

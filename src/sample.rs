@@ -132,12 +132,8 @@ pub fn distribution(logits: &[f32], params: &SamplerParams, history: &[u32]) -> 
         return vec![(i as u32, 1.0)];
     }
     let t = params.temperature as f64;
-    let mut c: Vec<(u32, f64)> = l
-        .iter()
-        .enumerate()
-        .filter(|(_, x)| x.is_finite())
-        .map(|(i, &x)| (i as u32, x as f64 / t))
-        .collect();
+    let mut c: Vec<(u32, f64)> =
+        l.iter().enumerate().filter(|(_, x)| x.is_finite()).map(|(i, &x)| (i as u32, x as f64 / t)).collect();
     c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     if params.top_k > 0 && (params.top_k as usize) < c.len() {
         c.truncate(params.top_k as usize);
@@ -339,7 +335,8 @@ mod tests {
     fn chi_square_against_filtered_distribution() {
         // 8 tokens; top_k 6 drops ids 6 and 7; min_p 0.1 drops id 5 (p/p_max ~0.05).
         let l = [2.0f32, 1.5, 1.0, 0.5, 0.2, -1.0, -2.0, -3.0];
-        let sp = SamplerParams { temperature: 1.0, top_k: 6, top_p: 1.0, min_p: 0.1, repetition_penalty: 1.0, seed: 2024 };
+        let sp =
+            SamplerParams { temperature: 1.0, top_k: 6, top_p: 1.0, min_p: 0.1, repetition_penalty: 1.0, seed: 2024 };
         let d = distribution(&l, &sp, &[]);
         assert_eq!(ids(&d), [0, 1, 2, 3, 4]);
         let n = 20000u64;

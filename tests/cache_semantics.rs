@@ -27,13 +27,16 @@ fn prefix_then_rest_equals_one_prefill() {
 fn batched_decode_equals_single_decodes_bit_for_bit() {
     let (m, toks) = model();
     let lens = [3usize, 16, 1, 9];
-    let (solo, batch): (Vec<u64>, Vec<u64>) = lens.iter().map(|&n| {
-        let a = m.reserve(64);
-        let b = m.reserve(64);
-        m.prefill(a, &toks[..n]);
-        m.prefill(b, &toks[..n]);
-        (a, b)
-    }).unzip();
+    let (solo, batch): (Vec<u64>, Vec<u64>) = lens
+        .iter()
+        .map(|&n| {
+            let a = m.reserve(64);
+            let b = m.reserve(64);
+            m.prefill(a, &toks[..n]);
+            m.prefill(b, &toks[..n]);
+            (a, b)
+        })
+        .unzip();
     let mut next: Vec<u32> = (0..4).map(|i| toks[20 + i]).collect();
     for step in 0..6 {
         let bl = m.decode(&batch, &next);

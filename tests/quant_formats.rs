@@ -99,14 +99,17 @@ fn every_llama_quantize_file_type_is_within_1_5x_of_llama_cpp() {
         let llama: Vec<f64> = f["llamacpp_rel_l2"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
         let m = load(&path, 2);
         let got = prefill_all(&m, &prompt);
-        let ours: Vec<f64> =
-            got.chunks_exact(vocab).zip(want.chunks_exact(vocab)).map(|(g, w)| rel_l2(g, w)).collect();
-        let (our_max, llama_max) = (ours.iter().cloned().fold(0.0, f64::max), llama.iter().cloned().fold(0.0, f64::max));
+        let ours: Vec<f64> = got.chunks_exact(vocab).zip(want.chunks_exact(vocab)).map(|(g, w)| rel_l2(g, w)).collect();
+        let (our_max, llama_max) =
+            (ours.iter().cloned().fold(0.0, f64::max), llama.iter().cloned().fold(0.0, f64::max));
         let (our_mean, llama_mean) =
             (ours.iter().sum::<f64>() / ours.len() as f64, llama.iter().sum::<f64>() / llama.len() as f64);
         report.push(format!("{ftype:7} llmrt max {our_max:.2e} mean {our_mean:.2e} | llama.cpp max {llama_max:.2e} mean {llama_mean:.2e}"));
         assert!(our_max <= 1.5 * llama_max, "{ftype}: max rel L2 {our_max:.3e} > 1.5 x llama.cpp's {llama_max:.3e}");
-        assert!(our_mean <= 1.5 * llama_mean, "{ftype}: mean rel L2 {our_mean:.3e} > 1.5 x llama.cpp's {llama_mean:.3e}");
+        assert!(
+            our_mean <= 1.5 * llama_mean,
+            "{ftype}: mean rel L2 {our_mean:.3e} > 1.5 x llama.cpp's {llama_mean:.3e}"
+        );
         // One thread, and the prompt in two prefills, give the same bits.
         let one = prefill_all(&load(&path, 1), &prompt);
         assert!(one.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{ftype}: 1 vs 2 threads differ");

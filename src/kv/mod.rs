@@ -115,7 +115,10 @@ impl KvManager {
         let need = blocks_for(positions);
         self.book(need, positions)?;
         let id = NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed);
-        self.caches.insert(id, CacheState { capacity: positions, len: 0, blocks: Vec::new(), tokens: Vec::new(), reserved_blocks: need });
+        self.caches.insert(
+            id,
+            CacheState { capacity: positions, len: 0, blocks: Vec::new(), tokens: Vec::new(), reserved_blocks: need },
+        );
         Ok(id)
     }
 
@@ -153,13 +156,16 @@ impl KvManager {
             self.refcount[b as usize] += 1;
         }
         let id = NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed);
-        self.caches.insert(id, CacheState {
-            capacity: src.capacity,
-            len: src.len,
-            blocks: src.blocks,
-            tokens: src.tokens,
-            reserved_blocks: src.reserved_blocks,
-        });
+        self.caches.insert(
+            id,
+            CacheState {
+                capacity: src.capacity,
+                len: src.len,
+                blocks: src.blocks,
+                tokens: src.tokens,
+                reserved_blocks: src.reserved_blocks,
+            },
+        );
         Ok(id)
     }
 
@@ -301,7 +307,9 @@ fn unknown(id: u64) -> Error {
     if id == 0 {
         Error::unknown_cache("cache id 0 is never a valid cache")
     } else {
-        Error::unknown_cache(format!("cache {id} is not live in this model (released, never issued, or another model's)"))
+        Error::unknown_cache(format!(
+            "cache {id} is not live in this model (released, never issued, or another model's)"
+        ))
     }
 }
 

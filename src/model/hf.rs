@@ -92,8 +92,8 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
         None if hidden % n_heads == 0 => hidden / n_heads,
         None => {
             return Err(Error::bad_model(format!(
-                "{file}: hidden_size {hidden} is not a multiple of num_attention_heads {n_heads} and head_dim is missing"
-            )))
+            "{file}: hidden_size {hidden} is not a multiple of num_attention_heads {n_heads} and head_dim is missing"
+        )))
         }
     };
     if head_dim % 2 != 0 {
@@ -123,7 +123,9 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
     }
     for key in ["attention_bias", "mlp_bias"] {
         if c.get(key).and_then(|v| v.as_bool()) == Some(true) && !(key == "attention_bias" && model_type == "qwen2") {
-            return Err(Error::unsupported(format!("{file}: {key} = true is not supported for model_type {model_type}")));
+            return Err(Error::unsupported(format!(
+                "{file}: {key} = true is not supported for model_type {model_type}"
+            )));
         }
     }
     if let Some(p) = k.opt_f64("partial_rotary_factor")? {
@@ -166,9 +168,9 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
         let ty = r.get("rope_type").or_else(|| r.get("type")).and_then(|v| v.as_str()).unwrap_or("default");
         let factor = |name: &str| -> Result<f64> {
             let full = format!("{rope_key}.{name}");
-            let v = rk.opt_f64_named(name, &full)?.ok_or_else(|| {
-                Error::bad_model(format!("{file}: {full} is missing (needed by rope_type {ty})"))
-            })?;
+            let v = rk
+                .opt_f64_named(name, &full)?
+                .ok_or_else(|| Error::bad_model(format!("{file}: {full} is missing (needed by rope_type {ty})")))?;
             if !(v.is_finite() && v > 0.0) {
                 return Err(Error::bad_model(format!("{file}: {full} = {v} is invalid")));
             }
@@ -263,8 +265,7 @@ impl Keys<'_> {
         }
     }
     fn req_usize(&self, key: &str) -> Result<usize> {
-        self.opt_usize(key)?
-            .ok_or_else(|| Error::bad_model(format!("{}: key {key} is missing", self.file)))
+        self.opt_usize(key)?.ok_or_else(|| Error::bad_model(format!("{}: key {key} is missing", self.file)))
     }
     fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
         self.opt_f64_named(key, key)
@@ -290,10 +291,9 @@ impl Keys<'_> {
         };
         match v.as_u64() {
             Some(id) if (id as usize) < vocab => Ok(Some(id as u32)),
-            Some(id) => Err(Error::bad_model(format!(
-                "{}: {key} {id} is outside the vocabulary of {vocab}",
-                self.file
-            ))),
+            Some(id) => {
+                Err(Error::bad_model(format!("{}: {key} {id} is outside the vocabulary of {vocab}", self.file)))
+            }
             None => Err(Error::bad_model(format!("{}: key {key} = {v} is not a token id", self.file))),
         }
     }
@@ -423,7 +423,8 @@ mod tests {
 
     #[test]
     fn tokens_head_dim_and_errors() {
-        let (c, _) = cfg(r#""model_type": "qwen3", "head_dim": 32, "bos_token_id": null, "eos_token_id": [7, 9]"#).unwrap();
+        let (c, _) =
+            cfg(r#""model_type": "qwen3", "head_dim": 32, "bos_token_id": null, "eos_token_id": [7, 9]"#).unwrap();
         assert_eq!((c.head_dim, c.bos_token, c.eos_token), (32, None, Some(7)));
         assert!(c.arch.qk_norm && !c.arch.qkv_bias);
         let (c, _) = cfg(r#""model_type": "qwen2", "head_dim": null"#).unwrap();

@@ -134,7 +134,12 @@ impl Config {
         let n_kv_heads = match g.get_u64(&key("attention.head_count_kv"))? {
             None => n_heads,
             Some(v) if v > 0 && v <= u32::MAX as u64 => v as usize,
-            Some(v) => return Err(Error::bad_model(format!("{file}: {} = {v} is out of range", key("attention.head_count_kv")))),
+            Some(v) => {
+                return Err(Error::bad_model(format!(
+                    "{file}: {} = {v} is out of range",
+                    key("attention.head_count_kv")
+                )))
+            }
         };
         if n_heads % n_kv_heads != 0 {
             return Err(Error::bad_model(format!(
@@ -143,7 +148,9 @@ impl Config {
         }
         let head_dim = match g.get_u64(&key("attention.key_length"))? {
             Some(v) if v > 0 && v <= u32::MAX as u64 => v as usize,
-            Some(v) => return Err(Error::bad_model(format!("{file}: {} = {v} is out of range", key("attention.key_length")))),
+            Some(v) => {
+                return Err(Error::bad_model(format!("{file}: {} = {v} is out of range", key("attention.key_length"))))
+            }
             None => {
                 if hidden % n_heads != 0 {
                     return Err(Error::bad_model(format!(
