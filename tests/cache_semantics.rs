@@ -115,6 +115,7 @@ fn failed_steps_leave_caches_unchanged() {
     let v = m.vocab as u32;
     // Token out of range in a batch: nothing advances, logits untouched.
     let mut out = vec![7.0f32; 2 * m.vocab];
+    // SAFETY: m.ptr is a live model; the id and token arrays hold 2 elements and out holds 2 rows.
     let s = unsafe { llmrt::ffi::llmrt_decode(m.ptr, 2, [a, other].as_ptr(), [1, v].as_ptr(), out.as_mut_ptr()) };
     assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
     assert!(last_error().contains(&v.to_string()), "{}", last_error());
@@ -144,10 +145,12 @@ fn kv_pool_exhaustion_reports_sizes_and_recovers() {
     let a = m.reserve(32);
     let b = m.reserve(32);
     let mut c = 0;
+    // SAFETY: m.ptr is a live model and c a writable u64.
     let s = unsafe { llmrt::ffi::llmrt_cache_reserve(m.ptr, 1, &mut c) };
     assert_eq!(s, Status::LLMRT_OUT_OF_MEMORY);
     assert!(last_error().contains("bytes"), "{}", last_error());
     assert_eq!(c, 0, "out_cache written on failure");
+    // SAFETY: m.ptr is a live model and c a writable u64.
     let s = unsafe { llmrt::ffi::llmrt_cache_fork(m.ptr, a, &mut c) };
     assert_eq!(s, Status::LLMRT_OUT_OF_MEMORY);
     assert_eq!(m.release(b), Status::LLMRT_OK);

@@ -108,6 +108,7 @@ fn random_weight(rng: &mut XorShift, dtype: DType, rows: usize, cols: usize) -> 
             }
             bytes
         }
+        dt => unreachable!("no random {dt} weights here"),
     }
 }
 
@@ -118,6 +119,7 @@ fn dtype_tag(d: DType) -> &'static str {
         DType::BF16 => "bf16",
         DType::Q8_0 => "q8_0",
         DType::Q4_0 => "q4_0",
+        dt => unreachable!("no tag for {dt}"),
     }
 }
 

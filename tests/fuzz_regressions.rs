@@ -88,8 +88,12 @@ fn tokenizer_gguf_regressions() {
 fn structured_base_models_load_and_step() {
     use tiny::{Arch, Spec, TokKind};
     for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
-        for tok in [TokKind::Spm, TokKind::Gpt2("gpt2"), TokKind::Gpt2("llama-bpe"), TokKind::Gpt2("qwen2"), TokKind::None] {
-            for mat in DType::all().into_iter().filter(|d| !d.is_grouped()) {
+        for tok in
+            [TokKind::Spm, TokKind::Gpt2("gpt2"), TokKind::Gpt2("llama-bpe"), TokKind::Gpt2("qwen2"), TokKind::None]
+        {
+            // K-quant rows are 256 long: the base model's 32-wide matrices cannot be
+            // K-quants (load_rejects_k_quant_rows_that_are_not_256_long below).
+            for mat in DType::all().into_iter().filter(|d| d.block_elems() <= 32) {
                 for tied in [false, true] {
                     let s = Spec::tiny(arch, tok, mat, tied, 3);
                     let m = harness::model(s.to_bytes())
@@ -103,5 +107,23 @@ fn structured_base_models_load_and_step() {
                 }
             }
         }
+    }
+}
+
+/// A K-quant matrix whose rows are not a multiple of 256 is `LLMRT_BAD_MODEL`
+/// naming the tensor, its row length and the block size, through load (the
+/// structure-aware target's base model has 32-wide rows).
+#[test]
+fn load_rejects_k_quant_rows_that_are_not_256_long() {
+    use tiny::{Arch, Spec, TokKind};
+    for mat in DType::all().into_iter().filter(|d| d.block_elems() == 256) {
+        let mut s = Spec::tiny(Arch::Llama, TokKind::None, DType::F32, false, 5);
+        let t = s.tensors.iter_mut().find(|t| t.name == "blk.0.attn_q.weight").unwrap();
+        // The bytes a 256-wide row would need: the shape check, not the size, must catch it.
+        t.ggml_type = mat.ggml_id();
+        t.data = tiny::tensor_bytes(mat, 256 * t.ne[1] as usize / 8, 1);
+        t.ne = vec![32, t.ne[1]];
+        let e = harness::model(s.to_bytes()).err().unwrap_or_else(|| panic!("{mat}: a 32-wide row loaded")).message;
+        assert!(e.contains("blk.0.attn_q.weight") && e.contains("row length 32") && e.contains("256"), "{mat}: {e}");
     }
 }

@@ -136,11 +136,7 @@ pub fn sentencepiece_model(data: &[u8]) -> Result<()> {
 /// The full load path from memory, then steps (see [`steps`]). `Err` only when the
 /// load fails; a loaded model's step that fails other than for want of KV blocks panics.
 pub fn model(bytes: Vec<u8>) -> Result<Model> {
-    let opts = LoadOptions {
-        backend: BackendKind::Cpu,
-        threads: 1,
-        ..Default::default()
-    };
+    let opts = LoadOptions { backend: BackendKind::Cpu, threads: 1, ..Default::default() };
     let m = Model::load_gguf_bytes(bytes, "fuzz.gguf", opts)?;
     if let Err(e) = steps(&m) {
         assert!(

@@ -86,6 +86,17 @@ pub fn tensor_bytes(dtype: DType, n: usize, rng_seed: u64) -> Vec<u8> {
                 (0..16).for_each(|_| out.push(((r.next() + 0.25) * 512.0) as u8));
             }
         }
+        // The group-quantized types: random quant bytes, small finite scales.
+        dt => {
+            for _ in 0..n / dt.block_elems() {
+                let start = out.len();
+                (0..dt.block_bytes()).for_each(|_| out.push(((r.next() + 0.25) * 512.0) as u8));
+                for &o in dt.f16_scale_offsets() {
+                    let v = half::f16::from_f32(0.004 + r.next().abs() * 0.01).to_le_bytes();
+                    out[start + o..start + o + 2].copy_from_slice(&v);
+                }
+            }
+        }
     }
     out
 }
@@ -100,9 +111,29 @@ fn spm_vocab() -> (Vec<String>, Vec<f32>, Vec<i32>) {
     for c in 'a'..='z' {
         toks.push((c.to_string(), 1));
     }
-    for p in ["\u{2581}t", "\u{2581}a", "th", "he", "in", "er", "an", "\u{2581}th", "\u{2581}the", "on", "re", "at",
-        "\u{2581}H", "H", "i", "\u{2581}Hi", "or", "ld", "\u{2581}w", "\u{2581}wor", "\u{2581}world"]
-    {
+    for p in [
+        "\u{2581}t",
+        "\u{2581}a",
+        "th",
+        "he",
+        "in",
+        "er",
+        "an",
+        "\u{2581}th",
+        "\u{2581}the",
+        "on",
+        "re",
+        "at",
+        "\u{2581}H",
+        "H",
+        "i",
+        "\u{2581}Hi",
+        "or",
+        "ld",
+        "\u{2581}w",
+        "\u{2581}wor",
+        "\u{2581}world",
+    ] {
         if toks.len() < VOCAB as usize && !toks.iter().any(|(t, _)| t == p) {
             toks.push((p.into(), 1));
         }
@@ -124,10 +155,28 @@ fn gpt2_vocab() -> (Vec<String>, Vec<i32>, Vec<String>) {
         types.push(1);
     }
     let mut merges = Vec::new();
-    for (a, b) in [("\u{120}", "t"), ("h", "e"), ("\u{120}t", "he"), ("i", "n"), ("a", "n"), ("e", "r"), ("o", "n"),
-        ("\u{120}", "w"), ("o", "r"), ("\u{120}w", "or"), ("l", "d"), ("\u{120}wor", "ld"), ("H", "i"), ("'", "s"),
-        ("\u{120}", "a"), ("r", "e"), ("a", "t"), ("\u{10A}", "\u{10A}"), ("1", "2"), ("\u{120}", "\u{120}")]
-    {
+    for (a, b) in [
+        ("\u{120}", "t"),
+        ("h", "e"),
+        ("\u{120}t", "he"),
+        ("i", "n"),
+        ("a", "n"),
+        ("e", "r"),
+        ("o", "n"),
+        ("\u{120}", "w"),
+        ("o", "r"),
+        ("\u{120}w", "or"),
+        ("l", "d"),
+        ("\u{120}wor", "ld"),
+        ("H", "i"),
+        ("'", "s"),
+        ("\u{120}", "a"),
+        ("r", "e"),
+        ("a", "t"),
+        ("\u{10A}", "\u{10A}"),
+        ("1", "2"),
+        ("\u{120}", "\u{120}"),
+    ] {
         let m = format!("{a}{b}");
         if toks.len() >= VOCAB as usize {
             break;

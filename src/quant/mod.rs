@@ -105,6 +105,20 @@ impl DType {
         matches!(self, DType::Q2_K | DType::Q3_K | DType::Q6_K)
     }
 
+    /// Byte offsets, within one block, of the block's f16 scale fields (`d`, and
+    /// `m` / `dmin` where the type has one); empty for the float types. For tests
+    /// and fuzzers that make valid blocks from random bytes.
+    pub fn f16_scale_offsets(self) -> &'static [usize] {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => &[],
+            DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
+            DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+            DType::Q2_K => &[80, 82],
+            DType::Q3_K => &[108],
+            DType::Q6_K => &[208],
+        }
+    }
+
     /// The supported type for a ggml type id.
     pub fn from_ggml(id: u32) -> Option<DType> {
         DType::all().into_iter().find(|d| d.ggml_id() == id)

@@ -25,7 +25,8 @@ use crate::quant::groups::{unpack, Group, GROUP};
 use crate::quant::DType;
 
 /// The group-order dot product of one weight row with one activation row
-/// (`qx`: `cols` values, `dx`: `cols / 32` scales).
+/// (`qx`: `cols` values, `dx`: `cols / 32` scales): what the kernels are tested against.
+#[cfg(test)]
 pub(crate) fn dot_ref(dt: DType, row: &[u8], qx: &[i8], dx: &[f32]) -> f32 {
     let per_block = dt.block_elems() / GROUP;
     let bb = dt.block_bytes();
@@ -93,22 +94,13 @@ mod tests {
     use crate::quant::dequantize_row;
     use crate::util::XorShift;
 
-    /// Random but valid rows of `dt`: random bytes with every f16 field set to a
+    /// Random but valid rows of `dt`: random bytes with every f16 scale set to a
     /// small finite value (so no inf/NaN scale).
     fn random_row(dt: DType, cols: usize, r: &mut XorShift) -> Vec<u8> {
         let n = dt.row_bytes(cols).unwrap();
         let mut row: Vec<u8> = (0..n).map(|_| r.next_u64() as u8).collect();
-        let f16_fields: &[usize] = match dt {
-            DType::Q4_1 | DType::Q5_1 => &[0, 2],
-            DType::Q5_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
-            DType::Q4_K | DType::Q5_K => &[0, 2],
-            DType::Q2_K => &[80, 82],
-            DType::Q3_K => &[108],
-            DType::Q6_K => &[208],
-            _ => unreachable!(),
-        };
         for blk in row.chunks_exact_mut(dt.block_bytes()) {
-            for &o in f16_fields {
+            for &o in dt.f16_scale_offsets() {
                 let v = half::f16::from_f32(r.uniform(-0.05, 0.05)).to_bits().to_le_bytes();
                 blk[o..o + 2].copy_from_slice(&v);
             }
