@@ -5,6 +5,9 @@
 //! (where it comes from), `quant` (tensor types), `kv` (paged KV bookkeeping) and
 //! `backend` (the compute seam: `backend::cpu`, and `backend::cuda` for devices).
 
+/// The compute seam. Public only for the CUDA kernel test binaries and
+/// `llmrt-bench` (device launchers); not a stable API.
+#[doc(hidden)]
 pub mod backend;
 pub mod error;
 pub mod ffi;
@@ -18,4 +21,17 @@ pub mod tokenizer;
 pub mod util;
 
 pub use error::{Error, Result, Status};
+
+/// What `llmrt-bench` measures the CPU with beyond the public API: the huge-page
+/// host memory the CPU kernels stream weights from (for its bandwidth probe), and
+/// which CPU kernel set runs. Not a stable API.
+#[doc(hidden)]
+pub mod bench {
+    pub use crate::backend::cpu::groups::HostBuf;
+
+    /// The CPU kernel set this process runs (`scalar`, `avx2`, `avx512-vnni`, `neon`).
+    pub fn cpu_kernels() -> &'static str {
+        crate::backend::cpu::simd::isa().name()
+    }
+}
 pub use runtime::{BackendKind, LoadOptions, Model, ModelInfo};

@@ -4,7 +4,7 @@
 //! tokens (a prefill is a sequence of many tokens, a decode a sequence of one).
 //! One step reads each weight once for the whole batch.
 
-pub mod cpu;
+pub(crate) mod cpu;
 pub mod cuda;
 
 use crate::kv::{BlockCopy, BlockId};

@@ -24,6 +24,7 @@ pub enum Isa {
     Avx512Vnni,
     /// aarch64 NEON (quantized kernels; float ones use the reference, which
     /// compiles to fused multiply-adds there).
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
     Neon,
 }
 

@@ -7,12 +7,12 @@ pub(crate) mod gq;
 mod isa;
 mod kv;
 // `pub` for the bench binary's bandwidth probe (`groups::HostBuf`).
-pub mod groups;
+pub(crate) mod groups;
 pub(crate) mod ops;
 pub(crate) mod pool;
 pub(crate) mod qpack;
 // `pub` for the bench binary (`simd::isa()`, the kernel set's name).
-pub mod simd;
+pub(crate) mod simd;
 
 use super::{Backend, Seq, Want};
 use crate::kv::{BlockCopy, BLOCK_POSITIONS};

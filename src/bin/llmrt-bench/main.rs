@@ -266,7 +266,7 @@ fn json_record(r: &Record, d2d_gbs: Option<f64>, gemm_tflops: Option<f64>) -> se
         Test::Pp(n) | Test::Ttft(n) => (n, 0, 1, 0),
         Test::Tg { n, seqs, depth } => (0, n, seqs, depth),
     };
-    let cpu_info = if r.backend == "CPU" { llmrt::backend::cpu::simd::isa().name().to_string() } else { String::new() };
+    let cpu_info = if r.backend == "CPU" { llmrt::bench::cpu_kernels().to_string() } else { String::new() };
     serde_json::json!({
         "build_commit": "llmrt",
         "cpu_info": cpu_info,

@@ -13,9 +13,9 @@ use std::time::Instant;
 /// around each tg repetition. Returns (best, per pattern).
 #[allow(clippy::needless_range_loop)]
 pub(crate) fn membw(threads: usize, passes: usize) -> (f64, [f64; 2]) {
-    static BUF: std::sync::OnceLock<llmrt::backend::cpu::groups::HostBuf> = std::sync::OnceLock::new();
+    static BUF: std::sync::OnceLock<llmrt::bench::HostBuf> = std::sync::OnceLock::new();
     let buf = BUF.get_or_init(|| {
-        let Some(mut buf) = llmrt::backend::cpu::groups::HostBuf::zeroed(1 << 30) else {
+        let Some(mut buf) = llmrt::bench::HostBuf::zeroed(1 << 30) else {
             eprintln!("llmrt-bench: cannot allocate 1 GiB for the bandwidth probe");
             std::process::exit(1);
         };
