@@ -183,8 +183,8 @@ fn load_err(p: &Path) -> (Status, String) {
 #[test]
 fn unsupported_tensor_type_is_named() {
     let (_, src) = base();
-    let dst = tmpdir("q41").join("m.gguf");
-    // Q4_1 (ggml type 3): 20-byte blocks of 32.
+    let dst = tmpdir("q81").join("m.gguf");
+    // Q8_1 (ggml type 9, ggml's activation type): 36-byte blocks of 32, never a weight.
     rewrite(
         &src,
         &dst,
@@ -192,7 +192,7 @@ fn unsupported_tensor_type_is_named() {
         |name, ne, dt, data| {
             if name == "blk.1.ffn_up.weight" {
                 let blocks = (ne[0] * ne[1] / 32) as usize;
-                Some((3, vec![0u8; blocks * 20]))
+                Some((9, vec![0u8; blocks * 36]))
             } else {
                 Some((dt.ggml_id(), data.to_vec()))
             }
@@ -200,7 +200,7 @@ fn unsupported_tensor_type_is_named() {
     );
     let (s, msg) = load_err(&dst);
     assert_eq!(s, Status::LLMRT_UNSUPPORTED, "{msg}");
-    assert!(msg.contains("blk.1.ffn_up.weight") && msg.contains("Q4_1"), "{msg}");
+    assert!(msg.contains("blk.1.ffn_up.weight") && msg.contains("Q8_1"), "{msg}");
 }
 
 #[test]

@@ -810,6 +810,16 @@ def write_readme(out: Path):
 
 # ----------------------------------------------------------------------------- main
 
+def make_types(out: Path):
+    """gguf-py's table of every ggml type: name, id, (block size, type size)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    types = {t.name: {"ggml_type": int(t.value), "block_size": bs, "type_size": ts}
+             for t, (bs, ts) in sorted(GGML_QUANT_SIZES.items(), key=lambda kv: int(kv[0].value))}
+    doc = {"generator": "tools/make_quant_fixtures.py --parts types",
+           "source": "gguf.constants.GGML_QUANT_SIZES (gguf-py " + gguf_version() + ")", "types": types}
+    (out / "ggml_types.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("tests/fixtures/quant"))
@@ -817,11 +827,13 @@ def main():
     ap.add_argument("--llama-bin", type=Path, default=None, help="llama.cpp build's bin/ (llama-quantize)")
     ap.add_argument("--tools", type=Path, default=None, help="dir with built llamacpp_logits / llamacpp_greedy")
     ap.add_argument("--stories", type=Path, default=Path(__file__).resolve().parents[1] / "../shared/models/stories260K")
-    ap.add_argument("--parts", default="dequant,models,stories")
+    ap.add_argument("--parts", default="types,dequant,models,stories")
     ap.add_argument("--commit-f32", action="store_true", help="write the F32 source model into --out too")
     a = ap.parse_args()
     parts = a.parts.split(",")
     qbin = a.llama_bin / "llama-quantize" if a.llama_bin else None
+    if "types" in parts:
+        make_types(a.out)
     if "dequant" in parts:
         make_dequant(a.out, a.work, qbin)
     if "models" in parts:

@@ -162,7 +162,8 @@ impl std::fmt::Display for DType {
 }
 
 /// Name, elements per block and bytes per block of every ggml type id that
-/// llama.cpp's ggml knows (as of ggml type count 42: up to Q1_0), including the
+/// llama.cpp's ggml knows (as of gguf-py 0.19.0, ggml type count 43: up to Q2_0;
+/// held to gguf-py's table by `tests::ggml_table_matches_gguf_py`), including the
 /// repacked Q4_0_x_x / IQ4_NL_x_x ids (31-33, 36-38) that ggml no longer
 /// accepts in files but which old files may still carry. `None` for unknown ids
 /// (including the long-removed Q4_2 = 4 and Q4_3 = 5).
@@ -175,7 +176,7 @@ pub(crate) fn ggml_type_info(id: u32) -> Option<(&'static str, usize, usize)> {
         6 => ("Q5_0", 32, 2 + 4 + 16),
         7 => ("Q5_1", 32, 2 + 2 + 4 + 16),
         8 => ("Q8_0", 32, 2 + 32),
-        9 => ("Q8_1", 32, 4 + 4 + 32),
+        9 => ("Q8_1", 32, 2 + 2 + 32),
         10 => ("Q2_K", QK_K, 2 + 2 + QK_K / 16 + QK_K / 4),
         11 => ("Q3_K", QK_K, 2 + QK_K / 4 + QK_K / 8 + 12),
         12 => ("Q4_K", QK_K, 2 + 2 + QK_K / 2 + 12),
@@ -208,6 +209,7 @@ pub(crate) fn ggml_type_info(id: u32) -> Option<(&'static str, usize, usize)> {
         39 => ("MXFP4", 32, 1 + 16),
         40 => ("NVFP4", 64, 4 + 32),
         41 => ("Q1_0", 128, 2 + 16),
+        42 => ("Q2_0", 64, 2 + 16),
         _ => return None,
     })
 }

@@ -181,7 +181,7 @@ fn type_table() {
     }
     assert_eq!(DType::from_ggml(16), None); // IQ2_XXS: known to ggml, not supported
     assert_eq!(ggml_type_info(4), None);
-    assert_eq!(ggml_type_info(42), None);
+    assert_eq!(ggml_type_info(43), None);
     assert_eq!(ggml_type_info(12), Some(("Q4_K", 256, 144)));
     assert_eq!(ggml_type_info(14), Some(("Q6_K", 256, 210)));
     assert_eq!(DType::Q8_0.row_bytes(64), Some(68));
@@ -331,4 +331,26 @@ fn dot_is_independent_of_alignment() {
 #[should_panic]
 fn dot_row_rejects_wrong_length() {
     dot_row(DType::Q8_0, &[0u8; 33], &[0f32; 32]);
+}
+
+/// Every ggml type gguf-py knows has our name, block size and bytes
+/// (tests/fixtures/quant/ggml_types.json, from gguf.constants.GGML_QUANT_SIZES);
+/// ids only we list are the repacked ones ggml dropped from files.
+#[test]
+fn ggml_table_matches_gguf_py() {
+    let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/quant/ggml_types.json");
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let mut ids = Vec::new();
+    for (name, t) in doc["types"].as_object().unwrap() {
+        let id = t["ggml_type"].as_u64().unwrap() as u32;
+        let want = (t["block_size"].as_u64().unwrap() as usize, t["type_size"].as_u64().unwrap() as usize);
+        let (n, be, bb) = ggml_type_info(id).unwrap_or_else(|| panic!("{name} ({id}) missing"));
+        assert_eq!((n, be, bb), (name.as_str(), want.0, want.1), "ggml type {id}");
+        ids.push(id);
+    }
+    for id in 0..64 {
+        if let Some((name, ..)) = ggml_type_info(id) {
+            assert!(ids.contains(&id) || [31, 32, 33, 36, 37, 38].contains(&id), "{name} ({id}) not in gguf-py");
+        }
+    }
 }
