@@ -24,7 +24,15 @@
 #include <cstdint>
 #include <cstring>
 
+#ifdef CUDA_EMU_SCAN
+// tools/cuda-driver-emu/gen_kernels.sh preprocesses each kernels/*.cu with this defined
+// and reads the kernel names (and launch bounds) from the markers.
+#define __global__ __emu_global__
+#define __launch_bounds__(...) __emu_lb__ __VA_ARGS__ __emu_lb_end__
+#else
 #define __global__
+#define __launch_bounds__(...)
+#endif
 #define __device__
 #define __host__
 #define __forceinline__ inline __attribute__((always_inline))
@@ -32,7 +40,6 @@
 #define __restrict__ __restrict
 #define __shared__ static thread_local
 #define __constant__ static
-#define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 #ifndef __CUDACC__
 #define __CUDA_ARCH__ 900
@@ -65,7 +72,7 @@ enum Fault : int {
 };
 // Ends the current kernel launch with `code` and a message (printf-style); never returns.
 [[noreturn]] void fault(int code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-[[noreturn]] void misaligned(const void* p, unsigned align, const char* type);
+void misaligned(const void* p, unsigned align, const char* type);  // faults inside a kernel
 inline void check_align(const void* p, unsigned align, const char* type) {
   if (__builtin_expect(((uintptr_t)p & (align - 1)) != 0, 0)) misaligned(p, align, type);
 }
@@ -257,11 +264,12 @@ struct alignas(4) __half2 {
   __half x, y;
   __half2() = default;
   __half2(__half a, __half b) : x(a), y(b) {}
-  __half2(const __half2& o) { emu::check_align(&o, 4, "__half2"); std::memcpy(this, &o, 4); }
+  __half2(const __half2& o) { emu::check_align(&o, 4, "__half2"); x.__x = o.x.__x; y.__x = o.y.__x; }
   __half2& operator=(const __half2& o) {
     emu::check_align(this, 4, "__half2");
     emu::check_align(&o, 4, "__half2");
-    std::memcpy(this, &o, 4);
+    x.__x = o.x.__x;
+    y.__x = o.y.__x;
     return *this;
   }
 };
