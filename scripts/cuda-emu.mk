@@ -12,9 +12,10 @@ CUDA_EMU_CXX ?= g++
 CUDA_EMU_SRC := $(CURDIR)/tools/cuda-driver-emu
 CUDA_EMU_INC := $(CURDIR)/tools/cuda-emu/inc
 # -ffp-contract=off: no FMA the source did not write (the kernels' fmaf are explicit).
-CUDA_EMU_CXXFLAGS ?= -std=c++17 -O2 -g -fPIC -fvisibility=hidden -ffp-contract=off -pthread \
+# -fno-strict-aliasing: CUDA code reads vectors through reinterpret_cast (uint4 as __half2).
+CUDA_EMU_CXXFLAGS ?= -std=c++17 -O2 -g -fPIC -fvisibility=hidden -ffp-contract=off -fno-strict-aliasing -pthread \
   -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas
-CUDA_EMU_HDRS := $(wildcard $(CUDA_EMU_INC)/*.h) $(wildcard $(CUDA_EMU_SRC)/*.h) $(wildcard $(CURDIR)/kernels/*.cuh)
+CUDA_EMU_HDRS := $(CURDIR)/scripts/cuda-emu.mk $(wildcard $(CUDA_EMU_INC)/*.h) $(wildcard $(CUDA_EMU_SRC)/*.h) $(wildcard $(CURDIR)/kernels/*.cuh)
 
 .PHONY: cuda-emu-libs cuda-emu-selftest test-cuda-emulated _cuda-emu-link
 

@@ -118,9 +118,10 @@ const ErrName kErrors[] = {
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
-std::mutex g_detail_mu;
-std::deque<std::string> g_texts;   // returned by cuGetErrorString: never freed
-std::map<int, std::string> g_detail;  // last detail per code
+// Process-lifetime state is never destroyed: executor threads may still run at exit.
+std::mutex& g_detail_mu = *new std::mutex;
+std::deque<std::string>& g_texts = *new std::deque<std::string>;  // returned by cuGetErrorString
+std::map<int, std::string>& g_detail = *new std::map<int, std::string>;  // last detail per code
 
 bool verbose() {
   static int v = -1;
@@ -233,15 +234,19 @@ struct Ctx {
 };
 
 // Everything below is guarded by g_mu unless it is a stream's own queue.
-std::mutex g_mu;
+std::mutex& g_mu = *new std::mutex;
 bool g_init = false;
 int g_devices = 1;
-Ctx g_ctx;  // the primary context of device 0
+Ctx& g_ctx = *new Ctx;  // the primary context of device 0
 thread_local std::vector<Ctx*> t_ctx_stack;
 uintptr_t g_arena = 0;
 size_t g_arena_used = 0;
 unsigned long long g_next_id = 1;
-std::map<uintptr_t, Alloc> g_allocs;  // by region start
+std::map<uintptr_t, Alloc>& g_allocs = *new std::map<uintptr_t, Alloc>;  // by region start
+// Fresh allocations not yet poisoned (region start): poisoned before any work that could
+// read them is enqueued, unless a memset of the whole buffer comes first (alloc_zeros:
+// its pages stay untouched zero pages, so a large KV pool costs no host memory up front).
+std::set<uintptr_t>& g_pending_poison = *new std::set<uintptr_t>;
 size_t g_live_bytes = 0;
 size_t g_limit = 0;
 
@@ -342,12 +347,40 @@ CUresult device_alloc(size_t size, const char* how, CUdeviceptr* out) {
   if (d == MAP_FAILED) return fail(CUDA_ERROR_OUT_OF_MEMORY, "%s(%zu bytes): host mmap failed", how, size);
   size_t rounded = (size + 255) / 256 * 256;
   uintptr_t ptr = region + kPage + data - std::max<size_t>(rounded, 256);
-  std::memset(d, 0xff, data);  // poison: never-written memory reads as NaN
   Alloc a{g_next_id++, region, region_len, ptr, size, false, how};
   g_allocs[region] = a;
+  g_pending_poison.insert(region);  // never-written memory will read as NaN (0xFF bytes)
   g_live_bytes += size;
   *out = ptr;
   return CUDA_SUCCESS;
+}
+
+void flush_poison_locked() {
+  for (uintptr_t r : g_pending_poison) {
+    const Alloc& a = g_allocs[r];
+    std::memset((void*)(a.region + kPage), 0xff, a.region_len - 2 * kPage);
+  }
+  g_pending_poison.clear();
+}
+
+void flush_poison() {
+  std::lock_guard<std::mutex> l(g_mu);
+  flush_poison_locked();
+}
+
+// A memset of the whole of a still-pending buffer: to 0 it needs no work at all (the
+// pages are fresh zero pages); either way the buffer needs no poison any more.
+bool memset_covers_pending(uintptr_t p, size_t n, unsigned char v) {
+  std::lock_guard<std::mutex> l(g_mu);
+  bool in;
+  const Alloc* a = find_alloc(p, &in);
+  if (!a || a->ptr != p || a->size != n || !g_pending_poison.count(a->region)) {
+    flush_poison_locked();
+    return false;
+  }
+  g_pending_poison.erase(a->region);
+  if (v != 0) flush_poison_locked();
+  return v == 0;
 }
 
 CUresult device_free(CUdeviceptr p, const char* how) {
@@ -362,6 +395,7 @@ CUresult device_free(CUdeviceptr p, const char* how) {
   if (a.freed) return fail(CUDA_ERROR_INVALID_VALUE, "%s(0x%llx): buffer #%llu was already freed", how, p, a.id);
   a.freed = true;
   g_live_bytes -= a.size;
+  g_pending_poison.erase(a.region);
   // Inaccessible from now on (and its pages go back to the host); the addresses stay reserved.
   mmap((void*)a.region, a.region_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   return CUDA_SUCCESS;
@@ -426,7 +460,9 @@ void run_ops(Stream* s) {
 }
 
 // Appends `op` to the stream's queue (starting its executor), or to its capture.
-unsigned long long enqueue(Stream* s, Op op) {
+void flush_poison();
+unsigned long long enqueue(Stream* s, Op op, bool flush = true) {
+  if (flush) flush_poison();
   std::lock_guard<std::mutex> l(s->mu);
   if (s->capturing) {
     s->graph->ops.push_back(std::move(op));
@@ -568,6 +604,7 @@ void reset_ctx_locked(Ctx* c) {
       mmap((void*)a.region, a.region_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     }
   }
+  g_pending_poison.clear();
   for (Event* e : c->events) delete e;
   c->events.clear();
   for (Function* f : c->functions) delete f;
@@ -584,8 +621,8 @@ void reset_ctx_locked(Ctx* c) {
 }
 
 std::vector<const emu::ModuleDef*>& registry() {
-  static std::vector<const emu::ModuleDef*> r;
-  return r;
+  static std::vector<const emu::ModuleDef*>* r = new std::vector<const emu::ModuleDef*>;
+  return *r;
 }
 
 }  // namespace
@@ -1073,6 +1110,15 @@ EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, void
   std::vector<std::pair<Stream*, unsigned long long>> deps;
   if (CUresult r = implicit_deps(c, s, &deps)) return r;
   push_deps(s, deps);
+  bool capturing;
+  {
+    std::lock_guard<std::mutex> l(s->mu);
+    capturing = s->capturing;
+  }
+  if (!capturing && memset_covers_pending((uintptr_t)dst, n, v)) {
+    enqueue(s, Op{"cuMemsetD8Async (fresh zero pages)", [](std::string*) { return 0; }}, false);
+    return CUDA_SUCCESS;
+  }
   enqueue(s, Op{"cuMemsetD8Async", [dst, v, n](std::string*) {
                   std::memset((void*)dst, v, n);
                   return 0;

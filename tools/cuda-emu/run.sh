@@ -20,7 +20,7 @@ tests=("$@")
 status=0
 for t in "${tests[@]}"; do
   echo "== $t"
-  g++ -std=c++17 -O2 -ffp-contract=off -I inc -I ../../kernels "$t.cpp" runtime.cpp -o "$OUT/$t" -pthread
+  g++ -std=c++17 -O2 -ffp-contract=off -fno-strict-aliasing -I inc -I ../../kernels "$t.cpp" runtime.cpp -o "$OUT/$t" -pthread
   "$OUT/$t" || status=1
 done
 exit $status
