@@ -164,6 +164,7 @@ struct Alloc {
   size_t size;
   bool freed = false;
   const char* how;
+  bool free_pending = false;  // cuMemFreeAsync enqueued
 };
 
 struct Ctx;
@@ -347,7 +348,7 @@ CUresult device_alloc(size_t size, const char* how, CUdeviceptr* out) {
   if (d == MAP_FAILED) return fail(CUDA_ERROR_OUT_OF_MEMORY, "%s(%zu bytes): host mmap failed", how, size);
   size_t rounded = (size + 255) / 256 * 256;
   uintptr_t ptr = region + kPage + data - std::max<size_t>(rounded, 256);
-  Alloc a{g_next_id++, region, region_len, ptr, size, false, how};
+  Alloc a{g_next_id++, region, region_len, ptr, size, false, how, false};
   g_allocs[region] = a;
   g_pending_poison.insert(region);  // never-written memory will read as NaN (0xFF bytes)
   g_live_bytes += size;
@@ -401,7 +402,7 @@ CUresult device_free(CUdeviceptr p, const char* how) {
   return CUDA_SUCCESS;
 }
 
-// Marks a live allocation freed-pending (for cuMemFreeAsync: checked now, freed in stream order).
+// Marks a live allocation free-pending (cuMemFreeAsync: checked now, freed in stream order).
 CUresult check_free(CUdeviceptr p, const char* how) {
   std::lock_guard<std::mutex> l(g_mu);
   bool in;
@@ -409,7 +410,9 @@ CUresult check_free(CUdeviceptr p, const char* how) {
   if (!c || c->ptr != (uintptr_t)p)
     return fail(CUDA_ERROR_INVALID_VALUE, "%s(0x%llx): not the start of a device allocation (%s)", how, p,
                 describe_locked((uintptr_t)p).c_str());
-  if (c->freed) return fail(CUDA_ERROR_INVALID_VALUE, "%s(0x%llx): buffer #%llu was already freed", how, p, c->id);
+  if (c->freed || c->free_pending)
+    return fail(CUDA_ERROR_INVALID_VALUE, "%s(0x%llx): buffer #%llu was already freed", how, p, c->id);
+  g_allocs[c->region].free_pending = true;
   return CUDA_SUCCESS;
 }
 

@@ -18,10 +18,10 @@
 #include "cuda_emu.h"
 #include "emu_runtime.h"
 
-thread_local uint3 threadIdx;
-thread_local uint3 blockIdx;
-thread_local dim3 blockDim;
-thread_local dim3 gridDim;
+EMU_TLS uint3 threadIdx;
+EMU_TLS uint3 blockIdx;
+EMU_TLS dim3 blockDim;
+EMU_TLS dim3 gridDim;
 
 #if !defined(__x86_64__)
 #error "the CUDA emulator's fiber switch is written for x86-64 (System V ABI)"
@@ -136,18 +136,39 @@ struct Exec {
   }
 };
 
-thread_local std::unique_ptr<Exec> t_exec;
+thread_local std::unique_ptr<Exec> t_exec_owner;
+// The executing thread's Exec (a plain pointer: the hot paths read it often).
+__attribute__((visibility("hidden"))) thread_local Exec* t_exec_ptr = nullptr;
 
 Exec& exec() {
-  if (!t_exec) t_exec.reset(new Exec());
-  return *t_exec;
+  if (!t_exec_ptr) {
+    t_exec_owner.reset(new Exec());
+    t_exec_ptr = t_exec_owner.get();
+  }
+  return *t_exec_ptr;
 }
 
-void yield_to_sched(Exec& e) {
-  Fiber* f = e.cur;
+// Switches from fiber `from` (blocked or done) straight to the next runnable fiber of
+// the block, in thread order after it; back to the scheduler when none is runnable
+// (every thread done, or a deadlock).
+void switch_next(Exec& e, Fiber* from) {
+  const unsigned nt = e.nthreads, i0 = (unsigned)(from - e.fibers);
+  for (unsigned k = 1; k <= nt; ++k) {
+    unsigned i = i0 + k;
+    if (i >= nt) i -= nt;
+    Fiber* to = &e.fibers[i];
+    if (to->state != RUNNABLE) continue;
+    if (to == from) return;
+    e.cur = to;
+    threadIdx = to->tid;
+    emu_ctx_switch(&from->sp, to->sp);
+    return;
+  }
   e.in_fiber = false;
-  emu_ctx_switch(&f->sp, e.sched_sp);
+  emu_ctx_switch(&from->sp, e.sched_sp);
 }
+
+void yield_to_sched(Exec& e) { switch_next(e, e.cur); }
 
 std::string where(Exec& e) {
   char b[200];
@@ -170,7 +191,7 @@ std::string where(Exec& e) {
 unsigned linear(const Fiber* f, const Exec& e) { return (unsigned)(f - e.fibers); }
 
 void fiber_main(void*) {
-  Exec& e = *t_exec;
+  Exec& e = *t_exec_ptr;
   e.desc->invoke(e.desc->params);
   // The thread returned from the kernel.
   Fiber* f = e.cur;
@@ -193,9 +214,7 @@ void fiber_main(void*) {
       }
     e.arrived = 0;
   }
-  e.in_fiber = false;
-  void* junk;
-  emu_ctx_switch(&junk, e.sched_sp);
+  switch_next(e, f);  // never comes back: the fiber is DONE
   __builtin_unreachable();
 }
 
@@ -247,28 +266,19 @@ bool run_block(Exec& e) {
   e.live = nt;
   e.arrived = 0;
   e.bkind = -1;
-  unsigned done = 0;
-  for (;;) {
-    bool ran = false;
-    done = 0;
-    for (unsigned i = 0; i < nt; ++i) {
-      Fiber& f = e.fibers[i];
-      if (f.state == DONE) {
-        ++done;
-        continue;
-      }
-      if (f.state != RUNNABLE) continue;
-      ran = true;
-      e.cur = &f;
-      threadIdx = f.tid;
-      e.in_fiber = true;
-      emu_ctx_switch(&e.sched_sp, f.sp);
-      e.in_fiber = false;
-      if (e.faulted) return false;
-      if (f.state == DONE) ++done;
-    }
+  {
+    // Fibers switch among themselves; control comes back here when none is runnable.
+    Fiber& f = e.fibers[0];
+    e.cur = &f;
+    threadIdx = f.tid;
+    e.in_fiber = true;
+    emu_ctx_switch(&e.sched_sp, f.sp);
+    e.in_fiber = false;
+    if (e.faulted) return false;
+    unsigned done = 0;
+    for (unsigned i = 0; i < nt; ++i) done += e.fibers[i].state == DONE;
     if (done == nt) return true;
-    if (!ran) {
+    {
       // Every live thread waits, and no barrier can complete.
       std::string m = "kernel " + std::string(e.desc->name) + " block (" + std::to_string(blockIdx.x) + "," +
                       std::to_string(blockIdx.y) + "," + std::to_string(blockIdx.z) +
@@ -295,7 +305,7 @@ struct sigaction g_prev_segv, g_prev_bus, g_prev_fpe;
 AddressDescriber g_describer = nullptr;
 
 void on_signal(int sig, siginfo_t* si, void* uc) {
-  Exec* e = t_exec.get();
+  Exec* e = t_exec_ptr;
   if (e && e->in_fiber) {
     char b[160];
     const char* what = sig == SIGFPE ? "arithmetic fault (integer division by zero?)" : "invalid memory access";
@@ -397,7 +407,7 @@ void fault(int code, const char* fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(b, sizeof b, fmt, ap);
   va_end(ap);
-  Exec* e = t_exec.get();
+  Exec* e = t_exec_ptr;
   if (!e || !e->in_fiber) {
     fprintf(stderr, "cuda-emu: device fault outside a kernel: %s\n", b);
     std::abort();
@@ -406,7 +416,7 @@ void fault(int code, const char* fmt, ...) {
 }
 
 void misaligned(const void* p, unsigned align, const char* type) {
-  Exec* e = t_exec.get();
+  Exec* e = t_exec_ptr;
   if (!e || !e->in_fiber) return;  // host code copying vector types: no rule
   char b[200];
   snprintf(b, sizeof b, ": misaligned %s access at %p (needs %u-byte alignment)", type, p, align);
@@ -416,7 +426,7 @@ void misaligned(const void* p, unsigned align, const char* type) {
 }
 
 int block_sync(int kind, int v) {
-  Exec& e = *t_exec;
+  Exec& e = *t_exec_ptr;
   Fiber* f = e.cur;
   if (e.arrived == 0) {
     e.bkind = kind;
@@ -442,13 +452,13 @@ int block_sync(int kind, int v) {
 }
 
 unsigned active_mask() {
-  Exec& e = *t_exec;
+  Exec& e = *t_exec_ptr;
   unsigned w = linear(e.cur, e) / 32;
   return e.warps[w].exists & ~e.warps[w].exited;
 }
 
 uint64_t warp_op(int kind, unsigned mask, uint64_t v, int arg, int width) {
-  Exec& e = *t_exec;
+  Exec& e = *t_exec_ptr;
   Fiber* f = e.cur;
   const unsigned i = linear(f, e), w = i / 32, lane = i % 32;
   Warp& wp = e.warps[w];

@@ -54,10 +54,13 @@ struct dim3 {
 };
 using dim3e = dim3;  // the name tools/cuda-emu/t_*.cpp used
 
-extern thread_local uint3 threadIdx;
-extern thread_local uint3 blockIdx;
-extern thread_local dim3 blockDim;
-extern thread_local dim3 gridDim;
+// Per executing OS thread (the fibers of a block share one; the scheduler sets threadIdx
+// at every switch). Hidden: the library reaches them without a symbol lookup.
+#define EMU_TLS __attribute__((visibility("hidden"))) thread_local
+extern EMU_TLS uint3 threadIdx;
+extern EMU_TLS uint3 blockIdx;
+extern EMU_TLS dim3 blockDim;
+extern EMU_TLS dim3 gridDim;
 static constexpr int warpSize = 32;
 
 namespace emu {
