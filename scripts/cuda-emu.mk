@@ -2,8 +2,8 @@
 # top Makefile:
 #   make cuda-emu-libs        build target/cuda-emu/lib/{libcuda,libnvrtc,libcublas}.so
 #   make cuda-emu-selftest    the emulator's own tests (each strictness rule tripped)
-#   make test-cuda-emulated   tests/cuda_smoke, cuda_kernels, cuda_parity on the emulated
-#                             H200, fast paths on, then LLMRT_CUDA_FAST=0; ends with
+#   make test-cuda-emulated   the selftest, then tests/cuda_smoke, cuda_kernels, cuda_parity
+#                             on the emulated H200, fast paths on, then LLMRT_CUDA_FAST=0; ends with
 #                             `cuda emulated: N passed, M failed, K skipped`
 #   make demo BACKEND=cuda    examples/generate on the emulated device (top Makefile)
 CUDA_EMU_DIR ?= $(CURDIR)/target/cuda-emu
@@ -62,5 +62,5 @@ _cuda-emu-link: $(CUDA_EMU_LIB)/libcuda.so $(CUDA_EMU_LIB)/libnvrtc.so $(CUDA_EM
 cuda-emu-selftest: cuda-emu-libs
 	@CUDA_EMU_LIB=$(CUDA_EMU_LIB) CXX=$(CUDA_EMU_CXX) sh $(CUDA_EMU_SRC)/tests/run.sh
 
-test-cuda-emulated: cuda-emu-libs
+test-cuda-emulated: cuda-emu-libs cuda-emu-selftest
 	@CUDA_EMU_LIB=$(CUDA_EMU_LIB) CARGO="$(CARGO)" sh $(CUDA_EMU_SRC)/run-tests.sh
