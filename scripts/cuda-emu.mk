@@ -21,7 +21,7 @@ CUDA_EMU_ARCH ?= $(shell grep -qw fma /proc/cpuinfo 2>/dev/null && grep -qw f16c
 CUDA_EMU_CXXFLAGS += $(CUDA_EMU_ARCH) -mtls-dialect=gnu2
 CUDA_EMU_HDRS := $(CURDIR)/scripts/cuda-emu.mk $(wildcard $(CUDA_EMU_INC)/*.h) $(wildcard $(CUDA_EMU_SRC)/*.h) $(wildcard $(CURDIR)/kernels/*.cuh)
 
-.PHONY: cuda-emu-libs cuda-emu-selftest test-cuda-emulated _cuda-emu-link
+.PHONY: cuda-emu-libs cuda-emu-selftest test-cuda-emulated cuda-emu-coverage _cuda-emu-link
 
 cuda-emu-libs:
 	@sh $(CUDA_EMU_SRC)/gen_kernels.sh $(CURDIR)/kernels $(CUDA_EMU_INC) $(CUDA_EMU_DIR)/gen $(CUDA_EMU_CXX)
@@ -64,3 +64,6 @@ cuda-emu-selftest: cuda-emu-libs
 
 test-cuda-emulated: cuda-emu-libs cuda-emu-selftest
 	@CUDA_EMU_LIB=$(CUDA_EMU_LIB) CARGO="$(CARGO)" sh $(CUDA_EMU_SRC)/run-tests.sh
+
+cuda-emu-coverage: cuda-emu-libs
+	@CUDA_EMU_LIB=$(CUDA_EMU_LIB) CARGO="$(CARGO)" sh $(CUDA_EMU_SRC)/coverage.sh

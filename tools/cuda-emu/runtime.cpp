@@ -201,9 +201,10 @@ void fiber_main(void*) {
   Warp& wp = e.warps[w];
   wp.exited |= 1u << lane;
   if (wp.arrived && (wp.mask >> lane & 1)) {
-    fault_now(e, FAULT_ILLEGAL_INSTRUCTION,
-              where(e) + " exited while lanes " + std::to_string(wp.arrived) + " (mask) of its warp wait for it in " +
-                  kWarpNames[wp.kind]);
+    char b[160];
+    snprintf(b, sizeof b, " exited while lanes 0x%08x of its warp wait for it in %s (mask 0x%08x)", wp.arrived,
+             kWarpNames[wp.kind], wp.mask);
+    fault_now(e, FAULT_ILLEGAL_INSTRUCTION, where(e) + b);
   }
   if (e.arrived > 0 && e.arrived == e.live) {
     // The rest of the block waits at a barrier: release it (exited threads do not count).
