@@ -5,11 +5,15 @@
 // misaligned vector access, a bad warp collective, a deadlock, and SIGSEGV / SIGBUS /
 // SIGFPE raised while a fiber runs: guard pages, freed device memory) end the launch
 // with a code and a message instead of killing the process.
+#include <atomic>
+#include <condition_variable>
 #include <csignal>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -358,30 +362,128 @@ void install_fault_handlers() {
   sigaction(SIGFPE, &sa, &g_prev_fpe);
 }
 
+namespace {
+
+// Blocks [next, total) of one grid, taken one at a time by the calling executor thread
+// and the pool's workers; the first fault stops everyone.
+struct Job {
+  const RunDesc* d = nullptr;
+  unsigned total = 0;
+  std::atomic<unsigned> next{0};
+  std::atomic<bool> faulted{false};
+  std::mutex mu;
+  int code = 0;
+  std::string msg;
+};
+
+void run_blocks(Job& j) {
+  Exec& e = exec();
+  const RunDesc& d = *j.d;
+  e.desc = &d;
+  e.faulted = false;
+  e.nthreads = d.block.x * d.block.y * d.block.z;
+  gridDim = d.grid;
+  blockDim = d.block;
+  const unsigned gx = d.grid.x, gxy = d.grid.x * d.grid.y;
+  for (;;) {
+    if (j.faulted.load(std::memory_order_relaxed)) break;
+    const unsigned b = j.next.fetch_add(1);
+    if (b >= j.total) break;
+    blockIdx = uint3{b % gx, (b / gx) % d.grid.y, b / gxy};
+    if (!run_block(e)) {
+      std::lock_guard<std::mutex> l(j.mu);
+      if (!j.faulted.exchange(true)) {
+        j.code = e.fault_code;
+        j.msg = e.fault_msg;
+      }
+      break;
+    }
+  }
+  e.desc = nullptr;
+}
+
+// Host threads that run blocks of one grid at a time next to the launching thread
+// (CUDA_EMU_THREADS in all, default: the host's cores, at most 8). A launch that finds
+// the pool busy (another stream's grid) runs its blocks alone.
+struct Pool {
+  std::mutex mu;
+  std::condition_variable cv, done_cv;
+  Job* job = nullptr;
+  unsigned long long gen = 0;
+  unsigned busy = 0;
+  unsigned workers = 0;
+  std::atomic<bool> in_use{false};
+
+  Pool() {
+    unsigned n = std::thread::hardware_concurrency();
+    if (const char* v = getenv("CUDA_EMU_THREADS")) n = (unsigned)atoi(v);
+    n = std::max(1u, std::min(n, 8u));
+    workers = n - 1;
+    for (unsigned i = 0; i < workers; ++i) std::thread([this] { loop(); }).detach();
+  }
+  void loop() {
+    unsigned long long seen = 0;
+    for (;;) {
+      Job* j;
+      {
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait(l, [&] { return gen != seen; });
+        seen = gen;
+        j = job;
+        ++busy;
+      }
+      if (j) run_blocks(*j);
+      {
+        std::lock_guard<std::mutex> l(mu);
+        --busy;
+      }
+      done_cv.notify_all();
+    }
+  }
+};
+
+Pool& pool() {
+  static Pool* p = new Pool();  // never destroyed: workers may run at exit
+  return *p;
+}
+
+}  // namespace
+
 int run_grid(const RunDesc& d, std::string* msg) {
   install_fault_handlers();
-  Exec& e = exec();
   const unsigned nt = d.block.x * d.block.y * d.block.z;
   if (nt == 0 || nt > kMaxThreads) {
     if (msg) *msg = "block of " + std::to_string(nt) + " threads";
     return FAULT_LAUNCH_FAILED;
   }
-  e.desc = &d;
-  e.faulted = false;
-  e.nthreads = nt;
-  gridDim = d.grid;
-  blockDim = d.block;
-  for (unsigned bz = 0; bz < d.grid.z; ++bz)
-    for (unsigned by = 0; by < d.grid.y; ++by)
-      for (unsigned bx = 0; bx < d.grid.x; ++bx) {
-        blockIdx = uint3{bx, by, bz};
-        if (!run_block(e)) {
-          if (msg) *msg = e.fault_msg;
-          e.desc = nullptr;
-          return e.fault_code;
-        }
-      }
-  e.desc = nullptr;
+  Job j;
+  j.d = &d;
+  j.total = d.grid.x * d.grid.y * d.grid.z;
+  Pool& p = pool();
+  // Worth waking the pool only for grids with some work (a decode step's small grids
+  // would pay more in thread hand-offs than they gain).
+  const bool big = j.total >= 4 && (unsigned long long)j.total * nt >= 8192;
+  bool shared = big && p.workers > 0 && !p.in_use.exchange(true);
+  if (shared) {
+    {
+      std::lock_guard<std::mutex> l(p.mu);
+      p.job = &j;
+      ++p.gen;
+    }
+    p.cv.notify_all();
+  }
+  run_blocks(j);
+  if (shared) {
+    // Every block is taken; wait for the workers still running theirs.
+    std::unique_lock<std::mutex> l(p.mu);
+    p.job = nullptr;
+    p.done_cv.wait(l, [&] { return p.busy == 0; });
+    p.in_use = false;
+  }
+  if (j.faulted) {
+    if (msg) *msg = j.msg;
+    return j.code;
+  }
   return 0;
 }
 
