@@ -27,6 +27,8 @@ $cxx -shared -pthread -Wl,-soname,libcuda.so -o "$out/lib/libcuda.so" "$emu/obj/
   "$emu"/obj/k_*.o $objs
 $cxx -shared -pthread -Wl,-soname,libcublas.so -o "$out/lib/libcublas.so" "$emu/obj/cublas.o" \
   -L"$out/lib" -lcuda -Wl,-rpath,'$ORIGIN'
+$cxx -shared -pthread -Wl,-soname,libnvrtc.so -o "$out/lib/libnvrtc.so" "$emu/obj/nvrtc.o" \
+  -L"$out/lib" -lcuda -Wl,-rpath,'$ORIGIN'
 $cxx -std=c++17 -O1 -g -o "$out/selftest" "$here/selftest.cpp" -L"$out/lib" -lcuda -ldl -pthread \
   -Wl,-rpath,"$out/lib"
-LD_LIBRARY_PATH="$out/lib" "$out/selftest" "$@"
+EMU_SELFTEST_KERNELS="$here/kernels" LD_LIBRARY_PATH="$out/lib" "$out/selftest" "$@"

@@ -364,6 +364,51 @@ int cublas_oob_is_an_illegal_address() {
   return 0;
 }
 
+
+int nvrtc_takes_only_the_built_source() {
+  void* lib = dlopen("libnvrtc.so", RTLD_NOW);
+  CHECK(lib, "dlopen libnvrtc.so: %s", dlerror());
+  auto create = (int (*)(void**, const char*, const char*, int, const char* const*, const char* const*))dlsym(
+      lib, "nvrtcCreateProgram");
+  auto compile = (int (*)(void*, int, const char* const*))dlsym(lib, "nvrtcCompileProgram");
+  auto ptx_size = (int (*)(void*, size_t*))dlsym(lib, "nvrtcGetPTXSize");
+  auto ptx = (int (*)(void*, char*))dlsym(lib, "nvrtcGetPTX");
+  auto log_size = (int (*)(void*, size_t*))dlsym(lib, "nvrtcGetProgramLogSize");
+  auto log = (int (*)(void*, char*))dlsym(lib, "nvrtcGetProgramLog");
+  CHECK(create && compile && ptx_size && ptx && log_size && log, "NVRTC symbols");
+  const char* dir = getenv("EMU_SELFTEST_KERNELS");
+  CHECK(dir, "EMU_SELFTEST_KERNELS names tests/kernels");
+  std::string path = std::string(dir) + "/emu_selftest.cu";
+  FILE* f = fopen(path.c_str(), "rb");
+  CHECK(f, "open %s", path.c_str());
+  std::string src;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) src.append(buf, n);
+  fclose(f);
+  const char* opts[] = {"--gpu-architecture=compute_90", "--std=c++17"};
+  void* p = nullptr;
+  CHECK(create(&p, src.c_str(), "emu_selftest.cu", 0, nullptr, nullptr) == 0, "create");
+  CHECK(compile(p, 2, opts) == 0, "the source the emulator was built from compiles");
+  size_t len = 0;
+  CHECK(ptx_size(p, &len) == 0 && len > 1, "PTX size");
+  std::string text(len, '\0');
+  CHECK(ptx(p, &text[0]) == 0, "PTX");
+  CHECK(text.find(".entry emu_block_sum(") != std::string::npos, "PTX names emu_block_sum: %s", text.c_str());
+  void* m = nullptr;
+  CHECK(setup(), "setup");
+  OK(cuModuleLoadData(&m, text.c_str()));
+  std::string changed = src + "\n// one more line\n";
+  CHECK(create(&p, changed.c_str(), "emu_selftest.cu", 0, nullptr, nullptr) == 0, "create");
+  CHECK(compile(p, 2, opts) == 6, "a changed source is a compilation error (NVRTC_ERROR_COMPILATION)");
+  CHECK(log_size(p, &len) == 0, "log size");
+  std::string lg(len, '\0');
+  log(p, &lg[0]);
+  CHECK(lg.find("differs") != std::string::npos, "log: %s", lg.c_str());
+  printf("  changed source: %s", lg.c_str());
+  return 0;
+}
+
 struct Case {
   const char* name;
   int (*run)();
@@ -385,6 +430,7 @@ const Case kCases[] = {
     {"ptx_version_and_target", ptx_version_and_target},
     {"copies_are_bounds_checked", copies_are_bounds_checked},
     {"cublas_oob_is_an_illegal_address", cublas_oob_is_an_illegal_address},
+    {"nvrtc_takes_only_the_built_source", nvrtc_takes_only_the_built_source},
 };
 
 }  // namespace
