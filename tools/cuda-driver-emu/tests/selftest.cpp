@@ -85,7 +85,8 @@ void* setup() {
       ".version 9.0\n.target sm_90\n.address_size 64\n"
       ".visible .entry emu_copy_off(\n)\n.visible .entry emu_load_float4(\n)\n"
       ".visible .entry emu_shfl_after_exit(\n)\n.visible .entry emu_deadlock(\n)\n"
-      ".visible .entry emu_block_sum(\n)\n.visible .entry emu_increment(\n)\n";
+      ".visible .entry emu_block_sum(\n)\n.visible .entry emu_increment(\n)\n"
+      ".visible .entry emu_reverse_dyn(\n)\n";
   if (cuModuleLoadData(&g_mod, ptx)) return nullptr;
   return ctx;
 }
@@ -182,6 +183,24 @@ int dynamic_smem_needs_attribute() {
   float s = 0;
   OK(cuMemcpyDtoHAsync_v2(&s, y, 4, nullptr));
   CHECK(s == 128.0f, "block sum %g != 128", s);
+  return 0;
+}
+
+int dynamic_shared_memory_works() {
+  CHECK(setup(), "setup");
+  std::vector<float> h(512);
+  for (int i = 0; i < 512; ++i) h[i] = (float)i;
+  P x = upload(h), y = 0;
+  OK(cuMemAllocAsync(&y, 512 * 4, nullptr));
+  void* args[] = {&x, &y};
+  OK(cuLaunchKernel(fn("emu_reverse_dyn"), 2, 1, 1, 256, 1, 1, 256 * 4, nullptr, args, nullptr));
+  std::vector<float> out(512);
+  OK(cuMemcpyDtoHAsync_v2(out.data(), y, 512 * 4, nullptr));
+  for (int i = 0; i < 512; ++i) {
+    float want = (float)((i / 256) * 256 + 255 - i % 256);
+    CHECK(out[i] == want, "y[%d] = %g, want %g", i, out[i], want);
+  }
+  printf("  extern __shared__ buffer reversed two blocks of 256\n");
   return 0;
 }
 
@@ -419,6 +438,7 @@ const Case kCases[] = {
     {"poison_reads_as_nan", poison_reads_as_nan},
     {"too_many_threads", too_many_threads},
     {"dynamic_smem_needs_attribute", dynamic_smem_needs_attribute},
+    {"dynamic_shared_memory_works", dynamic_shared_memory_works},
     {"misaligned_vector_load", misaligned_vector_load},
     {"use_after_free", use_after_free},
     {"double_free", double_free},

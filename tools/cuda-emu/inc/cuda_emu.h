@@ -13,7 +13,7 @@
 //   or store through a pointer checks the alignment the GPU requires (8/16/2/4 bytes);
 //   a misaligned one faults with CUDA_ERROR_MISALIGNED_ADDRESS.
 // - __shared__ variables are per executing OS thread (thread_local), so blocks running
-//   on different streams at once never share them.
+//   at once on different host threads never share them.
 // Not modelled: GPU float details (fast-math __expf, the GPU's expf ulps), FMA
 // contraction (build with -ffp-contract=off: every fmaf is explicit), timing, races
 // that the barriers do not order (fibers run one at a time, so a race never tears).
@@ -38,7 +38,15 @@
 #define __forceinline__ inline __attribute__((always_inline))
 #define __noinline__ __attribute__((noinline))
 #define __restrict__ __restrict
-#define __shared__ static thread_local
+// thread_local: at block scope it implies static (one array per executing thread, shared
+// by the block's fibers); `extern __shared__ T name[];` (dynamic shared memory) declares a
+// thread_local array that gen_kernels.sh defines next to the file, 227 KiB long.
+#ifdef CUDA_EMU_SCAN
+#define __shared__ __emu_shared__
+#else
+#define __shared__ thread_local
+#endif
+#define EMU_DYNAMIC_SMEM_BYTES (227 * 1024)
 #define __constant__ static
 #define __align__(n) __attribute__((aligned(n)))
 #ifndef __CUDACC__

@@ -47,3 +47,11 @@ extern "C" __global__ void emu_increment(float* y, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += 1.0f;
 }
+
+// Dynamic shared memory: y[i] = x[i] reversed within the block, through `extern __shared__`.
+extern "C" __global__ void emu_reverse_dyn(const float* x, float* y) {
+    extern __shared__ float buf[];
+    buf[threadIdx.x] = x[blockIdx.x * blockDim.x + threadIdx.x];
+    __syncthreads();
+    y[blockIdx.x * blockDim.x + threadIdx.x] = buf[blockDim.x - 1 - threadIdx.x];
+}
