@@ -22,18 +22,15 @@
 #include "cuda_emu.h"
 #include "emu_runtime.h"
 
-EMU_TLS uint3 threadIdx;
-EMU_TLS uint3 blockIdx;
-EMU_TLS dim3 blockDim;
-EMU_TLS dim3 gridDim;
 
 #if !defined(__x86_64__)
 #error "the CUDA emulator's fiber switch is written for x86-64 (System V ABI)"
 #endif
 
-// emu_ctx_switch(void** save_sp, void* new_sp): saves the callee-saved registers,
-// MXCSR and the x87 control word on the current stack, stores the stack pointer in
-// *save_sp, and resumes the context whose stack pointer is new_sp.
+// emu_ctx_switch(void** save_sp, void* new_sp): saves the callee-saved registers on
+// the current stack, stores the stack pointer in *save_sp, and resumes the context
+// whose stack pointer is new_sp. (MXCSR and the x87 control word are not switched:
+// nothing in the kernels changes them.)
 // emu_fiber_start: first "return address" of a fresh fiber: calls r12(r13).
 asm(R"(
 .text
@@ -47,14 +44,8 @@ emu_ctx_switch:
     pushq %r13
     pushq %r14
     pushq %r15
-    subq $8, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
     movq %rsp, (%rdi)
     movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $8, %rsp
     popq %r15
     popq %r14
     popq %r13
@@ -79,18 +70,23 @@ extern "C" void emu_fiber_start();
 namespace emu {
 namespace {
 
-constexpr size_t kStack = 128 * 1024;  // per CUDA thread
 constexpr size_t kGuard = 4096;
+constexpr size_t kSlot = kSlotBytes;  // per CUDA thread: guard page, stack, header
+constexpr size_t kStack = kSlot - 2 * kGuard;
 constexpr unsigned kMaxThreads = 1024;
+struct Exec;
 
 enum State : unsigned char { RUNNABLE, BLOCK_WAIT, WARP_WAIT, DONE };
 const char* kWarpNames[] = {"__syncwarp", "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
                             "__shfl_xor_sync", "__ballot_sync", "__any_sync", "__all_sync"};
 const char* kBlockNames[] = {"__syncthreads", "__syncthreads_or", "__syncthreads_and", "__syncthreads_count"};
 
-struct Fiber {
+struct alignas(64) Fiber {
   void* sp;
+  Exec* exec;
+  FiberHdr* hdr;
   State state;
+  unsigned index, lane, warp;
   uint3 tid;
   uint64_t val, result;
   int arg, width;
@@ -110,21 +106,35 @@ struct Exec {
   unsigned nthreads = 0, live = 0, arrived = 0;
   int bkind = -1, bacc = 0;
   Fiber* cur = nullptr;
+  uint3 bid{0, 0, 0};
   bool in_fiber = false;
   const RunDesc* desc = nullptr;
   bool faulted = false;
   int fault_code = 0;
   std::string fault_msg;
   void* altstack = nullptr;
+  char* map = nullptr;
+  size_t map_bytes = 0;
   Exec() {
-    stack_bytes = (size_t)kMaxThreads * (kStack + kGuard);
-    void* p = mmap(nullptr, stack_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    stack_bytes = (size_t)kMaxThreads * kSlot;
+    map_bytes = stack_bytes + kSlot;
+    void* p = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
       perror("cuda-emu: mmap fiber stacks");
       std::abort();
     }
-    stacks = (char*)p;
-    for (unsigned i = 0; i < kMaxThreads; ++i) mprotect(stacks + i * (kStack + kGuard), kGuard, PROT_NONE);
+    map = (char*)p;
+    stacks = (char*)(((uintptr_t)p + kSlot - 1) & ~(uintptr_t)(kSlot - 1));
+    for (unsigned i = 0; i < kMaxThreads; ++i) {
+      mprotect(stacks + i * kSlot, kGuard, PROT_NONE);  // under the stack
+      Fiber& f = fibers[i];
+      f.exec = this;
+      f.hdr = hdr_of_slot((uintptr_t)(stacks + i * kSlot));
+      f.hdr->fiber = &f;
+      f.index = i;
+      f.lane = i % 32;
+      f.warp = i / 32;
+    }
     altstack = std::malloc(64 * 1024);
     stack_t ss{};
     ss.ss_sp = altstack;
@@ -135,7 +145,7 @@ struct Exec {
     stack_t ss{};
     ss.ss_flags = SS_DISABLE;
     sigaltstack(&ss, nullptr);
-    munmap(stacks, stack_bytes);
+    munmap(map, map_bytes);
     std::free(altstack);
   }
 };
@@ -164,7 +174,6 @@ void switch_next(Exec& e, Fiber* from) {
     if (to->state != RUNNABLE) continue;
     if (to == from) return;
     e.cur = to;
-    threadIdx = to->tid;
     emu_ctx_switch(&from->sp, to->sp);
     return;
   }
@@ -177,8 +186,8 @@ void yield_to_sched(Exec& e) { switch_next(e, e.cur); }
 std::string where(Exec& e) {
   char b[200];
   const Fiber* f = e.cur;
-  snprintf(b, sizeof b, "kernel %s block (%u,%u,%u) thread (%u,%u,%u)", e.desc ? e.desc->name : "?", blockIdx.x,
-           blockIdx.y, blockIdx.z, f ? f->tid.x : 0, f ? f->tid.y : 0, f ? f->tid.z : 0);
+  snprintf(b, sizeof b, "kernel %s block (%u,%u,%u) thread (%u,%u,%u)", e.desc ? e.desc->name : "?", e.bid.x,
+           e.bid.y, e.bid.z, f ? f->tid.x : 0, f ? f->tid.y : 0, f ? f->tid.z : 0);
   return b;
 }
 
@@ -224,7 +233,7 @@ void fiber_main(void*) {
 }
 
 void init_fiber(Exec& e, unsigned i) {
-  char* top = e.stacks + (size_t)i * (kStack + kGuard) + kGuard + kStack;
+  char* top = (char*)e.fibers[i].hdr;  // the stack grows down from just below the header
   uint64_t* sp = (uint64_t*)top;
   *--sp = 0;                            // alignment pad
   *--sp = (uint64_t)&emu_fiber_start;   // return address of emu_ctx_switch
@@ -234,12 +243,6 @@ void init_fiber(Exec& e, unsigned i) {
   *--sp = 0;                            // r13 (argument)
   *--sp = 0;                            // r14
   *--sp = 0;                            // r15
-  uint32_t csr[2];
-  asm volatile("stmxcsr %0" : "=m"(csr[0]));
-  asm volatile("fnstcw %0" : "=m"(csr[1]));
-  csr[1] &= 0xffff;
-  --sp;
-  std::memcpy(sp, csr, 8);
   e.fibers[i].sp = sp;
 }
 
@@ -260,7 +263,13 @@ bool run_block(Exec& e) {
   for (unsigned i = 0; i < nt; ++i) {
     Fiber& f = e.fibers[i];
     f.state = RUNNABLE;
-    f.tid = uint3{i % blockDim.x, (i / blockDim.x) % blockDim.y, i / (blockDim.x * blockDim.y)};
+    const dim3 bd = e.desc->block;
+    f.tid = uint3{i % bd.x, (i / bd.x) % bd.y, i / (bd.x * bd.y)};
+    FiberHdr* h = f.hdr;
+    h->tid = f.tid;
+    h->bid = e.bid;
+    h->bdim = bd;
+    h->gdim = e.desc->grid;
     init_fiber(e, i);
   }
   for (unsigned w = 0; w < (nt + 31) / 32; ++w) {
@@ -275,7 +284,6 @@ bool run_block(Exec& e) {
     // Fibers switch among themselves; control comes back here when none is runnable.
     Fiber& f = e.fibers[0];
     e.cur = &f;
-    threadIdx = f.tid;
     e.in_fiber = true;
     emu_ctx_switch(&e.sched_sp, f.sp);
     e.in_fiber = false;
@@ -285,8 +293,8 @@ bool run_block(Exec& e) {
     if (done == nt) return true;
     {
       // Every live thread waits, and no barrier can complete.
-      std::string m = "kernel " + std::string(e.desc->name) + " block (" + std::to_string(blockIdx.x) + "," +
-                      std::to_string(blockIdx.y) + "," + std::to_string(blockIdx.z) +
+      std::string m = "kernel " + std::string(e.desc->name) + " block (" + std::to_string(e.bid.x) + "," +
+                      std::to_string(e.bid.y) + "," + std::to_string(e.bid.z) +
                       ") deadlocks: threads wait at barriers that cannot complete:";
       int shown = 0;
       for (unsigned i = 0; i < nt && shown < 8; ++i) {
@@ -323,7 +331,7 @@ void on_signal(int sig, siginfo_t* si, void* uc) {
       uintptr_t a = (uintptr_t)si->si_addr;
       uintptr_t stk = (uintptr_t)e->stacks;
       if (a >= stk && a < stk + e->stack_bytes) {
-        m += " (the thread's stack overflowed: more than 128 KiB of locals)";
+        m += " (the thread's stack overflowed: more than 248 KiB of locals)";
         code = FAULT_HARDWARE_STACK;
       } else if (g_describer) {
         m += ": " + g_describer(a);
@@ -382,14 +390,12 @@ void run_blocks(Job& j) {
   e.desc = &d;
   e.faulted = false;
   e.nthreads = d.block.x * d.block.y * d.block.z;
-  gridDim = d.grid;
-  blockDim = d.block;
   const unsigned gx = d.grid.x, gxy = d.grid.x * d.grid.y;
   for (;;) {
     if (j.faulted.load(std::memory_order_relaxed)) break;
     const unsigned b = j.next.fetch_add(1);
     if (b >= j.total) break;
-    blockIdx = uint3{b % gx, (b / gx) % d.grid.y, b / gxy};
+    e.bid = uint3{b % gx, (b / gx) % d.grid.y, b / gxy};
     if (!run_block(e)) {
       std::lock_guard<std::mutex> l(j.mu);
       if (!j.faulted.exchange(true)) {
@@ -529,8 +535,8 @@ void misaligned(const void* p, unsigned align, const char* type) {
 }
 
 int block_sync(int kind, int v) {
-  Exec& e = *t_exec_ptr;
-  Fiber* f = e.cur;
+  Fiber* f = (Fiber*)hdr()->fiber;
+  Exec& e = *f->exec;
   if (e.arrived == 0) {
     e.bkind = kind;
     e.bacc = kind == 2 ? 1 : 0;
@@ -555,15 +561,16 @@ int block_sync(int kind, int v) {
 }
 
 unsigned active_mask() {
-  Exec& e = *t_exec_ptr;
-  unsigned w = linear(e.cur, e) / 32;
+  Fiber* f = (Fiber*)hdr()->fiber;
+  Exec& e = *f->exec;
+  unsigned w = f->warp;
   return e.warps[w].exists & ~e.warps[w].exited;
 }
 
 uint64_t warp_op(int kind, unsigned mask, uint64_t v, int arg, int width) {
-  Exec& e = *t_exec_ptr;
-  Fiber* f = e.cur;
-  const unsigned i = linear(f, e), w = i / 32, lane = i % 32;
+  Fiber* f = (Fiber*)hdr()->fiber;
+  Exec& e = *f->exec;
+  const unsigned w = f->warp, lane = f->lane;
   Warp& wp = e.warps[w];
   char b[200];
   if (!(mask >> lane & 1)) {

@@ -62,13 +62,32 @@ struct dim3 {
 };
 using dim3e = dim3;  // the name tools/cuda-emu/t_*.cpp used
 
-// Per executing OS thread (the fibers of a block share one; the scheduler sets threadIdx
-// at every switch). Hidden: the library reaches them without a symbol lookup.
-#define EMU_TLS __attribute__((visibility("hidden"))) thread_local
-extern EMU_TLS uint3 threadIdx;
-extern EMU_TLS uint3 blockIdx;
-extern EMU_TLS dim3 blockDim;
-extern EMU_TLS dim3 gridDim;
+namespace emu {
+// Each CUDA thread is a fiber whose stack lies in a 256 KiB slot aligned to 256 KiB;
+// a header in the slot holds the thread's indices. So threadIdx & co. are found from
+// the stack pointer: no thread-local lookup on the kernels' hot paths.
+constexpr uintptr_t kSlotBytes = 256 * 1024;
+struct FiberHdr {
+  uint3 tid, bid;
+  dim3 bdim, gdim;
+  void* fiber;
+};
+// The header sits at the top of the slot, just above the stack (one page for both: one
+// TLB entry per thread); its offset varies with the slot, so that the headers and stack
+// tops of a warp do not all fall into one cache set.
+__attribute__((always_inline)) inline FiberHdr* hdr_of_slot(uintptr_t base) {
+  return reinterpret_cast<FiberHdr*>(base + kSlotBytes - 64 - (((base / kSlotBytes) & 31) << 6));
+}
+__attribute__((always_inline)) inline FiberHdr* hdr() {
+  uintptr_t sp;
+  asm("mov %%rsp, %0" : "=r"(sp));
+  return hdr_of_slot(sp & ~(kSlotBytes - 1));
+}
+}  // namespace emu
+#define threadIdx (::emu::hdr()->tid)
+#define blockIdx (::emu::hdr()->bid)
+#define blockDim (::emu::hdr()->bdim)
+#define gridDim (::emu::hdr()->gdim)
 static constexpr int warpSize = 32;
 
 namespace emu {
