@@ -11,28 +11,34 @@ cov=$(dirname "$lib")/cov
 bin=$(echo "$(rustc --print sysroot)"/lib/rustlib/*/bin)
 [ -x "$bin/llvm-profdata" ] || { echo "no llvm-profdata in $bin: rustup component add llvm-tools"; exit 1; }
 mkdir -p "$cov"
-rm -rf "$cov/prof"
+[ "${CUDA_EMU_COV_REPORT_ONLY:-0}" = 0 ] && rm -rf "$cov/prof"
 export CARGO_TARGET_DIR="$cov/target" RUSTFLAGS="-C instrument-coverage"
 tests="cuda_smoke cuda_kernels cuda_parity"
 targs=""
 for t in $tests; do targs="$targs --test $t"; done
 # shellcheck disable=SC2086
 exes=$($cargo test --release --no-run $targs --message-format=json 2>"$cov/build.log" |
-  grep -o '"executable":"[^"]*"' | sed 's/"executable":"//; s/"$//')
+  grep -o '"executable":"[^"]*"' | sed 's/"executable":"//; s/"$//' | grep -E '/deps/cuda_(smoke|kernels|parity)-')
 [ -n "$exes" ] || { cat "$cov/build.log"; exit 1; }
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-for e in $exes; do
+[ "${CUDA_EMU_COV_REPORT_ONLY:-0}" = 0 ] && for e in $exes; do
   LLVM_PROFILE_FILE="$cov/prof/fast-%p-%m.profraw" "$e" >"$cov/$(basename "$e").fast.log" 2>&1 || echo "  $(basename "$e") (fast) failed: see $cov"
   LLMRT_CUDA_FAST=0 LLVM_PROFILE_FILE="$cov/prof/plain-%p-%m.profraw" "$e" >"$cov/$(basename "$e").plain.log" 2>&1 ||
     echo "  $(basename "$e") (plain) failed: see $cov"
 done
-"$bin/llvm-profdata" merge -sparse "$cov"/prof/*.profraw -o "$cov/merged.profdata"
+if [ "${CUDA_EMU_COV_REPORT_ONLY:-0}" = 0 ] || [ ! -f "$cov/merged.profdata" ]; then
+  "$bin/llvm-profdata" merge -sparse "$cov"/prof/*.profraw -o "$cov/merged.profdata"
+fi
+first=""
 objs=""
-for e in $exes; do objs="$objs -object $e"; done
+for e in $exes; do
+  if [ -z "$first" ]; then first=$e; else objs="$objs -object $e"; fi
+done
 root=$(cd "$(dirname "$0")/../.." && pwd)
+srcs=$(ls "$root"/src/backend/cuda/*.rs "$root"/src/backend/cuda/*/*.rs 2>/dev/null || true)
 # shellcheck disable=SC2086
-"$bin/llvm-cov" report --instr-profile "$cov/merged.profdata" $objs "$root/src/backend/cuda" | tee "$cov/report.txt"
+"$bin/llvm-cov" report --instr-profile "$cov/merged.profdata" "$first" $objs $srcs | tee "$cov/report.txt"
 # shellcheck disable=SC2086
-"$bin/llvm-cov" show --instr-profile "$cov/merged.profdata" $objs "$root/src/backend/cuda" \
+"$bin/llvm-cov" show --instr-profile "$cov/merged.profdata" "$first" $objs $srcs \
   --show-line-counts-or-regions >"$cov/show.txt"
 echo "line-by-line: $cov/show.txt"
