@@ -165,6 +165,7 @@ struct Alloc {
   bool freed = false;
   const char* how;
   bool free_pending = false;  // cuMemFreeAsync enqueued
+  std::thread::id owner;      // the allocating thread (poisons it before its next work)
 };
 
 struct Ctx;
@@ -257,12 +258,9 @@ size_t mem_limit() {
   if (g_limit) return g_limit;
   size_t lim = 0;
   if (const char* e = getenv("CUDA_EMU_MEM_LIMIT")) lim = strtoull(e, nullptr, 0);
-  if (!lim) {
-    // Default: 8 GiB, or half of the host's available memory if that is less.
-    lim = 8ull << 30;
-    long pages = sysconf(_SC_AVPHYS_PAGES);
-    if (pages > 0) lim = std::min(lim, (size_t)pages * (size_t)sysconf(_SC_PAGESIZE) / 2);
-  }
+  // Default: the whole device. Memory costs the host only where it is touched (a
+  // buffer zeroed whole right after its allocation stays untouched zero pages).
+  if (!lim) lim = kTotalMem;
   g_limit = std::min<size_t>(lim, kTotalMem);
   return g_limit;
 }
@@ -344,11 +342,12 @@ CUresult device_alloc(size_t size, const char* how, CUdeviceptr* out) {
     return fail(CUDA_ERROR_OUT_OF_MEMORY, "%s: the emulator's device address range is used up", how);
   uintptr_t region = g_arena + g_arena_used;
   g_arena_used += region_len;
-  void* d = mmap((void*)(region + kPage), data, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  void* d = mmap((void*)(region + kPage), data, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   if (d == MAP_FAILED) return fail(CUDA_ERROR_OUT_OF_MEMORY, "%s(%zu bytes): host mmap failed", how, size);
   size_t rounded = (size + 255) / 256 * 256;
   uintptr_t ptr = region + kPage + data - std::max<size_t>(rounded, 256);
-  Alloc a{g_next_id++, region, region_len, ptr, size, false, how, false};
+  Alloc a{g_next_id++, region, region_len, ptr, size, false, how, false, std::this_thread::get_id()};
   g_allocs[region] = a;
   g_pending_poison.insert(region);  // never-written memory will read as NaN (0xFF bytes)
   g_live_bytes += size;
@@ -356,12 +355,19 @@ CUresult device_alloc(size_t size, const char* how, CUdeviceptr* out) {
   return CUDA_SUCCESS;
 }
 
+// Poisons the calling thread's fresh allocations (another thread's may be about to get
+// their whole-buffer memset, which must find them untouched).
 void flush_poison_locked() {
-  for (uintptr_t r : g_pending_poison) {
-    const Alloc& a = g_allocs[r];
-    std::memset((void*)(a.region + kPage), 0xff, a.region_len - 2 * kPage);
+  const std::thread::id me = std::this_thread::get_id();
+  for (auto it = g_pending_poison.begin(); it != g_pending_poison.end();) {
+    const Alloc& a = g_allocs[*it];
+    if (a.owner == me) {
+      std::memset((void*)(a.region + kPage), 0xff, a.region_len - 2 * kPage);
+      it = g_pending_poison.erase(it);
+    } else {
+      ++it;
+    }
   }
-  g_pending_poison.clear();
 }
 
 void flush_poison() {
