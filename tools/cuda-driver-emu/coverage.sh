@@ -17,7 +17,8 @@ tests="cuda_smoke cuda_kernels cuda_parity"
 targs=""
 for t in $tests; do targs="$targs --test $t"; done
 # shellcheck disable=SC2086
-exes=$($cargo test --release --no-run $targs --message-format=json 2>"$cov/build.log" |
+# (The instrumented build scripts write profiles too: keep them out of the work tree.)
+exes=$(LLVM_PROFILE_FILE="$cov/build-prof/%p-%m.profraw" $cargo test --release --no-run $targs --message-format=json 2>"$cov/build.log" |
   grep -o '"executable":"[^"]*"' | sed 's/"executable":"//; s/"$//' | grep -E '/deps/cuda_(smoke|kernels|parity)-')
 [ -n "$exes" ] || { cat "$cov/build.log"; exit 1; }
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
