@@ -78,12 +78,20 @@ $(GENERATE): examples/generate.c include/llmrt.h $(LIB)
 	$(CC) -std=c11 -O2 -g -Wall -Wextra -Werror -Iinclude $< -o $@ \
 	  -L$(LIBDIR) -lllmrt -Wl,-rpath,$(LIBDIR) -lm
 
+# BACKEND=cpu|cuda|auto picks the backend; BACKEND=cuda runs on the emulated driver
+# (scripts/cuda-emu.mk) unless CUDA_EMU=0 (then on the machine's own driver).
 demo: build
 	$(MAKE) --no-print-directory $(GENERATE)
-	$(GENERATE) $(MODEL) $(DEMO_ARGS)
+ifeq ($(BACKEND)$(CUDA_EMU),cuda)
+	$(MAKE) --no-print-directory cuda-emu-libs
+	LD_LIBRARY_PATH=$(CUDA_EMU_LIB) $(GENERATE) $(MODEL) --backend cuda $(DEMO_ARGS)
+else
+	$(GENERATE) $(MODEL) $(if $(BACKEND),--backend $(BACKEND)) $(DEMO_ARGS)
+endif
 
 -include scripts/kernel-check.mk
 -include scripts/fuzz.mk
+-include scripts/cuda-emu.mk
 
 # Rust integration tests under valgrind memcheck (docs/RELIABILITY.md): about two
 # minutes. The stress test runs a shorter sequence there (valgrind serialises threads).
@@ -116,6 +124,7 @@ test:
 	$(if $(wildcard scripts/kernel-check.mk),$(MAKE) --no-print-directory kernel-check)
 	$(if $(wildcard go/go.mod),$(MAKE) --no-print-directory go-test)
 	$(if $(wildcard scripts/fuzz.mk),$(MAKE) --no-print-directory fuzz-short)
+	$(if $(wildcard scripts/cuda-emu.mk),$(MAKE) --no-print-directory test-cuda-emulated)
 
 # The package's own #cgo lines point at ../include and ../target/release; these
 # flags come first, so a CARGO_TARGET_DIR elsewhere wins.

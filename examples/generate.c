@@ -189,7 +189,7 @@ static bool has_tokenizer(const llmrt_model *m, const llmrt_model_info *info) {
 
 static int usage(const char *argv0) {
     fprintf(stderr,
-            "usage: %s MODEL.gguf [-p \"text\" | -i 1,2,3] [-n N] [-t THREADS]\n"
+            "usage: %s MODEL.gguf [-p \"text\" | -i 1,2,3] [-n N] [-t THREADS] [--backend auto|cpu|cuda]\n"
             "       [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] "
             "[--seed S]\n",
             argv0);
@@ -199,6 +199,7 @@ static int usage(const char *argv0) {
 int main(int argc, char **argv) {
     const char *path = NULL, *ids_arg = NULL, *text_arg = NULL;
     uint32_t n_gen = 32, threads = 0;
+    llmrt_backend backend = LLMRT_BACKEND_AUTO;
     /* The library's defaults, but greedy unless --temp says otherwise. */
     llmrt_sampler_params sp;
     llmrt_sampler_params_default(&sp);
@@ -217,6 +218,12 @@ int main(int argc, char **argv) {
         else if (v != NULL && strcmp(a, "--min-p") == 0) ok = parse_f32(v, &sp.min_p);
         else if (v != NULL && strcmp(a, "--repeat-penalty") == 0) ok = parse_f32(v, &sp.repetition_penalty);
         else if (v != NULL && strcmp(a, "--seed") == 0) ok = parse_u64(v, &sp.seed);
+        else if (v != NULL && strcmp(a, "--backend") == 0) {
+            if (strcmp(v, "auto") == 0) backend = LLMRT_BACKEND_AUTO;
+            else if (strcmp(v, "cpu") == 0) backend = LLMRT_BACKEND_CPU;
+            else if (strcmp(v, "cuda") == 0) backend = LLMRT_BACKEND_CUDA;
+            else ok = 0;
+        }
         else if (a[0] != '-' && path == NULL) {
             path = a;
             continue;
@@ -230,6 +237,7 @@ int main(int argc, char **argv) {
     llmrt_model_options opt;
     llmrt_model_options_default(&opt);
     opt.threads = threads;
+    opt.backend = backend;
     opt.progress = progress_bar;
     llmrt_model *model = NULL;
     double t_load = now_s();

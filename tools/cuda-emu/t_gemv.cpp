@@ -15,8 +15,8 @@ static void close_(const char* what, const std::vector<float>& a, const std::vec
 }
 static std::vector<unsigned char> weight(int kind, int rows, int cols) {
   std::vector<unsigned char> w;
-  if (kind <= 1) { for (int i = 0; i < rows * cols; ++i) { uint16_t b; if (kind == 0) { __half h = __float2half_rn(U(-1, 1)); b = h.b; } else { float f = U(-1, 1); uint32_t u; std::memcpy(&u, &f, 4); b = u >> 16; } w.push_back(b & 0xff); w.push_back(b >> 8); } }
-  else { int nq = kind == 2 ? 32 : 16; for (int i = 0; i < rows * cols / 32; ++i) { __half d = __float2half_rn(U(0.002f, 0.05f)); w.push_back(d.b & 0xff); w.push_back(d.b >> 8); for (int j = 0; j < nq; ++j) w.push_back(rng() & 0xff); } }
+  if (kind <= 1) { for (int i = 0; i < rows * cols; ++i) { uint16_t b; if (kind == 0) { __half h = __float2half_rn(U(-1, 1)); b = __half_as_ushort(h); } else { float f = U(-1, 1); uint32_t u; std::memcpy(&u, &f, 4); b = u >> 16; } w.push_back(b & 0xff); w.push_back(b >> 8); } }
+  else { int nq = kind == 2 ? 32 : 16; for (int i = 0; i < rows * cols / 32; ++i) { __half d = __float2half_rn(U(0.002f, 0.05f)); w.push_back(__half_as_ushort(d) & 0xff); w.push_back(__half_as_ushort(d) >> 8); for (int j = 0; j < nq; ++j) w.push_back(rng() & 0xff); } }
   return w;
 }
 typedef void (*K)(const unsigned char*, const float*, float*, int, int, int);
