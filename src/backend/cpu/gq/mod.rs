@@ -230,4 +230,38 @@ mod tests {
             }
         }
     }
+
+    /// Kernel speed, one thread (not an assertion: run with `--ignored --nocapture`):
+    /// decode streams a 4096 x 4096 matrix (several times the last-level caches'
+    /// share of one core) against one token, prefill a 256-row slice against 32.
+    #[test]
+    #[ignore]
+    fn gq_bench() {
+        use std::time::Instant;
+        let mut r = XorShift::new(7);
+        let (rows, cols) = (4096, 4096);
+        for dt in DType::all().into_iter().filter(|d| d.is_grouped()) {
+            let rb = dt.row_bytes(cols).unwrap();
+            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(dt, cols, &mut r)).collect();
+            let mut line = format!("{dt:>7}:");
+            for isa in crate::backend::cpu::isa::available() {
+                for (t, nr) in [(1usize, rows), (32, 256)] {
+                    let a = QAct::quantize(&r.vec(t * cols, -1.0, 1.0), cols);
+                    let mut out = vec![0f32; nr * t];
+                    let (mut n, t0) = (0, Instant::now());
+                    while t0.elapsed().as_secs_f64() < 0.3 || n < 2 {
+                        gemm(isa, dt, &w, rb, nr, &a, &mut out);
+                        n += 1;
+                    }
+                    let s = t0.elapsed().as_secs_f64() / n as f64;
+                    if t == 1 {
+                        line += &format!(" {isa:?} decode {:.2} GB/s", (nr * rb) as f64 / s / 1e9);
+                    } else {
+                        line += &format!(" prefill {:.1} Gmac/s |", (nr * cols * t) as f64 / s / 1e9);
+                    }
+                }
+            }
+            eprintln!("{line}");
+        }
+    }
 }
