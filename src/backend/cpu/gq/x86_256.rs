@@ -141,6 +141,7 @@ unsafe fn gemm_t<const T: u8>(w: &[u8], row_bytes: usize, nrows: usize, a: &QAct
     let zf = _mm256_setzero_ps();
     let mut un = Unit { q: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2] };
     let mut acc = [zf; TC];
+    let lv = levels();
     for r0 in (0..nrows).step_by(R) {
         let nr = (nrows - r0).min(R);
         // Rows past the end repeat the last row (their lanes are not stored).
@@ -162,11 +163,24 @@ unsafe fn gemm_t<const T: u8>(w: &[u8], row_bytes: usize, nrows: usize, a: &QAct
                             _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(l) as *const i8);
                         }
                     }
-                    unpack::<T>(&rows, u, ng, &mut un);
-                    for c in 0..ct {
-                        let xq = a.qs.as_ptr().add((c0 + c) * cols + u * U * GROUP);
-                        let xd = a.d.as_ptr().add((c0 + c) * groups + u * U);
-                        acc[c] = dot_unit::<T>(&un, ng, xq, xd, acc[c]);
+                    let bp: [*const u8; R] = std::array::from_fn(|r| rows[r].add(u * ub));
+                    scales::<T>(&bp, ng, &mut un);
+                    let xq = a.qs.as_ptr().add(c0 * cols + u * U * GROUP);
+                    let xd = a.d.as_ptr().add(c0 * groups + u * U);
+                    if ct == 1 {
+                        // Decode: each group straight from the weights into the dot product.
+                        acc[0] = dot_unit::<T>(&un, |g, r| qgroup::<T>(bp[r], g, lv), ng, xq, xd, acc[0]);
+                    } else {
+                        for g in 0..ng {
+                            for r in 0..R {
+                                un.q[g][r] = qgroup::<T>(bp[r], g, lv);
+                            }
+                        }
+                        let qv = &un.q;
+                        for c in 0..ct {
+                            let (xq, xd) = (xq.add(c * cols), xd.add(c * groups));
+                            acc[c] = dot_unit::<T>(&un, |g, r| qv[g][r], ng, xq, xd, acc[c]);
+                        }
                     }
                 }
             }
@@ -284,60 +298,100 @@ fn neg(v: __m256) -> __m256 {
     _mm256_xor_ps(v, _mm256_set1_ps(-0.0))
 }
 
-/// Unit `u` (`ng` groups) of the 8 rows at `rows` into `un`.
+/// The IQ4 levels in both 128-bit lanes (a `pshufb` table).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn unpack<const T: u8>(rows: &[*const u8; R], u: usize, ng: usize, un: &mut Unit) {
-    let bb = block_bytes(T);
-    let zf = _mm256_setzero_ps();
+fn levels() -> __m256i {
+    let l = IQ4_LEVELS;
+    _mm256_setr_epi8(
+        l[0], l[1], l[2], l[3], l[4], l[5], l[6], l[7], l[8], l[9], l[10], l[11], l[12], l[13], l[14], l[15], l[0],
+        l[1], l[2], l[3], l[4], l[5], l[6], l[7], l[8], l[9], l[10], l[11], l[12], l[13], l[14], l[15],
+    )
+}
+
+#[inline]
+unsafe fn rd32(p: *const u8) -> u32 {
+    // SAFETY: the callers pass 4 readable bytes.
+    unsafe { (p as *const u32).read_unaligned() }
+}
+
+/// The 32 integers of group `g` of one row's unit at `p` (unsigned `q + bias`, or
+/// the signed IQ4 levels; `lv` is [`levels`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn qgroup<const T: u8>(p: *const u8, g: usize, lv: __m256i) -> __m256i {
     let m4 = _mm256_set1_epi8(0x0F);
-    let levels = {
-        let l = IQ4_LEVELS;
-        _mm256_setr_epi8(
-            l[0], l[1], l[2], l[3], l[4], l[5], l[6], l[7], l[8], l[9], l[10], l[11], l[12], l[13], l[14], l[15], l[0],
-            l[1], l[2], l[3], l[4], l[5], l[6], l[7], l[8], l[9], l[10], l[11], l[12], l[13], l[14], l[15],
-        )
-    };
-    let rd32 = |p: *const u8| -> u32 {
-        // SAFETY: the callers below pass 4 bytes inside a block.
-        unsafe { (p as *const u32).read_unaligned() }
-    };
-    // SAFETY: (whole body) AVX2/FMA/F16C as the callers; for small blocks group `j < ng` of unit
-    // `u` is block `u * U + j` of each row, for K-quants the unit is block `u`; the caller checked
-    // that these blocks lie inside the rows, and every load below stays inside its block.
+    // SAFETY: (whole body) the caller passes the start of a unit inside its row with group `g`
+    // in it; every load below stays inside that group's block.
     unsafe {
         match T {
             T_Q4_1 | T_Q5_0 | T_Q5_1 | T_IQ4_NL => {
+                let p = p.add(g * block_bytes(T));
                 let (qs_off, qh_off) = match T {
                     T_Q4_1 => (4, 0),
                     T_Q5_0 => (6, 2),
                     T_Q5_1 => (8, 4),
                     _ => (2, 0),
                 };
-                for j in 0..ng {
-                    let bp: [*const u8; R] = std::array::from_fn(|r| rows[r].add((u * U + j) * bb));
-                    for r in 0..R {
-                        let mut q = nibbles16(bp[r].add(qs_off));
-                        if T == T_Q5_0 || T == T_Q5_1 {
-                            let qh = rd32(bp[r].add(qh_off));
-                            q = _mm256_or_si256(q, _mm256_and_si256(bits32(qh), _mm256_set1_epi8(0x10)));
-                        }
-                        if T == T_IQ4_NL {
-                            q = _mm256_shuffle_epi8(levels, q);
-                        }
-                        un.q[j][r] = q;
+                let q = nibbles16(p.add(qs_off));
+                match T {
+                    T_Q5_0 | T_Q5_1 => {
+                        _mm256_or_si256(q, _mm256_and_si256(bits32(rd32(p.add(qh_off))), _mm256_set1_epi8(0x10)))
                     }
-                    un.s[0][j] = f16x8(&bp, 0);
+                    T_IQ4_NL => _mm256_shuffle_epi8(lv, q),
+                    _ => q,
+                }
+            }
+            T_Q4_K | T_Q5_K => {
+                let qs_off = if T == T_Q4_K { 16 } else { 48 };
+                let v = _mm256_loadu_si256(p.add(qs_off + 32 * (g / 2)) as *const __m256i);
+                let q = if g % 2 == 0 { v } else { _mm256_srli_epi16::<4>(v) };
+                let q = _mm256_and_si256(q, m4);
+                if T == T_Q5_K {
+                    _mm256_or_si256(q, hbit(_mm256_loadu_si256(p.add(16) as *const __m256i), g, 0x10))
+                } else {
+                    q
+                }
+            }
+            T_IQ4_XS => _mm256_shuffle_epi8(lv, nibbles16(p.add(8 + 16 * g))),
+            T_Q2_K => crumbs(_mm256_loadu_si256(p.add(16 + 32 * (g / 4)) as *const __m256i), g % 4),
+            T_Q3_K => {
+                let v = _mm256_loadu_si256(p.add(32 + 32 * (g / 4)) as *const __m256i);
+                _mm256_or_si256(crumbs(v, g % 4), hbit(_mm256_loadu_si256(p as *const __m256i), g, 4))
+            }
+            _ => {
+                // Q6_K
+                let (h, k) = (g / 4, g % 4);
+                let l = _mm256_loadu_si256(p.add(64 * h + 32 * (k % 2)) as *const __m256i);
+                let nib = if k < 2 { l } else { _mm256_srli_epi16::<4>(l) };
+                let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+                _mm256_or_si256(_mm256_and_si256(nib, m4), _mm256_slli_epi16::<4>(crumbs(qh, k)))
+            }
+        }
+    }
+}
+
+/// The scales and offsets of the `ng` groups of the units at `bp` (one per row) into `un`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales<const T: u8>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
+    let zf = _mm256_setzero_ps();
+    // SAFETY: (whole body) the caller passes the starts of units inside their rows (`ng`
+    // blocks of a small type, or one K-quant block); every read stays inside those blocks.
+    unsafe {
+        match T {
+            T_Q4_1 | T_Q5_0 | T_Q5_1 | T_IQ4_NL => {
+                for j in 0..ng {
+                    let p: [*const u8; R] = std::array::from_fn(|r| bp[r].add(j * block_bytes(T)));
+                    un.s[0][j] = f16x8(&p, 0);
                     if offset(T) {
-                        un.o[0][j] = f16x8(&bp, 2);
+                        un.o[0][j] = f16x8(&p, 2);
                     }
                 }
             }
             T_Q4_K | T_Q5_K => {
-                let bp: [*const u8; R] = std::array::from_fn(|r| rows[r].add(u * bb));
-                let (d, dmin) = (f16x8(&bp, 0), f16x8(&bp, 2));
+                let (d, dmin) = (f16x8(bp, 0), f16x8(bp, 2));
                 let (mut sc, mut mn) = ([zf; R], [zf; R]);
-                let qs_off = if T == T_Q4_K { 16 } else { 48 };
                 for r in 0..R {
                     let p = bp[r];
                     let (w0, w1, w2) = (rd32(p.add(4)), rd32(p.add(8)), rd32(p.add(12)));
@@ -345,18 +399,6 @@ unsafe fn unpack<const T: u8>(rows: &[*const u8; R], u: usize, ng: usize, un: &m
                     let m_hi = ((w2 >> 4) & 0x0F0F_0F0F) | ((w1 >> 2) & 0x3030_3030);
                     sc[r] = u8x8_ps((w0 & 0x3F3F_3F3F) as u64 | (sc_hi as u64) << 32);
                     mn[r] = u8x8_ps((w1 & 0x3F3F_3F3F) as u64 | (m_hi as u64) << 32);
-                    let hm = if T == T_Q5_K { _mm256_loadu_si256(p.add(16) as *const __m256i) } else { zf_i() };
-                    for c in 0..4 {
-                        let v = _mm256_loadu_si256(p.add(qs_off + 32 * c) as *const __m256i);
-                        let mut lo = _mm256_and_si256(v, m4);
-                        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
-                        if T == T_Q5_K {
-                            lo = _mm256_or_si256(lo, hbit(hm, 2 * c, 0x10));
-                            hi = _mm256_or_si256(hi, hbit(hm, 2 * c + 1, 0x10));
-                        }
-                        un.q[2 * c][r] = lo;
-                        un.q[2 * c + 1][r] = hi;
-                    }
                 }
                 transpose8(&mut sc);
                 transpose8(&mut mn);
@@ -366,8 +408,7 @@ unsafe fn unpack<const T: u8>(rows: &[*const u8; R], u: usize, ng: usize, un: &m
                 }
             }
             T_IQ4_XS => {
-                let bp: [*const u8; R] = std::array::from_fn(|r| rows[r].add(u * bb));
-                let d = f16x8(&bp, 0);
+                let d = f16x8(bp, 0);
                 let mut sc = [zf; R];
                 let sh_lo = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
                 let sh_hi = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
@@ -379,9 +420,6 @@ unsafe fn unpack<const T: u8>(rows: &[*const u8; R], u: usize, ng: usize, un: &m
                     let hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), sh_hi), _mm256_set1_epi32(3));
                     let ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)), _mm256_set1_epi32(32));
                     sc[r] = _mm256_cvtepi32_ps(ls);
-                    for g in 0..U {
-                        un.q[g][r] = _mm256_shuffle_epi8(levels, nibbles16(p.add(8 + 16 * g)));
-                    }
                 }
                 transpose8(&mut sc);
                 for g in 0..U {
@@ -389,22 +427,14 @@ unsafe fn unpack<const T: u8>(rows: &[*const u8; R], u: usize, ng: usize, un: &m
                 }
             }
             T_Q2_K => {
-                let bp: [*const u8; R] = std::array::from_fn(|r| rows[r].add(u * bb));
-                let (d, dmin) = (f16x8(&bp, 80), f16x8(&bp, 82));
+                let (d, dmin) = (f16x8(bp, 80), f16x8(bp, 82));
                 let (mut s0, mut s1, mut o0, mut o1) = ([zf; R], [zf; R], [zf; R], [zf; R]);
                 for r in 0..R {
-                    let p = bp[r];
-                    let e = even_odd(_mm_loadu_si128(p as *const __m128i));
+                    let e = even_odd(_mm_loadu_si128(bp[r] as *const __m128i));
                     let lo = _mm_and_si128(e, _mm_set1_epi8(0x0F));
                     let hi = _mm_and_si128(_mm_srli_epi16::<4>(e), _mm_set1_epi8(0x0F));
                     (s0[r], s1[r]) = i8x16_ps(lo);
                     (o0[r], o1[r]) = i8x16_ps(hi);
-                    for h in 0..2 {
-                        let v = _mm256_loadu_si256(p.add(16 + 32 * h) as *const __m256i);
-                        for k in 0..4 {
-                            un.q[4 * h + k][r] = crumbs(v, k);
-                        }
-                    }
                 }
                 for v in [&mut s0, &mut s1, &mut o0, &mut o1] {
                     transpose8(v);
@@ -417,8 +447,7 @@ unsafe fn unpack<const T: u8>(rows: &[*const u8; R], u: usize, ng: usize, un: &m
                 }
             }
             T_Q3_K => {
-                let bp: [*const u8; R] = std::array::from_fn(|r| rows[r].add(u * bb));
-                let d = f16x8(&bp, 108);
+                let d = f16x8(bp, 108);
                 let (mut s0, mut s1) = ([zf; R], [zf; R]);
                 for r in 0..R {
                     let p = bp[r];
@@ -432,14 +461,6 @@ unsafe fn unpack<const T: u8>(rows: &[*const u8; R], u: usize, ng: usize, un: &m
                     ];
                     let v = _mm_setr_epi32(sw[0] as i32, sw[1] as i32, sw[2] as i32, sw[3] as i32);
                     (s0[r], s1[r]) = i8x16_ps(even_odd(_mm_sub_epi8(v, _mm_set1_epi8(32))));
-                    let hm = _mm256_loadu_si256(p as *const __m256i);
-                    for h in 0..2 {
-                        let v = _mm256_loadu_si256(p.add(32 + 32 * h) as *const __m256i);
-                        for k in 0..4 {
-                            let g = 4 * h + k;
-                            un.q[g][r] = _mm256_or_si256(crumbs(v, k), hbit(hm, g, 4));
-                        }
-                    }
                 }
                 transpose8(&mut s0);
                 transpose8(&mut s1);
@@ -450,23 +471,10 @@ unsafe fn unpack<const T: u8>(rows: &[*const u8; R], u: usize, ng: usize, un: &m
             }
             _ => {
                 // Q6_K
-                let bp: [*const u8; R] = std::array::from_fn(|r| rows[r].add(u * bb));
-                let d = f16x8(&bp, 208);
+                let d = f16x8(bp, 208);
                 let (mut s0, mut s1) = ([zf; R], [zf; R]);
                 for r in 0..R {
-                    let p = bp[r];
-                    (s0[r], s1[r]) = i8x16_ps(even_odd(_mm_loadu_si128(p.add(192) as *const __m128i)));
-                    for h in 0..2 {
-                        let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
-                        let l0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
-                        let l1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
-                        for k in 0..4 {
-                            let l = if k % 2 == 0 { l0 } else { l1 };
-                            let nib = if k < 2 { l } else { _mm256_srli_epi16::<4>(l) };
-                            let hi = _mm256_slli_epi16::<4>(crumbs(qh, k));
-                            un.q[4 * h + k][r] = _mm256_or_si256(_mm256_and_si256(nib, m4), hi);
-                        }
-                    }
+                    (s0[r], s1[r]) = i8x16_ps(even_odd(_mm_loadu_si128(bp[r].add(192) as *const __m128i)));
                 }
                 transpose8(&mut s0);
                 transpose8(&mut s1);
@@ -479,17 +487,19 @@ unsafe fn unpack<const T: u8>(rows: &[*const u8; R], u: usize, ng: usize, un: &m
     }
 }
 
+/// The `ng` groups of `un` (its scales; the integers of group `g` of row `r` from
+/// `q(g, r)`) times one token's activation groups (`xq`: `32 * ng` values, `xd`:
+/// `ng` scales), added to `acc` (row `r` in lane `r`) in the group order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn zf_i() -> __m256i {
-    _mm256_setzero_si256()
-}
-
-/// The `ng` groups of `un` times one token's activation groups (`xq`: `32 * ng`
-/// values, `xd`: `ng` scales), added to `acc` (row `r` in lane `r`) in the group order.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_unit<const T: u8>(un: &Unit, ng: usize, xq: *const i8, xd: *const f32, mut acc: __m256) -> __m256 {
+unsafe fn dot_unit<const T: u8>(
+    un: &Unit,
+    q: impl Fn(usize, usize) -> __m256i,
+    ng: usize,
+    xq: *const i8,
+    xd: *const f32,
+    mut acc: __m256,
+) -> __m256 {
     let ones16 = _mm256_set1_epi16(1);
     let ones8 = _mm256_set1_epi8(1);
     let need_bsum = offset(T) || bias(T) != 0;
@@ -499,7 +509,7 @@ unsafe fn dot_unit<const T: u8>(un: &Unit, ng: usize, xq: *const i8, xd: *const 
         let (x, dx) = unsafe { (_mm256_loadu_si256(xq.add(GROUP * g) as *const __m256i), _mm256_set1_ps(*xd.add(g))) };
         let mut p = [_mm256_setzero_si256(); R];
         for r in 0..R {
-            let q = un.q[g][r];
+            let q = q(g, r);
             let m = if signed(T) {
                 _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q))
             } else {
