@@ -18,7 +18,13 @@
 //! kernel may compute the integer sums any way it likes (they are exact) and run
 //! the fused multiply-adds of several rows or tokens side by side in SIMD lanes.
 //!
+//! Kernel sets: the scalar reference below ([`gemm`] for `Isa::Scalar` and any set
+//! without its own kernels) and `x86_256` (AVX2 + FMA + F16C).
+//!
 //! Depends on `isa` (`QAct`) and `quant::groups`.
+
+#[cfg(target_arch = "x86_64")]
+mod x86_256;
 
 use crate::backend::cpu::isa::{Isa, QAct};
 use crate::quant::groups::{unpack, Group, GROUP};
@@ -65,13 +71,24 @@ fn accumulate(dt: DType, gr: &Group, xb: &[i8], d: f32, mut acc: f32) -> f32 {
 /// `out[r * t + c] = dot(row r, activation row c)` for `nrows` rows of `w` (rows of
 /// `row_bytes`) and all `t` rows of `a`, in the group order. Each group of a row is
 /// unpacked once for all tokens.
-pub(crate) fn gemm(_isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+pub(crate) fn gemm(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
     assert!(dt.is_grouped(), "{dt} is not a grouped type");
     assert_eq!(dt.row_bytes(a.cols), Some(row_bytes));
     assert!(w.len() >= nrows * row_bytes);
     assert_eq!(a.qs.len(), a.t * a.cols);
     assert_eq!(a.d.len(), a.t * a.cols / GROUP);
     assert_eq!(out.len(), nrows * a.t);
+    match isa {
+        // SAFETY: `Avx2` is only chosen (by `isa()`, or by the tests after `detect()`) on CPUs
+        // with AVX2, FMA and F16C; the lengths of `w`, `a` and `out` are asserted above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86_256::gemm(dt, w, row_bytes, nrows, a, out) },
+        _ => gemm_ref(dt, w, row_bytes, nrows, a, out),
+    }
+}
+
+/// [`gemm`] in portable Rust, group by group.
+fn gemm_ref(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
     let (t, cols) = (a.t, a.cols);
     let (per_block, bb, groups) = (dt.block_elems() / GROUP, dt.block_bytes(), cols / GROUP);
     for r in 0..nrows {
@@ -138,6 +155,116 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// Every kernel set this CPU runs besides the reference gives `dot_ref`'s results
+    /// bit for bit, for every grouped type, row counts 1..=9 (tile tails), token
+    /// counts 1, 2, 7, 33 (chunk tails) and several row lengths (short rows of the
+    /// 32-value types included), on random activations and on activations at full
+    /// scale (|q| = 127 everywhere: the saturation bounds of the integer steps).
+    #[test]
+    fn gq_kernels_equal_dot_ref_bit_for_bit() {
+        let sets: Vec<Isa> = crate::backend::cpu::isa::available().into_iter().filter(|&i| i != Isa::Scalar).collect();
+        if sets.is_empty() {
+            eprintln!("no SIMD kernel set on this CPU: nothing to compare");
+            return;
+        }
+        let mut r = XorShift::new(0xbb67_ae85);
+        for dt in DType::all().into_iter().filter(|d| d.is_grouped()) {
+            let mut all_cols = vec![256, 1024];
+            if dt.block_elems() == GROUP {
+                all_cols.extend([32, 96]);
+            }
+            for &cols in &all_cols {
+                let rb = dt.row_bytes(cols).unwrap();
+                let w: Vec<u8> = (0..9).flat_map(|_| random_row(dt, cols, &mut r)).collect();
+                for &t in &[1usize, 2, 7, 33] {
+                    for full in [false, true] {
+                        let x: Vec<f32> = if full {
+                            (0..t * cols).map(|_| if r.next_u64() & 1 == 0 { 1.0 } else { -1.0 }).collect()
+                        } else {
+                            r.vec(t * cols, -1.0, 1.0)
+                        };
+                        let a = QAct::quantize(&x, cols);
+                        let g = cols / GROUP;
+                        let want: Vec<Vec<f32>> = (0..9)
+                            .map(|i| {
+                                (0..t)
+                                    .map(|c| {
+                                        let row = &w[i * rb..(i + 1) * rb];
+                                        dot_ref(dt, row, &a.qs[c * cols..(c + 1) * cols], &a.d[c * g..(c + 1) * g])
+                                    })
+                                    .collect()
+                            })
+                            .collect();
+                        for &isa in &sets {
+                            for nrows in 1..=9 {
+                                // Start at row 9 - nrows, so tails read rows at the end of `w`.
+                                let r0 = 9 - nrows;
+                                let mut out = vec![f32::NAN; nrows * t];
+                                gemm(isa, dt, &w[r0 * rb..], rb, nrows, &a, &mut out);
+                                for i in 0..nrows {
+                                    for c in 0..t {
+                                        assert_eq!(
+                                            out[i * t + c].to_bits(),
+                                            want[r0 + i][c].to_bits(),
+                                            "{dt} {isa:?}: cols {cols} t {t} full {full} nrows {nrows}: row {i} token {c}: {} vs {}",
+                                            out[i * t + c],
+                                            want[r0 + i][c]
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Kernel speed, one thread (not an assertion: run with `--ignored --nocapture`):
+    /// decode streams a 4096 x 4096 matrix (several times the last-level caches'
+    /// share of one core) against one token, prefill a 256-row slice against 32.
+    #[test]
+    #[ignore]
+    fn gq_bench() {
+        use std::time::Instant;
+        let mut r = XorShift::new(7);
+        let (rows, cols) = (4096, 4096);
+        // The existing AVX2 Q4_0 kernel (same 18 bytes per 32 values as Q4_K) for scale.
+        let rb = DType::Q4_0.row_bytes(cols).unwrap();
+        let w: Vec<u8> = (0..rows * rb).map(|i| if i % 18 == 1 { 0x30 } else { r.next_u64() as u8 }).collect();
+        let a = QAct::quantize(&r.vec(cols, -1.0, 1.0), cols);
+        let mut out = vec![0f32; rows];
+        let (mut n, t0) = (0, Instant::now());
+        while t0.elapsed().as_secs_f64() < 0.3 {
+            crate::backend::cpu::simd::gemm_q(Isa::Avx2, DType::Q4_0, &w, rb, rows, &a, &mut out);
+            n += 1;
+        }
+        eprintln!("Q4_0 simd Avx2 decode {:.2} GB/s", (rows * rb * n) as f64 / t0.elapsed().as_secs_f64() / 1e9);
+        for dt in DType::all().into_iter().filter(|d| d.is_grouped()) {
+            let rb = dt.row_bytes(cols).unwrap();
+            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(dt, cols, &mut r)).collect();
+            let mut line = format!("{dt:>7}:");
+            for isa in crate::backend::cpu::isa::available() {
+                for (t, nr) in [(1usize, rows), (32, 256)] {
+                    let a = QAct::quantize(&r.vec(t * cols, -1.0, 1.0), cols);
+                    let mut out = vec![0f32; nr * t];
+                    let (mut n, t0) = (0, Instant::now());
+                    while t0.elapsed().as_secs_f64() < 0.3 || n < 2 {
+                        gemm(isa, dt, &w, rb, nr, &a, &mut out);
+                        n += 1;
+                    }
+                    let s = t0.elapsed().as_secs_f64() / n as f64;
+                    if t == 1 {
+                        line += &format!(" {isa:?} decode {:.2} GB/s", (nr * rb) as f64 / s / 1e9);
+                    } else {
+                        line += &format!(" prefill {:.1} Gmac/s |", (nr * cols * t) as f64 / s / 1e9);
+                    }
+                }
+            }
+            eprintln!("{line}");
         }
     }
 }

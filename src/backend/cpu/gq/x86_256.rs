@@ -1,0 +1,561 @@
+//! The AVX2 + FMA + F16C kernels of the group order (see the parent module's docs)
+//! for all ten grouped types, decode (one token) and prefill (tiles of tokens)
+//! alike.
+//!
+//! Structure: a tile is 8 weight rows, one f32 lane each, so the fused
+//! multiply-adds of 8 rows run side by side in one register per token and every
+//! row keeps its own order. The row is cut into *units* of 8 groups (a K-quant
+//! super-block, or 8 consecutive 32-value blocks; the last unit of a small-block
+//! row may be shorter). Per unit the 8 rows are unpacked once with SIMD (nibble
+//! masks, shifts, high-bit merges, the IQ4 levels by `pshufb`) into 8 x 8 vectors
+//! of 32 small integers and the group scales / offsets into f32 vectors with the
+//! rows in lanes (per row the 8 groups' scales are formed in lanes and then
+//! transposed); then for every token of the chunk each group costs, per row, one
+//! `maddubs` + `madd` into 8 i32 partial sums, and for the 8 rows together a
+//! `hadd` tree giving each row's half sums in its lane, the exact integer
+//! corrections and the group's fused multiply-adds in the group order.
+//!
+//! Exactness of the integer sums: `maddubs` takes an unsigned operand and
+//! saturates pairs at i16, so the weights go in as small unsigned integers
+//! (`q + bias` below 64, the bias taken back as `bias * bsum` in i32), and the
+//! IQ4 levels (|q| <= 127) with the sign trick (`|q|` times `x` with q's sign;
+//! |x| <= 127 as `QAct` quantizes, so pairs stay below 2 * 127 * 127).
+//!
+//! Depends on `isa` (`QAct`, `token_chunk`) and `quant::groups`.
+#![allow(clippy::needless_range_loop)]
+
+use crate::backend::cpu::isa::{token_chunk, QAct};
+use crate::quant::groups::{GROUP, IQ4_LEVELS};
+use crate::quant::DType;
+use std::arch::x86_64::*;
+
+/// Weight rows per tile (f32 lanes).
+const R: usize = 8;
+/// Groups per unit.
+const U: usize = 8;
+/// Most tokens per pass over a unit (accumulators kept on the stack).
+const TC: usize = 32;
+/// Prefetch distance in units.
+const PF: usize = 2;
+
+const T_Q4_1: u8 = 0;
+const T_Q5_0: u8 = 1;
+const T_Q5_1: u8 = 2;
+const T_IQ4_NL: u8 = 3;
+const T_Q2_K: u8 = 4;
+const T_Q3_K: u8 = 5;
+const T_Q4_K: u8 = 6;
+const T_Q5_K: u8 = 7;
+const T_Q6_K: u8 = 8;
+const T_IQ4_XS: u8 = 9;
+
+/// A scale (and offset) per 16 values.
+const fn halves(t: u8) -> bool {
+    matches!(t, T_Q2_K | T_Q3_K | T_Q6_K)
+}
+
+const fn offset(t: u8) -> bool {
+    matches!(t, T_Q4_1 | T_Q5_1 | T_Q2_K | T_Q4_K | T_Q5_K)
+}
+
+/// What the unpacked unsigned integers exceed `q` by.
+const fn bias(t: u8) -> i32 {
+    match t {
+        T_Q5_0 => 16,
+        T_Q3_K => 4,
+        T_Q6_K => 32,
+        _ => 0,
+    }
+}
+
+/// Signed integers (the IQ4 levels), multiplied with the sign trick.
+const fn signed(t: u8) -> bool {
+    matches!(t, T_IQ4_NL | T_IQ4_XS)
+}
+
+/// Bytes of one block of type `t`.
+const fn block_bytes(t: u8) -> usize {
+    match t {
+        T_Q4_1 => 20,
+        T_Q5_0 => 22,
+        T_Q5_1 => 24,
+        T_IQ4_NL => 18,
+        T_Q2_K => 84,
+        T_Q3_K => 110,
+        T_Q4_K => 144,
+        T_Q5_K => 176,
+        T_Q6_K => 210,
+        _ => 136,
+    }
+}
+
+/// One unit of 8 rows unpacked: `q[g][r]` the 32 integers of group `g` of row `r`
+/// (unsigned `q + bias`, or the signed levels), `s[h][g]` / `o[h][g]` the scale /
+/// offset of half `h` of group `g`, row `r` in lane `r` (half 1 only for `halves`).
+struct Unit {
+    q: [[__m256i; R]; U],
+    s: [[__m256; U]; 2],
+    o: [[__m256; U]; 2],
+}
+
+/// `out[r * t + c]` for `nrows` rows of `w` (`row_bytes` each) and the `t` rows of
+/// `a`, in the group order.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `dt` is grouped, `row_bytes` is its row
+/// size for `a.cols`, `w` holds `nrows` rows, `a` is consistent and `out` has
+/// `nrows * a.t` values (the parent's `gemm` asserts all of it).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn gemm(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+    // SAFETY: same contract as this function's.
+    unsafe {
+        match dt {
+            DType::Q4_1 => gemm_t::<T_Q4_1>(w, row_bytes, nrows, a, out),
+            DType::Q5_0 => gemm_t::<T_Q5_0>(w, row_bytes, nrows, a, out),
+            DType::Q5_1 => gemm_t::<T_Q5_1>(w, row_bytes, nrows, a, out),
+            DType::IQ4_NL => gemm_t::<T_IQ4_NL>(w, row_bytes, nrows, a, out),
+            DType::Q2_K => gemm_t::<T_Q2_K>(w, row_bytes, nrows, a, out),
+            DType::Q3_K => gemm_t::<T_Q3_K>(w, row_bytes, nrows, a, out),
+            DType::Q4_K => gemm_t::<T_Q4_K>(w, row_bytes, nrows, a, out),
+            DType::Q5_K => gemm_t::<T_Q5_K>(w, row_bytes, nrows, a, out),
+            DType::Q6_K => gemm_t::<T_Q6_K>(w, row_bytes, nrows, a, out),
+            DType::IQ4_XS => gemm_t::<T_IQ4_XS>(w, row_bytes, nrows, a, out),
+            _ => unreachable!("{dt} is not a grouped type"),
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm_t<const T: u8>(w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+    let (t, cols) = (a.t, a.cols);
+    let groups = cols / GROUP;
+    let units = groups.div_ceil(U);
+    let small = T <= T_IQ4_NL;
+    // Bytes of one unit of one row.
+    let ub = if small { U * block_bytes(T) } else { block_bytes(T) };
+    let tc = token_chunk(t, cols).min(TC);
+    assert!(w.len() >= nrows * row_bytes && a.qs.len() >= t * cols && a.d.len() >= t * groups);
+    let need = if small { groups * block_bytes(T) } else { cols / 256 * block_bytes(T) };
+    assert!(out.len() >= nrows * t && row_bytes >= need && (small || cols % 256 == 0));
+    let zi = _mm256_setzero_si256();
+    let zf = _mm256_setzero_ps();
+    let mut un = Unit { q: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2] };
+    let mut acc = [zf; TC];
+    let lv = levels();
+    for r0 in (0..nrows).step_by(R) {
+        let nr = (nrows - r0).min(R);
+        // Rows past the end repeat the last row (their lanes are not stored).
+        // SAFETY: row `r0 + min(i, nr - 1) < nrows` starts inside `w` (asserted above).
+        let rows: [*const u8; R] = std::array::from_fn(|i| unsafe { w.as_ptr().add((r0 + i.min(nr - 1)) * row_bytes) });
+        for c0 in (0..t).step_by(tc) {
+            let ct = (t - c0).min(tc);
+            acc[..ct].fill(zf);
+            for u in 0..units {
+                let ng = (groups - u * U).min(U);
+                // SAFETY: the CPU has AVX2/FMA/F16C (this function's features, reached only through
+                // `isa()`'s `Avx2`); unit `u` of every row pointer lies inside its row (`ng` groups,
+                // `u < units`); prefetches never fault; token `c0 + c < t` reads its activation
+                // groups `u * U .. u * U + ng < groups` of `a.qs` / `a.d` (lengths asserted above).
+                unsafe {
+                    for &p in &rows {
+                        let next = p.wrapping_add((u + PF) * ub);
+                        for l in (0..ub).step_by(64) {
+                            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(l) as *const i8);
+                        }
+                    }
+                    let bp: [*const u8; R] = std::array::from_fn(|r| rows[r].add(u * ub));
+                    scales::<T>(&bp, ng, &mut un);
+                    let xq = a.qs.as_ptr().add(c0 * cols + u * U * GROUP);
+                    let xd = a.d.as_ptr().add(c0 * groups + u * U);
+                    if ct == 1 {
+                        // Decode: each group straight from the weights into the dot product.
+                        acc[0] = dot_unit::<T>(&un, |g, r| qgroup::<T>(bp[r], g, lv), ng, xq, xd, acc[0]);
+                    } else {
+                        for g in 0..ng {
+                            for r in 0..R {
+                                un.q[g][r] = qgroup::<T>(bp[r], g, lv);
+                            }
+                        }
+                        let qv = &un.q;
+                        for c in 0..ct {
+                            let (xq, xd) = (xq.add(c * cols), xd.add(c * groups));
+                            acc[c] = dot_unit::<T>(&un, |g, r| qv[g][r], ng, xq, xd, acc[c]);
+                        }
+                    }
+                }
+            }
+            for c in 0..ct {
+                let mut l = [0f32; R];
+                // SAFETY: `l` holds 8 f32, a __m256 (unaligned store); AVX as above.
+                unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[c]) };
+                for (i, &v) in l[..nr].iter().enumerate() {
+                    out[(r0 + i) * t + c0 + c] = v;
+                }
+            }
+        }
+    }
+}
+
+/// The f16 at byte `off` of each of the 8 pointers, as f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16x8(p: &[*const u8; R], off: usize) -> __m256 {
+    // SAFETY: the caller passes pointers with 2 readable bytes at `off`.
+    let h: [i16; R] = std::array::from_fn(|r| unsafe { (p[r].add(off) as *const i16).read_unaligned() });
+    _mm256_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]))
+}
+
+/// 8 unsigned bytes (little-endian in `x`) as f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn u8x8_ps(x: u64) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(x as i64)))
+}
+
+/// `v[r]` lane `g` becomes `v[g]` lane `r`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn transpose8(v: &mut [__m256; 8]) {
+    let t0 = _mm256_unpacklo_ps(v[0], v[1]);
+    let t1 = _mm256_unpackhi_ps(v[0], v[1]);
+    let t2 = _mm256_unpacklo_ps(v[2], v[3]);
+    let t3 = _mm256_unpackhi_ps(v[2], v[3]);
+    let t4 = _mm256_unpacklo_ps(v[4], v[5]);
+    let t5 = _mm256_unpackhi_ps(v[4], v[5]);
+    let t6 = _mm256_unpacklo_ps(v[6], v[7]);
+    let t7 = _mm256_unpackhi_ps(v[6], v[7]);
+    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    v[0] = _mm256_permute2f128_ps::<0x20>(u0, u4);
+    v[1] = _mm256_permute2f128_ps::<0x20>(u1, u5);
+    v[2] = _mm256_permute2f128_ps::<0x20>(u2, u6);
+    v[3] = _mm256_permute2f128_ps::<0x20>(u3, u7);
+    v[4] = _mm256_permute2f128_ps::<0x31>(u0, u4);
+    v[5] = _mm256_permute2f128_ps::<0x31>(u1, u5);
+    v[6] = _mm256_permute2f128_ps::<0x31>(u2, u6);
+    v[7] = _mm256_permute2f128_ps::<0x31>(u3, u7);
+}
+
+/// 0xFF in byte `j` where bit `j` of `m` is set.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bits32(m: u32) -> __m256i {
+    let v = _mm256_set1_epi32(m as i32);
+    let sel = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, sel), bit), bit)
+}
+
+/// The low nibbles of 16 bytes, then their high nibbles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles16(p: *const u8) -> __m256i {
+    // SAFETY: the caller passes 16 readable bytes.
+    let v = unsafe { _mm_loadu_si128(p as *const __m128i) };
+    _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(v), v), _mm256_set1_epi8(0x0F))
+}
+
+/// Bits `k * 2 .. k * 2 + 2` of every byte (`k < 4`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn crumbs(v: __m256i, k: usize) -> __m256i {
+    _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k as i32)), _mm256_set1_epi8(3))
+}
+
+/// `add` in every byte where bit `g` of the byte of `hm` is set.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hbit(hm: __m256i, g: usize, add: i8) -> __m256i {
+    let b = _mm256_set1_epi8((1u8 << g) as i8);
+    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, b), b), _mm256_set1_epi8(add))
+}
+
+/// Even bytes of 16, then odd.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn even_odd(v: __m128i) -> __m128i {
+    _mm_shuffle_epi8(v, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15))
+}
+
+/// Signed bytes 0..8 and 8..16 of `v` as two f32 vectors.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn i8x16_ps(v: __m128i) -> (__m256, __m256) {
+    (_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(v))))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn neg(v: __m256) -> __m256 {
+    _mm256_xor_ps(v, _mm256_set1_ps(-0.0))
+}
+
+/// The IQ4 levels in both 128-bit lanes (a `pshufb` table).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn levels() -> __m256i {
+    let l = IQ4_LEVELS;
+    _mm256_setr_epi8(
+        l[0], l[1], l[2], l[3], l[4], l[5], l[6], l[7], l[8], l[9], l[10], l[11], l[12], l[13], l[14], l[15], l[0],
+        l[1], l[2], l[3], l[4], l[5], l[6], l[7], l[8], l[9], l[10], l[11], l[12], l[13], l[14], l[15],
+    )
+}
+
+#[inline]
+unsafe fn rd32(p: *const u8) -> u32 {
+    // SAFETY: the callers pass 4 readable bytes.
+    unsafe { (p as *const u32).read_unaligned() }
+}
+
+/// The 32 integers of group `g` of one row's unit at `p` (unsigned `q + bias`, or
+/// the signed IQ4 levels; `lv` is [`levels`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn qgroup<const T: u8>(p: *const u8, g: usize, lv: __m256i) -> __m256i {
+    let m4 = _mm256_set1_epi8(0x0F);
+    // SAFETY: (whole body) the caller passes the start of a unit inside its row with group `g`
+    // in it; every load below stays inside that group's block.
+    unsafe {
+        match T {
+            T_Q4_1 | T_Q5_0 | T_Q5_1 | T_IQ4_NL => {
+                let p = p.add(g * block_bytes(T));
+                let (qs_off, qh_off) = match T {
+                    T_Q4_1 => (4, 0),
+                    T_Q5_0 => (6, 2),
+                    T_Q5_1 => (8, 4),
+                    _ => (2, 0),
+                };
+                let q = nibbles16(p.add(qs_off));
+                match T {
+                    T_Q5_0 | T_Q5_1 => {
+                        _mm256_or_si256(q, _mm256_and_si256(bits32(rd32(p.add(qh_off))), _mm256_set1_epi8(0x10)))
+                    }
+                    T_IQ4_NL => _mm256_shuffle_epi8(lv, q),
+                    _ => q,
+                }
+            }
+            T_Q4_K | T_Q5_K => {
+                let qs_off = if T == T_Q4_K { 16 } else { 48 };
+                let v = _mm256_loadu_si256(p.add(qs_off + 32 * (g / 2)) as *const __m256i);
+                let q = if g % 2 == 0 { v } else { _mm256_srli_epi16::<4>(v) };
+                let q = _mm256_and_si256(q, m4);
+                if T == T_Q5_K {
+                    _mm256_or_si256(q, hbit(_mm256_loadu_si256(p.add(16) as *const __m256i), g, 0x10))
+                } else {
+                    q
+                }
+            }
+            T_IQ4_XS => _mm256_shuffle_epi8(lv, nibbles16(p.add(8 + 16 * g))),
+            T_Q2_K => crumbs(_mm256_loadu_si256(p.add(16 + 32 * (g / 4)) as *const __m256i), g % 4),
+            T_Q3_K => {
+                let v = _mm256_loadu_si256(p.add(32 + 32 * (g / 4)) as *const __m256i);
+                _mm256_or_si256(crumbs(v, g % 4), hbit(_mm256_loadu_si256(p as *const __m256i), g, 4))
+            }
+            _ => {
+                // Q6_K
+                let (h, k) = (g / 4, g % 4);
+                let l = _mm256_loadu_si256(p.add(64 * h + 32 * (k % 2)) as *const __m256i);
+                let nib = if k < 2 { l } else { _mm256_srli_epi16::<4>(l) };
+                let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+                _mm256_or_si256(_mm256_and_si256(nib, m4), _mm256_slli_epi16::<4>(crumbs(qh, k)))
+            }
+        }
+    }
+}
+
+/// The scales and offsets of the `ng` groups of the units at `bp` (one per row) into `un`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales<const T: u8>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
+    let zf = _mm256_setzero_ps();
+    // SAFETY: (whole body) the caller passes the starts of units inside their rows (`ng`
+    // blocks of a small type, or one K-quant block); every read stays inside those blocks.
+    unsafe {
+        match T {
+            T_Q4_1 | T_Q5_0 | T_Q5_1 | T_IQ4_NL => {
+                for j in 0..ng {
+                    let p: [*const u8; R] = std::array::from_fn(|r| bp[r].add(j * block_bytes(T)));
+                    un.s[0][j] = f16x8(&p, 0);
+                    if offset(T) {
+                        un.o[0][j] = f16x8(&p, 2);
+                    }
+                }
+            }
+            T_Q4_K | T_Q5_K => {
+                let (d, dmin) = (f16x8(bp, 0), f16x8(bp, 2));
+                let (mut sc, mut mn) = ([zf; R], [zf; R]);
+                for r in 0..R {
+                    let p = bp[r];
+                    let (w0, w1, w2) = (rd32(p.add(4)), rd32(p.add(8)), rd32(p.add(12)));
+                    let sc_hi = (w2 & 0x0F0F_0F0F) | ((w0 >> 2) & 0x3030_3030);
+                    let m_hi = ((w2 >> 4) & 0x0F0F_0F0F) | ((w1 >> 2) & 0x3030_3030);
+                    sc[r] = u8x8_ps((w0 & 0x3F3F_3F3F) as u64 | (sc_hi as u64) << 32);
+                    mn[r] = u8x8_ps((w1 & 0x3F3F_3F3F) as u64 | (m_hi as u64) << 32);
+                }
+                transpose8(&mut sc);
+                transpose8(&mut mn);
+                for g in 0..U {
+                    un.s[0][g] = _mm256_mul_ps(d, sc[g]);
+                    un.o[0][g] = neg(_mm256_mul_ps(dmin, mn[g]));
+                }
+            }
+            T_IQ4_XS => {
+                let d = f16x8(bp, 0);
+                let mut sc = [zf; R];
+                let sh_lo = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+                let sh_hi = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+                for r in 0..R {
+                    let p = bp[r];
+                    let sh = (p.add(2) as *const u16).read_unaligned() as i32;
+                    let sl = rd32(p.add(4)) as i32;
+                    let lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sl), sh_lo), _mm256_set1_epi32(0xF));
+                    let hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), sh_hi), _mm256_set1_epi32(3));
+                    let ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)), _mm256_set1_epi32(32));
+                    sc[r] = _mm256_cvtepi32_ps(ls);
+                }
+                transpose8(&mut sc);
+                for g in 0..U {
+                    un.s[0][g] = _mm256_mul_ps(d, sc[g]);
+                }
+            }
+            T_Q2_K => {
+                let (d, dmin) = (f16x8(bp, 80), f16x8(bp, 82));
+                let (mut s0, mut s1, mut o0, mut o1) = ([zf; R], [zf; R], [zf; R], [zf; R]);
+                for r in 0..R {
+                    let e = even_odd(_mm_loadu_si128(bp[r] as *const __m128i));
+                    let lo = _mm_and_si128(e, _mm_set1_epi8(0x0F));
+                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(e), _mm_set1_epi8(0x0F));
+                    (s0[r], s1[r]) = i8x16_ps(lo);
+                    (o0[r], o1[r]) = i8x16_ps(hi);
+                }
+                for v in [&mut s0, &mut s1, &mut o0, &mut o1] {
+                    transpose8(v);
+                }
+                for g in 0..U {
+                    un.s[0][g] = _mm256_mul_ps(d, s0[g]);
+                    un.s[1][g] = _mm256_mul_ps(d, s1[g]);
+                    un.o[0][g] = neg(_mm256_mul_ps(dmin, o0[g]));
+                    un.o[1][g] = neg(_mm256_mul_ps(dmin, o1[g]));
+                }
+            }
+            T_Q3_K => {
+                let d = f16x8(bp, 108);
+                let (mut s0, mut s1) = ([zf; R], [zf; R]);
+                for r in 0..R {
+                    let p = bp[r];
+                    let (w0, w1, w2) = (rd32(p.add(96)), rd32(p.add(100)), rd32(p.add(104)));
+                    let (l4, h2) = (0x0F0F_0F0Fu32, 0x0303_0303u32);
+                    let sw = [
+                        (w0 & l4) | ((w2 & h2) << 4),
+                        (w1 & l4) | (((w2 >> 2) & h2) << 4),
+                        ((w0 >> 4) & l4) | (((w2 >> 4) & h2) << 4),
+                        ((w1 >> 4) & l4) | (((w2 >> 6) & h2) << 4),
+                    ];
+                    let v = _mm_setr_epi32(sw[0] as i32, sw[1] as i32, sw[2] as i32, sw[3] as i32);
+                    (s0[r], s1[r]) = i8x16_ps(even_odd(_mm_sub_epi8(v, _mm_set1_epi8(32))));
+                }
+                transpose8(&mut s0);
+                transpose8(&mut s1);
+                for g in 0..U {
+                    un.s[0][g] = _mm256_mul_ps(d, s0[g]);
+                    un.s[1][g] = _mm256_mul_ps(d, s1[g]);
+                }
+            }
+            _ => {
+                // Q6_K
+                let d = f16x8(bp, 208);
+                let (mut s0, mut s1) = ([zf; R], [zf; R]);
+                for r in 0..R {
+                    (s0[r], s1[r]) = i8x16_ps(even_odd(_mm_loadu_si128(bp[r].add(192) as *const __m128i)));
+                }
+                transpose8(&mut s0);
+                transpose8(&mut s1);
+                for g in 0..U {
+                    un.s[0][g] = _mm256_mul_ps(d, s0[g]);
+                    un.s[1][g] = _mm256_mul_ps(d, s1[g]);
+                }
+            }
+        }
+    }
+}
+
+/// The `ng` groups of `un` (its scales; the integers of group `g` of row `r` from
+/// `q(g, r)`) times one token's activation groups (`xq`: `32 * ng` values, `xd`:
+/// `ng` scales), added to `acc` (row `r` in lane `r`) in the group order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_unit<const T: u8>(
+    un: &Unit,
+    q: impl Fn(usize, usize) -> __m256i,
+    ng: usize,
+    xq: *const i8,
+    xd: *const f32,
+    mut acc: __m256,
+) -> __m256 {
+    let ones16 = _mm256_set1_epi16(1);
+    let ones8 = _mm256_set1_epi8(1);
+    let need_bsum = offset(T) || bias(T) != 0;
+    let vbias = _mm256_set1_epi32(bias(T));
+    for g in 0..ng {
+        // SAFETY: the caller passes `32 * ng` values at `xq` and `ng` scales at `xd`.
+        let (x, dx) = unsafe { (_mm256_loadu_si256(xq.add(GROUP * g) as *const __m256i), _mm256_set1_ps(*xd.add(g))) };
+        let mut p = [_mm256_setzero_si256(); R];
+        for r in 0..R {
+            let q = q(g, r);
+            let m = if signed(T) {
+                _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q))
+            } else {
+                _mm256_maddubs_epi16(q, x)
+            };
+            p[r] = _mm256_madd_epi16(m, ones16);
+        }
+        let a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        let b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+        // Row r's half sums in lane r.
+        let i0 = _mm256_permute2x128_si256::<0x20>(a, b);
+        let i1 = _mm256_permute2x128_si256::<0x31>(a, b);
+        let (bs0, bs1) = if need_bsum {
+            let xs = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16);
+            let s = _mm256_hadd_epi32(xs, xs);
+            let s = _mm256_hadd_epi32(s, s);
+            (_mm256_permute2x128_si256::<0x00>(s, s), _mm256_permute2x128_si256::<0x11>(s, s))
+        } else {
+            (_mm256_setzero_si256(), _mm256_setzero_si256())
+        };
+        if halves(T) {
+            let (i0, i1) = if bias(T) != 0 {
+                (
+                    _mm256_sub_epi32(i0, _mm256_mullo_epi32(bs0, vbias)),
+                    _mm256_sub_epi32(i1, _mm256_mullo_epi32(bs1, vbias)),
+                )
+            } else {
+                (i0, i1)
+            };
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[0][g]), _mm256_cvtepi32_ps(i0), acc);
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[1][g]), _mm256_cvtepi32_ps(i1), acc);
+            if offset(T) {
+                acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[0][g]), _mm256_cvtepi32_ps(bs0), acc);
+                acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[1][g]), _mm256_cvtepi32_ps(bs1), acc);
+            }
+        } else {
+            let bs = _mm256_add_epi32(bs0, bs1);
+            let mut i = _mm256_add_epi32(i0, i1);
+            if bias(T) != 0 {
+                i = _mm256_sub_epi32(i, _mm256_mullo_epi32(bs, vbias));
+            }
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[0][g]), _mm256_cvtepi32_ps(i), acc);
+            if offset(T) {
+                acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[0][g]), _mm256_cvtepi32_ps(bs), acc);
+            }
+        }
+    }
+    acc
+}
