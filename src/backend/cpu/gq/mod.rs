@@ -24,6 +24,9 @@ use crate::backend::cpu::isa::{Isa, QAct};
 use crate::quant::groups::{unpack, Group, GROUP};
 use crate::quant::DType;
 
+#[cfg(target_arch = "x86_64")]
+mod x86_512;
+
 /// The group-order dot product of one weight row with one activation row
 /// (`qx`: `cols` values, `dx`: `cols / 32` scales).
 pub(crate) fn dot_ref(dt: DType, row: &[u8], qx: &[i8], dx: &[f32]) -> f32 {
@@ -64,13 +67,21 @@ fn accumulate(dt: DType, gr: &Group, xb: &[i8], d: f32, mut acc: f32) -> f32 {
 /// `out[r * t + c] = dot(row r, activation row c)` for `nrows` rows of `w` (rows of
 /// `row_bytes`) and all `t` rows of `a`, in the group order. Each group of a row is
 /// unpacked once for all tokens.
-pub(crate) fn gemm(_isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+pub(crate) fn gemm(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
     assert!(dt.is_grouped(), "{dt} is not a grouped type");
     assert_eq!(dt.row_bytes(a.cols), Some(row_bytes));
     assert!(w.len() >= nrows * row_bytes);
     assert_eq!(a.qs.len(), a.t * a.cols);
     assert_eq!(a.d.len(), a.t * a.cols / GROUP);
     assert_eq!(out.len(), nrows * a.t);
+    match isa {
+        // SAFETY: `Avx512Vnni` is only chosen (`isa()`) on CPUs with AVX-512 F/BW/VL + VNNI, AVX2,
+        // FMA and F16C; the rows, activations and outputs it reads and writes are in bounds
+        // (lengths asserted above).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => return unsafe { x86_512::gemm(dt, w, row_bytes, nrows, a, out) },
+        _ => {}
+    }
     let (t, cols) = (a.t, a.cols);
     let (per_block, bb, groups) = (dt.block_elems() / GROUP, dt.block_bytes(), cols / GROUP);
     for r in 0..nrows {
