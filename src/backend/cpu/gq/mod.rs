@@ -25,6 +25,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod x86_256;
+#[cfg(target_arch = "x86_64")]
+mod x86_512;
 
 use crate::backend::cpu::isa::{Isa, QAct};
 use crate::quant::groups::{unpack, Group, GROUP};
@@ -83,6 +85,11 @@ pub(crate) fn gemm(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize
         // with AVX2, FMA and F16C; the lengths of `w`, `a` and `out` are asserted above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { x86_256::gemm(dt, w, row_bytes, nrows, a, out) },
+        // SAFETY: `Avx512Vnni` is only chosen (`isa()`) on CPUs with AVX-512 F/BW/VL + VNNI, AVX2,
+        // FMA and F16C; the rows, activations and outputs it reads and writes are in bounds
+        // (lengths asserted above).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => unsafe { x86_512::gemm(dt, w, row_bytes, nrows, a, out) },
         _ => gemm_ref(dt, w, row_bytes, nrows, a, out),
     }
 }

@@ -1,0 +1,631 @@
+//! AVX-512 (F/BW/VL + VNNI) kernels for the group-quantized types, in the group
+//! order of the parent module bit for bit.
+//!
+//! Rows are taken 16 at a time, one f32 lane per row, so each row's chain of fused
+//! multiply-adds runs in its own lane, in its own order. Per group, the 32 weights
+//! of two rows are unpacked into one 512-bit vector of unsigned bytes (row A in the
+//! low 256 bits, row B in the high; element `j` at byte `j`): nibble masks and
+//! shifts, high bits merged from a byte mask (`vptestmb`, masked byte adds), IQ4
+//! levels through `vpshufb`. Signed weights are biased to unsigned (`q + bias`, the
+//! per-type [`bias`]) so that `vpdpbusd` against the activations' bytes gives exact
+//! sums, and `bias * bsum` is subtracted afterwards (exact in i32). Eight such
+//! products (16 rows) are reduced by a fixed unpack/add tree and one permute to the
+//! per-row half sums `isum_0`, `isum_1` in row lanes. The scales and offsets of 16
+//! rows are formed in lanes from gathered block bytes with exactly the f32
+//! operations `quant::groups::unpack` uses (f16 widening is exact; `d * sc`,
+//! `-(dmin * m)`), then the group's multiply-adds run as `accumulate` runs them.
+//!
+//! Decode (`t == 1`) and prefill share [`tile`]: each group of 16 rows is unpacked
+//! once for up to [`MAXC`] tokens; tokens come in chunks that keep the activations
+//! in the L2 cache (`token_chunk`). Rows past the range's end repeat its last row
+//! (their lanes are computed and dropped), so every load stays inside `w`.
+
+use crate::backend::cpu::isa::{dpbusd512 as dpbusd, token_chunk, QAct};
+use crate::quant::groups::{GROUP, IQ4_LEVELS};
+use crate::quant::DType;
+use std::arch::x86_64::*;
+
+/// Rows per tile (one f32 lane each).
+const R: usize = 16;
+/// Tokens per tile (one accumulator vector each).
+const MAXC: usize = 8;
+/// Software prefetch distance, bytes ahead in each of the 16 row streams.
+const PF: usize = 768;
+
+const Q4_1: u8 = 0;
+const Q5_0: u8 = 1;
+const Q5_1: u8 = 2;
+const IQ4_NL: u8 = 3;
+const Q2_K: u8 = 4;
+const Q3_K: u8 = 5;
+const Q4_K: u8 = 6;
+const Q5_K: u8 = 7;
+const Q6_K: u8 = 8;
+const IQ4_XS: u8 = 9;
+
+/// What is added to each weight integer to make it an unsigned byte.
+const fn bias(k: u8) -> i32 {
+    match k {
+        Q5_0 => 16,
+        IQ4_NL | IQ4_XS => 128,
+        Q3_K => 4,
+        Q6_K => 32,
+        _ => 0,
+    }
+}
+
+const fn halves(k: u8) -> bool {
+    matches!(k, Q2_K | Q3_K | Q6_K)
+}
+
+const fn offset(k: u8) -> bool {
+    matches!(k, Q4_1 | Q5_1 | Q2_K | Q4_K | Q5_K)
+}
+
+/// Byte offsets (inside a block) of the dwords gathered per block for the scales.
+const fn fields(k: u8) -> &'static [usize] {
+    match k {
+        Q4_1 | Q5_0 | Q5_1 | IQ4_NL => &[0],
+        Q2_K => &[0, 4, 8, 12, 80],
+        Q3_K => &[96, 100, 104, 106],
+        Q4_K | Q5_K => &[0, 4, 8, 12],
+        Q6_K => &[192, 196, 200, 204, 206],
+        _ => &[0, 4], // IQ4_XS
+    }
+}
+
+/// Row lane `r` of `isum_0` in the reduction tree's output (see [`reduce`]).
+const fn perm_idx(h: i32) -> [i32; 16] {
+    let mut o = [0i32; 16];
+    let mut r = 0;
+    while r < 16 {
+        o[r] = (if r >= 8 { 16 } else { 0 }) + (r as i32 % 2) * 8 + (r as i32 % 8) / 2 + 4 * h;
+        r += 1;
+    }
+    o
+}
+const IDX0: [i32; 16] = perm_idx(0);
+const IDX1: [i32; 16] = perm_idx(1);
+
+/// IQ4 levels biased by 128 (as unsigned bytes), repeated in each 128-bit lane.
+const fn iq4_table() -> [u8; 64] {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        t[i] = (IQ4_LEVELS[i % 16] as i32 + 128) as u8;
+        i += 1;
+    }
+    t
+}
+const IQ4_TABLE: [u8; 64] = iq4_table();
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn h16lo(x: __m512i) -> __m512 {
+    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn h16hi(x: __m512i) -> __m512 {
+    h16lo(_mm512_srli_epi32::<16>(x))
+}
+
+/// `-x` (the sign flipped, as f32 negation).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn neg(x: __m512) -> __m512 {
+    _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32(i32::MIN)))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn srl32(x: __m512i, n: usize) -> __m512i {
+    _mm512_srl_epi32(x, _mm_cvtsi32_si128(n as i32))
+}
+
+/// Byte `k` of the gathered dwords `raw` (byte `4i + j` is byte `j` of `raw[i]`), per lane.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn byte(raw: &[__m512i], k: usize) -> __m512i {
+    _mm512_and_si512(srl32(raw[k / 4], 8 * (k % 4)), _mm512_set1_epi32(0xFF))
+}
+
+/// The scales and offsets `[s_0, s_1, o_0, o_1]` of group `g` of the current blocks of
+/// 16 rows (lanes), from their gathered dwords, formed exactly as `unpack` forms them.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn scales<const K: u8>(raw: &[__m512i; 5], g: usize) -> [__m512; 4] {
+    let z = _mm512_setzero_ps();
+    let cvt = _mm512_cvtepi32_ps;
+    let m15 = _mm512_set1_epi32(15);
+    match K {
+        Q4_1 | Q5_1 => {
+            let (d, m) = (h16lo(raw[0]), h16hi(raw[0]));
+            [d, d, m, m]
+        }
+        Q5_0 | IQ4_NL => {
+            let d = h16lo(raw[0]);
+            [d, d, z, z]
+        }
+        Q2_K => {
+            let (d, dmin) = (h16lo(raw[4]), h16hi(raw[4]));
+            let (a, c) = (byte(raw, 2 * g), byte(raw, 2 * g + 1));
+            [
+                _mm512_mul_ps(d, cvt(_mm512_and_si512(a, m15))),
+                _mm512_mul_ps(d, cvt(_mm512_and_si512(c, m15))),
+                neg(_mm512_mul_ps(dmin, cvt(_mm512_srli_epi32::<4>(a)))),
+                neg(_mm512_mul_ps(dmin, cvt(_mm512_srli_epi32::<4>(c)))),
+            ]
+        }
+        Q3_K => {
+            let d = h16hi(raw[3]);
+            let sc = |i: usize| {
+                let lo =
+                    if i < 8 { _mm512_and_si512(byte(raw, i), m15) } else { _mm512_srli_epi32::<4>(byte(raw, i - 8)) };
+                let hi = _mm512_and_si512(srl32(byte(raw, 8 + i % 4), 2 * (i / 4)), _mm512_set1_epi32(3));
+                let v = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32::<4>(hi)), _mm512_set1_epi32(32));
+                _mm512_mul_ps(d, cvt(v))
+            };
+            [sc(2 * g), sc(2 * g + 1), z, z]
+        }
+        Q4_K | Q5_K => {
+            let (d, dmin) = (h16lo(raw[0]), h16hi(raw[0]));
+            let s = |k: usize| byte(&raw[1..4], k);
+            let m63 = _mm512_set1_epi32(63);
+            let m30 = _mm512_set1_epi32(0x30);
+            let (sc, m) = if g < 4 {
+                (_mm512_and_si512(s(g), m63), _mm512_and_si512(s(4 + g), m63))
+            } else {
+                (
+                    _mm512_or_si512(
+                        _mm512_and_si512(s(4 + g), m15),
+                        _mm512_and_si512(_mm512_srli_epi32::<2>(s(g - 4)), m30),
+                    ),
+                    _mm512_or_si512(
+                        _mm512_srli_epi32::<4>(s(4 + g)),
+                        _mm512_and_si512(_mm512_srli_epi32::<2>(s(g)), m30),
+                    ),
+                )
+            };
+            let o = neg(_mm512_mul_ps(dmin, cvt(m)));
+            let s = _mm512_mul_ps(d, cvt(sc));
+            [s, s, o, o]
+        }
+        Q6_K => {
+            let d = h16hi(raw[4]);
+            // Sign-extended byte i: shifted to the top, then arithmetically back.
+            let sc = |i: usize| {
+                let x = _mm512_sll_epi32(raw[i / 4], _mm_cvtsi32_si128((24 - 8 * (i % 4)) as i32));
+                _mm512_mul_ps(d, cvt(_mm512_srai_epi32::<24>(x)))
+            };
+            [sc(2 * g), sc(2 * g + 1), z, z]
+        }
+        _ => {
+            // IQ4_XS
+            let d = h16lo(raw[0]);
+            let lo = _mm512_and_si512(srl32(raw[1], 4 * g), m15);
+            let hi = _mm512_and_si512(srl32(raw[0], 16 + 2 * g), _mm512_set1_epi32(3));
+            let v = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32::<4>(hi)), _mm512_set1_epi32(32));
+            let s = _mm512_mul_ps(d, cvt(v));
+            [s, s, z, z]
+        }
+    }
+}
+
+/// 32 bytes at `pa` (low half) and at `pb` (high half).
+///
+/// # Safety
+/// Both ranges are readable.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn ld32x2(pa: *const u8, pb: *const u8) -> __m512i {
+    // SAFETY: the caller guarantees 32 readable bytes at each pointer.
+    unsafe {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_loadu_si256(pa as *const __m256i)),
+            _mm256_loadu_si256(pb as *const __m256i),
+        )
+    }
+}
+
+/// The 32 nibbles of 16 bytes at `pa` (low nibbles, then high) and at `pb`.
+///
+/// # Safety
+/// Both ranges of 16 bytes are readable.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn nib16x2(pa: *const u8, pb: *const u8) -> __m512i {
+    // SAFETY: the caller guarantees 16 readable bytes at each pointer.
+    let (a, b) = unsafe { (_mm_loadu_si128(pa as *const __m128i), _mm_loadu_si128(pb as *const __m128i)) };
+    let v =
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(a)), _mm256_broadcastsi128_si256(b));
+    let sh = _mm512_set_epi64(
+        0x0004_0004_0004_0004,
+        0x0004_0004_0004_0004,
+        0,
+        0,
+        0x0004_0004_0004_0004,
+        0x0004_0004_0004_0004,
+        0,
+        0,
+    );
+    _mm512_and_si512(_mm512_srlv_epi16(v, sh), _mm512_set1_epi8(0x0F))
+}
+
+/// Group `g` of the blocks at `pa` and `pb` (two rows) as biased unsigned bytes
+/// (`q + bias(K)`), row A's 32 in the low half.
+///
+/// # Safety
+/// `pa` and `pb` point at whole blocks of type `K`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn unpack2<const K: u8>(pa: *const u8, pb: *const u8, g: usize) -> __m512i {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let tbl = || _mm512_loadu_si512(IQ4_TABLE.as_ptr() as *const __m512i);
+    let qh2 = |o: usize| {
+        // SAFETY: the high-bit words lie inside the blocks (caller).
+        let (a, b) =
+            unsafe { ((pa.add(o) as *const u32).read_unaligned(), (pb.add(o) as *const u32).read_unaligned()) };
+        a as u64 | (b as u64) << 32
+    };
+    // SAFETY: every offset read below is inside a block of type K (the layouts of
+    // `quant::groups::unpack`); the caller guarantees whole blocks.
+    unsafe {
+        match K {
+            Q4_1 => nib16x2(pa.add(4), pb.add(4)),
+            IQ4_NL => _mm512_shuffle_epi8(tbl(), nib16x2(pa.add(2), pb.add(2))),
+            Q5_0 | Q5_1 => {
+                let o = if K == Q5_1 { 4 } else { 2 };
+                let q = nib16x2(pa.add(o + 4), pb.add(o + 4));
+                _mm512_mask_add_epi8(q, qh2(o), q, _mm512_set1_epi8(16))
+            }
+            Q4_K | Q5_K => {
+                let o = if K == Q4_K { 16 } else { 48 } + (g / 2) * 32;
+                let v = ld32x2(pa.add(o), pb.add(o));
+                let q = _mm512_and_si512(if g % 2 == 1 { _mm512_srli_epi16::<4>(v) } else { v }, m4);
+                if K == Q5_K {
+                    let hb = ld32x2(pa.add(16), pb.add(16));
+                    let m = _mm512_test_epi8_mask(hb, _mm512_set1_epi8((1u8 << g) as i8));
+                    _mm512_mask_add_epi8(q, m, q, _mm512_set1_epi8(16))
+                } else {
+                    q
+                }
+            }
+            Q2_K | Q3_K => {
+                let (h, sh) = (g / 4, 2 * (g % 4));
+                let o = if K == Q2_K { 16 } else { 32 } + h * 32;
+                let v = ld32x2(pa.add(o), pb.add(o));
+                let q = _mm512_and_si512(_mm512_srl_epi16(v, _mm_cvtsi32_si128(sh as i32)), _mm512_set1_epi8(3));
+                if K == Q3_K {
+                    let hm = ld32x2(pa, pb);
+                    let m = _mm512_test_epi8_mask(hm, _mm512_set1_epi8((1u8 << g) as i8));
+                    _mm512_mask_add_epi8(q, m, q, _mm512_set1_epi8(4))
+                } else {
+                    q
+                }
+            }
+            Q6_K => {
+                let (h, k) = (g / 4, g % 4);
+                let ql = ld32x2(pa.add(h * 64 + (k % 2) * 32), pb.add(h * 64 + (k % 2) * 32));
+                let lo = _mm512_and_si512(_mm512_srl_epi16(ql, _mm_cvtsi32_si128(4 * (k / 2) as i32)), m4);
+                let qh = ld32x2(pa.add(128 + h * 32), pb.add(128 + h * 32));
+                let hi = _mm512_and_si512(_mm512_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32)), _mm512_set1_epi8(3));
+                _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi))
+            }
+            _ => _mm512_shuffle_epi8(tbl(), nib16x2(pa.add(8 + 16 * g), pb.add(8 + 16 * g))), // IQ4_XS
+        }
+    }
+}
+
+/// The per-row half sums of eight `vpdpbusd` results: `d[p]` holds rows `2p`
+/// (lanes 0-7) and `2p + 1` (lanes 8-15), four lanes per half. Returns
+/// `(isum_0, isum_1)` with row `r` in lane `r` (a fixed tree: the sums are exact).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn reduce(d: &[__m512i; 8]) -> (__m512i, __m512i) {
+    let e = |a, b| _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    let f = |a, b| _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+    let f0 = f(e(d[0], d[1]), e(d[2], d[3]));
+    let f1 = f(e(d[4], d[5]), e(d[6], d[7]));
+    // SAFETY: loads of the constant index tables (64 bytes each).
+    let (i0, i1) = unsafe {
+        (_mm512_loadu_si512(IDX0.as_ptr() as *const __m512i), _mm512_loadu_si512(IDX1.as_ptr() as *const __m512i))
+    };
+    (_mm512_permutex2var_epi32(f0, i0, f1), _mm512_permutex2var_epi32(f0, i1, f1))
+}
+
+/// 16 rows (`rows[r]`: row starts, `offs`: their byte offsets from `rows[0]`) times
+/// tokens `c0..c0 + C`, all groups; row `r < valid`'s result for token `c0 + c` goes
+/// to `out[r * ostride + c]`.
+///
+/// # Safety
+/// The CPU has the target features; every row holds `nblk` whole blocks of `bb`
+/// bytes of type `K`; `a` has tokens `c0..c0 + C`; `h0` has `a.t * groups` sums
+/// (types with halves); the outputs are writable.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn tile<const K: u8, const C: usize>(
+    rows: &[*const u8; R],
+    offs: __m512i,
+    bb: usize,
+    nblk: usize,
+    a: &QAct,
+    h0: &[i32],
+    c0: usize,
+    out: *mut f32,
+    ostride: usize,
+    valid: usize,
+) {
+    let per = if K >= Q2_K { 8 } else { 1 };
+    let groups = nblk * per;
+    let cols = a.cols;
+    let fl = fields(K);
+    let mut acc = [_mm512_setzero_ps(); C];
+    // SAFETY: (whole body) the CPU has this function's target features (reached only through
+    // `isa()` == Avx512Vnni); block `blk` of each row is at `rows[r] + blk * bb`, inside `w`
+    // (caller); gathers read 4 bytes at `fields(K)` offsets, each `+ 4 <= bb`; activation
+    // token `c0 + c` group `g` is at `qs[(c0 + c) * cols + 32 g ..+ 32]`, `d`/`sums`/`h0` at
+    // `(c0 + c) * groups + g` (the driver checked `a`'s lengths); prefetches never fault.
+    unsafe {
+        let base = rows[0];
+        for blk in 0..nblk {
+            for &row in rows.iter() {
+                let p0 = row as usize + blk * bb + PF;
+                let mut l = p0 & !63;
+                while l < p0 + bb {
+                    _mm_prefetch::<_MM_HINT_T0>(l as *const i8);
+                    l += 64;
+                }
+            }
+            let mut raw = [_mm512_setzero_si512(); 5];
+            for (i, &f) in fl.iter().enumerate() {
+                raw[i] = _mm512_i32gather_epi32::<1>(offs, base.add(blk * bb + f) as *const i32);
+            }
+            for gi in 0..per {
+                let g = blk * per + gi;
+                let [s0, s1, o0, o1] = scales::<K>(&raw, gi);
+                let mut wv = [_mm512_setzero_si512(); 8];
+                for (p, v) in wv.iter_mut().enumerate() {
+                    *v = unpack2::<K>(rows[2 * p].add(blk * bb), rows[2 * p + 1].add(blk * bb), gi);
+                }
+                for (c, acc) in acc.iter_mut().enumerate() {
+                    let tk = (c0 + c) * groups + g;
+                    let x = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                        a.qs.as_ptr().add((c0 + c) * cols + g * GROUP) as *const __m256i
+                    ));
+                    let mut d = [_mm512_setzero_si512(); 8];
+                    for (dp, &v) in d.iter_mut().zip(&wv) {
+                        *dp = dpbusd(_mm512_setzero_si512(), v, x);
+                    }
+                    let (i0, i1) = reduce(&d);
+                    let dx = _mm512_set1_ps(*a.d.get_unchecked(tk));
+                    let bs = *a.sums.get_unchecked(tk);
+                    if halves(K) {
+                        let b0 = *h0.get_unchecked(tk);
+                        let b1 = bs - b0;
+                        let is0 = _mm512_sub_epi32(i0, _mm512_set1_epi32(bias(K) * b0));
+                        let is1 = _mm512_sub_epi32(i1, _mm512_set1_epi32(bias(K) * b1));
+                        *acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, s0), _mm512_cvtepi32_ps(is0), *acc);
+                        *acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, s1), _mm512_cvtepi32_ps(is1), *acc);
+                        if offset(K) {
+                            *acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, o0), _mm512_set1_ps(b0 as f32), *acc);
+                            *acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, o1), _mm512_set1_ps(b1 as f32), *acc);
+                        }
+                    } else {
+                        let is = _mm512_sub_epi32(_mm512_add_epi32(i0, i1), _mm512_set1_epi32(bias(K) * bs));
+                        *acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, s0), _mm512_cvtepi32_ps(is), *acc);
+                        if offset(K) {
+                            *acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, o0), _mm512_set1_ps(bs as f32), *acc);
+                        }
+                    }
+                }
+            }
+        }
+        for (c, acc) in acc.iter().enumerate() {
+            let mut o = [0f32; R];
+            _mm512_storeu_ps(o.as_mut_ptr(), *acc);
+            for (r, &v) in o.iter().enumerate().take(valid) {
+                *out.add(r * ostride + c) = v;
+            }
+        }
+    }
+}
+
+macro_rules! dispatch {
+    ($k:expr, $ct:expr, $($args:expr),*) => {
+        match $ct {
+            8 => tile::<{ $k }, 8>($($args),*),
+            7 => tile::<{ $k }, 7>($($args),*),
+            6 => tile::<{ $k }, 6>($($args),*),
+            5 => tile::<{ $k }, 5>($($args),*),
+            4 => tile::<{ $k }, 4>($($args),*),
+            3 => tile::<{ $k }, 3>($($args),*),
+            2 => tile::<{ $k }, 2>($($args),*),
+            _ => tile::<{ $k }, 1>($($args),*),
+        }
+    };
+}
+
+/// All rows and tokens of one type.
+///
+/// # Safety
+/// As [`gemm`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn driver<const K: u8>(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+    let (t, cols) = (a.t, a.cols);
+    let bb = dt.block_bytes();
+    let nblk = row_bytes / bb;
+    assert!(row_bytes.checked_mul(R).is_some_and(|v| v < i32::MAX as usize), "rows of {row_bytes} bytes");
+    let h0: Vec<i32> = if halves(K) {
+        a.qs.chunks_exact(GROUP).map(|b| b[..16].iter().map(|&v| v as i32).sum()).collect()
+    } else {
+        Vec::new()
+    };
+    assert_eq!(a.sums.len(), a.d.len());
+    let tc = token_chunk(t, cols);
+    let o = out.as_mut_ptr();
+    // SAFETY: the CPU has this function's target features (reached only through `isa()`);
+    // the rows `i + r` (clamped to `nrows - 1`) are inside `w` (`w.len() >= nrows * row_bytes`,
+    // checked by `gq::gemm`), tokens `c..c + ct <= t` inside `a`, outputs `(i + r) * t + c`
+    // for `r < valid` inside `out` (`out.len() == nrows * t`).
+    unsafe {
+        let mut t0 = 0;
+        while t0 < t {
+            let t1 = (t0 + tc).min(t);
+            for i in (0..nrows).step_by(R) {
+                let valid = (nrows - i).min(R);
+                let mut rows = [w.as_ptr(); R];
+                let mut off = [0i32; R];
+                for r in 0..R {
+                    let rr = r.min(valid - 1);
+                    rows[r] = w.as_ptr().add((i + rr) * row_bytes);
+                    off[r] = (rr * row_bytes) as i32;
+                }
+                let offs = _mm512_loadu_si512(off.as_ptr() as *const __m512i);
+                let mut c = t0;
+                while c < t1 {
+                    let ct = (t1 - c).min(MAXC);
+                    dispatch!(K, ct, &rows, offs, bb, nblk, a, &h0, c, o.add(i * t + c), t, valid);
+                    c += ct;
+                }
+            }
+            t0 = t1;
+        }
+    }
+}
+
+/// `gq::gemm` on AVX-512 VNNI: same arguments, same results bit for bit.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C; `gq::gemm`'s assertions
+/// hold (whole rows of `dt` in `w`, `a` consistent, `out.len() == nrows * a.t`).
+pub(super) unsafe fn gemm(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+    if nrows == 0 || a.t == 0 {
+        return;
+    }
+    // SAFETY: the caller guarantees the target features and the bounds.
+    unsafe {
+        match dt {
+            DType::Q4_1 => driver::<Q4_1>(dt, w, row_bytes, nrows, a, out),
+            DType::Q5_0 => driver::<Q5_0>(dt, w, row_bytes, nrows, a, out),
+            DType::Q5_1 => driver::<Q5_1>(dt, w, row_bytes, nrows, a, out),
+            DType::IQ4_NL => driver::<IQ4_NL>(dt, w, row_bytes, nrows, a, out),
+            DType::Q2_K => driver::<Q2_K>(dt, w, row_bytes, nrows, a, out),
+            DType::Q3_K => driver::<Q3_K>(dt, w, row_bytes, nrows, a, out),
+            DType::Q4_K => driver::<Q4_K>(dt, w, row_bytes, nrows, a, out),
+            DType::Q5_K => driver::<Q5_K>(dt, w, row_bytes, nrows, a, out),
+            DType::Q6_K => driver::<Q6_K>(dt, w, row_bytes, nrows, a, out),
+            DType::IQ4_XS => driver::<IQ4_XS>(dt, w, row_bytes, nrows, a, out),
+            _ => unreachable!("{dt} is not a grouped type"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::gq::dot_ref;
+    use crate::backend::cpu::isa::{detect, Isa};
+    use crate::util::XorShift;
+
+    /// Random but valid rows of `dt`: random bytes with every f16 field a small
+    /// finite value (so no inf/NaN scale).
+    fn random_row(dt: DType, cols: usize, r: &mut XorShift) -> Vec<u8> {
+        let n = dt.row_bytes(cols).unwrap();
+        let mut row: Vec<u8> = (0..n).map(|_| r.next_u64() as u8).collect();
+        let f16_fields: &[usize] = match dt {
+            DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+            DType::Q5_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
+            DType::Q2_K => &[80, 82],
+            DType::Q3_K => &[108],
+            DType::Q6_K => &[208],
+            _ => unreachable!(),
+        };
+        for blk in row.chunks_exact_mut(dt.block_bytes()) {
+            for &o in f16_fields {
+                // Now and then a zero, a negative or a subnormal scale.
+                let v = match r.below(8) {
+                    0 => 0.0,
+                    1 => 3e-6,
+                    _ => r.uniform(-0.05, 0.05),
+                };
+                blk[o..o + 2].copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes());
+            }
+        }
+        row
+    }
+
+    fn check(dt: DType, cols: usize, nrows: usize, t: usize, r: &mut XorShift) {
+        let rb = dt.row_bytes(cols).unwrap();
+        let w: Vec<u8> = (0..nrows).flat_map(|_| random_row(dt, cols, r)).collect();
+        let mut x = r.vec(t * cols, -1.0, 1.0);
+        // Some activation blocks of extreme values (full-range i8).
+        for v in x.iter_mut().step_by(7) {
+            *v *= 30.0;
+        }
+        let a = QAct::quantize(&x, cols);
+        let mut out = vec![f32::NAN; nrows * t];
+        // SAFETY: the CPU has AVX-512 F/BW/VL + VNNI (the caller checked `detect()`); the
+        // arguments are consistent (as `gq::gemm` asserts).
+        unsafe { gemm(dt, &w, rb, nrows, &a, &mut out) };
+        let g = cols / GROUP;
+        for i in 0..nrows {
+            for c in 0..t {
+                let want =
+                    dot_ref(dt, &w[i * rb..(i + 1) * rb], &a.qs[c * cols..(c + 1) * cols], &a.d[c * g..(c + 1) * g]);
+                assert_eq!(
+                    out[i * t + c].to_bits(),
+                    want.to_bits(),
+                    "{dt} cols {cols} nrows {nrows} t {t}: row {i} token {c}: {} vs {want}",
+                    out[i * t + c]
+                );
+            }
+        }
+    }
+
+    /// Every grouped type, token counts 1, 2, 7, 33 (tiles and their tails), row counts
+    /// 1..=9 and past one and two tiles of 16: bit-identical to the scalar group order.
+    #[test]
+    fn gq_avx512_gemm_equals_the_group_order_reference() {
+        if detect() != Isa::Avx512Vnni {
+            eprintln!("no AVX-512 VNNI here: skipped");
+            return;
+        }
+        let mut r = XorShift::new(0x5be0_cd19_137e_2179);
+        for dt in DType::all().into_iter().filter(|d| d.is_grouped()) {
+            let mut colss = vec![256, 1024];
+            if dt.block_elems() == GROUP {
+                colss.extend([32, 96]);
+            }
+            for &cols in &colss {
+                for t in [1, 2, 7, 33] {
+                    for nrows in (1..=9).chain([16, 17, 31, 40]) {
+                        check(dt, cols, nrows, t, &mut r);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Through the dispatching `gq::gemm` (the arm this file adds), against its scalar set.
+    #[test]
+    fn gq_avx512_dispatch_equals_scalar_gemm() {
+        if detect() != Isa::Avx512Vnni {
+            return;
+        }
+        let mut r = XorShift::new(0x1f83_d9ab);
+        for dt in DType::all().into_iter().filter(|d| d.is_grouped()) {
+            let (cols, nrows, t) = (512, 21, 3);
+            let rb = dt.row_bytes(cols).unwrap();
+            let w: Vec<u8> = (0..nrows).flat_map(|_| random_row(dt, cols, &mut r)).collect();
+            let a = QAct::quantize(&r.vec(t * cols, -2.0, 2.0), cols);
+            let (mut o1, mut o2) = (vec![0f32; nrows * t], vec![0f32; nrows * t]);
+            crate::backend::cpu::gq::gemm(Isa::Scalar, dt, &w, rb, nrows, &a, &mut o1);
+            crate::backend::cpu::gq::gemm(Isa::Avx512Vnni, dt, &w, rb, nrows, &a, &mut o2);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&o1), bits(&o2), "{dt}");
+        }
+    }
+}
