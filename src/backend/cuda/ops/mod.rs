@@ -50,7 +50,7 @@ pub use rope::{KvWrite, Qkv, Rope};
 
 /// A weight matrix resident on the device in its stored type: `rows` rows of
 /// `cols` elements, each row `dtype.row_bytes(cols)` bytes (ggml block layout for
-/// Q8_0/Q4_0; little-endian F32/F16/BF16), rows contiguous.
+/// the quantized types; little-endian F32/F16/BF16), rows contiguous.
 pub struct DevWeight {
     pub name: String,
     pub dtype: DType,
