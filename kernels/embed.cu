@@ -4,7 +4,8 @@
 // tests: embed_* in tests/cuda_kernels.rs.
 //
 // table: [vocab][hidden] rows of `row_bytes(hidden)` bytes in its stored type (f32,
-// f16, bf16, or ggml Q8_0 / Q4_0 blocks with hidden % 32 == 0); ids: [n] u32;
+// f16, bf16, or ggml blocks: Q8_0 / Q4_0 and the group-quantized types of common.cuh,
+// hidden a multiple of the block); ids: [n] u32;
 // out: [n][hidden] f32. An id >= vocab yields a row of NaN (never an out-of-bounds
 // read): the host checks ids, this is only a guard.
 // Launch: grid = (n), block = (T), T a multiple of 32 (the launcher uses 256); each
@@ -38,3 +39,5 @@ EMBED_ENTRY(embed_f16_f32, LoadF16)
 EMBED_ENTRY(embed_bf16_f32, LoadBF16)
 EMBED_ENTRY(embed_q8_0_f32, LoadQ8_0)
 EMBED_ENTRY(embed_q4_0_f32, LoadQ4_0)
+#define GQ_EMBED(tag, T) EMBED_ENTRY(embed_##tag##_f32, LoadGQ<T>)
+GQ_TYPES(GQ_EMBED)

@@ -3,7 +3,8 @@
 // Twins: src/backend/cpu/ops/matmul.rs (CPU), src/backend/cuda/ops/matmul.rs (launchers);
 // tests: matmul_* in tests/cuda_kernels.rs.
 //
-// W: [rows][cols] row-major weights (f32, f16, bf16, or ggml Q8_0 / Q4_0 blocks);
+// W: [rows][cols] row-major weights (f32, f16, bf16, or ggml blocks: Q8_0 / Q4_0 and the
+// group-quantized types of common.cuh, GQ_TYPES);
 // x: [batch][cols] f32;
 // y: [batch][rows] f32. One warp per weight row; a row is read once for up to
 // GEMV_MAX_BATCH vectors (larger batches walk the row again per tile of vectors,
@@ -239,6 +240,53 @@ struct RowQ4_0 {
     }
 };
 
+// ---- group-quantized weights (Q4_1 ... IQ4_XS, common.cuh) -------------------------------
+// A row is cols/32 groups of 32 values (cols a multiple of T::QK, checked by the launcher);
+// value l of a group is s*q + o per half of 16 (T::q, T::so). Four lanes share a group,
+// lane `sub` taking its values 8*sub .. 8*sub+8 (all in half sub/2): the dot product is
+// s * sum(q*x) (+ o * sum(x) for offset types), each sum an fmaf chain in element order,
+// so the order per output depends only on cols (batch-invariant); a warp covers 8
+// consecutive groups (one K-quant super-block) per step.
+template <typename T>
+struct RowGQ {
+    static __device__ __forceinline__ size_t row_bytes(int cols) { return (size_t)(cols / T::QK) * T::BB; }
+    static __device__ __forceinline__ void acc(const unsigned char* __restrict__ wr, const float* __restrict__ x,
+                                               int cols, int b0, int nb, int lane, float (&acc)[GEMV_MAX_BATCH]) {
+        const int ngroups = cols / 32;
+        const int sub = lane & 3;
+        for (int gi = lane >> 2; gi < ngroups; gi += 8) {
+            const unsigned char* blk = wr + (size_t)(gi / (T::QK / 32)) * T::BB;
+            const int g = gi % (T::QK / 32);
+            float q[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) q[i] = (float)T::q(blk, g, sub * 8 + i);
+            float s, o;
+            T::so(blk, g, sub >> 1, s, o);
+#pragma unroll
+            for (int b = 0; b < GEMV_MAX_BATCH; ++b) {
+                if (b < nb) {
+                    const float4* xb =
+                        reinterpret_cast<const float4*>(x + (size_t)(b0 + b) * cols + (size_t)gi * 32 + sub * 8);
+                    const float4 a = xb[0];
+                    const float4 c = xb[1];
+                    float t = q[0] * a.x;
+                    t = fmaf(q[1], a.y, t); t = fmaf(q[2], a.z, t); t = fmaf(q[3], a.w, t);
+                    t = fmaf(q[4], c.x, t); t = fmaf(q[5], c.y, t); t = fmaf(q[6], c.z, t);
+                    t = fmaf(q[7], c.w, t);
+                    float r = fmaf(s, t, acc[b]);
+                    if (T::OFF) {
+                        float u = __fadd_rn(a.x, a.y);
+                        u = __fadd_rn(u, a.z); u = __fadd_rn(u, a.w); u = __fadd_rn(u, c.x);
+                        u = __fadd_rn(u, c.y); u = __fadd_rn(u, c.z); u = __fadd_rn(u, c.w);
+                        r = fmaf(o, u, r);
+                    }
+                    acc[b] = r;
+                }
+            }
+        }
+    }
+};
+
 #define GEMV_ENTRY(name, T, Row)                                                                         \
     extern "C" __global__ void name(const T* __restrict__ W /*[rows] rows of Row::row_bytes(cols)*/,    \
                                     const float* __restrict__ x /*[batch][cols]*/,                       \
@@ -251,6 +299,8 @@ GEMV_ENTRY(gemv_f16_f32, __half, RowHalf<false>)
 GEMV_ENTRY(gemv_bf16_f32, unsigned short, RowHalf<true>)
 GEMV_ENTRY(gemv_q8_0_f32, unsigned char, RowQ8_0)
 GEMV_ENTRY(gemv_q4_0_f32, unsigned char, RowQ4_0)
+#define GQ_GEMV(tag, T) GEMV_ENTRY(gemv_##tag##_f32, unsigned char, RowGQ<T>)
+GQ_TYPES(GQ_GEMV)
 
 // ---- fast GEMV kernels (LLMRT_CUDA_GEMV=0 or LLMRT_CUDA_FAST=0 turn them off) ----------
 //
@@ -593,8 +643,9 @@ extern "C" __global__ void convert_f32_bf16(const float* __restrict__ x, unsigne
 
 // dequant_<type>_f16: a weight matrix W ([rows][cols], stored type) to f16 [rows][cols],
 // rounded to nearest: out[i] = f16(L::at(W, i)). Rows hold whole blocks, so the flat
-// element index addresses the matrix as one long row (Q8_0/Q4_0: cols % 32 == 0, checked
-// by the launcher).
+// element index addresses the matrix as one long row (quantized types: cols a multiple of
+// the block, checked by the launcher). The group-quantized types' values are those of
+// quant::dequantize_row bit for bit (LoadGQ) before the rounding to f16.
 #define DEQUANT_ENTRY(name, T, L)                                                                       \
     extern "C" __global__ void name(const T* __restrict__ W /*[rows][cols]*/,                          \
                                     __half* __restrict__ out /*[rows][cols]*/, int rows, int cols) {   \
@@ -607,3 +658,5 @@ DEQUANT_ENTRY(dequant_f32_f16, float, LoadF32)
 DEQUANT_ENTRY(dequant_bf16_f16, unsigned short, LoadBF16)
 DEQUANT_ENTRY(dequant_q8_0_f16, unsigned char, LoadQ8_0)
 DEQUANT_ENTRY(dequant_q4_0_f16, unsigned char, LoadQ4_0)
+#define GQ_DEQUANT(tag, T) DEQUANT_ENTRY(dequant_##tag##_f16, unsigned char, LoadGQ<T>)
+GQ_TYPES(GQ_DEQUANT)

@@ -6,12 +6,13 @@
 //! src/backend/cuda/ops/norm.rs and kernels/norm.cu, `matmul_*`, `attention_*`, ...).
 //!
 //! Bounds (relative L2 vs the twin, which accumulates in f64):
-//! - GEMV: F32 1e-5; F16/BF16/Q8_0/Q4_0 1e-4 (twin on the same dequantized weights).
-//! - cuBLAS (`MatmulPath::Auto`, > 8 tokens): F32 (SGEMM, f32 compute) 1e-4; F16,
-//!   Q8_0, Q4_0 (activations rounded to f16, quantized weights dequantized to f16) and
-//!   BF16 (activations rounded to bf16) 1e-2.
+//! - GEMV: F32 1e-5; every other type 1e-4 (twin on the same dequantized weights).
+//! - cuBLAS (`MatmulPath::Auto`, > 8 tokens): F32 (SGEMM, f32 compute) 1e-4; F16 and
+//!   the quantized types (activations rounded to f16, quantized weights dequantized to
+//!   f16) and BF16 (activations rounded to bf16) 1e-2.
 //! - embed, rope (q, k and the pool), dequantize_to_f16, copy_block, gather_rows, argmax: exact
-//!   (checked as rel_l2 < 1e-6, or equality).
+//!   (checked as rel_l2 < 1e-6, or equality; the group-quantized types' embeddings bit
+//!   for bit).
 //! - rmsnorm, add, add_bias, swiglu: 1e-5. attention: 1e-4 (f32 online softmax over f16 K/V).
 //! - Fast paths (`FastPaths`), each against its twin and against the plain kernel: fast
 //!   F16/BF16 GEMV bit-identical to the plain GEMV; fast Q8_0/Q4_0 GEMV 1e-4;
@@ -93,6 +94,8 @@ impl Dev {
 }
 
 /// Random weight bytes of `dtype`: values in about [-1, 1), small quantization scales.
+/// Group-quantized types: random bytes with their f16 fields (scales, offsets) replaced
+/// by small ones, so every quant and sub-scale bit pattern occurs.
 fn random_weight(rng: &mut XorShift, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
     let n = rows * cols;
     match dtype {
@@ -108,7 +111,28 @@ fn random_weight(rng: &mut XorShift, dtype: DType, rows: usize, cols: usize) -> 
             }
             bytes
         }
-        dt => unreachable!("no random {dt} weights here"),
+        _ => {
+            // (offset of the scale d, offset of the second f16 field if any: m or dmin).
+            let (d_at, m_at): (usize, Option<usize>) = match dtype {
+                DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => (0, Some(2)),
+                DType::Q2_K => (80, Some(82)),
+                DType::Q3_K => (108, None),
+                DType::Q6_K => (208, None),
+                _ => (0, None), // Q5_0, IQ4_NL, IQ4_XS
+            };
+            // K-quants multiply d by 6-bit (or 8-bit) sub-scales: smaller d.
+            let (lo, hi) = if dtype.block_elems() == 32 { (0.002, 0.05) } else { (0.0001, 0.002) };
+            let bb = dtype.block_bytes();
+            let mut bytes: Vec<u8> = (0..n / dtype.block_elems() * bb).map(|_| (rng.next_u64() >> 56) as u8).collect();
+            for blk in bytes.chunks_exact_mut(bb) {
+                blk[d_at..d_at + 2].copy_from_slice(&f16::from_f32(rng.uniform(lo, hi)).to_le_bytes());
+                if let Some(m) = m_at {
+                    let v = if dtype.block_elems() == 32 { rng.uniform(-0.3, 0.3) } else { rng.uniform(lo, hi) };
+                    blk[m..m + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+                }
+            }
+            bytes
+        }
     }
 }
 
@@ -119,7 +143,26 @@ fn dtype_tag(d: DType) -> &'static str {
         DType::BF16 => "bf16",
         DType::Q8_0 => "q8_0",
         DType::Q4_0 => "q4_0",
-        dt => unreachable!("no tag for {dt}"),
+        DType::Q4_1 => "q4_1",
+        DType::Q5_0 => "q5_0",
+        DType::Q5_1 => "q5_1",
+        DType::IQ4_NL => "iq4_nl",
+        DType::Q2_K => "q2_k",
+        DType::Q3_K => "q3_k",
+        DType::Q4_K => "q4_k",
+        DType::Q5_K => "q5_k",
+        DType::Q6_K => "q6_k",
+        DType::IQ4_XS => "iq4_xs",
+    }
+}
+
+/// Column counts for tests over every type: a few multiples of the block (F32/F16/BF16:
+/// also widths that are not multiples of 8 or 32).
+fn widths(dtype: DType, float: &'static [usize], q32: &'static [usize], k256: &'static [usize]) -> &'static [usize] {
+    match dtype.block_elems() {
+        1 => float,
+        32 => q32,
+        _ => k256,
     }
 }
 
@@ -135,9 +178,9 @@ const TAIL: usize = 5;
 #[test]
 fn embed_matches_cpu_for_every_dtype() {
     let Some(d) = device() else { return };
-    for dtype in DType::all().into_iter().filter(|d| !d.is_grouped()) {
+    for dtype in DType::all() {
         let mut worst = Worst::new(format!("embed_{}", dtype_tag(dtype)));
-        let hiddens: &[usize] = if dtype.block_elems() == 32 { &[32, 96, 4096] } else { &[16, 77, 96, 4096] };
+        let hiddens = widths(dtype, &[16, 77, 96, 4096], &[32, 96, 4096], &[256, 768, 4096]);
         for &vocab in &[1usize, 37, 1000] {
             for &hidden in hiddens {
                 for &n in &[1usize, 5, 19] {
@@ -153,6 +196,12 @@ fn embed_matches_cpu_for_every_dtype() {
                     let case = format!("vocab={vocab} hidden={hidden} n={n}");
                     assert_tail_nan("embed", &case, &got, n * hidden);
                     let want = reference::embed(dtype, &table, vocab, hidden, &ids);
+                    if dtype.is_grouped() {
+                        // The device layouts (kernels/common.cuh) are quant::groups' bit for bit.
+                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                            assert_eq!(g.to_bits(), w.to_bits(), "embed {dtype} {case}: element {i}: {g} != {w}");
+                        }
+                    }
                     worst.check(case, &got[..n * hidden], &want, 1e-6);
                 }
             }
@@ -210,16 +259,16 @@ fn norm_rmsnorm_matches_cpu_out_of_place_and_in_place() {
 fn matmul_matches_cpu_for_every_dtype_on_both_paths() {
     let Some(d) = device() else { return };
     let blas = d.ops.has_cublas();
-    for dtype in DType::all().into_iter().filter(|d| !d.is_grouped()) {
+    for dtype in DType::all() {
         let tag = dtype_tag(dtype);
         let mut w_gemv = Worst::new(format!("matmul_gemv_{tag}"));
         let mut w_auto = Worst::new(format!("matmul_{}_{tag}", if blas { "cublas" } else { "auto_gemv" }));
         let gemv_tol = if dtype == DType::F32 { 1e-5 } else { 1e-4 };
         let blas_tol = if dtype == DType::F32 { 1e-4 } else { 1e-2 };
-        let shapes: &[(usize, usize)] = if dtype.block_elems() == 32 {
-            &[(1, 32), (7, 64), (33, 160), (64, 256), (300, 1024), (512, 2048)]
-        } else {
-            &[(1, 16), (7, 77), (33, 100), (64, 256), (300, 1024), (512, 2048)]
+        let shapes: &[(usize, usize)] = match dtype.block_elems() {
+            1 => &[(1, 16), (7, 77), (33, 100), (64, 256), (300, 1024), (512, 2048)],
+            32 => &[(1, 32), (7, 64), (33, 160), (64, 256), (300, 1024), (512, 2048)],
+            _ => &[(1, 256), (7, 512), (33, 768), (300, 1024), (512, 2048)],
         };
         for &(rows, cols) in shapes {
             let tokens: &[usize] = if rows >= 300 { &[1, 9, 33] } else { &[1, 3, 8, 9, 11, 17, 33] };
@@ -256,6 +305,10 @@ fn matmul_matches_cpu_for_every_dtype_on_both_paths() {
     let w = d.weight("w", DType::Q8_0, 1, 40, &[0u8; 34 * 2]);
     let err = d.ops.matmul(&w, &d.up(&[0.0f32; 40]), 1, &mut d.nan(1), MatmulPath::Gemv).expect_err("cols % 32");
     assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
+    // Q4_K with cols % 256 != 0 (a multiple of 32: rows of whole groups, not of super-blocks).
+    let w = d.weight("w", DType::Q4_K, 1, 288, &[0u8; 144 * 2]);
+    let err = d.ops.matmul(&w, &d.up(&[0.0f32; 288]), 1, &mut d.nan(1), MatmulPath::Gemv).expect_err("cols % 256");
+    assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
     let w = d.weight("w", DType::F32, 3, 4, &[0u8; 48]);
     let err = d.ops.matmul(&w, &d.up(&[0.0f32; 8]), 2, &mut d.nan(5), MatmulPath::Auto).expect_err("short y");
     assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
@@ -265,7 +318,7 @@ fn matmul_matches_cpu_for_every_dtype_on_both_paths() {
 fn matmul_gemv_is_batch_invariant_bit_for_bit() {
     let Some(d) = device() else { return };
     let mut worst = Worst::new("gemv_batch_invariance");
-    for dtype in DType::all().into_iter().filter(|d| !d.is_grouped()) {
+    for dtype in DType::all() {
         for &(rows, cols) in &[(67usize, 256usize), (33, 4096)] {
             let mut rng = XorShift::from_parts(&[40, dtype.ggml_id() as usize, rows, cols]);
             let wb = random_weight(&mut rng, dtype, rows, cols);
@@ -309,8 +362,10 @@ fn matmul_gemv_is_batch_invariant_bit_for_bit() {
 fn matmul_dequantize_to_f16_is_exact() {
     let Some(d) = device() else { return };
     let mut worst = Worst::new("dequantize_to_f16");
-    for dtype in [DType::F32, DType::BF16, DType::Q8_0, DType::Q4_0] {
-        for &(rows, cols) in &[(1usize, 32usize), (7, 96), (130, 1024)] {
+    for dtype in DType::all().into_iter().filter(|&d| d != DType::F16) {
+        for (rows, &cols) in
+            [1usize, 7, 130].into_iter().zip(widths(dtype, &[32, 96, 1024], &[32, 96, 1024], &[256, 768, 1024]))
+        {
             let mut rng = XorShift::from_parts(&[50, dtype.ggml_id() as usize, rows, cols]);
             let wb = random_weight(&mut rng, dtype, rows, cols);
             let w = d.weight("w", dtype, rows, cols, &wb);

@@ -16,7 +16,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(t_norm t_stale t_gemv t_att)
+[ ${#tests[@]} -gt 0 ] || tests=(t_norm t_stale t_gemv t_gq t_att)
 status=0
 for t in "${tests[@]}"; do
   echo "== $t"

@@ -418,12 +418,6 @@ impl Uploader<'_> {
     }
 
     fn matrix(&mut self, m: &Matrix) -> Result<DevWeight> {
-        if m.dtype.is_grouped() {
-            return Err(Error::unsupported(format!(
-                "tensor {} has type {}, which the CUDA runner does not run yet (the CPU backend does)",
-                m.name, m.dtype
-            )));
-        }
         let data = self.upload(&m.name, m.bytes(self.weights))?;
         Ok(DevWeight { name: m.name.clone(), dtype: m.dtype, rows: m.rows, cols: m.cols, data })
     }
@@ -671,7 +665,7 @@ impl CudaBackend {
         let max_cols = all.iter().map(|w| w.cols).max().unwrap_or(0);
         let max_quant = all
             .iter()
-            .filter(|w| matches!(w.dtype, crate::quant::DType::Q8_0 | crate::quant::DType::Q4_0))
+            .filter(|w| crate::backend::cuda::ops::dequantized_for_gemm(w.dtype))
             .map(|w| w.rows * w.cols)
             .max()
             .unwrap_or(0);

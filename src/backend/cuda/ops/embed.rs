@@ -4,28 +4,27 @@
 
 use cudarc::driver::{CudaFunction, CudaSlice, PushKernelArg};
 
+use super::matmul::{type_index, KERNEL_TYPES};
 use super::{check_weight, launch_err, mul, need, rows_cfg, to_i32, DevWeight, Ops, EW_THREADS};
 use crate::backend::cuda::load::Modules;
 use crate::quant::DType;
 use crate::{Error, Result};
 
-/// The entry points of kernels/embed.cu, one per table type.
+/// The entry points of kernels/embed.cu: embed_f32_f32 and embed_<tag>_f32 per type
+/// of [`KERNEL_TYPES`], in its order.
 pub(super) struct Kernels {
     f32: CudaFunction,
-    f16: CudaFunction,
-    bf16: CudaFunction,
-    q8_0: CudaFunction,
-    q4_0: CudaFunction,
+    per_type: Vec<CudaFunction>,
 }
 
 impl Kernels {
     pub(super) fn load(m: &Modules) -> Result<Kernels> {
         Ok(Kernels {
             f32: m.function("embed", "embed_f32_f32")?,
-            f16: m.function("embed", "embed_f16_f32")?,
-            bf16: m.function("embed", "embed_bf16_f32")?,
-            q8_0: m.function("embed", "embed_q8_0_f32")?,
-            q4_0: m.function("embed", "embed_q4_0_f32")?,
+            per_type: KERNEL_TYPES
+                .iter()
+                .map(|(_, t)| m.function("embed", &format!("embed_{t}_f32")))
+                .collect::<Result<_>>()?,
         })
     }
 }
@@ -47,19 +46,17 @@ impl Ops {
             return Ok(());
         }
         let k = &self.k.embed;
-        let f = match table.dtype {
-            DType::F32 => &k.f32,
-            DType::F16 => &k.f16,
-            DType::BF16 => &k.bf16,
-            DType::Q8_0 => &k.q8_0,
-            DType::Q4_0 => &k.q4_0,
-            dt => return Err(Error::unsupported(format!("{OP}: no CUDA kernel for {dt} embeddings yet"))),
+        let f = match (table.dtype, type_index(table.dtype)) {
+            (DType::F32, _) => &k.f32,
+            (_, Some(i)) => &k.per_type[i],
+            (dt, None) => return Err(Error::internal(format!("{OP}: no embedding kernel for {dt} ({})", table.name))),
         };
         let mut b = self.stream.launch_builder(f);
         b.arg(&table.data).arg(ids).arg(out).arg(&n_i).arg(&hidden_i).arg(&vocab_i);
         // SAFETY: the arguments match embed_<type>_f32 in kernels/embed.cu (table, ids, out
         // pointers, then int n, hidden, vocab); check_weight verified the table holds
-        // vocab rows of row_bytes(hidden) bytes (hidden % 32 == 0 for Q8_0/Q4_0), ids
+        // vocab rows of row_bytes(hidden) bytes (hidden a multiple of the block for quantized types, the kernel
+        // of table.dtype picked by type_index), ids
         // holds >= n ids and out >= n*hidden f32; ids >= vocab are caught in the kernel;
         // the grid has one block per id.
         unsafe { b.launch(rows_cfg(n, EW_THREADS)) }.map_err(|e| launch_err(OP, e))?;

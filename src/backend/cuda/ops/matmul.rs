@@ -50,82 +50,102 @@ pub enum MatmulPath {
 }
 
 /// A kernel and its name (for errors).
-type Named = (CudaFunction, &'static str);
+type Named = (CudaFunction, String);
 
-/// The entry points of kernels/matmul.cu. The per-type arrays are indexed F16, BF16,
-/// Q8_0, Q4_0 (see `fast_kind`).
+/// The weight types with kernels of their own beyond F32, in the order of every per-type
+/// kernel array, with the tag their kernels are named by (`gemv_<tag>_f32`,
+/// `embed_<tag>_f32`, `dequant_<tag>_f16`). The first [`FAST_TYPES`] also have the fast
+/// and fused GEMV kernels.
+pub(super) const KERNEL_TYPES: [(DType, &str); 14] = [
+    (DType::F16, "f16"),
+    (DType::BF16, "bf16"),
+    (DType::Q8_0, "q8_0"),
+    (DType::Q4_0, "q4_0"),
+    (DType::Q4_1, "q4_1"),
+    (DType::Q5_0, "q5_0"),
+    (DType::Q5_1, "q5_1"),
+    (DType::IQ4_NL, "iq4_nl"),
+    (DType::Q2_K, "q2_k"),
+    (DType::Q3_K, "q3_k"),
+    (DType::Q4_K, "q4_k"),
+    (DType::Q5_K, "q5_k"),
+    (DType::Q6_K, "q6_k"),
+    (DType::IQ4_XS, "iq4_xs"),
+];
+
+/// How many of [`KERNEL_TYPES`] (the first) have fast and fused GEMV kernels.
+const FAST_TYPES: usize = 4;
+
+/// `prefix_<tag>_suffix` of every type of `types`, loaded from kernels/matmul.cu.
+fn per_type(m: &Modules, types: &[(DType, &str)], prefix: &str, suffix: &str) -> Result<Vec<Named>> {
+    types
+        .iter()
+        .map(|(_, t)| {
+            let name = format!("{prefix}_{t}_{suffix}");
+            Ok((m.function("matmul", &name)?, name))
+        })
+        .collect()
+}
+
+/// The entry points of kernels/matmul.cu. The per-type vectors are indexed as
+/// [`KERNEL_TYPES`] (see `type_index`), the fast ones by its first [`FAST_TYPES`].
 pub(super) struct Kernels {
     gemv_f32: Named,
     /// gemv_<type>_f32.
-    gemv: [Named; 4],
+    gemv: Vec<Named>,
     /// gemv_fast_<type>_f32.
-    gemv_fast: [Named; 4],
+    gemv_fast: Vec<Named>,
     /// gemv3_fast_<type>_f32.
-    gemv3: [CudaFunction; 4],
+    gemv3: Vec<Named>,
     /// gemv_swiglu_fast_<type>_f32.
-    gemv_swiglu: [CudaFunction; 4],
+    gemv_swiglu: Vec<Named>,
     convert_f32_f16: CudaFunction,
     convert_f32_bf16: CudaFunction,
     dequant_f32_f16: CudaFunction,
-    dequant_bf16_f16: CudaFunction,
-    dequant_q8_0_f16: CudaFunction,
-    dequant_q4_0_f16: CudaFunction,
+    /// dequant_<type>_f16 of KERNEL_TYPES[1..] (F16 needs none).
+    dequant: Vec<Named>,
 }
-
-/// The type tags of the per-type kernel arrays, in their order.
-const TAGS: [&str; 4] = ["f16", "bf16", "q8_0", "q4_0"];
 
 impl Kernels {
     pub(super) fn load(m: &Modules) -> Result<Kernels> {
         let f = |name: &str| m.function("matmul", name);
-        let named = |name: &'static str| -> Result<Named> { Ok((f(name)?, name)) };
-        let per_type = |prefix: &str| -> Result<[CudaFunction; 4]> {
-            let v: Vec<CudaFunction> = TAGS.iter().map(|t| f(&format!("{prefix}_{t}_f32"))).collect::<Result<_>>()?;
-            v.try_into().map_err(|_| Error::internal("four kernels expected"))
-        };
+        let fast = &KERNEL_TYPES[..FAST_TYPES];
         Ok(Kernels {
-            gemv_f32: named("gemv_f32_f32")?,
-            gemv: [named("gemv_f16_f32")?, named("gemv_bf16_f32")?, named("gemv_q8_0_f32")?, named("gemv_q4_0_f32")?],
-            gemv_fast: [
-                named("gemv_fast_f16_f32")?,
-                named("gemv_fast_bf16_f32")?,
-                named("gemv_fast_q8_0_f32")?,
-                named("gemv_fast_q4_0_f32")?,
-            ],
-            gemv3: per_type("gemv3_fast")?,
-            gemv_swiglu: per_type("gemv_swiglu_fast")?,
+            gemv_f32: (f("gemv_f32_f32")?, "gemv_f32_f32".into()),
+            gemv: per_type(m, &KERNEL_TYPES, "gemv", "f32")?,
+            gemv_fast: per_type(m, fast, "gemv_fast", "f32")?,
+            gemv3: per_type(m, fast, "gemv3_fast", "f32")?,
+            gemv_swiglu: per_type(m, fast, "gemv_swiglu_fast", "f32")?,
             convert_f32_f16: f("convert_f32_f16")?,
             convert_f32_bf16: f("convert_f32_bf16")?,
             dequant_f32_f16: f("dequant_f32_f16")?,
-            dequant_bf16_f16: f("dequant_bf16_f16")?,
-            dequant_q8_0_f16: f("dequant_q8_0_f16")?,
-            dequant_q4_0_f16: f("dequant_q4_0_f16")?,
+            dequant: per_type(m, &KERNEL_TYPES[1..], "dequant", "f16")?,
         })
     }
 }
 
-/// Index of `dtype` in the per-type kernel arrays (None for F32, which has only the plain GEMV).
-fn type_index(dtype: DType) -> Option<usize> {
-    match dtype {
-        DType::F16 => Some(0),
-        DType::BF16 => Some(1),
-        DType::Q8_0 => Some(2),
-        DType::Q4_0 => Some(3),
-        _ => None,
-    }
+/// Index of `dtype` in [`KERNEL_TYPES`] and the per-type kernel vectors (None for F32,
+/// which has only the plain GEMV).
+pub(super) fn type_index(dtype: DType) -> Option<usize> {
+    KERNEL_TYPES.iter().position(|&(d, _)| d == dtype)
+}
+
+/// Whether the cuBLAS path dequantizes weights of `dtype` to f16 first (every quantized type).
+pub(crate) fn dequantized_for_gemm(dtype: DType) -> bool {
+    !matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
 }
 
 /// Index of the fast GEMV kernels for weights of `dtype` with `cols` columns when their
 /// shape conditions hold: 16-byte chunks of 8 halves (F16/BF16: cols % 8 == 0);
 /// quantized rows starting 16-byte aligned (Q8_0/Q4_0: cols % 256 == 0, a multiple of 8
-/// blocks). None for F32.
+/// blocks). None for F32 and the group-quantized types (plain kernels only).
 fn fast_kind(dtype: DType, cols: usize) -> Option<usize> {
     let fits = match dtype {
         DType::F16 | DType::BF16 => cols.is_multiple_of(8),
         DType::Q8_0 | DType::Q4_0 => cols.is_multiple_of(256),
         _ => false,
     };
-    type_index(dtype).filter(|_| fits)
+    type_index(dtype).filter(|&i| fits && i < FAST_TYPES)
 }
 
 /// Scratch of the cuBLAS path: activations as f16/bf16 bits, and a quantized weight
@@ -222,7 +242,8 @@ impl Ops {
     /// `cublasGemmEx` with f32 output and f32 compute (`CUBLAS_COMPUTE_32F`, no TF32):
     /// F32 weights with f32 activations (an SGEMM); F16 weights with the activations
     /// rounded to f16 in a scratch buffer; BF16 weights with the activations rounded to
-    /// bf16; Q8_0/Q4_0 weights dequantized to f16 into a scratch buffer (every call) and
+    /// bf16; quantized weights (Q8_0, Q4_0, the group-quantized types) dequantized to f16
+    /// into a scratch buffer (every call) and
     /// multiplied like F16. The f16/bf16 paths therefore differ from GEMV by the rounding
     /// of the activations (about 1e-3 relative for f16, 4e-3 for bf16); activations
     /// beyond f16's range (65504) would overflow on the f16 path.
@@ -302,7 +323,7 @@ impl Ops {
             return Ok(true);
         }
         let [y0, y1, y2] = ys;
-        let mut b = self.stream.launch_builder(&self.k.matmul.gemv3[kind]);
+        let mut b = self.stream.launch_builder(&self.k.matmul.gemv3[kind].0);
         b.arg(&w[0].data).arg(&w[1].data).arg(&w[2].data).arg(x).arg(y0).arg(y1).arg(y2);
         b.arg(&rows[0]).arg(&rows[1]).arg(&rows[2]).arg(&cols_i).arg(&n_i);
         // SAFETY: the arguments match gemv3_fast_<type>_f32 in kernels/matmul.cu (W0, W1, W2,
@@ -346,7 +367,7 @@ impl Ops {
         if rows == 0 {
             return Ok(true);
         }
-        let mut b = self.stream.launch_builder(&self.k.matmul.gemv_swiglu[kind]);
+        let mut b = self.stream.launch_builder(&self.k.matmul.gemv_swiglu[kind].0);
         b.arg(&w_gate.data).arg(&w_up.data).arg(x).arg(y).arg(&rows_i).arg(&cols_i).arg(&n_i);
         // SAFETY: the arguments match gemv_swiglu_fast_<type>_f32 in kernels/matmul.cu (Wg,
         // Wu, x, y pointers, then int rows, cols, batch); both weights hold rows rows of
@@ -368,7 +389,8 @@ impl Ops {
         b.arg(&w.data).arg(x).arg(y).arg(&d.rows).arg(&d.cols).arg(&d.n);
         // SAFETY: the arguments match gemv_<type>_f32 and gemv_fast_<type>_f32 in
         // kernels/matmul.cu (W, x, y pointers, then int rows, cols, batch); matmul checked W
-        // holds rows rows of row_bytes(cols) (cols % 32 == 0 for Q8_0/Q4_0), x >= n*cols
+        // holds rows rows of row_bytes(cols) (cols a multiple of the block for quantized
+        // types, as the kernel of w.dtype, picked by type_index, reads them), x >= n*cols
         // f32, y >= n*rows f32, all sizes positive and within i32; the fast kernels' shape
         // conditions hold (fast_kind: cols % 8 for F16/BF16, cols % 256 for Q8_0/Q4_0,
         // device buffers 256-byte aligned); the grid covers every row at 4 rows (warps)
@@ -406,7 +428,7 @@ impl Ops {
             unsafe { b.launch(ew_cfg(x_elems)) }.map_err(|e| launch_err("convert activations", e))?;
         }
         // Quantized weights dequantized to f16 into the weight scratch.
-        if matches!(w.dtype, DType::Q8_0 | DType::Q4_0) {
+        if dequantized_for_gemm(w.dtype) {
             let ws = grow(&self.stream, &mut sc.weight, w_elems, "weight scratch")?;
             self.dequant_launch(w, ws)?;
         }
@@ -419,11 +441,10 @@ impl Ops {
         let beta = 0.0f32;
         let stream = &self.stream;
         // Device pointers (the guards keep cudarc's event bookkeeping until after the call).
-        let (a_ptr, _ga) = match w.dtype {
-            DType::Q8_0 | DType::Q4_0 => {
-                sc.weight.as_ref().ok_or_else(|| Error::internal("weight scratch missing"))?.device_ptr(stream)
-            }
-            _ => w.data.device_ptr(stream),
+        let (a_ptr, _ga) = if dequantized_for_gemm(w.dtype) {
+            sc.weight.as_ref().ok_or_else(|| Error::internal("weight scratch missing"))?.device_ptr(stream)
+        } else {
+            w.data.device_ptr(stream)
         };
         let (b_ptr, _gb) = match w.dtype {
             DType::F32 => x.device_ptr(stream),
@@ -464,7 +485,7 @@ impl Ops {
         .map_err(|e| Error::device(format!("{OP}: cublasGemmEx({} {rows}x{cols}, {n} tokens): {e:?}", w.dtype)))
     }
 
-    /// Dequantizes `w` (F32, BF16, Q8_0 or Q4_0) to f16 into `out` (`[rows][cols]`,
+    /// Dequantizes `w` (any type but F16) to f16 into `out` (`[rows][cols]`,
     /// rounded to nearest); the cuBLAS path uses this for quantized weights.
     pub fn dequantize_to_f16(&self, w: &DevWeight, out: &mut CudaSlice<f16>) -> Result<()> {
         const OP: &str = "dequantize_to_f16";
@@ -486,19 +507,17 @@ impl Ops {
             return Ok(());
         }
         let k = &self.k.matmul;
-        let f = match w.dtype {
-            DType::F32 => &k.dequant_f32_f16,
-            DType::BF16 => &k.dequant_bf16_f16,
-            DType::Q8_0 => &k.dequant_q8_0_f16,
-            DType::Q4_0 => &k.dequant_q4_0_f16,
-            DType::F16 => return Err(Error::invalid(format!("{OP}: {} is F16 already", w.name))),
-            dt => return Err(Error::unsupported(format!("{OP}: no CUDA dequantization of {dt} ({}) yet", w.name))),
+        let f = match (w.dtype, type_index(w.dtype)) {
+            (DType::F32, _) => &k.dequant_f32_f16,
+            (DType::F16, _) => return Err(Error::invalid(format!("{OP}: {} is F16 already", w.name))),
+            (_, Some(i)) => &k.dequant[i - 1].0,
+            (dt, None) => return Err(Error::internal(format!("{OP}: no dequantization kernel for {dt} ({})", w.name))),
         };
         let mut b = self.stream.launch_builder(f);
         b.arg(&w.data).arg(out).arg(&rows_i).arg(&cols_i);
         // SAFETY: the arguments match dequant_<type>_f16 in kernels/matmul.cu (W, out
         // pointers, int rows, int cols); W holds rows rows of row_bytes(cols) bytes
-        // (check_weight; cols % 32 == 0 for Q8_0/Q4_0), out holds >= rows*cols f16 (checked
+        // (check_weight; cols a multiple of the block for quantized types), out holds >= rows*cols f16 (checked
         // above); the grid-stride loop (64-bit index) covers rows*cols with any grid.
         unsafe { b.launch(ew_cfg(total)) }.map_err(|e| launch_err(OP, e))?;
         Ok(())

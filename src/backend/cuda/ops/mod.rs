@@ -42,7 +42,7 @@ mod norm;
 mod rope;
 
 pub use attention::{AttnArgs, ATTENTION_MAX_HEAD_DIM, PREFILL_TILE, SPLIT_LEN, SPLIT_MAX_GROUP, SPLIT_MAX_LEN};
-pub(crate) use matmul::gemv_cfg;
+pub(crate) use matmul::{dequantized_for_gemm, gemv_cfg};
 pub use matmul::{MatmulPath, GEMM_MIN_TOKENS};
 pub(crate) use norm::rmsnorm_launch;
 pub use norm::RmsNorm;
@@ -50,7 +50,7 @@ pub use rope::{KvWrite, Qkv, Rope};
 
 /// A weight matrix resident on the device in its stored type: `rows` rows of
 /// `cols` elements, each row `dtype.row_bytes(cols)` bytes (ggml block layout for
-/// Q8_0/Q4_0; little-endian F32/F16/BF16), rows contiguous.
+/// the quantized types; little-endian F32/F16/BF16), rows contiguous.
 pub struct DevWeight {
     pub name: String,
     pub dtype: DType,
