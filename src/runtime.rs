@@ -113,14 +113,8 @@ pub enum DebugPanic {
 /// The tokenizer of a Hugging Face directory: tokenizer.json (with
 /// tokenizer_config.json when present), else a SentencePiece tokenizer.model, else none.
 fn hf_tokenizer(dir: &Path) -> Result<Option<Tokenizer>> {
-    let read = |name: &str| -> Result<Option<Vec<u8>>> {
-        let p = dir.join(name);
-        match std::fs::read(&p) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::io(format!("{}: {e}", p.display()))),
-        }
-    };
+    // Regular files only: a FIFO named tokenizer.json must not hang the load.
+    let read = |name: &str| crate::format::read_small_file(&dir.join(name));
     if let Some(json) = read("tokenizer.json")? {
         let config = read("tokenizer_config.json")?;
         let name = dir.join("tokenizer.json").display().to_string();

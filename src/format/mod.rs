@@ -42,6 +42,34 @@ impl WeightFile for gguf::Gguf {
     }
 }
 
+/// Reads a small file of a model directory (tokenizer.json, tokenizer.model,
+/// config.json, ...) whole. `Ok(None)` when it does not exist. The same
+/// regular-file check as the mapped files ([`gguf::check_regular`]) runs on the
+/// path before opening (opening a FIFO would block until a writer appears) and
+/// on the open handle: a directory, FIFO, socket or device is `LLMRT_IO` naming
+/// the file, never a hang.
+pub(crate) fn read_small_file(path: &Path) -> crate::Result<Option<Vec<u8>>> {
+    use crate::Error;
+    use std::io::Read;
+    let shown = path.display();
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(format!("{shown}: {e}"))),
+    };
+    gguf::check_regular(path, &meta)?;
+    let file = std::fs::File::open(path).map_err(|e| Error::io(format!("{shown}: cannot open: {e}")))?;
+    let meta = file.metadata().map_err(|e| Error::io(format!("{shown}: cannot stat: {e}")))?;
+    gguf::check_regular(path, &meta)?;
+    let len = usize::try_from(meta.len())
+        .map_err(|_| Error::out_of_memory(format!("{shown}: {} bytes do not fit in memory", meta.len())))?;
+    let mut v: Vec<u8> = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|_| Error::out_of_memory(format!("{shown}: cannot allocate {len} bytes to read the file")))?;
+    (&file).take(meta.len()).read_to_end(&mut v).map_err(|e| Error::io(format!("{shown}: cannot read: {e}")))?;
+    Ok(Some(v))
+}
+
 /// Environment variable: when set to `1`, model files are read into owned memory
 /// at load instead of being memory-mapped (see docs/RELIABILITY.md, "Files that
 /// change under a mapping"). Costs a copy of the weights in RAM and the read time.
