@@ -147,9 +147,21 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
+/// What `llmrt_last_error` answers on a thread whose error slot is gone: a call
+/// made from a TLS or pthread-key destructor while the thread exits.
+const NO_ERROR_SLOT: &CStr = c"(no error message: the calling thread is exiting and its error slot is gone)";
+
+/// Stores this thread's message. Never panics: `try_with` (not `with`), because a
+/// call from a thread-exit destructor runs after the slot was destroyed (`with`
+/// would panic outside any `catch_unwind`, aborting the process); a slot still
+/// borrowed (cannot happen: no borrow outlives these two functions) is skipped.
 fn set_last_error(msg: &str) {
     let c = CString::new(msg.replace('\0', "\\0")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+    let _ = LAST_ERROR.try_with(|e| {
+        if let Ok(mut e) = e.try_borrow_mut() {
+            *e = c;
+        }
+    });
 }
 
 /// Runs `f` as an entry point body: errors and panics become statuses.
@@ -222,7 +234,11 @@ pub extern "C" fn llmrt_status_name(status: StatusCode) -> *const c_char {
 /// thread's next llmrt call. Never NULL.
 #[no_mangle]
 pub extern "C" fn llmrt_last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    // The pointer stays valid until this thread's next llmrt call (the slot is only
+    // replaced by set_last_error) or its exit. No panic: see set_last_error.
+    LAST_ERROR
+        .try_with(|e| e.try_borrow().map(|e| e.as_ptr()).unwrap_or(NO_ERROR_SLOT.as_ptr()))
+        .unwrap_or(NO_ERROR_SLOT.as_ptr())
 }
 
 /// Library version "MAJOR.MINOR.PATCH" (static string).
