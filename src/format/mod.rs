@@ -7,6 +7,7 @@
 pub mod gguf;
 pub mod gguf_write;
 pub mod safetensors;
+pub mod sigbus;
 
 use std::path::Path;
 
@@ -83,7 +84,14 @@ pub(crate) fn load_copy_requested() -> bool {
 /// A model file's bytes: a read-only mapping that remembers what the file was at
 /// load (size and modification time, on the still-open descriptor), or an owned copy.
 pub(crate) enum FileBytes {
-    Mapped { map: memmap2::Mmap, file: std::fs::File, len: u64, mtime: Option<std::time::SystemTime> },
+    Mapped {
+        /// Drops (unregisters) before `map` unmaps: field order is drop order.
+        watch: Option<sigbus::Watch>,
+        map: memmap2::Mmap,
+        file: std::fs::File,
+        len: u64,
+        mtime: Option<std::time::SystemTime>,
+    },
     Owned(Vec<u8>),
 }
 
@@ -114,11 +122,12 @@ impl FileBytes {
         }
         // SAFETY: the mapping is read-only and only shared byte slices of it are
         // handed out. A file truncated or rewritten by another process while it is
-        // mapped could fault (SIGBUS) or show changed bytes: the CPU backend checks
-        // the descriptor's size and mtime against these values before every step
-        // ([`Self::check_unchanged`]) and refuses to run once they differ; what that
-        // leaves open is described in docs/RELIABILITY.md. MAP_PRIVATE would not help:
-        // unwritten private pages still come from the file and fault the same way.
+        // mapped could fault (SIGBUS) or show changed bytes: the runtime checks the
+        // descriptor's size and mtime against these values before and after every
+        // CPU step ([`Self::check_unchanged`]) and refuses to run once they differ; a
+        // read that faults is turned into a read of a zero page by the SIGBUS handler
+        // of [`sigbus`], which flags the mapping (checked after the step, so the step
+        // fails with LLMRT_IO and commits nothing). See docs/RELIABILITY.md.
         let map = unsafe { memmap2::MmapOptions::new().map(&file) }.map_err(|e| {
             if e.raw_os_error() == Some(libc::ENOMEM) {
                 Error::out_of_memory(format!("{shown}: cannot map {len} bytes: {e} (address-space or memory limit)"))
@@ -126,7 +135,9 @@ impl FileBytes {
                 Error::io(format!("{shown}: cannot map {len} bytes: {e}"))
             }
         })?;
-        Ok(FileBytes::Mapped { map, file, len, mtime: meta.modified().ok() })
+        // A truncation while a step reads the mapping: see sigbus.rs.
+        let watch = sigbus::register(map.as_ptr() as usize, map.len());
+        Ok(FileBytes::Mapped { watch, map, file, len, mtime: meta.modified().ok() })
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
@@ -156,7 +167,7 @@ impl FileBytes {
     /// `LLMRT_IO` when the mapped file's size or modification time differ from
     /// what they were at load (one fstat; owned copies never change).
     pub(crate) fn check_unchanged(&self, path: &Path) -> crate::Result<()> {
-        let FileBytes::Mapped { file, len, mtime, .. } = self else { return Ok(()) };
+        let FileBytes::Mapped { file, len, mtime, watch, .. } = self else { return Ok(()) };
         let shown = path.display();
         let meta = file
             .metadata()
@@ -167,6 +178,12 @@ impl FileBytes {
                  read safely: reload the model (or load with {LOAD_COPY_ENV}=1 to keep a private copy)",
                 meta.len(),
                 if meta.len() == *len { ", modification time changed" } else { "" }
+            )));
+        }
+        if watch.as_ref().is_some_and(|w| w.faulted()) {
+            return Err(crate::Error::io(format!(
+                "{shown}: model file changed while it was being read (a page of its mapping faulted: SIGBUS) and \
+                 reads as zeros now: reload the model (or load with {LOAD_COPY_ENV}=1 to keep a private copy)"
             )));
         }
         Ok(())
