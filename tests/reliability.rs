@@ -381,7 +381,7 @@ fn fifo_tokenizer_fails_to_load(name: &str) {
             panic!("loading a directory whose {name} is a FIFO hung for 20 s");
         }
     };
-    let (s, e) = r.err().expect("a FIFO tokenizer loaded");
+    let (s, e) = r.expect_err("a FIFO tokenizer loaded");
     assert_eq!(s, Status::LLMRT_IO, "{e}");
     assert!(e.contains(name) && e.contains("not a regular file"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -519,7 +519,7 @@ fn llmrt_calls_from_a_thread_exit_destructor_do_not_abort() {
             assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
             assert!(last_error().contains("NULL"));
             // SAFETY: a non-null marker value; the key is live.
-            assert_eq!(unsafe { libc::pthread_setspecific(key, 1usize as *const libc::c_void) }, 0);
+            assert_eq!(unsafe { libc::pthread_setspecific(key, std::ptr::dangling::<libc::c_void>()) }, 0);
         })
         .join()
         .unwrap();
