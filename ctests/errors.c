@@ -4,6 +4,7 @@
  * `errors --list` prints the case names (CMakeLists.txt keeps its own list). */
 #include "harness.h" /* first: it sets the feature-test macros */
 
+#include <stddef.h>
 #include <pthread.h>
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -40,6 +41,8 @@ static void case_null_pointers(void) {
     llmrt_model *m = load_fixture_model();
     const llmrt_model_info info = model_info(m);
     llmrt_model_info inf;
+    memset(&inf, 0, sizeof inf);
+    inf.struct_size = sizeof inf;
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_model_get_info(NULL, &inf));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_model_get_info(m, NULL));
 
@@ -701,6 +704,65 @@ static void case_sampler_invalid_params(void) {
     llmrt_model_free(m);
 }
 
+/* ---- llmrt_model_info and struct_size ------------------------------------ */
+
+/* The first llmrt_model_info: struct_size, then everything up to device_name (before
+ * kv_pool_bytes, scratch_bytes, device_free_bytes, device_total_bytes). */
+typedef struct {
+    uint32_t struct_size;
+    uint32_t vocab_size, context_length, n_layers, n_heads, n_kv_heads, head_dim, hidden_size;
+    uint32_t bos_token, eos_token;
+    llmrt_backend backend;
+    uint64_t weight_bytes, kv_bytes_per_position;
+    char architecture[32];
+    char device_name[64];
+} info_v1;
+
+static void case_model_info_struct_size(void) {
+    llmrt_model *m = load_fixture_model();
+    const llmrt_model_info full = model_info(m);
+    CHECK(full.struct_size == sizeof(llmrt_model_info), "struct_size after a full call: %u", full.struct_size);
+    CHECK(offsetof(llmrt_model_info, kv_pool_bytes) == sizeof(info_v1), "v1 layout is %zu bytes",
+          sizeof(info_v1));
+    /* An older caller: the v1 struct followed by guard bytes. */
+    struct {
+        info_v1 info;
+        unsigned char guard[64];
+    } old;
+    memset(&old, 0xAA, sizeof old);
+    old.info.struct_size = sizeof old.info;
+    OK(llmrt_model_get_info(m, (llmrt_model_info *)&old));
+    for (size_t i = 0; i < sizeof old.guard; i++)
+        CHECK(old.guard[i] == 0xAA, "guard byte %zu past the old struct was written", i);
+    CHECK(old.info.struct_size == sizeof old.info, "struct_size %u", old.info.struct_size);
+    CHECK(old.info.vocab_size == full.vocab_size && old.info.context_length == full.context_length &&
+              old.info.n_layers == full.n_layers && old.info.eos_token == full.eos_token &&
+              old.info.weight_bytes == full.weight_bytes &&
+              old.info.kv_bytes_per_position == full.kv_bytes_per_position,
+          "old struct's fields differ from the full call's");
+    CHECK(strcmp(old.info.architecture, full.architecture) == 0 &&
+              strcmp(old.info.device_name, full.device_name) == 0,
+          "old struct's strings differ");
+    /* Too small (unset or below the first version): refused, nothing written. */
+    memset(&old, 0xAA, sizeof old);
+    old.info.struct_size = sizeof old.info - 8;
+    EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_model_get_info(m, (llmrt_model_info *)&old));
+    CHECK(strstr(llmrt_last_error(), "struct_size") != NULL, "message: %s", llmrt_last_error());
+    CHECK(old.info.vocab_size == 0xAAAAAAAAu, "a refused call wrote the struct");
+    /* A newer caller's larger struct: ours is written, struct_size says how much. */
+    struct {
+        llmrt_model_info info;
+        unsigned char more[32];
+    } big;
+    memset(&big, 0xAA, sizeof big);
+    big.info.struct_size = sizeof big;
+    OK(llmrt_model_get_info(m, (llmrt_model_info *)&big));
+    CHECK(big.info.struct_size == sizeof(llmrt_model_info), "struct_size %u", big.info.struct_size);
+    CHECK(big.info.device_total_bytes == full.device_total_bytes, "last field");
+    for (size_t i = 0; i < sizeof big.more; i++) CHECK(big.more[i] == 0xAA, "byte %zu past ours written", i);
+    llmrt_model_free(m);
+}
+
 /* ---- dispatch ------------------------------------------------------------- */
 
 static const test_case CASES[] = {
@@ -725,6 +787,7 @@ static const test_case CASES[] = {
     {"failed_step_unchanged", case_failed_step_unchanged},
     {"text_invalid", case_text_invalid},
     {"sampler_invalid_params", case_sampler_invalid_params},
+    {"model_info_struct_size", case_model_info_struct_size},
 };
 
 int main(int argc, char **argv) {

@@ -311,6 +311,7 @@ static inline llmrt_model *load_fixture_model(void) {
 static inline llmrt_model_info model_info(const llmrt_model *m) {
     llmrt_model_info info;
     memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
     OK(llmrt_model_get_info(m, &info));
     return info;
 }

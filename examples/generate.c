@@ -254,6 +254,8 @@ int main(int argc, char **argv) {
     bool text = false;
     struct text_out out = {NULL, 0, 0};
     llmrt_model_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
     st = llmrt_model_get_info(model, &info);
     if (st != LLMRT_OK) {
         fail("llmrt_model_get_info", st);

@@ -131,9 +131,16 @@ typedef struct llmrt_model_options {
 } llmrt_model_options;
 
 /**
- * What a loaded model is and what the load chose.
+ * What a loaded model is and what the load chose. The caller sets `struct_size`
+ * to `sizeof(llmrt_model_info)` before `llmrt_model_get_info`; the library writes
+ * only the fields inside it (an older, smaller struct gets the fields it has) and
+ * sets `struct_size` to the bytes it filled.
  */
 typedef struct llmrt_model_info {
+  /**
+   * Set by the caller to sizeof(llmrt_model_info); on return, the bytes written.
+   */
+  uint32_t struct_size;
   /**
    * Vocabulary size: token ids are below it.
    */
@@ -309,10 +316,14 @@ enum llmrt_status llmrt_model_load(const char *path,
 void llmrt_model_free(struct llmrt_model *model);
 
 /**
- * Describes a loaded model.
+ * Describes a loaded model. `out_info->struct_size` must be set by the caller
+ * (sizeof(llmrt_model_info)); only min(struct_size, sizeof) bytes are written and
+ * `struct_size` is set to that number. struct_size smaller than the first
+ * version of the struct (160 bytes): LLMRT_INVALID_ARGUMENT, nothing written.
  *
  * # Safety
- * `model` is a live model; `out_info` is writable.
+ * `model` is a live model; `out_info` points to `out_info->struct_size` writable
+ * bytes (at least 4).
  */
 enum llmrt_status llmrt_model_get_info(const struct llmrt_model *model,
                                        struct llmrt_model_info *out_info);

@@ -219,7 +219,8 @@ class Cache {
     }
 
     size_t vocab() const {
-        llmrt_model_info info;
+        llmrt_model_info info{};
+        info.struct_size = sizeof info;
         detail::check(llmrt_model_get_info(model_, &info), "llmrt_model_get_info");
         return info.vocab_size;
     }
@@ -254,6 +255,7 @@ class Model {
         llmrt_model *m = nullptr;
         detail::check(llmrt_model_load(path.c_str(), options, &m), "llmrt_model_load");
         Model model(m);
+        model.info_.struct_size = sizeof model.info_;
         llmrt_status st = llmrt_model_get_info(m, &model.info_);
         detail::check(st, "llmrt_model_get_info"); /* ~Model frees m */
         return model;

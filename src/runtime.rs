@@ -120,14 +120,8 @@ pub enum DebugPanic {
 /// The tokenizer of a Hugging Face directory: tokenizer.json (with
 /// tokenizer_config.json when present), else a SentencePiece tokenizer.model, else none.
 fn hf_tokenizer(dir: &Path) -> Result<Option<Tokenizer>> {
-    let read = |name: &str| -> Result<Option<Vec<u8>>> {
-        let p = dir.join(name);
-        match std::fs::read(&p) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::io(format!("{}: {e}", p.display()))),
-        }
-    };
+    // Regular files only: a FIFO named tokenizer.json must not hang the load.
+    let read = |name: &str| crate::format::read_small_file(&dir.join(name));
     if let Some(json) = read("tokenizer.json")? {
         let config = read("tokenizer_config.json")?;
         let name = dir.join("tokenizer.json").display().to_string();
@@ -369,7 +363,14 @@ impl Model {
     /// Before a CPU step: the mapped files must be as they were at load, or reading
     /// them could fault (SIGBUS). Once changed, the model refuses steps for good.
     fn check_files(&self, st: &mut State) -> Result<()> {
-        if let Some(e) = &st.file_changed {
+        self.check_files_in(&mut st.file_changed)
+    }
+
+    /// [`Self::check_files`] on the state's sticky slot; also run after every CPU step,
+    /// before its commit: a truncation during the step (a read that faulted and was
+    /// given a zero page by the SIGBUS handler, or a size/mtime change) fails the step.
+    fn check_files_in(&self, file_changed: &mut Option<Error>) -> Result<()> {
+        if let Some(e) = file_changed {
             return Err(e.clone());
         }
         if !self.reads_files {
@@ -377,7 +378,7 @@ impl Model {
         }
         for f in &self.weights.files {
             if let Err(e) = f.check_unchanged() {
-                st.file_changed = Some(e.clone());
+                *file_changed = Some(e.clone());
                 return Err(e);
             }
         }
@@ -541,7 +542,7 @@ impl Model {
         }
         self.check_files(&mut st)?;
         // From here on only invisible changes happen until the commit.
-        let State { kv, backend, .. } = &mut *st;
+        let State { kv, backend, file_changed } = &mut *st;
         for (&c, t) in caches.iter().zip(tokens) {
             let copies = kv.prepare_append(c, t.len())?;
             if let Err(e) = guarded(|| backend.copy_blocks(&copies)) {
@@ -572,6 +573,7 @@ impl Model {
                     }
                     Ok(())
                 })?;
+                self.check_files_in(file_changed)?;
                 for (&c, t) in caches.iter().zip(tokens) {
                     kv.commit(c, t);
                 }
@@ -596,6 +598,7 @@ impl Model {
                     }
                     Ok(())
                 })?;
+                self.check_files_in(file_changed)?;
                 for (&c, t) in caches.iter().zip(tokens) {
                     kv.commit(c, t);
                 }

@@ -26,7 +26,7 @@ fn rewrite(
 ) {
     let g = Gguf::open(src).unwrap();
     let mut w = GgufWriter::new();
-    for (k, v) in &g.metadata {
+    for (k, v) in &g.metadata() {
         if k == "general.alignment" {
             continue;
         }
@@ -212,7 +212,7 @@ fn inconsistent_files_name_the_tensor_or_key() {
     // 64 x 16 instead of 64 x 32: data and shape agree, the hyperparameters do not.
     let g = Gguf::open(&src).unwrap();
     let mut w = GgufWriter::new();
-    for (k, v) in &g.metadata {
+    for (k, v) in &g.metadata() {
         w.kv(k, v.clone());
     }
     for t in &g.tensors {

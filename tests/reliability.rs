@@ -202,7 +202,7 @@ fn write_big_model(dir: &Path) -> PathBuf {
     use llmrt::format::gguf_write::GgufWriter;
     let small = Gguf::open(&fixture().gguf("f32")).unwrap();
     let mut w = GgufWriter::new();
-    for (k, v) in &small.metadata {
+    for (k, v) in &small.metadata() {
         w.kv(k, v.clone());
     }
     for t in &small.tensors {
@@ -346,4 +346,278 @@ fn owned_copy_is_immune_to_file_changes() {
         return file_change_child("rewrite");
     }
     run_child("owned_copy_is_immune_to_file_changes", &[("LLMRT_LOAD_COPY", "1")]);
+}
+
+// ---------------------------------------------------------------- non-regular files in a model directory
+
+/// A Hugging Face directory whose tokenizer file `name` is a FIFO (the other files
+/// are symlinks to the llama_gqa fixture's): the load fails with LLMRT_IO naming the
+/// file instead of blocking in open(2) until a writer appears. The load runs on a
+/// thread with a timeout, so a regression fails the test rather than hanging it.
+fn fifo_tokenizer_fails_to_load(name: &str) {
+    let src = fixtures().join("llama_gqa/hf").canonicalize().unwrap();
+    let dir = temp_dir(&format!("fifo-{name}"));
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        if e.file_name() != "tokenizer.model" {
+            std::os::unix::fs::symlink(e.path(), dir.join(e.file_name())).unwrap();
+        }
+    }
+    let fifo = dir.join(name);
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: c is a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = dir.clone();
+    std::thread::spawn(move || {
+        let r = try_load(&d, 1, 0).map(|_| ());
+        let _ = tx.send(r);
+    });
+    let r = match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+        Ok(r) => r,
+        Err(_) => {
+            // Unblock the loader (it is waiting in open for a writer) before failing.
+            let _ = std::fs::OpenOptions::new().write(true).custom_flags_nonblock().open(&fifo);
+            panic!("loading a directory whose {name} is a FIFO hung for 20 s");
+        }
+    };
+    let (s, e) = r.expect_err("a FIFO tokenizer loaded");
+    assert_eq!(s, Status::LLMRT_IO, "{e}");
+    assert!(e.contains(name) && e.contains("not a regular file"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+trait NonBlock {
+    fn custom_flags_nonblock(&mut self) -> &mut Self;
+}
+impl NonBlock for std::fs::OpenOptions {
+    fn custom_flags_nonblock(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.custom_flags(libc::O_NONBLOCK)
+    }
+}
+
+#[test]
+fn tokenizer_json_that_is_a_fifo_is_io_not_a_hang() {
+    fifo_tokenizer_fails_to_load("tokenizer.json");
+}
+
+#[test]
+fn tokenizer_model_that_is_a_fifo_is_io_not_a_hang() {
+    fifo_tokenizer_fails_to_load("tokenizer.model");
+}
+
+// ---------------------------------------------------------------- memory limits on untrusted input
+
+/// Sets RLIMIT_AS (soft) to `bytes` (the hard limit stays, so it can be lifted again).
+fn limit_address_space(bytes: u64) {
+    let rl = libc::rlimit { rlim_cur: bytes, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: setrlimit only reads the rlimit passed by reference.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &rl) }, 0);
+}
+
+const BIG_ARRAY: u64 = 1 << 24;
+
+/// A 16 MiB GGUF (no tensors) whose one metadata entry "big" is a U8 array of
+/// 2^24 elements (element i = i mod 251), written byte by byte (the writer's
+/// owned values would themselves cost 512 MiB).
+fn write_big_array_gguf(path: &Path) {
+    let mut b = Vec::with_capacity(BIG_ARRAY as usize + 64);
+    b.extend_from_slice(b"GGUF");
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes()); // tensors
+    b.extend_from_slice(&1u64.to_le_bytes()); // metadata entries
+    b.extend_from_slice(&3u64.to_le_bytes());
+    b.extend_from_slice(b"big");
+    b.extend_from_slice(&9u32.to_le_bytes()); // ARRAY
+    b.extend_from_slice(&0u32.to_le_bytes()); // of U8
+    b.extend_from_slice(&BIG_ARRAY.to_le_bytes());
+    b.extend((0..BIG_ARRAY).map(|i| (i % 251) as u8));
+    std::fs::write(path, b).unwrap();
+}
+
+#[test]
+fn gguf_with_a_16m_element_array_loads_under_a_modest_address_space_limit() {
+    let name = "gguf_with_a_16m_element_array_loads_under_a_modest_address_space_limit";
+    if is_child(name) {
+        let path = PathBuf::from(std::env::var("LLMRT_BIG_MODEL").unwrap());
+        let len = std::fs::metadata(&path).unwrap().len();
+        // The mapping of the file plus 48 MiB: the old reader's 32 bytes per element
+        // (512 MiB) aborted here.
+        limit_address_space(vm_size() + len + (48 << 20));
+        let g = llmrt::format::gguf::Gguf::open(&path).unwrap_or_else(|e| panic!("{}", e.message));
+        check_big_array(&g);
+        drop(g);
+        println!("child-ok");
+        return;
+    }
+    let dir = temp_dir("bigarray");
+    let path = dir.join("big-array.gguf");
+    write_big_array_gguf(&path);
+    run_child(name, &[("LLMRT_BIG_MODEL", path.to_str().unwrap())]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn tokenizing_a_4mib_prompt_under_a_tight_limit_is_out_of_memory() {
+    let name = "tokenizing_a_4mib_prompt_under_a_tight_limit_is_out_of_memory";
+    if is_child(name) {
+        let m = load(&fixture().gguf("f32"));
+        let text = "Hello world, this is a test of a long prompt. ".repeat((4 << 20) / 47 + 1);
+        let mut ids = vec![0u32; text.len() + 2];
+        limit_address_space(vm_size() + (48 << 20));
+        for cap in [0, ids.len()] {
+            let mut n = 0usize;
+            // SAFETY: a live model; text and ids are live locals of the lengths passed.
+            let s =
+                unsafe { llmrt_tokenize(m.ptr, text.as_ptr().cast(), text.len(), true, ids.as_mut_ptr(), cap, &mut n) };
+            let e = last_error();
+            assert_eq!(s, Status::LLMRT_OUT_OF_MEMORY, "capacity {cap}: {e}");
+            assert!(e.contains("bytes") && e.contains("tokeniz"), "message lacks what and how much: {e}");
+            println!("capacity {cap}: {s:?}: {e}");
+        }
+        limit_address_space(libc::RLIM_INFINITY);
+        let mut n = 0usize;
+        let short = "Hello world";
+        // SAFETY: as above.
+        let s = unsafe {
+            llmrt_tokenize(m.ptr, short.as_ptr().cast(), short.len(), true, ids.as_mut_ptr(), ids.len(), &mut n)
+        };
+        assert_eq!(s, Status::LLMRT_OK, "{}", last_error());
+        assert!(n > 1);
+        println!("child-ok");
+        return;
+    }
+    run_child(name, &[]);
+}
+
+// ---------------------------------------------------------------- the error slot at thread exit
+
+static DTOR_STATUS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-1);
+static DTOR_ERROR_OK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn key_destructor(_: *mut libc::c_void) {
+    // SAFETY: NULL arguments are allowed (each is reported as LLMRT_INVALID_ARGUMENT).
+    let s = unsafe { llmrt_model_load(std::ptr::null(), std::ptr::null(), std::ptr::null_mut()) };
+    DTOR_STATUS.store(s as i64, std::sync::atomic::Ordering::SeqCst);
+    let e = llmrt_last_error();
+    DTOR_ERROR_OK.store(!e.is_null(), std::sync::atomic::Ordering::SeqCst);
+}
+
+#[test]
+fn llmrt_calls_from_a_thread_exit_destructor_do_not_abort() {
+    let name = "llmrt_calls_from_a_thread_exit_destructor_do_not_abort";
+    if is_child(name) {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: key is a local out-parameter; the destructor is an extern "C" fn.
+        assert_eq!(unsafe { libc::pthread_key_create(&mut key, Some(key_destructor)) }, 0);
+        std::thread::spawn(move || {
+            // An error in this thread first, so its error slot exists and is torn down
+            // (before pthread key destructors run) when the thread exits.
+            // SAFETY: NULL arguments are allowed.
+            let s = unsafe { llmrt_model_load(std::ptr::null(), std::ptr::null(), std::ptr::null_mut()) };
+            assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
+            assert!(last_error().contains("NULL"));
+            // SAFETY: a non-null marker value; the key is live.
+            assert_eq!(unsafe { libc::pthread_setspecific(key, std::ptr::dangling::<libc::c_void>()) }, 0);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(DTOR_STATUS.load(std::sync::atomic::Ordering::SeqCst), Status::LLMRT_INVALID_ARGUMENT as i64);
+        assert!(DTOR_ERROR_OK.load(std::sync::atomic::Ordering::SeqCst), "llmrt_last_error returned NULL");
+        println!("child-ok");
+        return;
+    }
+    run_child(name, &[]);
+}
+
+// ---------------------------------------------------------------- truncation during a step (SIGBUS)
+
+/// Child body: 40 rounds of: load a private copy of the fixture (mapped), run
+/// steps back to back on two caches while another thread truncates the file at a
+/// random moment. Every step must return OK or LLMRT_IO; a failed step writes no
+/// logits and advances no cache; after the first LLMRT_IO every later step fails
+/// too. The process must never die of SIGBUS.
+fn truncate_during_steps_child() {
+    let f = fixture();
+    let dir = temp_dir("trunc-loop");
+    let path = dir.join("model.gguf");
+    let mut rng = llmrt::util::XorShift::new(7);
+    let (mut n_io, mut n_ok) = (0, 0);
+    for round in 0..40 {
+        std::fs::copy(f.gguf("f32"), &path).unwrap();
+        let m = try_load(&path, 1, 0).unwrap();
+        let (a, b) = (m.reserve(0), m.reserve(0));
+        m.prefill(a, &f.tokens[..4]);
+        let delay = std::time::Duration::from_micros(rng.next_u64() % 3000);
+        let p = path.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(4096).unwrap();
+        });
+        let mut failed = false;
+        for step in 0..400usize {
+            let c = if step % 2 == 0 { a } else { b };
+            if m.len(c) as usize + 2 > m.ctx as usize {
+                assert_eq!(m.truncate(c, 4), Status::LLMRT_OK);
+            }
+            let (la, lb) = (m.len(a), m.len(b));
+            let toks = &f.tokens[step % 8..step % 8 + 2];
+            let mut out = vec![7.0f32; m.vocab];
+            // SAFETY: a live model; toks and out are live locals of the lengths passed.
+            let s = unsafe { llmrt_prefill(m.ptr, c, toks.as_ptr(), 2, out.as_mut_ptr()) };
+            match s {
+                Status::LLMRT_OK => {
+                    assert!(!failed, "round {round}: a step succeeded after LLMRT_IO");
+                    n_ok += 1;
+                }
+                Status::LLMRT_IO => {
+                    let e = last_error();
+                    assert!(e.contains("model.gguf"), "{e}");
+                    assert!(out.iter().all(|&x| x == 7.0), "round {round}: a failed step wrote logits");
+                    assert_eq!((m.len(a), m.len(b)), (la, lb), "round {round}: a failed step advanced a cache");
+                    failed = true;
+                    n_io += 1;
+                }
+                other => panic!("round {round} step {step}: {other:?} {}", last_error()),
+            }
+            if failed && step > 0 && t.is_finished() {
+                break;
+            }
+        }
+        t.join().unwrap();
+        assert!(failed, "round {round}: the truncation was never reported");
+        drop(m);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    let faults = llmrt::format::sigbus::faults_handled();
+    println!("steps ok {n_ok}, io {n_io}, SIGBUS faults turned into zero pages: {faults}");
+    // The truncations landed inside steps often enough to exercise the handler
+    // (else this test would only re-check the before-step size check).
+    assert!(faults > 0, "no truncation hit a running step in 40 rounds");
+    println!("child-ok");
+}
+
+#[test]
+fn mapped_file_truncated_during_steps_is_io_never_sigbus() {
+    let name = "mapped_file_truncated_during_steps_is_io_never_sigbus";
+    if is_child(name) {
+        return truncate_during_steps_child();
+    }
+    run_child(name, &[("LLMRT_LOAD_COPY", "0")]);
+}
+
+/// The big array reads back element by element from the view of the file.
+fn check_big_array(g: &llmrt::format::gguf::Gguf) {
+    use llmrt::format::gguf::ValueRef;
+    assert_eq!(g.n_metadata(), 1);
+    let Some(ValueRef::Array(a)) = g.get("big") else { panic!("'big' is not an array") };
+    assert_eq!((a.len() as u64, a.elem_type_name()), (BIG_ARRAY, "U8"));
+    let mut n = 0u64;
+    for (i, v) in a.iter().enumerate() {
+        assert!(matches!(v, ValueRef::U8(x) if x as usize == i % 251), "element {i} is {v:?}");
+        n += 1;
+    }
+    assert_eq!(n, BIG_ARRAY);
+    assert!(a.get(BIG_ARRAY as usize).is_none());
 }

@@ -176,7 +176,7 @@ fn a_model_without_tokenizer_says_so() {
     let f = Fixture::all().into_iter().find(|f| f.name == "llama_gqa").unwrap();
     let g = Gguf::open(&f.gguf("f32")).unwrap();
     let mut w = GgufWriter::new();
-    for (k, v) in &g.metadata {
+    for (k, v) in &g.metadata() {
         if !k.starts_with("tokenizer.") && k != "general.alignment" {
             w.kv(k, v.clone());
         }

@@ -69,8 +69,25 @@ pub fn gguf(data: &[u8]) -> Result<()> {
         assert_eq!(g.tensor_data(t).len() as u64, t.size, "tensor {} data extent", t.name);
         let _ = (t.n_elements(), t.type_name());
     }
-    for (k, _) in &g.metadata {
+    for k in g.keys() {
         let _ = (g.get_u64(k), g.get_u32(k), g.get_f32(k), g.get_str(k), g.get_bool(k));
+    }
+    // Every element of every array view decodes (the views read the file's bytes).
+    fn walk(v: &llmrt::format::gguf::ValueRef<'_>) -> usize {
+        match v {
+            llmrt::format::gguf::ValueRef::Array(a) => {
+                let n = a.iter().map(|e| walk(&e)).sum::<usize>();
+                assert_eq!(a.iter().count(), a.len(), "array view length");
+                n + 1
+            }
+            v => {
+                let _ = (v.as_u64(), v.describe());
+                1
+            }
+        }
+    }
+    for (_, v) in g.entries() {
+        walk(&v);
     }
     let tok = Tokenizer::from_gguf(&g);
     if let Ok(Some(t)) = &tok {

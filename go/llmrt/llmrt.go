@@ -156,6 +156,7 @@ func Load(path string, opts *Options) (*Model, error) {
 	}
 	m := &Model{ptr: ptr}
 	var ci C.llmrt_model_info
+	ci.struct_size = C.uint32_t(C.sizeof_llmrt_model_info)
 	if err := call(func() C.enum_llmrt_status { return C.llmrt_model_get_info(ptr, &ci) }); err != nil {
 		C.llmrt_model_free(ptr)
 		return nil, err

@@ -100,9 +100,14 @@ pub struct llmrt_model_options {
     pub progress_user_data: *mut c_void,
 }
 
-/// What a loaded model is and what the load chose.
+/// What a loaded model is and what the load chose. The caller sets `struct_size`
+/// to `sizeof(llmrt_model_info)` before `llmrt_model_get_info`; the library writes
+/// only the fields inside it (an older, smaller struct gets the fields it has) and
+/// sets `struct_size` to the bytes it filled.
 #[repr(C)]
 pub struct llmrt_model_info {
+    /// Set by the caller to sizeof(llmrt_model_info); on return, the bytes written.
+    pub struct_size: u32,
     /// Vocabulary size: token ids are below it.
     pub vocab_size: u32,
     /// Positions per cache, after max_context and device limits.
@@ -147,9 +152,21 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
+/// What `llmrt_last_error` answers on a thread whose error slot is gone: a call
+/// made from a TLS or pthread-key destructor while the thread exits.
+const NO_ERROR_SLOT: &CStr = c"(no error message: the calling thread is exiting and its error slot is gone)";
+
+/// Stores this thread's message. Never panics: `try_with` (not `with`), because a
+/// call from a thread-exit destructor runs after the slot was destroyed (`with`
+/// would panic outside any `catch_unwind`, aborting the process); a slot still
+/// borrowed (cannot happen: no borrow outlives these two functions) is skipped.
 fn set_last_error(msg: &str) {
     let c = CString::new(msg.replace('\0', "\\0")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+    let _ = LAST_ERROR.try_with(|e| {
+        if let Ok(mut e) = e.try_borrow_mut() {
+            *e = c;
+        }
+    });
 }
 
 /// Runs `f` as an entry point body: errors and panics become statuses.
@@ -222,7 +239,11 @@ pub extern "C" fn llmrt_status_name(status: StatusCode) -> *const c_char {
 /// thread's next llmrt call. Never NULL.
 #[no_mangle]
 pub extern "C" fn llmrt_last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    // The pointer stays valid until this thread's next llmrt call (the slot is only
+    // replaced by set_last_error) or its exit. No panic: see set_last_error.
+    LAST_ERROR
+        .try_with(|e| e.try_borrow().map(|e| e.as_ptr()).unwrap_or(NO_ERROR_SLOT.as_ptr()))
+        .unwrap_or(NO_ERROR_SLOT.as_ptr())
 }
 
 /// Library version "MAJOR.MINOR.PATCH" (static string).
@@ -382,10 +403,18 @@ fn copy_cstr<const N: usize>(dst: &mut [c_char; N], s: &str) {
     dst[n..].fill(0);
 }
 
-/// Describes a loaded model.
+/// Size of the first llmrt_model_info (through `device_name`, before the memory
+/// fields): the smallest `struct_size` accepted.
+const MODEL_INFO_V1_SIZE: usize = std::mem::offset_of!(llmrt_model_info, kv_pool_bytes);
+
+/// Describes a loaded model. `out_info->struct_size` must be set by the caller
+/// (sizeof(llmrt_model_info)); only min(struct_size, sizeof) bytes are written and
+/// `struct_size` is set to that number. struct_size smaller than the first
+/// version of the struct (160 bytes): LLMRT_INVALID_ARGUMENT, nothing written.
 ///
 /// # Safety
-/// `model` is a live model; `out_info` is writable.
+/// `model` is a live model; `out_info` points to `out_info->struct_size` writable
+/// bytes (at least 4).
 #[no_mangle]
 pub unsafe extern "C" fn llmrt_model_get_info(
     model: *const llmrt_model,
@@ -394,8 +423,19 @@ pub unsafe extern "C" fn llmrt_model_get_info(
     boundary("llmrt_model_get_info", || {
         let m = model_ref(model)?;
         let out = need_mut(out_info, "out_info")?;
+        // SAFETY: struct_size is the first field; the caller owns at least its 4 bytes.
+        let size = unsafe { std::ptr::addr_of!((*out).struct_size).read_unaligned() } as usize;
+        let ours = std::mem::size_of::<llmrt_model_info>();
+        if size < MODEL_INFO_V1_SIZE {
+            return Err(Error::invalid(format!(
+                "out_info->struct_size is {size}; set it to sizeof(llmrt_model_info) = {ours} \
+                 (at least {MODEL_INFO_V1_SIZE}, the first version's size)"
+            )));
+        }
+        let n = size.min(ours);
         let i = m.info();
         let mut info = llmrt_model_info {
+            struct_size: n as u32,
             vocab_size: i.vocab_size,
             context_length: i.context_length,
             n_layers: i.n_layers,
@@ -420,9 +460,38 @@ pub unsafe extern "C" fn llmrt_model_get_info(
         };
         copy_cstr(&mut info.architecture, &i.architecture);
         copy_cstr(&mut info.device_name, &i.device_name);
-        // SAFETY: checked non-null above (need_mut); the caller guarantees a writable
-        // llmrt_model_info per the header contract.
-        unsafe { out.write(info) };
+        // Field by field, each only when it ends inside the caller's n bytes (padding
+        // and anything past n untouched).
+        macro_rules! put {
+            ($($f:ident),+) => {$(
+                if std::mem::offset_of!(llmrt_model_info, $f) + std::mem::size_of_val(&info.$f) <= n {
+                    // SAFETY: non-null (need_mut); the field lies inside the struct_size
+                    // writable bytes the caller guarantees per the header contract.
+                    unsafe { std::ptr::addr_of_mut!((*out).$f).write_unaligned(info.$f) };
+                }
+            )+};
+        }
+        put!(
+            struct_size,
+            vocab_size,
+            context_length,
+            n_layers,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            hidden_size,
+            bos_token,
+            eos_token,
+            backend,
+            weight_bytes,
+            kv_bytes_per_position,
+            architecture,
+            device_name,
+            kv_pool_bytes,
+            scratch_bytes,
+            device_free_bytes,
+            device_total_bytes
+        );
         Ok(())
     })
 }

@@ -7,6 +7,7 @@
 pub mod gguf;
 pub mod gguf_write;
 pub mod safetensors;
+pub mod sigbus;
 
 use std::path::Path;
 
@@ -42,6 +43,34 @@ impl WeightFile for gguf::Gguf {
     }
 }
 
+/// Reads a small file of a model directory (tokenizer.json, tokenizer.model,
+/// config.json, ...) whole. `Ok(None)` when it does not exist. The same
+/// regular-file check as the mapped files ([`gguf::check_regular`]) runs on the
+/// path before opening (opening a FIFO would block until a writer appears) and
+/// on the open handle: a directory, FIFO, socket or device is `LLMRT_IO` naming
+/// the file, never a hang.
+pub(crate) fn read_small_file(path: &Path) -> crate::Result<Option<Vec<u8>>> {
+    use crate::Error;
+    use std::io::Read;
+    let shown = path.display();
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(format!("{shown}: {e}"))),
+    };
+    gguf::check_regular(path, &meta)?;
+    let file = std::fs::File::open(path).map_err(|e| Error::io(format!("{shown}: cannot open: {e}")))?;
+    let meta = file.metadata().map_err(|e| Error::io(format!("{shown}: cannot stat: {e}")))?;
+    gguf::check_regular(path, &meta)?;
+    let len = usize::try_from(meta.len())
+        .map_err(|_| Error::out_of_memory(format!("{shown}: {} bytes do not fit in memory", meta.len())))?;
+    let mut v: Vec<u8> = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|_| Error::out_of_memory(format!("{shown}: cannot allocate {len} bytes to read the file")))?;
+    (&file).take(meta.len()).read_to_end(&mut v).map_err(|e| Error::io(format!("{shown}: cannot read: {e}")))?;
+    Ok(Some(v))
+}
+
 /// Environment variable: when set to `1`, model files are read into owned memory
 /// at load instead of being memory-mapped (see docs/RELIABILITY.md, "Files that
 /// change under a mapping"). Costs a copy of the weights in RAM and the read time.
@@ -55,7 +84,14 @@ pub(crate) fn load_copy_requested() -> bool {
 /// A model file's bytes: a read-only mapping that remembers what the file was at
 /// load (size and modification time, on the still-open descriptor), or an owned copy.
 pub(crate) enum FileBytes {
-    Mapped { map: memmap2::Mmap, file: std::fs::File, len: u64, mtime: Option<std::time::SystemTime> },
+    Mapped {
+        /// Drops (unregisters) before `map` unmaps: field order is drop order.
+        watch: Option<sigbus::Watch>,
+        map: memmap2::Mmap,
+        file: std::fs::File,
+        len: u64,
+        mtime: Option<std::time::SystemTime>,
+    },
     Owned(Vec<u8>),
 }
 
@@ -86,11 +122,12 @@ impl FileBytes {
         }
         // SAFETY: the mapping is read-only and only shared byte slices of it are
         // handed out. A file truncated or rewritten by another process while it is
-        // mapped could fault (SIGBUS) or show changed bytes: the CPU backend checks
-        // the descriptor's size and mtime against these values before every step
-        // ([`Self::check_unchanged`]) and refuses to run once they differ; what that
-        // leaves open is described in docs/RELIABILITY.md. MAP_PRIVATE would not help:
-        // unwritten private pages still come from the file and fault the same way.
+        // mapped could fault (SIGBUS) or show changed bytes: the runtime checks the
+        // descriptor's size and mtime against these values before and after every
+        // CPU step ([`Self::check_unchanged`]) and refuses to run once they differ; a
+        // read that faults is turned into a read of a zero page by the SIGBUS handler
+        // of [`sigbus`], which flags the mapping (checked after the step, so the step
+        // fails with LLMRT_IO and commits nothing). See docs/RELIABILITY.md.
         let map = unsafe { memmap2::MmapOptions::new().map(&file) }.map_err(|e| {
             if e.raw_os_error() == Some(libc::ENOMEM) {
                 Error::out_of_memory(format!("{shown}: cannot map {len} bytes: {e} (address-space or memory limit)"))
@@ -98,7 +135,9 @@ impl FileBytes {
                 Error::io(format!("{shown}: cannot map {len} bytes: {e}"))
             }
         })?;
-        Ok(FileBytes::Mapped { map, file, len, mtime: meta.modified().ok() })
+        // A truncation while a step reads the mapping: see sigbus.rs.
+        let watch = sigbus::register(map.as_ptr() as usize, map.len());
+        Ok(FileBytes::Mapped { watch, map, file, len, mtime: meta.modified().ok() })
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
@@ -128,7 +167,7 @@ impl FileBytes {
     /// `LLMRT_IO` when the mapped file's size or modification time differ from
     /// what they were at load (one fstat; owned copies never change).
     pub(crate) fn check_unchanged(&self, path: &Path) -> crate::Result<()> {
-        let FileBytes::Mapped { file, len, mtime, .. } = self else { return Ok(()) };
+        let FileBytes::Mapped { file, len, mtime, watch, .. } = self else { return Ok(()) };
         let shown = path.display();
         let meta = file
             .metadata()
@@ -139,6 +178,12 @@ impl FileBytes {
                  read safely: reload the model (or load with {LOAD_COPY_ENV}=1 to keep a private copy)",
                 meta.len(),
                 if meta.len() == *len { ", modification time changed" } else { "" }
+            )));
+        }
+        if watch.as_ref().is_some_and(|w| w.faulted()) {
+            return Err(crate::Error::io(format!(
+                "{shown}: model file changed while it was being read (a page of its mapping faulted: SIGBUS) and \
+                 reads as zeros now: reload the model (or load with {LOAD_COPY_ENV}=1 to keep a private copy)"
             )));
         }
         Ok(())

@@ -266,7 +266,8 @@ impl Checkpoint {
 
     fn open_index(dir: &Path, index: &Path) -> Result<Checkpoint> {
         let shown = index.display();
-        let raw = std::fs::read(index).map_err(|e| Error::io(format!("{shown}: {e}")))?;
+        let raw = crate::format::read_small_file(index)?
+            .ok_or_else(|| Error::io(format!("{shown}: No such file or directory")))?;
         let json: serde_json::Value =
             serde_json::from_slice(&raw).map_err(|e| Error::bad_model(format!("{shown}: not valid JSON: {e}")))?;
         let map = json

@@ -56,7 +56,8 @@ pub struct HfConfig {
 /// Reads `config.json` of `dir`.
 pub fn load_config(dir: &Path) -> Result<HfConfig> {
     let path = dir.join(CONFIG_FILE);
-    let raw = std::fs::read(&path).map_err(|e| Error::io(format!("{}: {e}", path.display())))?;
+    let raw = crate::format::read_small_file(&path)?
+        .ok_or_else(|| Error::io(format!("{}: No such file or directory (os error 2)", path.display())))?;
     config_from_json(&raw, &path.display().to_string())
 }
 

@@ -1,17 +1,18 @@
 //! Rank-driven BPE encoding of one word (byte-level or SentencePiece-style).
 
-use super::Tokenizer;
+use super::{try_grow, try_heap_room, try_push, Tokenizer};
+use crate::error::Result;
 
 impl Tokenizer {
     /// Rank-driven BPE of one word (llama.cpp llm_tokenizer_bpe_session / HF BPE).
-    pub(super) fn bpe_word(&self, w: &str, ignore_merges: bool, out: &mut Vec<u32>) {
+    pub(super) fn bpe_word(&self, w: &str, ignore_merges: bool, out: &mut Vec<u32>) -> Result<()> {
+        const QUEUE: &str = "the BPE merge queue";
         if w.is_empty() {
-            return;
+            return Ok(());
         }
         if ignore_merges {
             if let Some(&id) = self.ids.get(w) {
-                out.push(id);
-                return;
+                return try_push(out, id, super::IDS);
             }
         }
         const NONE: usize = usize::MAX;
@@ -24,6 +25,7 @@ impl Tokenizer {
             next: usize,
         }
         let mut syms: Vec<Sym> = Vec::new();
+        try_grow(&mut syms, w.chars().count(), "the BPE symbols")?;
         for (i, c) in w.char_indices() {
             let k = syms.len();
             let id = self.ids.get(&w[i..i + c.len_utf8()]).copied();
@@ -43,6 +45,7 @@ impl Tokenizer {
         };
         for i in 1..syms.len() {
             if let Some((rank, a, b, _)) = rank_of(&syms, i - 1, i) {
+                try_heap_room(&mut heap, QUEUE)?;
                 heap.push(Reverse((rank, i - 1, i, a, b)));
             }
         }
@@ -67,12 +70,14 @@ impl Tokenizer {
             let p = syms[l].prev;
             if p != NONE {
                 if let Some((rank, a, b, _)) = rank_of(&syms, p, l) {
+                    try_heap_room(&mut heap, QUEUE)?;
                     heap.push(Reverse((rank, p, l, a, b)));
                 }
             }
             let n = syms[l].next;
             if n != NONE {
                 if let Some((rank, a, b, _)) = rank_of(&syms, l, n) {
+                    try_heap_room(&mut heap, QUEUE)?;
                     heap.push(Reverse((rank, l, n, a, b)));
                 }
             }
@@ -80,10 +85,11 @@ impl Tokenizer {
         let mut i = 0;
         while i != NONE {
             match syms[i].id {
-                Some(id) => out.push(id),
-                None => self.fallback(&w[syms[i].start..syms[i].start + syms[i].len], out),
+                Some(id) => try_push(out, id, super::IDS)?,
+                None => self.fallback(&w[syms[i].start..syms[i].start + syms[i].len], out)?,
             }
             i = syms[i].next;
         }
+        Ok(())
     }
 }

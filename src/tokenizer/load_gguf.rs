@@ -1,9 +1,10 @@
 //! The tokenizer from GGUF metadata (`tokenizer.ggml.*`).
 
 use super::pretok::Pre;
+use super::try_grow;
 use super::{bad, split_merge, Model, Parts, Prefix, TokType, Tokenizer};
 use crate::error::{Error, Result};
-use crate::format::gguf::{Gguf, Value};
+use crate::format::gguf::{ArrayRef, Gguf, ValueRef};
 
 impl Tokenizer {
     /// From GGUF metadata (`tokenizer.ggml.*`). `Ok(None)` when the file has no tokenizer
@@ -22,39 +23,20 @@ impl Tokenizer {
         let n = tokens.len();
         let scores = match g.get("tokenizer.ggml.scores") {
             None => vec![0.0; n],
-            Some(Value::Array(a)) => a
-                .iter()
-                .enumerate()
-                .map(|(i, v)| match v {
-                    Value::F32(x) => Ok(*x),
-                    Value::F64(x) => Ok(*x as f32),
-                    _ => Err(bad(src, format!("tokenizer.ggml.scores[{i}] is {}, expected F32", v.type_name()))),
-                })
-                .collect::<Result<Vec<f32>>>()?,
+            Some(ValueRef::Array(a)) => collect(&a, "tokenizer.ggml.scores", |i, v| match v {
+                ValueRef::F32(x) => Ok(x),
+                ValueRef::F64(x) => Ok(x as f32),
+                _ => Err(bad(src, format!("tokenizer.ggml.scores[{i}] is {}, expected F32", v.type_name()))),
+            })?,
             Some(v) => return Err(bad(src, format!("tokenizer.ggml.scores is {}, expected an ARRAY", v.type_name()))),
         };
         let types = match g.get("tokenizer.ggml.token_type") {
             None => vec![TokType::Normal; n],
-            Some(Value::Array(a)) => a
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    let x = match v {
-                        Value::I32(x) => Some(*x as i64),
-                        Value::U32(x) => Some(*x as i64),
-                        Value::I8(x) => Some(*x as i64),
-                        Value::U8(x) => Some(*x as i64),
-                        Value::I16(x) => Some(*x as i64),
-                        Value::U16(x) => Some(*x as i64),
-                        Value::I64(x) => Some(*x),
-                        Value::U64(x) => i64::try_from(*x).ok(),
-                        _ => None,
-                    };
-                    x.and_then(TokType::from_i64).ok_or_else(|| {
-                        bad(src, format!("tokenizer.ggml.token_type[{i}] is {v:?}, expected a token type 0..=6"))
-                    })
+            Some(ValueRef::Array(a)) => collect(&a, "tokenizer.ggml.token_type", |i, v| {
+                v.as_i64().and_then(TokType::from_i64).ok_or_else(|| {
+                    bad(src, format!("tokenizer.ggml.token_type[{i}] is {}, expected a token type 0..=6", v.describe()))
                 })
-                .collect::<Result<Vec<TokType>>>()?,
+            })?,
             Some(v) => {
                 return Err(bad(src, format!("tokenizer.ggml.token_type is {}, expected an ARRAY", v.type_name())))
             }
@@ -139,18 +121,25 @@ impl Tokenizer {
     }
 }
 
+/// The elements of `a` through `f`, into a vector allocated fallibly (its size
+/// comes from the file: LLMRT_OUT_OF_MEMORY naming `key`, not an abort).
+fn collect<T>(a: &ArrayRef<'_>, key: &str, mut f: impl FnMut(usize, ValueRef<'_>) -> Result<T>) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    try_grow(&mut out, a.len(), key)?;
+    for (i, v) in a.iter().enumerate() {
+        out.push(f(i, v)?);
+    }
+    Ok(out)
+}
+
 fn gguf_strings(g: &Gguf, key: &str, src: &str) -> Result<Option<Vec<String>>> {
     match g.get(key) {
         None => Ok(None),
-        Some(Value::Array(a)) => a
-            .iter()
-            .enumerate()
-            .map(|(i, v)| match v {
-                Value::Str(s) => Ok(s.clone()),
-                _ => Err(bad(src, format!("{key}[{i}] is {}, expected STRING", v.type_name()))),
-            })
-            .collect::<Result<Vec<_>>>()
-            .map(Some),
+        Some(ValueRef::Array(a)) => collect(&a, key, |i, v| match v {
+            ValueRef::Str(s) => Ok(s.into_owned()),
+            _ => Err(bad(src, format!("{key}[{i}] is {}, expected STRING", v.type_name()))),
+        })
+        .map(Some),
         Some(v) => Err(bad(src, format!("{key} is {}, expected an ARRAY of STRING", v.type_name()))),
     }
 }

@@ -113,6 +113,41 @@ pub struct Tokenizer {
     add_bos: bool,
 }
 
+/// `LLMRT_OUT_OF_MEMORY` for a tokenizer buffer of `elems` values of `T` named `what`.
+fn oom<T>(what: &str, elems: usize) -> Error {
+    Error::out_of_memory(format!(
+        "tokenizer: cannot allocate {what} ({} bytes)",
+        elems.saturating_mul(std::mem::size_of::<T>())
+    ))
+}
+
+/// Room for `extra` more values in `v`, or `LLMRT_OUT_OF_MEMORY` naming `what` and
+/// the size: every buffer sized by the input text (or ids) grows through this or
+/// [`try_push`], so a huge prompt under a memory limit is an error, not an abort.
+pub(crate) fn try_grow<T>(v: &mut Vec<T>, extra: usize, what: &str) -> Result<()> {
+    v.try_reserve(extra).map_err(|_| oom::<T>(what, v.len().saturating_add(extra)))
+}
+
+/// `v.push(x)` whose growth is fallible (see [`try_grow`]).
+pub(crate) fn try_push<T>(v: &mut Vec<T>, x: T, what: &str) -> Result<()> {
+    if v.len() == v.capacity() {
+        try_grow(v, 1, what)?;
+    }
+    v.push(x);
+    Ok(())
+}
+
+/// Room in a heap for one more entry (see [`try_grow`]).
+pub(crate) fn try_heap_room<T: Ord>(h: &mut std::collections::BinaryHeap<T>, what: &str) -> Result<()> {
+    if h.len() == h.capacity() {
+        h.try_reserve(1).map_err(|_| oom::<T>(what, h.len().saturating_add(1)))?;
+    }
+    Ok(())
+}
+
+/// The ids out of an encode.
+const IDS: &str = "the token ids";
+
 fn bad(src: &str, msg: impl std::fmt::Display) -> Error {
     Error::bad_model(format!("{src}: {msg}"))
 }
@@ -245,17 +280,18 @@ impl Tokenizer {
     pub fn encode(&self, text: &[u8], add_bos: bool) -> Result<Vec<u32>> {
         let text = std::str::from_utf8(text)
             .map_err(|e| Error::invalid(format!("text is not valid UTF-8 at byte offset {}", e.valid_up_to())))?;
-        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        let mut out = Vec::new();
+        try_grow(&mut out, text.len() / 3 + 2, IDS)?;
         if add_bos {
             if let Some(b) = self.bos {
-                out.push(b);
+                try_push(&mut out, b, IDS)?;
             }
         }
         let mut prev_special = true;
-        for (start, frag) in self.partition(text) {
+        for (start, frag) in self.partition(text)? {
             match frag {
                 Frag::Special(id) => {
-                    out.push(id);
+                    try_push(&mut out, id, IDS)?;
                     prev_special = true;
                 }
                 Frag::Text(t) => {
@@ -264,7 +300,7 @@ impl Tokenizer {
                         Prefix::Always => prev_special,
                         Prefix::First => start == 0,
                     } && !(self.prefix_unless_space && t.starts_with(' '));
-                    self.encode_fragment(t, pre, &mut out);
+                    self.encode_fragment(t, pre, &mut out)?;
                     prev_special = false;
                 }
             }
@@ -284,11 +320,9 @@ impl Tokenizer {
             if p.is_empty() {
                 continue;
             }
-            if strip && p[0] == b' ' {
-                out.extend_from_slice(&p[1..]);
-            } else {
-                out.extend_from_slice(&p);
-            }
+            let p = if strip && p[0] == b' ' { &p[1..] } else { &p[..] };
+            try_grow(&mut out, p.len(), "the decoded text")?;
+            out.extend_from_slice(p);
             strip = false;
         }
         Ok(out)
@@ -336,73 +370,83 @@ impl Tokenizer {
 
     /// llama.cpp's tokenizer_st_partition: each special token, longest first, splits the
     /// remaining text fragments at its occurrences. Yields (byte offset, fragment).
-    fn partition<'a>(&self, text: &'a str) -> Vec<(usize, Frag<'a>)> {
+    fn partition<'a>(&self, text: &'a str) -> Result<Vec<(usize, Frag<'a>)>> {
+        const FRAGS: &str = "the text fragments around special tokens";
         let mut frags: Vec<(usize, Frag<'a>)> = if text.is_empty() { vec![] } else { vec![(0, Frag::Text(text))] };
         for &sid in &self.specials {
             let s = self.tokens[sid as usize].as_str();
             if !frags.iter().any(|(_, f)| matches!(f, Frag::Text(t) if t.contains(s))) {
                 continue;
             }
-            let mut next = Vec::with_capacity(frags.len() + 2);
+            let mut next = Vec::new();
+            try_grow(&mut next, frags.len() + 2, FRAGS)?;
             for (off, f) in frags {
                 match f {
                     Frag::Text(mut t) => {
                         let mut off = off;
                         while let Some(i) = t.find(s) {
                             if i > 0 {
-                                next.push((off, Frag::Text(&t[..i])));
+                                try_push(&mut next, (off, Frag::Text(&t[..i])), FRAGS)?;
                             }
-                            next.push((off + i, Frag::Special(sid)));
+                            try_push(&mut next, (off + i, Frag::Special(sid)), FRAGS)?;
                             t = &t[i + s.len()..];
                             off += i + s.len();
                         }
                         if !t.is_empty() {
-                            next.push((off, Frag::Text(t)));
+                            try_push(&mut next, (off, Frag::Text(t)), FRAGS)?;
                         }
                     }
-                    sp => next.push((off, sp)),
+                    sp => try_push(&mut next, (off, sp), FRAGS)?,
                 }
             }
             frags = next;
         }
-        frags
+        Ok(frags)
     }
 
-    fn encode_fragment(&self, t: &str, prefix: bool, out: &mut Vec<u32>) {
+    fn encode_fragment(&self, t: &str, prefix: bool, out: &mut Vec<u32>) -> Result<()> {
         match self.model {
             Model::Spm => {
-                let s = escape(t, prefix);
-                self.spm(&s, out);
+                let s = escape(t, prefix)?;
+                self.spm(&s, out)
             }
             Model::Bpe { byte_level: false, ignore_merges, .. } => {
-                let s = escape(t, prefix);
-                self.bpe_word(&s, ignore_merges, out);
+                let s = escape(t, prefix)?;
+                self.bpe_word(&s, ignore_merges, out)
             }
             Model::Bpe { byte_level: true, pre, ignore_merges } => {
-                let cs: Vec<char> = t.chars().collect();
+                let mut cs: Vec<char> = Vec::new();
+                try_grow(&mut cs, t.len(), "the text's characters")?;
+                cs.extend(t.chars());
                 let map = pretok::byte_to_char();
                 let mut buf = [0u8; 4];
-                for (a, b) in pretok::split(pre, &cs) {
-                    let mut w = String::with_capacity((b - a) * 2);
+                for (a, b) in pretok::split(pre, &cs)? {
+                    // Each byte maps to one char of at most 2 UTF-8 bytes.
+                    let need: usize = cs[a..b].iter().map(|c| c.len_utf8() * 2).sum();
+                    let mut w = String::new();
+                    w.try_reserve_exact(need).map_err(|_| oom::<u8>("a pre-tokenized word", need))?;
                     for c in &cs[a..b] {
                         for &byte in c.encode_utf8(&mut buf).as_bytes() {
                             w.push(map[byte as usize]);
                         }
                     }
-                    self.bpe_word(&w, ignore_merges, out);
+                    self.bpe_word(&w, ignore_merges, out)?;
                 }
+                Ok(())
             }
         }
     }
 
     /// Bytes of `s` as byte-fallback tokens, or the unknown token, or nothing.
-    fn fallback(&self, s: &str, out: &mut Vec<u32>) {
+    fn fallback(&self, s: &str, out: &mut Vec<u32>) -> Result<()> {
         let bytes = s.as_bytes();
         if bytes.iter().all(|&b| self.byte_ids[b as usize].is_some()) {
+            try_grow(out, bytes.len(), IDS)?;
             out.extend(bytes.iter().map(|&b| self.byte_ids[b as usize].unwrap_or(0)));
         } else if let Some(u) = self.unk {
-            out.push(u);
+            try_push(out, u, IDS)?;
         }
+        Ok(())
     }
 }
 
@@ -411,16 +455,19 @@ enum Frag<'a> {
     Special(u32),
 }
 
-/// " " -> "▁", with a leading "▁" when `prefix`.
-fn escape(t: &str, prefix: bool) -> String {
-    let mut s = String::with_capacity(t.len() + 3);
+/// " " -> "▁", with a leading "▁" when `prefix` (allocated fallibly, exactly).
+fn escape(t: &str, prefix: bool) -> Result<String> {
+    // "▁" is 3 bytes where " " was 1.
+    let need = t.len() + 2 * t.bytes().filter(|&b| b == b' ').count() + 3;
+    let mut s = String::new();
+    s.try_reserve_exact(need).map_err(|_| oom::<u8>("the escaped text", need))?;
     if prefix {
         s.push('▁');
     }
     for c in t.chars() {
         s.push(if c == ' ' { '▁' } else { c });
     }
-    s
+    Ok(s)
 }
 
 /// "left right" split at the first space after the first character (llama.cpp).

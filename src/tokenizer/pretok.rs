@@ -6,7 +6,12 @@
 //! (tables from `regex-syntax`, i.e. the Unicode version of that crate); whitespace is
 //! llama.cpp's `unicode_set_whitespace` (the Unicode White_Space property).
 
+use super::try_push;
+use crate::error::Result;
 use std::sync::OnceLock;
+
+/// What the word list is called in an out-of-memory message.
+const WORDS: &str = "the pre-tokenizer's word list";
 
 /// Which split regex.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,14 +125,15 @@ fn flags(cs: &[char], pos: usize) -> F {
     }
 }
 
-/// Split `text` into words (char index ranges) as the regex `pre` would.
-pub(crate) fn split(pre: Pre, cs: &[char]) -> Vec<(usize, usize)> {
+/// Split `text` into words (char index ranges) as the regex `pre` would. The word
+/// list grows fallibly: running out of memory is `LLMRT_OUT_OF_MEMORY`, not an abort.
+pub(crate) fn split(pre: Pre, cs: &[char]) -> Result<Vec<(usize, usize)>> {
     match pre {
         Pre::Whole => {
             if cs.is_empty() {
-                vec![]
+                Ok(vec![])
             } else {
-                vec![(0, cs.len())]
+                Ok(vec![(0, cs.len())])
             }
         }
         Pre::Gpt2 => split_gpt2(cs),
@@ -159,7 +165,7 @@ fn contraction(cs: &[char], pos: usize, fold: bool) -> usize {
     0
 }
 
-fn split_gpt2(cs: &[char]) -> Vec<(usize, usize)> {
+fn split_gpt2(cs: &[char]) -> Result<Vec<(usize, usize)>> {
     let mut out = Vec::new();
     let end = cs.len();
     let mut pos = 0;
@@ -169,7 +175,7 @@ fn split_gpt2(cs: &[char]) -> Vec<(usize, usize)> {
         let k = contraction(cs, pos, false);
         if k > 0 {
             pos += k;
-            out.push((start, pos));
+            try_push(&mut out, (start, pos), WORDS)?;
             continue;
         }
         let f = flags(cs, pos);
@@ -181,7 +187,7 @@ fn split_gpt2(cs: &[char]) -> Vec<(usize, usize)> {
                 pos += 1;
                 f2 = flags(cs, pos);
             }
-            out.push((start, pos));
+            try_push(&mut out, (start, pos), WORDS)?;
             continue;
         }
         if !(f2.space || f2.letter || f2.number) && f2.valid {
@@ -190,7 +196,7 @@ fn split_gpt2(cs: &[char]) -> Vec<(usize, usize)> {
                 pos += 1;
                 f2 = flags(cs, pos);
             }
-            out.push((start, pos));
+            try_push(&mut out, (start, pos), WORDS)?;
             continue;
         }
         let mut nws = 0;
@@ -199,30 +205,31 @@ fn split_gpt2(cs: &[char]) -> Vec<(usize, usize)> {
         }
         if nws > 1 && pos + nws < end {
             pos += nws - 1;
-            out.push((start, pos));
+            try_push(&mut out, (start, pos), WORDS)?;
             continue;
         }
         if nws > 0 {
             pos += nws;
-            out.push((start, pos));
+            try_push(&mut out, (start, pos), WORDS)?;
             continue;
         }
         pos += 1;
-        out.push((start, pos));
+        try_push(&mut out, (start, pos), WORDS)?;
     }
-    out
+    Ok(out)
 }
 
-fn split_llama3(cs: &[char], max_digits: usize) -> Vec<(usize, usize)> {
+fn split_llama3(cs: &[char], max_digits: usize) -> Result<Vec<(usize, usize)>> {
     let mut out = Vec::new();
     let end = cs.len();
     let mut pos = 0;
     let mut prev_end = 0;
-    let add = |out: &mut Vec<(usize, usize)>, prev_end: &mut usize, e: usize| {
+    let add = |out: &mut Vec<(usize, usize)>, prev_end: &mut usize, e: usize| -> Result<()> {
         if e > *prev_end {
-            out.push((*prev_end, e));
+            try_push(out, (*prev_end, e), WORDS)?;
         }
         *prev_end = e;
+        Ok(())
     };
     while pos < end {
         let cpt = cs[pos];
@@ -230,7 +237,7 @@ fn split_llama3(cs: &[char], max_digits: usize) -> Vec<(usize, usize)> {
         let k = contraction(cs, pos, true);
         if k > 0 {
             pos += k;
-            add(&mut out, &mut prev_end, pos);
+            add(&mut out, &mut prev_end, pos)?;
             continue;
         }
         // [^\r\n\p{L}\p{N}]?\p{L}+
@@ -239,7 +246,7 @@ fn split_llama3(cs: &[char], max_digits: usize) -> Vec<(usize, usize)> {
             while flags(cs, pos).letter {
                 pos += 1;
             }
-            add(&mut out, &mut prev_end, pos);
+            add(&mut out, &mut prev_end, pos)?;
             continue;
         }
         // \p{N}{1,max}
@@ -248,11 +255,11 @@ fn split_llama3(cs: &[char], max_digits: usize) -> Vec<(usize, usize)> {
             while flags(cs, pos).number {
                 pos += 1;
                 if pos - ini >= max_digits {
-                    add(&mut out, &mut prev_end, pos);
+                    add(&mut out, &mut prev_end, pos)?;
                     ini = pos;
                 }
             }
-            add(&mut out, &mut prev_end, pos);
+            add(&mut out, &mut prev_end, pos)?;
             continue;
         }
         // <space>?[^\s\p{L}\p{N}]+[\r\n]*
@@ -266,7 +273,7 @@ fn split_llama3(cs: &[char], max_digits: usize) -> Vec<(usize, usize)> {
             while matches!(cs.get(pos), Some('\r' | '\n')) {
                 pos += 1;
             }
-            add(&mut out, &mut prev_end, pos);
+            add(&mut out, &mut prev_end, pos)?;
             continue;
         }
         let mut nws = 0;
@@ -280,24 +287,24 @@ fn split_llama3(cs: &[char], max_digits: usize) -> Vec<(usize, usize)> {
         // \s*[\r\n]+
         if last_rn > 0 {
             pos = last_rn;
-            add(&mut out, &mut prev_end, pos);
+            add(&mut out, &mut prev_end, pos)?;
             continue;
         }
         // \s+(?!\S)
         if nws > 1 && pos + nws < end {
             pos += nws - 1;
-            add(&mut out, &mut prev_end, pos);
+            add(&mut out, &mut prev_end, pos)?;
             continue;
         }
         if nws > 0 {
             pos += nws;
-            add(&mut out, &mut prev_end, pos);
+            add(&mut out, &mut prev_end, pos)?;
             continue;
         }
         pos += 1;
-        add(&mut out, &mut prev_end, pos);
+        add(&mut out, &mut prev_end, pos)?;
     }
-    out
+    Ok(out)
 }
 
 /// GPT-2's byte -> printable char map.
@@ -334,7 +341,7 @@ mod tests {
 
     fn words(pre: Pre, s: &str) -> Vec<String> {
         let cs: Vec<char> = s.chars().collect();
-        split(pre, &cs).into_iter().map(|(a, b)| cs[a..b].iter().collect()).collect()
+        split(pre, &cs).unwrap().into_iter().map(|(a, b)| cs[a..b].iter().collect()).collect()
     }
 
     #[test]

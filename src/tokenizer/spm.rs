@@ -1,10 +1,11 @@
 //! Score-driven SentencePiece BPE encoding of one escaped text fragment.
 
-use super::Tokenizer;
+use super::{try_grow, try_heap_room, try_push, Tokenizer};
+use crate::error::Result;
 
 impl Tokenizer {
     /// SentencePiece BPE (llama.cpp llm_tokenizer_spm_session).
-    pub(super) fn spm(&self, s: &str, out: &mut Vec<u32>) {
+    pub(super) fn spm(&self, s: &str, out: &mut Vec<u32>) -> Result<()> {
         #[derive(Clone, Copy)]
         struct Sym {
             start: usize,
@@ -14,6 +15,7 @@ impl Tokenizer {
         }
         const NONE: usize = usize::MAX;
         let mut syms: Vec<Sym> = Vec::new();
+        try_grow(&mut syms, s.chars().count(), "the SentencePiece symbols")?;
         for (i, c) in s.char_indices() {
             let k = syms.len();
             syms.push(Sym { start: i, len: c.len_utf8(), prev: if k == 0 { NONE } else { k - 1 }, next: k + 1 });
@@ -40,18 +42,20 @@ impl Tokenizer {
             }
         }
         let mut heap = std::collections::BinaryHeap::new();
-        let try_add = |heap: &mut std::collections::BinaryHeap<Big>, syms: &[Sym], l: usize, r: usize| {
+        let try_add = |heap: &mut std::collections::BinaryHeap<Big>, syms: &[Sym], l: usize, r: usize| -> Result<()> {
             if l == NONE || r == NONE {
-                return;
+                return Ok(());
             }
             let a = syms[l].start;
             let size = syms[l].len + syms[r].len;
             if let Some(&id) = self.ids.get(&s[a..a + size]) {
+                try_heap_room(heap, "the SentencePiece merge queue")?;
                 heap.push(Big { score: self.scores[id as usize], left: l, right: r, size });
             }
+            Ok(())
         };
         for i in 1..syms.len() {
-            try_add(&mut heap, &syms, i - 1, i);
+            try_add(&mut heap, &syms, i - 1, i)?;
         }
         while let Some(b) = heap.pop() {
             let (l, r) = (b.left, b.right);
@@ -65,17 +69,18 @@ impl Tokenizer {
                 let n = syms[r].next;
                 syms[n].prev = l;
             }
-            try_add(&mut heap, &syms, syms[l].prev, l);
-            try_add(&mut heap, &syms, l, syms[l].next);
+            try_add(&mut heap, &syms, syms[l].prev, l)?;
+            try_add(&mut heap, &syms, l, syms[l].next)?;
         }
         let mut i = if syms.is_empty() { NONE } else { 0 };
         while i != NONE {
             let p = &s[syms[i].start..syms[i].start + syms[i].len];
             match self.ids.get(p) {
-                Some(&id) => out.push(id),
-                None => self.fallback(p, out),
+                Some(&id) => try_push(out, id, super::IDS)?,
+                None => self.fallback(p, out)?,
             }
             i = syms[i].next;
         }
+        Ok(())
     }
 }

@@ -76,7 +76,9 @@ pub fn try_load_with(
     if s != Status::LLMRT_OK {
         return Err((s, last_error()));
     }
-    let mut info = std::mem::MaybeUninit::<llmrt_model_info>::uninit();
+    let mut info = std::mem::MaybeUninit::<llmrt_model_info>::zeroed();
+    // SAFETY: struct_size is the first field of the local; the caller sets it.
+    unsafe { (*info.as_mut_ptr()).struct_size = std::mem::size_of::<llmrt_model_info>() as u32 };
     // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
     ok(unsafe { llmrt_model_get_info(m, info.as_mut_ptr()) }, "get_info");
     // SAFETY: filled in by the llmrt_*_default (or get_info) call just above.
@@ -90,7 +92,9 @@ pub fn load(path: &Path) -> M {
 
 impl M {
     pub fn info(&self) -> llmrt_model_info {
-        let mut info = std::mem::MaybeUninit::<llmrt_model_info>::uninit();
+        let mut info = std::mem::MaybeUninit::<llmrt_model_info>::zeroed();
+        // SAFETY: struct_size is the first field of the local; the caller sets it.
+        unsafe { (*info.as_mut_ptr()).struct_size = std::mem::size_of::<llmrt_model_info>() as u32 };
         // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).
         ok(unsafe { llmrt_model_get_info(self.ptr, info.as_mut_ptr()) }, "get_info");
         // SAFETY: filled in by the llmrt_*_default (or get_info) call just above.

@@ -18,7 +18,17 @@
 //! Limits beyond the spec, to bound memory on hostile input: nested arrays at
 //! most [`MAX_ARRAY_DEPTH`] deep, at most [`MAX_ARRAY_ELEMS`] array elements
 //! in the whole file.
+//!
+//! Memory: metadata arrays are not copied. A parsed array is a view of the file's
+//! bytes ([`ArrayRef`]): elements of fixed size are decoded from the mapping when
+//! read; for arrays of strings and of arrays the parser keeps one file offset per
+//! element (8 bytes, no more than the element's own encoding) in one index
+//! shared by the file (nested arrays: the offset of the sub-array and where its own
+//! entries start). So what a parsed file holds beyond its bytes is at most about
+//! the size of its metadata, whatever the element count (the generic value per
+//! element this replaced cost 32 bytes each: a 16 MiB U8 array held 512 MiB).
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
 use std::fs::File;
@@ -55,7 +65,8 @@ pub(crate) const GGUF_TYPE_U64: u32 = 10;
 pub(crate) const GGUF_TYPE_I64: u32 = 11;
 pub(crate) const GGUF_TYPE_F64: u32 = 12;
 
-/// A metadata value.
+/// An owned metadata value: what the writer ([`crate::format::gguf_write`]) takes,
+/// and what [`ValueRef::to_value`] / [`Gguf::metadata`] copy a parsed value into.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     U8(u8),
@@ -110,40 +121,6 @@ impl Value {
             Value::I32(v) => u64::try_from(v).ok(),
             Value::I64(v) => u64::try_from(v).ok(),
             _ => None,
-        }
-    }
-
-    fn is_int(&self) -> bool {
-        matches!(
-            self,
-            Value::U8(_)
-                | Value::U16(_)
-                | Value::U32(_)
-                | Value::U64(_)
-                | Value::I8(_)
-                | Value::I16(_)
-                | Value::I32(_)
-                | Value::I64(_)
-        )
-    }
-
-    /// A short description for error messages: type and (for scalars) value.
-    fn describe(&self) -> String {
-        match self {
-            Value::Str(s) if s.len() > 40 => format!("STRING of {} bytes", s.len()),
-            Value::Str(s) => format!("STRING {s:?}"),
-            Value::Array(a) => format!("ARRAY of {} elements", a.len()),
-            Value::U8(v) => format!("U8 {v}"),
-            Value::I8(v) => format!("I8 {v}"),
-            Value::U16(v) => format!("U16 {v}"),
-            Value::I16(v) => format!("I16 {v}"),
-            Value::U32(v) => format!("U32 {v}"),
-            Value::I32(v) => format!("I32 {v}"),
-            Value::U64(v) => format!("U64 {v}"),
-            Value::I64(v) => format!("I64 {v}"),
-            Value::F32(v) => format!("F32 {v}"),
-            Value::F64(v) => format!("F64 {v}"),
-            Value::Bool(v) => format!("BOOL {v}"),
         }
     }
 }
@@ -223,12 +200,284 @@ impl Backing {
     }
 }
 
-/// A parsed GGUF file; tensor data stays in the mapping.
+/// A parsed metadata value, borrowed from its file: scalars by value, strings as
+/// text (borrowed when the bytes are valid UTF-8, else decoded lossily), arrays as
+/// views of the file's bytes.
+#[derive(Clone, Debug)]
+pub enum ValueRef<'a> {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    Str(Cow<'a, str>),
+    Array(ArrayRef<'a>),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+impl<'a> ValueRef<'a> {
+    fn scalar(v: &'a Value) -> ValueRef<'a> {
+        match v {
+            Value::U8(x) => ValueRef::U8(*x),
+            Value::I8(x) => ValueRef::I8(*x),
+            Value::U16(x) => ValueRef::U16(*x),
+            Value::I16(x) => ValueRef::I16(*x),
+            Value::U32(x) => ValueRef::U32(*x),
+            Value::I32(x) => ValueRef::I32(*x),
+            Value::F32(x) => ValueRef::F32(*x),
+            Value::Bool(x) => ValueRef::Bool(*x),
+            Value::Str(x) => ValueRef::Str(Cow::Borrowed(x)),
+            Value::U64(x) => ValueRef::U64(*x),
+            Value::I64(x) => ValueRef::I64(*x),
+            Value::F64(x) => ValueRef::F64(*x),
+            // Never stored: parsed arrays are views.
+            Value::Array(_) => ValueRef::Array(ArrayRef::EMPTY),
+        }
+    }
+
+    /// The GGUF value type id.
+    pub fn type_id(&self) -> u32 {
+        match self {
+            ValueRef::U8(_) => GGUF_TYPE_U8,
+            ValueRef::I8(_) => GGUF_TYPE_I8,
+            ValueRef::U16(_) => GGUF_TYPE_U16,
+            ValueRef::I16(_) => GGUF_TYPE_I16,
+            ValueRef::U32(_) => GGUF_TYPE_U32,
+            ValueRef::I32(_) => GGUF_TYPE_I32,
+            ValueRef::F32(_) => GGUF_TYPE_F32,
+            ValueRef::Bool(_) => GGUF_TYPE_BOOL,
+            ValueRef::Str(_) => GGUF_TYPE_STRING,
+            ValueRef::Array(_) => GGUF_TYPE_ARRAY,
+            ValueRef::U64(_) => GGUF_TYPE_U64,
+            ValueRef::I64(_) => GGUF_TYPE_I64,
+            ValueRef::F64(_) => GGUF_TYPE_F64,
+        }
+    }
+
+    /// The type's name, e.g. "U32", "ARRAY".
+    pub fn type_name(&self) -> &'static str {
+        value_type_name(self.type_id()).unwrap_or("?")
+    }
+
+    /// The value as a u64 if it is an integer >= 0.
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            ValueRef::U8(v) => Some(v as u64),
+            ValueRef::U16(v) => Some(v as u64),
+            ValueRef::U32(v) => Some(v as u64),
+            ValueRef::U64(v) => Some(v),
+            ValueRef::I8(v) => u64::try_from(v).ok(),
+            ValueRef::I16(v) => u64::try_from(v).ok(),
+            ValueRef::I32(v) => u64::try_from(v).ok(),
+            ValueRef::I64(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    /// The value as an i64 if it is an integer in i64's range.
+    pub fn as_i64(&self) -> Option<i64> {
+        match *self {
+            ValueRef::U8(v) => Some(v as i64),
+            ValueRef::U16(v) => Some(v as i64),
+            ValueRef::U32(v) => Some(v as i64),
+            ValueRef::U64(v) => i64::try_from(v).ok(),
+            ValueRef::I8(v) => Some(v as i64),
+            ValueRef::I16(v) => Some(v as i64),
+            ValueRef::I32(v) => Some(v as i64),
+            ValueRef::I64(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    fn is_int(&self) -> bool {
+        self.as_i64().is_some() || matches!(self, ValueRef::U64(_))
+    }
+
+    /// A short description for error messages: type and (for scalars) value.
+    pub fn describe(&self) -> String {
+        match self {
+            ValueRef::Str(s) if s.len() > 40 => format!("STRING of {} bytes", s.len()),
+            ValueRef::Str(s) => format!("STRING {s:?}"),
+            ValueRef::Array(a) => format!("ARRAY of {} elements", a.len()),
+            ValueRef::U8(v) => format!("U8 {v}"),
+            ValueRef::I8(v) => format!("I8 {v}"),
+            ValueRef::U16(v) => format!("U16 {v}"),
+            ValueRef::I16(v) => format!("I16 {v}"),
+            ValueRef::U32(v) => format!("U32 {v}"),
+            ValueRef::I32(v) => format!("I32 {v}"),
+            ValueRef::U64(v) => format!("U64 {v}"),
+            ValueRef::I64(v) => format!("I64 {v}"),
+            ValueRef::F32(v) => format!("F32 {v}"),
+            ValueRef::F64(v) => format!("F64 {v}"),
+            ValueRef::Bool(v) => format!("BOOL {v}"),
+        }
+    }
+
+    /// An owned copy (arrays copied element by element: 32 bytes each, so only for
+    /// values known to be small, e.g. in tests or when rewriting a file).
+    pub fn to_value(&self) -> Value {
+        match self {
+            ValueRef::U8(x) => Value::U8(*x),
+            ValueRef::I8(x) => Value::I8(*x),
+            ValueRef::U16(x) => Value::U16(*x),
+            ValueRef::I16(x) => Value::I16(*x),
+            ValueRef::U32(x) => Value::U32(*x),
+            ValueRef::I32(x) => Value::I32(*x),
+            ValueRef::F32(x) => Value::F32(*x),
+            ValueRef::Bool(x) => Value::Bool(*x),
+            ValueRef::Str(x) => Value::Str(x.to_string()),
+            ValueRef::Array(a) => Value::Array(a.iter().map(|v| v.to_value()).collect()),
+            ValueRef::U64(x) => Value::U64(*x),
+            ValueRef::I64(x) => Value::I64(*x),
+            ValueRef::F64(x) => Value::F64(*x),
+        }
+    }
+}
+
+/// A metadata array as a view of the file: element type, count and where its
+/// elements are; elements are decoded when read (validated at parse, so reading
+/// never fails; a view that does not come from a parse reads as empty).
+#[derive(Clone, Copy, Debug)]
+pub struct ArrayRef<'a> {
+    et: u32,
+    n: usize,
+    /// The whole file.
+    file: &'a [u8],
+    /// Offset of the first element (fixed-size element types).
+    at: usize,
+    /// The file's element index (string and array element types).
+    index: &'a [u64],
+    /// Where this array's entries start in `index`.
+    start: usize,
+}
+
+impl<'a> ArrayRef<'a> {
+    const EMPTY: ArrayRef<'static> = ArrayRef { et: GGUF_TYPE_U8, n: 0, file: &[], at: 0, index: &[], start: 0 };
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// The GGUF type id of the elements.
+    pub fn elem_type(&self) -> u32 {
+        self.et
+    }
+
+    /// The elements' type name, e.g. "STRING".
+    pub fn elem_type_name(&self) -> &'static str {
+        value_type_name(self.et).unwrap_or("?")
+    }
+
+    fn bytes<const N: usize>(&self, off: usize) -> [u8; N] {
+        let mut a = [0u8; N];
+        if let Some(s) = off.checked_add(N).and_then(|e| self.file.get(off..e)) {
+            a.copy_from_slice(s);
+        }
+        a
+    }
+
+    /// Element `i` (None past the end).
+    pub fn get(&self, i: usize) -> Option<ValueRef<'a>> {
+        if i >= self.n {
+            return None;
+        }
+        let size = fixed_size(self.et);
+        let off = self.at.wrapping_add(i.wrapping_mul(size));
+        Some(match self.et {
+            GGUF_TYPE_U8 => ValueRef::U8(u8::from_le_bytes(self.bytes(off))),
+            GGUF_TYPE_I8 => ValueRef::I8(i8::from_le_bytes(self.bytes(off))),
+            GGUF_TYPE_U16 => ValueRef::U16(u16::from_le_bytes(self.bytes(off))),
+            GGUF_TYPE_I16 => ValueRef::I16(i16::from_le_bytes(self.bytes(off))),
+            GGUF_TYPE_U32 => ValueRef::U32(u32::from_le_bytes(self.bytes(off))),
+            GGUF_TYPE_I32 => ValueRef::I32(i32::from_le_bytes(self.bytes(off))),
+            GGUF_TYPE_F32 => ValueRef::F32(f32::from_le_bytes(self.bytes(off))),
+            GGUF_TYPE_U64 => ValueRef::U64(u64::from_le_bytes(self.bytes(off))),
+            GGUF_TYPE_I64 => ValueRef::I64(i64::from_le_bytes(self.bytes(off))),
+            GGUF_TYPE_F64 => ValueRef::F64(f64::from_le_bytes(self.bytes(off))),
+            GGUF_TYPE_BOOL => ValueRef::Bool(self.bytes::<1>(off)[0] != 0),
+            GGUF_TYPE_STRING => {
+                let o = self.index.get(self.start.wrapping_add(i)).copied().unwrap_or(u64::MAX) as usize;
+                ValueRef::Str(String::from_utf8_lossy(str_at(self.file, o)))
+            }
+            GGUF_TYPE_ARRAY => {
+                let k = self.start.wrapping_add(2 * i);
+                let o = self.index.get(k).copied().unwrap_or(u64::MAX) as usize;
+                let start = self.index.get(k + 1).copied().unwrap_or(0) as usize;
+                let et = u32::from_le_bytes(self.bytes(o));
+                let n = u64::from_le_bytes(self.bytes(o.wrapping_add(4))) as usize;
+                ValueRef::Array(ArrayRef { et, n, file: self.file, at: o.wrapping_add(12), index: self.index, start })
+            }
+            _ => return None,
+        })
+    }
+
+    /// The elements in order.
+    pub fn iter(&self) -> impl Iterator<Item = ValueRef<'a>> + '_ {
+        (0..self.n).map_while(|i| self.get(i))
+    }
+}
+
+/// The bytes of the length-prefixed string at `off` of `file` (validated at parse;
+/// empty if not).
+fn str_at(file: &[u8], off: usize) -> &[u8] {
+    let len = off.checked_add(8).and_then(|e| file.get(off..e)).map(|b| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        u64::from_le_bytes(a)
+    });
+    let body = off.checked_add(8);
+    match (len, body) {
+        (Some(len), Some(b)) => usize::try_from(len).ok().and_then(|n| b.checked_add(n)).and_then(|e| file.get(b..e)),
+        _ => None,
+    }
+    .unwrap_or(&[])
+}
+
+/// Encoded size of a fixed-size element type (0 for strings and arrays).
+fn fixed_size(t: u32) -> usize {
+    match t {
+        GGUF_TYPE_U8 | GGUF_TYPE_I8 | GGUF_TYPE_BOOL => 1,
+        GGUF_TYPE_U16 | GGUF_TYPE_I16 => 2,
+        GGUF_TYPE_U32 | GGUF_TYPE_I32 | GGUF_TYPE_F32 => 4,
+        GGUF_TYPE_U64 | GGUF_TYPE_I64 | GGUF_TYPE_F64 => 8,
+        _ => 0,
+    }
+}
+
+/// A parsed array: where it is (see [`ArrayRef`]).
+#[derive(Clone, Copy, Debug)]
+struct ArrayAt {
+    et: u32,
+    n: usize,
+    at: usize,
+    start: usize,
+}
+
+/// A parsed metadata value as stored: a scalar (never `Value::Array`) or an array view.
+#[derive(Clone, Debug)]
+enum Stored {
+    Scalar(Value),
+    Array(ArrayAt),
+}
+
+/// A parsed GGUF file; tensor data stays in the mapping, metadata arrays too.
 pub struct Gguf {
     pub path: PathBuf,
     pub version: u32,
     pub alignment: u64,
-    pub metadata: Vec<(String, Value)>,
+    metadata: Vec<(String, Stored)>,
+    /// Element offsets of string and array arrays (see [`ArrayRef`]).
+    index: Vec<u64>,
     pub tensors: Vec<TensorInfo>,
     /// Absolute file offset of the data section.
     pub data_start: u64,
@@ -301,12 +550,47 @@ impl Gguf {
         }
     }
 
-    /// A metadata value by key.
-    pub fn get(&self, key: &str) -> Option<&Value> {
-        self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    fn view<'a>(&'a self, v: &'a Stored) -> ValueRef<'a> {
+        match v {
+            Stored::Scalar(v) => ValueRef::scalar(v),
+            Stored::Array(a) => ValueRef::Array(ArrayRef {
+                et: a.et,
+                n: a.n,
+                file: self.bytes(),
+                at: a.at,
+                index: &self.index,
+                start: a.start,
+            }),
+        }
     }
 
-    fn wrong_type(&self, key: &str, v: &Value, want: &str) -> Error {
+    /// A metadata value by key.
+    pub fn get(&self, key: &str) -> Option<ValueRef<'_>> {
+        self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| self.view(v))
+    }
+
+    /// Number of metadata entries.
+    pub fn n_metadata(&self) -> usize {
+        self.metadata.len()
+    }
+
+    /// The metadata keys in file order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> + '_ {
+        self.metadata.iter().map(|(k, _)| k.as_str())
+    }
+
+    /// The metadata entries in file order, as views.
+    pub fn entries(&self) -> impl Iterator<Item = (&str, ValueRef<'_>)> + '_ {
+        self.metadata.iter().map(|(k, v)| (k.as_str(), self.view(v)))
+    }
+
+    /// An owned copy of all metadata (32 bytes per array element: for tests and for
+    /// rewriting small files, not for untrusted input of any size).
+    pub fn metadata(&self) -> Vec<(String, Value)> {
+        self.entries().map(|(k, v)| (k.to_string(), v.to_value())).collect()
+    }
+
+    fn wrong_type(&self, key: &str, v: &ValueRef<'_>, want: &str) -> Error {
         Error::bad_model(format!(
             "{}: metadata key '{}' is {}, expected {}",
             self.path.display(),
@@ -316,11 +600,18 @@ impl Gguf {
         ))
     }
 
+    fn scalar(&self, key: &str) -> Option<(&Value, ValueRef<'_>)> {
+        self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| match v {
+            Stored::Scalar(s) => (s, self.view(v)),
+            Stored::Array(_) => (&NOT_SCALAR, self.view(v)),
+        })
+    }
+
     /// An integer value >= 0 of any integer type; `Ok(None)` when absent.
     pub fn get_u64(&self, key: &str) -> Result<Option<u64>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| self.wrong_type(key, v, "a non-negative integer")),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| self.wrong_type(key, &v, "a non-negative integer")),
         }
     }
 
@@ -332,7 +623,7 @@ impl Gguf {
                 .as_u64()
                 .and_then(|x| u32::try_from(x).ok())
                 .map(Some)
-                .ok_or_else(|| self.wrong_type(key, v, "an integer in 0..=4294967295")),
+                .ok_or_else(|| self.wrong_type(key, &v, "an integer in 0..=4294967295")),
         }
     }
 
@@ -340,25 +631,25 @@ impl Gguf {
     pub fn get_f32(&self, key: &str) -> Result<Option<f32>> {
         match self.get(key) {
             None => Ok(None),
-            Some(Value::F32(x)) => Ok(Some(*x)),
-            Some(Value::F64(x)) => Ok(Some(*x as f32)),
-            Some(v @ (Value::U64(_) | Value::U32(_) | Value::U16(_) | Value::U8(_))) => {
+            Some(ValueRef::F32(x)) => Ok(Some(x)),
+            Some(ValueRef::F64(x)) => Ok(Some(x as f32)),
+            Some(v @ (ValueRef::U64(_) | ValueRef::U32(_) | ValueRef::U16(_) | ValueRef::U8(_))) => {
                 Ok(v.as_u64().map(|x| x as f32))
             }
-            Some(Value::I8(x)) => Ok(Some(*x as f32)),
-            Some(Value::I16(x)) => Ok(Some(*x as f32)),
-            Some(Value::I32(x)) => Ok(Some(*x as f32)),
-            Some(Value::I64(x)) => Ok(Some(*x as f32)),
-            Some(v) => Err(self.wrong_type(key, v, "a number")),
+            Some(ValueRef::I8(x)) => Ok(Some(x as f32)),
+            Some(ValueRef::I16(x)) => Ok(Some(x as f32)),
+            Some(ValueRef::I32(x)) => Ok(Some(x as f32)),
+            Some(ValueRef::I64(x)) => Ok(Some(x as f32)),
+            Some(v) => Err(self.wrong_type(key, &v, "a number")),
         }
     }
 
     /// A string value.
     pub fn get_str(&self, key: &str) -> Result<Option<&str>> {
-        match self.get(key) {
+        match self.scalar(key) {
             None => Ok(None),
-            Some(Value::Str(s)) => Ok(Some(s)),
-            Some(v) => Err(self.wrong_type(key, v, "a STRING")),
+            Some((Value::Str(s), _)) => Ok(Some(s)),
+            Some((_, v)) => Err(self.wrong_type(key, &v, "a STRING")),
         }
     }
 
@@ -366,8 +657,8 @@ impl Gguf {
     pub fn get_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(self.wrong_type(key, v, "a BOOL")),
+            Some(ValueRef::Bool(b)) => Ok(Some(b)),
+            Some(v) => Err(self.wrong_type(key, &v, "a BOOL")),
         }
     }
 
@@ -388,6 +679,9 @@ impl Gguf {
         out.unwrap_or(&[])
     }
 }
+
+/// What [`Gguf::scalar`] answers for an array (never a string).
+static NOT_SCALAR: Value = Value::Bool(false);
 
 pub(crate) fn check_regular(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
     if meta.is_dir() {
@@ -475,7 +769,8 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn value(&mut self, t: u32, depth: usize, budget: &mut u64, what: &dyn Fn() -> String) -> Result<Value> {
+    /// A scalar value of type `t` (not an array).
+    fn scalar(&mut self, t: u32, what: &dyn Fn() -> String) -> Result<Value> {
         Ok(match t {
             GGUF_TYPE_U8 => Value::U8(u8::from_le_bytes(self.arr(what)?)),
             GGUF_TYPE_I8 => Value::I8(i8::from_le_bytes(self.arr(what)?)),
@@ -499,50 +794,99 @@ impl<'a> Reader<'a> {
                 let (_, b) = self.str_bytes(what)?;
                 Value::Str(String::from_utf8_lossy(b).into_owned())
             }
-            GGUF_TYPE_ARRAY => {
-                let at = self.pos;
-                if depth >= MAX_ARRAY_DEPTH {
-                    return Err(
-                        self.err(at, format_args!("{} nests arrays deeper than {} levels", what(), MAX_ARRAY_DEPTH))
-                    );
-                }
-                let et = self.u32(&|| format!("the element type of {}", what()))?;
-                let min = match min_value_size(et) {
-                    Some(m) => m,
-                    None => return Err(self.err(at, format_args!("{} has unknown element type id {}", what(), et))),
-                };
-                let n = self.u64(&|| format!("the element count of {}", what()))?;
-                let left = self.left() as u64;
-                match n.checked_mul(min) {
-                    Some(need) if need <= left => {}
-                    _ => {
-                        return Err(self.truncated(format_args!("at least {} x {}", n, min), &|| {
-                            format!("{} ({} elements of type {})", what(), n, value_type_name(et).unwrap_or("?"))
-                        }))
-                    }
-                }
-                if n > *budget {
-                    return Err(self.err(
-                        self.pos,
-                        format_args!(
-                            "{} has {} elements; more than {} array elements in one file are not accepted",
-                            what(),
-                            n,
-                            MAX_ARRAY_ELEMS
-                        ),
-                    ));
-                }
-                *budget -= n;
-                // n <= left / min <= file length: bounded by the input.
-                let mut v = Vec::with_capacity(n as usize);
-                for i in 0..n {
-                    let sub = || format!("element {} of {}", i, what());
-                    v.push(self.value(et, depth + 1, budget, &sub)?);
-                }
-                Value::Array(v)
-            }
             _ => return Err(self.err(self.pos, format_args!("{} has unknown value type id {}", what(), t))),
         })
+    }
+
+    /// Room for `n` more entries in the element index, or LLMRT_OUT_OF_MEMORY.
+    fn index_room(&self, index: &mut Vec<u64>, n: usize, what: &dyn Fn() -> String) -> Result<()> {
+        index.try_reserve(n).map_err(|_| {
+            Error::out_of_memory(format!(
+                "{}: cannot allocate the element index of {} ({} bytes)",
+                self.name,
+                what(),
+                index.len().saturating_add(n).saturating_mul(8)
+            ))
+        })
+    }
+
+    /// An array (the reader is past its value type): validates every element and
+    /// records where they are, copying nothing but one index entry per string or
+    /// array element (two for an array: its offset and where its entries start).
+    fn array(
+        &mut self,
+        depth: usize,
+        budget: &mut u64,
+        index: &mut Vec<u64>,
+        what: &dyn Fn() -> String,
+    ) -> Result<ArrayAt> {
+        let at = self.pos;
+        if depth >= MAX_ARRAY_DEPTH {
+            return Err(self.err(at, format_args!("{} nests arrays deeper than {} levels", what(), MAX_ARRAY_DEPTH)));
+        }
+        let et = self.u32(&|| format!("the element type of {}", what()))?;
+        let min = match min_value_size(et) {
+            Some(m) => m,
+            None => return Err(self.err(at, format_args!("{} has unknown element type id {}", what(), et))),
+        };
+        let n = self.u64(&|| format!("the element count of {}", what()))?;
+        let left = self.left() as u64;
+        match n.checked_mul(min) {
+            Some(need) if need <= left => {}
+            _ => {
+                return Err(self.truncated(format_args!("at least {} x {}", n, min), &|| {
+                    format!("{} ({} elements of type {})", what(), n, value_type_name(et).unwrap_or("?"))
+                }))
+            }
+        }
+        if n > *budget {
+            return Err(self.err(
+                self.pos,
+                format_args!(
+                    "{} has {} elements; more than {} array elements in one file are not accepted",
+                    what(),
+                    n,
+                    MAX_ARRAY_ELEMS
+                ),
+            ));
+        }
+        *budget -= n;
+        // n <= left / min <= file length: fits in usize.
+        let n = n as usize;
+        let first = self.pos;
+        let start = index.len();
+        match et {
+            GGUF_TYPE_STRING => {
+                self.index_room(index, n, what)?;
+                for i in 0..n {
+                    index.push(self.pos as u64);
+                    self.str_bytes(&|| format!("element {} of {}", i, what()))?;
+                }
+            }
+            GGUF_TYPE_ARRAY => {
+                self.index_room(index, 2 * n, what)?;
+                index.resize(start + 2 * n, 0);
+                for i in 0..n {
+                    index[start + 2 * i] = self.pos as u64;
+                    let sub = self.array(depth + 1, budget, index, &|| format!("element {} of {}", i, what()))?;
+                    index[start + 2 * i + 1] = sub.start as u64;
+                }
+            }
+            GGUF_TYPE_BOOL => {
+                let b = self.take(n, what)?;
+                if let Some(i) = b.iter().position(|&x| x > 1) {
+                    return Err(self.err(
+                        first + i,
+                        format_args!("element {} of {} is BOOL but holds {} (expected 0 or 1)", i, what(), b[i]),
+                    ));
+                }
+            }
+            _ => {
+                // Fixed size: n * min <= left was checked above.
+                self.take(n * min as usize, what)?;
+            }
+        }
+        Ok(ArrayAt { et, n, at: first, start })
     }
 }
 
@@ -593,7 +937,7 @@ fn parse(backing: Backing, path: PathBuf) -> Result<Gguf> {
     let kv_cap = n_kv.min(left / MIN_KV) as usize;
     let tensor_cap = n_tensors.min(left / MIN_TENSOR) as usize;
     let body = parse_body(&mut r, n_kv, n_tensors, kv_cap, tensor_cap);
-    let (metadata, alignment, tensors, data_start) = match (body, note) {
+    let (metadata, index, alignment, tensors, data_start) = match (body, note) {
         (Ok(b), _) => b,
         (Err(e), None) => return Err(e),
         (Err(mut e), Some(note)) => {
@@ -601,17 +945,18 @@ fn parse(backing: Backing, path: PathBuf) -> Result<Gguf> {
             return Err(e);
         }
     };
-    Ok(Gguf { path, version, alignment, metadata, tensors, data_start, backing })
+    Ok(Gguf { path, version, alignment, metadata, index, tensors, data_start, backing })
 }
 
-type Body = (Vec<(String, Value)>, u64, Vec<TensorInfo>, u64);
+type Body = (Vec<(String, Stored)>, Vec<u64>, u64, Vec<TensorInfo>, u64);
 
 fn parse_body(r: &mut Reader<'_>, n_kv: u64, n_tensors: u64, kv_cap: usize, tensor_cap: usize) -> Result<Body> {
     let name_owned = r.name;
     let b = r.b;
     // Metadata.
     let mut budget = MAX_ARRAY_ELEMS;
-    let mut metadata: Vec<(String, Value)> = Vec::with_capacity(kv_cap);
+    let mut metadata: Vec<(String, Stored)> = Vec::with_capacity(kv_cap);
+    let mut index: Vec<u64> = Vec::new();
     let mut keys: HashSet<String> = HashSet::with_capacity(kv_cap);
     for i in 0..n_kv {
         let key_at = r.pos + 8;
@@ -620,7 +965,12 @@ fn parse_body(r: &mut Reader<'_>, n_kv: u64, n_tensors: u64, kv_cap: usize, tens
             return Err(r.err(key_at, format_args!("duplicate metadata key '{key}' (entry #{i})")));
         }
         let ty = r.u32(&|| format!("the value type of metadata key #{i} '{key}'"))?;
-        let value = r.value(ty, 0, &mut budget, &|| format!("the value of metadata key #{i} '{key}'"))?;
+        let what = || format!("the value of metadata key #{i} '{key}'");
+        let value = if ty == GGUF_TYPE_ARRAY {
+            Stored::Array(r.array(0, &mut budget, &mut index, &what)?)
+        } else {
+            Stored::Scalar(r.scalar(ty, &what)?)
+        };
         keys.insert(key.clone());
         metadata.push((key, value));
     }
@@ -628,6 +978,10 @@ fn parse_body(r: &mut Reader<'_>, n_kv: u64, n_tensors: u64, kv_cap: usize, tens
     // Alignment.
     let mut alignment = DEFAULT_ALIGNMENT;
     if let Some((_, v)) = metadata.iter().find(|(k, _)| k == "general.alignment") {
+        let v = match v {
+            Stored::Scalar(v) => ValueRef::scalar(v),
+            Stored::Array(a) => ValueRef::Array(ArrayRef { n: a.n, ..ArrayRef::EMPTY }),
+        };
         match v.as_u64() {
             Some(a) if a != 0 && a.is_power_of_two() => alignment = a,
             _ => {
@@ -736,7 +1090,7 @@ fn parse_body(r: &mut Reader<'_>, n_kv: u64, n_tensors: u64, kv_cap: usize, tens
         }
     }
 
-    Ok((metadata, alignment, tensors, data_start))
+    Ok((metadata, index, alignment, tensors, data_start))
 }
 
 #[cfg(test)]
