@@ -67,11 +67,16 @@ fn files(f: &Fixture) -> Vec<(&'static str, PathBuf)> {
 /// cuBLAS rounding up to 1.6e-3 (f16/q8_0 files), and 1.2e-3 between a GEMV and a cuBLAS
 /// prefill of the same positions (the truncate test). So 1e-3 for f32 files was too tight.
 /// Real bugs (RoPE pairing, positions, GQA mapping, KV layout) give errors of 1e-1 and up.
+/// Q8_0 files differ more: the CPU rounds activations to 8 bits for quantized weights (its
+/// own error against float64 on this fixture is up to 2.83e-2, tests/reference_parity.rs),
+/// the device does not, so the two differ by up to about the CPU's own error: the
+/// emulated device (docs/CUDA-EMULATOR.md) measured up to 2.86e-2 (prefill row 11), the
+/// same with GEMV kernels only. The estimate above had left that rounding out.
 fn bound(ty: &str) -> f64 {
-    if ty == "f32" {
-        2e-3
-    } else {
-        1e-2
+    match ty {
+        "f32" => 2e-3,
+        "q8_0" => 4e-2,
+        _ => 1e-2,
     }
 }
 

@@ -36,7 +36,26 @@ for cu in "$kdir"/*.cu; do
     done
     echo "    emu::KernelDef{nullptr, nullptr, 0, nullptr, nullptr, 0}};"
     printf 'static const char %s_src[] = R"EMU_SOURCE_TEXT(' "$ns"
-    cat "$cu"
+    # The text the runner hands NVRTC: load.rs's expand_includes, which splices each
+    # kernels/*.cuh a source #includes (once, between #line markers).
+    awk -v stem="$stem" -v kdir="$kdir" '
+      { t = $0; gsub(/^[ \t]+|[ \t]+$/, "", t) }
+      t ~ /^#include[ \t]*"/ {
+        name = t; sub(/^#include[ \t]*"/, "", name); sub(/".*/, "", name)
+        f = kdir "/" name
+        if (name ~ /\.cuh$/ && (getline l < f) > 0) {
+          if (!(name in done)) {
+            done[name] = 1
+            print "#line 1 \"" name "\""
+            print l
+            while ((getline l < f) > 0) print l
+          }
+          close(f)
+          print "#line " (NR + 1) " \"" stem ".cu\""
+          next
+        }
+      }
+      { print }' "$cu"
     echo ')EMU_SOURCE_TEXT";'
     echo "static const emu::ModuleDef ${ns}_mod = {\"$stem\", ${ns}_src, sizeof(${ns}_src) - 1, ${ns}_defs,"
     echo "                                           sizeof(${ns}_defs) / sizeof(${ns}_defs[0]) - 1};"
