@@ -345,7 +345,7 @@ unsafe fn qgroup<const T: u8>(p: *const u8, g: usize, lv: __m256i) -> __m256i {
             T_Q4_K | T_Q5_K => {
                 let qs_off = if T == T_Q4_K { 16 } else { 48 };
                 let v = _mm256_loadu_si256(p.add(qs_off + 32 * (g / 2)) as *const __m256i);
-                let q = if g % 2 == 0 { v } else { _mm256_srli_epi16::<4>(v) };
+                let q = if g.is_multiple_of(2) { v } else { _mm256_srli_epi16::<4>(v) };
                 let q = _mm256_and_si256(q, m4);
                 if T == T_Q5_K {
                     _mm256_or_si256(q, hbit(_mm256_loadu_si256(p.add(16) as *const __m256i), g, 0x10))
