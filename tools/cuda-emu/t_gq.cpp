@@ -60,15 +60,17 @@ static void check(const char* name, Embed embed, Dequant dequant, Gemv gemv) {
   if (bad) fails++;
 
   // dequant to f16: all blocks as one [nblk][QK] matrix.
-  std::vector<__half> deq(want.size(), __half{0x7e00});
+  std::vector<__half> deq(want.size(), __ushort_as_half(0x7e00));
   launch({3, 1, 1}, {256}, [&] { dequant(blocks.data(), deq.data(), nblk, T::QK); });
   bad = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     _Float16 h = (_Float16)want[i];
     uint16_t wb;
     std::memcpy(&wb, &h, 2);
+    uint16_t gb;
+    std::memcpy(&gb, &deq[i], 2);
     const bool nan = std::isnan(want[i]);
-    if (nan ? !std::isnan(__half2float(deq[i])) : deq[i].b != wb) bad++;
+    if (nan ? !std::isnan(__half2float(deq[i])) : gb != wb) bad++;
   }
   printf("%-8s dequant %3d blocks: %s (%zu differ)\n", name, nblk, bad ? "DIFFER" : "bit-identical", bad);
   if (bad) fails++;
