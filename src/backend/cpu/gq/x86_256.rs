@@ -135,8 +135,9 @@ unsafe fn gemm_t<const T: u8>(w: &[u8], row_bytes: usize, nrows: usize, a: &QAct
     let ub = if small { U * block_bytes(T) } else { block_bytes(T) };
     let tc = token_chunk(t, cols).min(TC);
     assert!(w.len() >= nrows * row_bytes && a.qs.len() >= t * cols && a.d.len() >= t * groups);
+    assert!(a.sums.len() >= t * groups);
     let need = if small { groups * block_bytes(T) } else { cols / 256 * block_bytes(T) };
-    assert!(out.len() >= nrows * t && row_bytes >= need && (small || cols % 256 == 0));
+    assert!(out.len() >= nrows * t && row_bytes >= need && (small || cols.is_multiple_of(256)));
     let zi = _mm256_setzero_si256();
     let zf = _mm256_setzero_ps();
     let mut un = Unit { q: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2] };
@@ -167,9 +168,10 @@ unsafe fn gemm_t<const T: u8>(w: &[u8], row_bytes: usize, nrows: usize, a: &QAct
                     scales::<T>(&bp, ng, &mut un);
                     let xq = a.qs.as_ptr().add(c0 * cols + u * U * GROUP);
                     let xd = a.d.as_ptr().add(c0 * groups + u * U);
+                    let xs = a.sums.as_ptr().add(c0 * groups + u * U);
                     if ct == 1 {
                         // Decode: each group straight from the weights into the dot product.
-                        acc[0] = dot_unit::<T>(&un, |g, r| qgroup::<T>(bp[r], g, lv), ng, xq, xd, acc[0]);
+                        acc[0] = dot_unit::<T>(&un, |g, r| qgroup::<T>(bp[r], g, lv), ng, xq, xd, xs, acc[0]);
                     } else {
                         for g in 0..ng {
                             for r in 0..R {
@@ -178,8 +180,8 @@ unsafe fn gemm_t<const T: u8>(w: &[u8], row_bytes: usize, nrows: usize, a: &QAct
                         }
                         let qv = &un.q;
                         for c in 0..ct {
-                            let (xq, xd) = (xq.add(c * cols), xd.add(c * groups));
-                            acc[c] = dot_unit::<T>(&un, |g, r| qv[g][r], ng, xq, xd, acc[c]);
+                            let (xq, xd, xs) = (xq.add(c * cols), xd.add(c * groups), xs.add(c * groups));
+                            acc[c] = dot_unit::<T>(&un, |g, r| qv[g][r], ng, xq, xd, xs, acc[c]);
                         }
                     }
                 }
@@ -345,7 +347,7 @@ unsafe fn qgroup<const T: u8>(p: *const u8, g: usize, lv: __m256i) -> __m256i {
             T_Q4_K | T_Q5_K => {
                 let qs_off = if T == T_Q4_K { 16 } else { 48 };
                 let v = _mm256_loadu_si256(p.add(qs_off + 32 * (g / 2)) as *const __m256i);
-                let q = if g % 2 == 0 { v } else { _mm256_srli_epi16::<4>(v) };
+                let q = if g.is_multiple_of(2) { v } else { _mm256_srli_epi16::<4>(v) };
                 let q = _mm256_and_si256(q, m4);
                 if T == T_Q5_K {
                     _mm256_or_si256(q, hbit(_mm256_loadu_si256(p.add(16) as *const __m256i), g, 0x10))
@@ -489,7 +491,8 @@ unsafe fn scales<const T: u8>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
 
 /// The `ng` groups of `un` (its scales; the integers of group `g` of row `r` from
 /// `q(g, r)`) times one token's activation groups (`xq`: `32 * ng` values, `xd`:
-/// `ng` scales), added to `acc` (row `r` in lane `r`) in the group order.
+/// `ng` scales, `xs`: their `ng` sums, which types with one scale per 32 take as
+/// `bsum`; the per-16 types sum the halves here), added to `acc` (row `r` in lane `r`) in the group order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_unit<const T: u8>(
@@ -498,6 +501,7 @@ unsafe fn dot_unit<const T: u8>(
     ng: usize,
     xq: *const i8,
     xd: *const f32,
+    xs: *const i32,
     mut acc: __m256,
 ) -> __m256 {
     let ones16 = _mm256_set1_epi16(1);
@@ -522,7 +526,7 @@ unsafe fn dot_unit<const T: u8>(
         // Row r's half sums in lane r.
         let i0 = _mm256_permute2x128_si256::<0x20>(a, b);
         let i1 = _mm256_permute2x128_si256::<0x31>(a, b);
-        let (bs0, bs1) = if need_bsum {
+        let (bs0, bs1) = if need_bsum && halves(T) {
             let xs = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16);
             let s = _mm256_hadd_epi32(xs, xs);
             let s = _mm256_hadd_epi32(s, s);
@@ -546,7 +550,8 @@ unsafe fn dot_unit<const T: u8>(
                 acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[1][g]), _mm256_cvtepi32_ps(bs1), acc);
             }
         } else {
-            let bs = _mm256_add_epi32(bs0, bs1);
+            // SAFETY: `ng` sums at `xs` (the caller's contract).
+            let bs = if need_bsum { _mm256_set1_epi32(unsafe { *xs.add(g) }) } else { _mm256_add_epi32(bs0, bs1) };
             let mut i = _mm256_add_epi32(i0, i1);
             if bias(T) != 0 {
                 i = _mm256_sub_epi32(i, _mm256_mullo_epi32(bs, vbias));
