@@ -68,6 +68,18 @@ const fn bias(t: u8) -> i32 {
     }
 }
 
+/// `v * bias(T)` (a power of two: a shift).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn times_bias<const T: u8>(v: __m256i) -> __m256i {
+    match bias(T) {
+        4 => _mm256_slli_epi32::<2>(v),
+        16 => _mm256_slli_epi32::<4>(v),
+        32 => _mm256_slli_epi32::<5>(v),
+        _ => unreachable!(),
+    }
+}
+
 /// Signed integers (the IQ4 levels), multiplied with the sign trick.
 const fn signed(t: u8) -> bool {
     matches!(t, T_IQ4_NL | T_IQ4_XS)
@@ -507,7 +519,6 @@ unsafe fn dot_unit<const T: u8>(
     let ones16 = _mm256_set1_epi16(1);
     let ones8 = _mm256_set1_epi8(1);
     let need_bsum = offset(T) || bias(T) != 0;
-    let vbias = _mm256_set1_epi32(bias(T));
     for g in 0..ng {
         // SAFETY: the caller passes `32 * ng` values at `xq` and `ng` scales at `xd`.
         let (x, dx) = unsafe { (_mm256_loadu_si256(xq.add(GROUP * g) as *const __m256i), _mm256_set1_ps(*xd.add(g))) };
@@ -537,8 +548,8 @@ unsafe fn dot_unit<const T: u8>(
         if halves(T) {
             let (i0, i1) = if bias(T) != 0 {
                 (
-                    _mm256_sub_epi32(i0, _mm256_mullo_epi32(bs0, vbias)),
-                    _mm256_sub_epi32(i1, _mm256_mullo_epi32(bs1, vbias)),
+                    _mm256_sub_epi32(i0, times_bias::<T>(bs0)),
+                    _mm256_sub_epi32(i1, times_bias::<T>(bs1)),
                 )
             } else {
                 (i0, i1)
@@ -554,7 +565,7 @@ unsafe fn dot_unit<const T: u8>(
             let bs = if need_bsum { _mm256_set1_epi32(unsafe { *xs.add(g) }) } else { _mm256_add_epi32(bs0, bs1) };
             let mut i = _mm256_add_epi32(i0, i1);
             if bias(T) != 0 {
-                i = _mm256_sub_epi32(i, _mm256_mullo_epi32(bs, vbias));
+                i = _mm256_sub_epi32(i, times_bias::<T>(bs));
             }
             acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[0][g]), _mm256_cvtepi32_ps(i), acc);
             if offset(T) {
