@@ -80,6 +80,12 @@ fn times_bias<const T: u8>(v: __m256i) -> __m256i {
     }
 }
 
+/// Unsigned integers below 16: a `maddubs` pair is at most 2 * 15 * 128 = 3840 in
+/// magnitude, a sum of 8 pairs (one row's half) at most 30720, within i16.
+const fn narrow(t: u8) -> bool {
+    matches!(t, T_Q4_1 | T_Q2_K | T_Q3_K | T_Q4_K)
+}
+
 /// Signed integers (the IQ4 levels), multiplied with the sign trick.
 const fn signed(t: u8) -> bool {
     matches!(t, T_IQ4_NL | T_IQ4_XS)
@@ -522,21 +528,28 @@ unsafe fn dot_unit<const T: u8>(
     for g in 0..ng {
         // SAFETY: the caller passes `32 * ng` values at `xq` and `ng` scales at `xd`.
         let (x, dx) = unsafe { (_mm256_loadu_si256(xq.add(GROUP * g) as *const __m256i), _mm256_set1_ps(*xd.add(g))) };
-        let mut p = [_mm256_setzero_si256(); R];
+        let mut m = [_mm256_setzero_si256(); R];
         for r in 0..R {
             let q = q(g, r);
-            let m = if signed(T) {
+            m[r] = if signed(T) {
                 _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q))
             } else {
                 _mm256_maddubs_epi16(q, x)
             };
-            p[r] = _mm256_madd_epi16(m, ones16);
         }
-        let a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-        let b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
         // Row r's half sums in lane r.
-        let i0 = _mm256_permute2x128_si256::<0x20>(a, b);
-        let i1 = _mm256_permute2x128_si256::<0x31>(a, b);
+        let (i0, i1) = if narrow(T) {
+            // Sums of up to 8 pairs stay within i16 (see `narrow`): a tree of
+            // 16-bit horizontal adds leaves rows 0..8 in each 128-bit half.
+            let h = |a, b| _mm256_hadd_epi16(a, b);
+            let v = h(h(h(m[0], m[1]), h(m[2], m[3])), h(h(m[4], m[5]), h(m[6], m[7])));
+            (_mm256_cvtepi16_epi32(_mm256_castsi256_si128(v)), _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(v)))
+        } else {
+            let p: [__m256i; R] = std::array::from_fn(|r| _mm256_madd_epi16(m[r], ones16));
+            let a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            let b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+            (_mm256_permute2x128_si256::<0x20>(a, b), _mm256_permute2x128_si256::<0x31>(a, b))
+        };
         let (bs0, bs1) = if need_bsum && halves(T) {
             let xs = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16);
             let s = _mm256_hadd_epi32(xs, xs);
@@ -547,10 +560,7 @@ unsafe fn dot_unit<const T: u8>(
         };
         if halves(T) {
             let (i0, i1) = if bias(T) != 0 {
-                (
-                    _mm256_sub_epi32(i0, times_bias::<T>(bs0)),
-                    _mm256_sub_epi32(i1, times_bias::<T>(bs1)),
-                )
+                (_mm256_sub_epi32(i0, times_bias::<T>(bs0)), _mm256_sub_epi32(i1, times_bias::<T>(bs1)))
             } else {
                 (i0, i1)
             };
