@@ -287,7 +287,14 @@ unsafe fn nibbles16(p: *const u8) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn crumbs(v: __m256i, k: usize) -> __m256i {
-    _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k as i32)), _mm256_set1_epi8(3))
+    // Immediate shifts (a shift by a register count costs two micro-ops).
+    let v = match k {
+        0 => v,
+        1 => _mm256_srli_epi16::<2>(v),
+        2 => _mm256_srli_epi16::<4>(v),
+        _ => _mm256_srli_epi16::<6>(v),
+    };
+    _mm256_and_si256(v, _mm256_set1_epi8(3))
 }
 
 /// `add` in every byte where bit `g` of the byte of `hm` is set.
