@@ -32,6 +32,7 @@ use crate::quant::DType;
 
 /// The group-order dot product of one weight row with one activation row
 /// (`qx`: `cols` values, `dx`: `cols / 32` scales).
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn dot_ref(dt: DType, row: &[u8], qx: &[i8], dx: &[f32]) -> f32 {
     let per_block = dt.block_elems() / GROUP;
     let bb = dt.block_bytes();

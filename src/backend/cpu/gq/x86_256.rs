@@ -6,14 +6,17 @@
 //! multiply-adds of 8 rows run side by side in one register per token and every
 //! row keeps its own order. The row is cut into *units* of 8 groups (a K-quant
 //! super-block, or 8 consecutive 32-value blocks; the last unit of a small-block
-//! row may be shorter). Per unit the 8 rows are unpacked once with SIMD (nibble
-//! masks, shifts, high-bit merges, the IQ4 levels by `pshufb`) into 8 x 8 vectors
-//! of 32 small integers and the group scales / offsets into f32 vectors with the
-//! rows in lanes (per row the 8 groups' scales are formed in lanes and then
-//! transposed); then for every token of the chunk each group costs, per row, one
-//! `maddubs` + `madd` into 8 i32 partial sums, and for the 8 rows together a
-//! `hadd` tree giving each row's half sums in its lane, the exact integer
-//! corrections and the group's fused multiply-adds in the group order.
+//! row may be shorter). Per unit the group scales / offsets of the 8 rows are
+//! formed in f32 vectors with the rows in lanes (per row the 8 groups' scales in
+//! lanes, then an 8 x 8 transpose). Each group's 32 integers come from SIMD
+//! unpacking (nibble masks, shifts, high-bit merges, the IQ4 levels by `pshufb`):
+//! decode (one token) unpacks them straight into the dot product; prefill unpacks
+//! the unit once into a buffer (8 x 8 vectors) and reuses it for a chunk of up to
+//! 32 tokens. Per token and group: per row one `maddubs` (32 products, in i16
+//! pairs), then for the 8 rows together a tree of horizontal adds leaving each
+//! row's two half sums in its lane (in i16 for integers below 16, else after a
+//! `madd` to i32), the exact bias corrections and the group's fused multiply-adds
+//! in the group order. Weights are prefetched two units ahead.
 //!
 //! Exactness of the integer sums: `maddubs` takes an unsigned operand and
 //! saturates pairs at i16, so the weights go in as small unsigned integers
