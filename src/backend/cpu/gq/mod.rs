@@ -171,7 +171,8 @@ mod tests {
     /// bit for bit, for every grouped type, row counts 1..=9 (tile tails), token
     /// counts 1, 2, 7, 33 (chunk tails) and several row lengths (short rows of the
     /// 32-value types included), on random activations and on activations at full
-    /// scale (|q| = 127 everywhere: the saturation bounds of the integer steps).
+    /// scale (|q| = 127 everywhere, or 127 and -128: the saturation bounds of the
+    /// integer steps).
     #[test]
     fn gq_kernels_equal_dot_ref_bit_for_bit() {
         let sets: Vec<Isa> = crate::backend::cpu::isa::available().into_iter().filter(|&i| i != Isa::Scalar).collect();
@@ -189,13 +190,19 @@ mod tests {
                 let rb = dt.row_bytes(cols).unwrap();
                 let w: Vec<u8> = (0..9).flat_map(|_| random_row(dt, cols, &mut r)).collect();
                 for &t in &[1usize, 2, 7, 33] {
-                    for full in [false, true] {
-                        let x: Vec<f32> = if full {
-                            (0..t * cols).map(|_| if r.next_u64() & 1 == 0 { 1.0 } else { -1.0 }).collect()
+                    for full in 0..3 {
+                        // 1: every |qx| 127; 2: a subnormal maximum, which quantizes to
+                        // +127 / -128 (an infinite inverse scale, clamped).
+                        let m = [1.0, 1.0, 1e-40][full];
+                        let x: Vec<f32> = if full > 0 {
+                            (0..t * cols).map(|_| if r.next_u64() & 1 == 0 { m } else { -m }).collect()
                         } else {
                             r.vec(t * cols, -1.0, 1.0)
                         };
                         let a = QAct::quantize(&x, cols);
+                        if full == 2 {
+                            assert!(a.qs.contains(&-128), "no -128 among the quantized activations");
+                        }
                         let g = cols / GROUP;
                         let want: Vec<Vec<f32>> = (0..9)
                             .map(|i| {

@@ -21,8 +21,9 @@
 //! Exactness of the integer sums: `maddubs` takes an unsigned operand and
 //! saturates pairs at i16, so the weights go in as small unsigned integers
 //! (`q + bias` below 64, the bias taken back as `bias * bsum` in i32), and the
-//! IQ4 levels (|q| <= 127) with the sign trick (`|q|` times `x` with q's sign;
-//! |x| <= 127 as `QAct` quantizes, so pairs stay below 2 * 127 * 127).
+//! IQ4 levels (|q| <= 127) with the sign trick: `|x|` (at most 128, unsigned) times
+//! `q` with x's sign, pairs below 2 * 128 * 127. (`QAct` gives -128 for blocks with
+//! a subnormal maximum, so |x| must be the unsigned operand, not |q|.)
 //!
 //! Depends on `isa` (`QAct`, `token_chunk`) and `quant::groups`.
 #![allow(clippy::needless_range_loop)]
@@ -538,14 +539,13 @@ unsafe fn dot_unit<const T: u8>(
     for g in 0..ng {
         // SAFETY: the caller passes `32 * ng` values at `xq` and `ng` scales at `xd`.
         let (x, dx) = unsafe { (_mm256_loadu_si256(xq.add(GROUP * g) as *const __m256i), _mm256_set1_ps(*xd.add(g))) };
+        // The sign trick with |x| unsigned (exact for x = -128 too: |q| <= 127).
+        let xabs = _mm256_abs_epi8(x);
         let mut m = [_mm256_setzero_si256(); R];
         for r in 0..R {
             let q = q(g, r);
-            m[r] = if signed(T) {
-                _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q))
-            } else {
-                _mm256_maddubs_epi16(q, x)
-            };
+            m[r] =
+                if signed(T) { _mm256_maddubs_epi16(xabs, _mm256_sign_epi8(q, x)) } else { _mm256_maddubs_epi16(q, x) };
         }
         // Row r's half sums in lane r.
         let (i0, i1) = if narrow(T) {
