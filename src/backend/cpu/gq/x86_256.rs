@@ -6,20 +6,24 @@
 //! multiply-adds of 8 rows run side by side in one register per token and every
 //! row keeps its own order. The row is cut into *units* of 8 groups (a K-quant
 //! super-block, or 8 consecutive 32-value blocks; the last unit of a small-block
-//! row may be shorter). Per unit the 8 rows are unpacked once with SIMD (nibble
-//! masks, shifts, high-bit merges, the IQ4 levels by `pshufb`) into 8 x 8 vectors
-//! of 32 small integers and the group scales / offsets into f32 vectors with the
-//! rows in lanes (per row the 8 groups' scales are formed in lanes and then
-//! transposed); then for every token of the chunk each group costs, per row, one
-//! `maddubs` + `madd` into 8 i32 partial sums, and for the 8 rows together a
-//! `hadd` tree giving each row's half sums in its lane, the exact integer
-//! corrections and the group's fused multiply-adds in the group order.
+//! row may be shorter). Per unit the group scales / offsets of the 8 rows are
+//! formed in f32 vectors with the rows in lanes (per row the 8 groups' scales in
+//! lanes, then an 8 x 8 transpose). Each group's 32 integers come from SIMD
+//! unpacking (nibble masks, shifts, high-bit merges, the IQ4 levels by `pshufb`):
+//! decode (one token) unpacks them straight into the dot product; prefill unpacks
+//! the unit once into a buffer (8 x 8 vectors) and reuses it for a chunk of up to
+//! 32 tokens. Per token and group: per row one `maddubs` (32 products, in i16
+//! pairs), then for the 8 rows together a tree of horizontal adds leaving each
+//! row's two half sums in its lane (in i16 for integers below 16, else after a
+//! `madd` to i32), the exact bias corrections and the group's fused multiply-adds
+//! in the group order. Weights are prefetched two units ahead.
 //!
 //! Exactness of the integer sums: `maddubs` takes an unsigned operand and
 //! saturates pairs at i16, so the weights go in as small unsigned integers
 //! (`q + bias` below 64, the bias taken back as `bias * bsum` in i32), and the
-//! IQ4 levels (|q| <= 127) with the sign trick (`|q|` times `x` with q's sign;
-//! |x| <= 127 as `QAct` quantizes, so pairs stay below 2 * 127 * 127).
+//! IQ4 levels (|q| <= 127) with the sign trick: `|x|` (at most 128, unsigned) times
+//! `q` with x's sign, pairs below 2 * 128 * 127. (`QAct` gives -128 for blocks with
+//! a subnormal maximum, so |x| must be the unsigned operand, not |q|.)
 //!
 //! Depends on `isa` (`QAct`, `token_chunk`) and `quant::groups`.
 #![allow(clippy::needless_range_loop)]
@@ -66,6 +70,24 @@ const fn bias(t: u8) -> i32 {
         T_Q6_K => 32,
         _ => 0,
     }
+}
+
+/// `v * bias(T)` (a power of two: a shift).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn times_bias<const T: u8>(v: __m256i) -> __m256i {
+    match bias(T) {
+        4 => _mm256_slli_epi32::<2>(v),
+        16 => _mm256_slli_epi32::<4>(v),
+        32 => _mm256_slli_epi32::<5>(v),
+        _ => unreachable!(),
+    }
+}
+
+/// Unsigned integers below 16: a `maddubs` pair is at most 2 * 15 * 128 = 3840 in
+/// magnitude, a sum of 8 pairs (one row's half) at most 30720, within i16.
+const fn narrow(t: u8) -> bool {
+    matches!(t, T_Q4_1 | T_Q2_K | T_Q3_K | T_Q4_K)
 }
 
 /// Signed integers (the IQ4 levels), multiplied with the sign trick.
@@ -135,8 +157,9 @@ unsafe fn gemm_t<const T: u8>(w: &[u8], row_bytes: usize, nrows: usize, a: &QAct
     let ub = if small { U * block_bytes(T) } else { block_bytes(T) };
     let tc = token_chunk(t, cols).min(TC);
     assert!(w.len() >= nrows * row_bytes && a.qs.len() >= t * cols && a.d.len() >= t * groups);
+    assert!(a.sums.len() >= t * groups);
     let need = if small { groups * block_bytes(T) } else { cols / 256 * block_bytes(T) };
-    assert!(out.len() >= nrows * t && row_bytes >= need && (small || cols % 256 == 0));
+    assert!(out.len() >= nrows * t && row_bytes >= need && (small || cols.is_multiple_of(256)));
     let zi = _mm256_setzero_si256();
     let zf = _mm256_setzero_ps();
     let mut un = Unit { q: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2] };
@@ -167,9 +190,10 @@ unsafe fn gemm_t<const T: u8>(w: &[u8], row_bytes: usize, nrows: usize, a: &QAct
                     scales::<T>(&bp, ng, &mut un);
                     let xq = a.qs.as_ptr().add(c0 * cols + u * U * GROUP);
                     let xd = a.d.as_ptr().add(c0 * groups + u * U);
+                    let xs = a.sums.as_ptr().add(c0 * groups + u * U);
                     if ct == 1 {
                         // Decode: each group straight from the weights into the dot product.
-                        acc[0] = dot_unit::<T>(&un, |g, r| qgroup::<T>(bp[r], g, lv), ng, xq, xd, acc[0]);
+                        acc[0] = dot_unit::<T>(&un, |g, r| qgroup::<T>(bp[r], g, lv), ng, xq, xd, xs, acc[0]);
                     } else {
                         for g in 0..ng {
                             for r in 0..R {
@@ -178,8 +202,8 @@ unsafe fn gemm_t<const T: u8>(w: &[u8], row_bytes: usize, nrows: usize, a: &QAct
                         }
                         let qv = &un.q;
                         for c in 0..ct {
-                            let (xq, xd) = (xq.add(c * cols), xd.add(c * groups));
-                            acc[c] = dot_unit::<T>(&un, |g, r| qv[g][r], ng, xq, xd, acc[c]);
+                            let (xq, xd, xs) = (xq.add(c * cols), xd.add(c * groups), xs.add(c * groups));
+                            acc[c] = dot_unit::<T>(&un, |g, r| qv[g][r], ng, xq, xd, xs, acc[c]);
                         }
                     }
                 }
@@ -267,7 +291,14 @@ unsafe fn nibbles16(p: *const u8) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn crumbs(v: __m256i, k: usize) -> __m256i {
-    _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k as i32)), _mm256_set1_epi8(3))
+    // Immediate shifts (a shift by a register count costs two micro-ops).
+    let v = match k {
+        0 => v,
+        1 => _mm256_srli_epi16::<2>(v),
+        2 => _mm256_srli_epi16::<4>(v),
+        _ => _mm256_srli_epi16::<6>(v),
+    };
+    _mm256_and_si256(v, _mm256_set1_epi8(3))
 }
 
 /// `add` in every byte where bit `g` of the byte of `hm` is set.
@@ -489,7 +520,8 @@ unsafe fn scales<const T: u8>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
 
 /// The `ng` groups of `un` (its scales; the integers of group `g` of row `r` from
 /// `q(g, r)`) times one token's activation groups (`xq`: `32 * ng` values, `xd`:
-/// `ng` scales), added to `acc` (row `r` in lane `r`) in the group order.
+/// `ng` scales, `xs`: their `ng` sums, which types with one scale per 32 take as
+/// `bsum`; the per-16 types sum the halves here), added to `acc` (row `r` in lane `r`) in the group order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_unit<const T: u8>(
@@ -498,31 +530,37 @@ unsafe fn dot_unit<const T: u8>(
     ng: usize,
     xq: *const i8,
     xd: *const f32,
+    xs: *const i32,
     mut acc: __m256,
 ) -> __m256 {
     let ones16 = _mm256_set1_epi16(1);
     let ones8 = _mm256_set1_epi8(1);
     let need_bsum = offset(T) || bias(T) != 0;
-    let vbias = _mm256_set1_epi32(bias(T));
     for g in 0..ng {
         // SAFETY: the caller passes `32 * ng` values at `xq` and `ng` scales at `xd`.
         let (x, dx) = unsafe { (_mm256_loadu_si256(xq.add(GROUP * g) as *const __m256i), _mm256_set1_ps(*xd.add(g))) };
-        let mut p = [_mm256_setzero_si256(); R];
+        // The sign trick with |x| unsigned (exact for x = -128 too: |q| <= 127).
+        let xabs = _mm256_abs_epi8(x);
+        let mut m = [_mm256_setzero_si256(); R];
         for r in 0..R {
             let q = q(g, r);
-            let m = if signed(T) {
-                _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q))
-            } else {
-                _mm256_maddubs_epi16(q, x)
-            };
-            p[r] = _mm256_madd_epi16(m, ones16);
+            m[r] =
+                if signed(T) { _mm256_maddubs_epi16(xabs, _mm256_sign_epi8(q, x)) } else { _mm256_maddubs_epi16(q, x) };
         }
-        let a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-        let b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
         // Row r's half sums in lane r.
-        let i0 = _mm256_permute2x128_si256::<0x20>(a, b);
-        let i1 = _mm256_permute2x128_si256::<0x31>(a, b);
-        let (bs0, bs1) = if need_bsum {
+        let (i0, i1) = if narrow(T) {
+            // Sums of up to 8 pairs stay within i16 (see `narrow`): a tree of
+            // 16-bit horizontal adds leaves rows 0..8 in each 128-bit half.
+            let h = |a, b| _mm256_hadd_epi16(a, b);
+            let v = h(h(h(m[0], m[1]), h(m[2], m[3])), h(h(m[4], m[5]), h(m[6], m[7])));
+            (_mm256_cvtepi16_epi32(_mm256_castsi256_si128(v)), _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(v)))
+        } else {
+            let p: [__m256i; R] = std::array::from_fn(|r| _mm256_madd_epi16(m[r], ones16));
+            let a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            let b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+            (_mm256_permute2x128_si256::<0x20>(a, b), _mm256_permute2x128_si256::<0x31>(a, b))
+        };
+        let (bs0, bs1) = if need_bsum && halves(T) {
             let xs = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16);
             let s = _mm256_hadd_epi32(xs, xs);
             let s = _mm256_hadd_epi32(s, s);
@@ -532,10 +570,7 @@ unsafe fn dot_unit<const T: u8>(
         };
         if halves(T) {
             let (i0, i1) = if bias(T) != 0 {
-                (
-                    _mm256_sub_epi32(i0, _mm256_mullo_epi32(bs0, vbias)),
-                    _mm256_sub_epi32(i1, _mm256_mullo_epi32(bs1, vbias)),
-                )
+                (_mm256_sub_epi32(i0, times_bias::<T>(bs0)), _mm256_sub_epi32(i1, times_bias::<T>(bs1)))
             } else {
                 (i0, i1)
             };
@@ -546,10 +581,11 @@ unsafe fn dot_unit<const T: u8>(
                 acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[1][g]), _mm256_cvtepi32_ps(bs1), acc);
             }
         } else {
-            let bs = _mm256_add_epi32(bs0, bs1);
+            // SAFETY: `ng` sums at `xs` (the caller's contract).
+            let bs = if need_bsum { _mm256_set1_epi32(unsafe { *xs.add(g) }) } else { _mm256_add_epi32(bs0, bs1) };
             let mut i = _mm256_add_epi32(i0, i1);
             if bias(T) != 0 {
-                i = _mm256_sub_epi32(i, _mm256_mullo_epi32(bs, vbias));
+                i = _mm256_sub_epi32(i, times_bias::<T>(bs));
             }
             acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[0][g]), _mm256_cvtepi32_ps(i), acc);
             if offset(T) {
