@@ -629,3 +629,61 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod speed {
+    use super::*;
+    use crate::backend::cpu::gq;
+    use crate::backend::cpu::isa::{detect, Isa};
+    use crate::util::XorShift;
+
+    /// Not a test: `cargo test --release --lib gq_avx512_speed -- --ignored --nocapture`
+    /// prints decode and prefill throughput, scalar against these kernels.
+    #[test]
+    #[ignore]
+    fn gq_avx512_speed() {
+        if detect() != Isa::Avx512Vnni {
+            return;
+        }
+        let (rows, cols) = (2048usize, 4096usize);
+        let mut r = XorShift::new(7);
+        for dt in DType::all().into_iter().filter(|d| d.is_grouped()) {
+            let rb = dt.row_bytes(cols).unwrap();
+            let mut w: Vec<u8> = (0..rows * rb).map(|_| r.next_u64() as u8).collect();
+            // Finite scales: zero every f16's exponent top bit.
+            for b in w.iter_mut().skip(1).step_by(2) {
+                *b &= 0x3F;
+            }
+            for t in [1usize, 32] {
+                let a = QAct::quantize(&r.vec(t * cols, -1.0, 1.0), cols);
+                let mut out = vec![0f32; rows * t];
+                // Thread CPU time: the machine is shared, wall time is not this thread's.
+                let now = || {
+                    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+                    // SAFETY: `ts` is a valid timespec for clock_gettime to write.
+                    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+                    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+                };
+                let mut time = |isa: Isa, reps: usize| {
+                    gq::gemm(isa, dt, &w, rb, rows, &a, &mut out);
+                    let s = now();
+                    for _ in 0..reps {
+                        gq::gemm(isa, dt, &w, rb, rows, &a, &mut out);
+                    }
+                    (now() - s) / reps as f64
+                };
+                let scalar = std::env::var("GQ_SPEED_SCALAR").is_ok();
+                let ts = if scalar { time(Isa::Scalar, 1) } else { f64::NAN };
+                let tv = time(Isa::Avx512Vnni, if t == 1 { 30 } else { 3 });
+                let gb = (rows * rb) as f64 / 1e9;
+                println!(
+                    "{dt:>7} t={t:>2}: scalar {:8.3} ms, avx512 {:8.3} ms ({:6.2} GB/s), x{:.1}",
+                    ts * 1e3,
+                    tv * 1e3,
+                    gb / tv,
+                    ts / tv
+                );
+            }
+        }
+    }
+}
