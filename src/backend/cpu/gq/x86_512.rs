@@ -33,8 +33,13 @@ use std::arch::x86_64::*;
 const R: usize = 16;
 /// Tokens per tile (one accumulator vector each).
 const MAXC: usize = 8;
-/// Software prefetch distance, bytes ahead in each of the 16 row streams.
-const PF: usize = 768;
+/// Software prefetch distance, bytes ahead in each of the 16 row streams. Measured
+/// (decode over 600 MB of Q4_1, Q4_K, Q6_K, past the L3 cache): none, 384, 768 and
+/// 1536 bytes; 384 best for all three (up to 18% over none).
+const PF: usize = 384;
+/// Bytes of a row covered by one round of prefetches (whole blocks): small blocks
+/// are prefetched a few at a time, so each line is asked for once.
+const PF_SPAN: usize = 256;
 
 const Q4_1: u8 = 0;
 const Q5_0: u8 = 1;
@@ -392,13 +397,17 @@ unsafe fn tile<const K: u8, const C: usize>(
     // `(c0 + c) * groups + g` (the driver checked `a`'s lengths); prefetches never fault.
     unsafe {
         let base = rows[0];
+        let pf_step = (PF_SPAN / bb).max(1);
         for blk in 0..nblk {
-            for &row in rows.iter() {
-                let p0 = row as usize + blk * bb + PF;
-                let mut l = p0 & !63;
-                while l < p0 + bb {
-                    _mm_prefetch::<_MM_HINT_T0>(l as *const i8);
-                    l += 64;
+            if blk % pf_step == 0 {
+                // The lines starting in the next `pf_step` blocks, `PF` ahead.
+                for &row in rows.iter() {
+                    let p0 = row as usize + blk * bb + PF;
+                    let mut l = (p0 + 63) & !63;
+                    while l < p0 + pf_step * bb {
+                        _mm_prefetch::<_MM_HINT_T0>(l as *const i8);
+                        l += 64;
+                    }
                 }
             }
             let mut raw = [_mm512_setzero_si512(); 5];
