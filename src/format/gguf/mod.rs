@@ -87,21 +87,7 @@ pub enum Value {
 impl Value {
     /// The GGUF value type id.
     pub fn type_id(&self) -> u32 {
-        match self {
-            Value::U8(_) => GGUF_TYPE_U8,
-            Value::I8(_) => GGUF_TYPE_I8,
-            Value::U16(_) => GGUF_TYPE_U16,
-            Value::I16(_) => GGUF_TYPE_I16,
-            Value::U32(_) => GGUF_TYPE_U32,
-            Value::I32(_) => GGUF_TYPE_I32,
-            Value::F32(_) => GGUF_TYPE_F32,
-            Value::Bool(_) => GGUF_TYPE_BOOL,
-            Value::Str(_) => GGUF_TYPE_STRING,
-            Value::Array(_) => GGUF_TYPE_ARRAY,
-            Value::U64(_) => GGUF_TYPE_U64,
-            Value::I64(_) => GGUF_TYPE_I64,
-            Value::F64(_) => GGUF_TYPE_F64,
-        }
+        ValueRef::scalar(self).type_id()
     }
 
     /// The type's name, e.g. "U32", "ARRAY".
@@ -111,17 +97,7 @@ impl Value {
 
     /// The value as a u64 if it is an integer >= 0.
     pub fn as_u64(&self) -> Option<u64> {
-        match *self {
-            Value::U8(v) => Some(v as u64),
-            Value::U16(v) => Some(v as u64),
-            Value::U32(v) => Some(v as u64),
-            Value::U64(v) => Some(v),
-            Value::I8(v) => u64::try_from(v).ok(),
-            Value::I16(v) => u64::try_from(v).ok(),
-            Value::I32(v) => u64::try_from(v).ok(),
-            Value::I64(v) => u64::try_from(v).ok(),
-            _ => None,
-        }
+        ValueRef::scalar(self).as_u64()
     }
 }
 
@@ -235,7 +211,8 @@ impl<'a> ValueRef<'a> {
             Value::U64(x) => ValueRef::U64(*x),
             Value::I64(x) => ValueRef::I64(*x),
             Value::F64(x) => ValueRef::F64(*x),
-            // Never stored: parsed arrays are views.
+            // Never stored: parsed arrays are views (an owned array only ever asks
+            // this for its type, which the empty view shares).
             Value::Array(_) => ValueRef::Array(ArrayRef::EMPTY),
         }
     }

@@ -23,6 +23,22 @@
 //!
 //! Depends on `isa` (`QAct`) and `quant::groups`.
 
+/// The grouped types as const-generic tags of the SIMD kernels (one table for all
+/// kernel sets).
+#[cfg(target_arch = "x86_64")]
+mod tag {
+    pub(super) const T_Q4_1: u8 = 0;
+    pub(super) const T_Q5_0: u8 = 1;
+    pub(super) const T_Q5_1: u8 = 2;
+    pub(super) const T_IQ4_NL: u8 = 3;
+    pub(super) const T_Q2_K: u8 = 4;
+    pub(super) const T_Q3_K: u8 = 5;
+    pub(super) const T_Q4_K: u8 = 6;
+    pub(super) const T_Q5_K: u8 = 7;
+    pub(super) const T_Q6_K: u8 = 8;
+    pub(super) const T_IQ4_XS: u8 = 9;
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86_256;
 #[cfg(target_arch = "x86_64")]

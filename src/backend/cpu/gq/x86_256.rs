@@ -42,16 +42,7 @@ const TC: usize = 32;
 /// Prefetch distance in units.
 const PF: usize = 2;
 
-const T_Q4_1: u8 = 0;
-const T_Q5_0: u8 = 1;
-const T_Q5_1: u8 = 2;
-const T_IQ4_NL: u8 = 3;
-const T_Q2_K: u8 = 4;
-const T_Q3_K: u8 = 5;
-const T_Q4_K: u8 = 6;
-const T_Q5_K: u8 = 7;
-const T_Q6_K: u8 = 8;
-const T_IQ4_XS: u8 = 9;
+use super::tag::*;
 
 /// A scale (and offset) per 16 values.
 const fn halves(t: u8) -> bool {

@@ -41,45 +41,36 @@ const PF: usize = 384;
 /// are prefetched a few at a time, so each line is asked for once.
 const PF_SPAN: usize = 256;
 
-const Q4_1: u8 = 0;
-const Q5_0: u8 = 1;
-const Q5_1: u8 = 2;
-const IQ4_NL: u8 = 3;
-const Q2_K: u8 = 4;
-const Q3_K: u8 = 5;
-const Q4_K: u8 = 6;
-const Q5_K: u8 = 7;
-const Q6_K: u8 = 8;
-const IQ4_XS: u8 = 9;
+use super::tag::*;
 
 /// What is added to each weight integer to make it an unsigned byte.
 const fn bias(k: u8) -> i32 {
     match k {
-        Q5_0 => 16,
-        IQ4_NL | IQ4_XS => 128,
-        Q3_K => 4,
-        Q6_K => 32,
+        T_Q5_0 => 16,
+        T_IQ4_NL | T_IQ4_XS => 128,
+        T_Q3_K => 4,
+        T_Q6_K => 32,
         _ => 0,
     }
 }
 
 const fn halves(k: u8) -> bool {
-    matches!(k, Q2_K | Q3_K | Q6_K)
+    matches!(k, T_Q2_K | T_Q3_K | T_Q6_K)
 }
 
 const fn offset(k: u8) -> bool {
-    matches!(k, Q4_1 | Q5_1 | Q2_K | Q4_K | Q5_K)
+    matches!(k, T_Q4_1 | T_Q5_1 | T_Q2_K | T_Q4_K | T_Q5_K)
 }
 
 /// Byte offsets (inside a block) of the dwords gathered per block for the scales.
 const fn fields(k: u8) -> &'static [usize] {
     match k {
-        Q4_1 | Q5_0 | Q5_1 | IQ4_NL => &[0],
-        Q2_K => &[0, 4, 8, 12, 80],
-        Q3_K => &[96, 100, 104, 106],
-        Q4_K | Q5_K => &[0, 4, 8, 12],
-        Q6_K => &[192, 196, 200, 204, 206],
-        _ => &[0, 4], // IQ4_XS
+        T_Q4_1 | T_Q5_0 | T_Q5_1 | T_IQ4_NL => &[0],
+        T_Q2_K => &[0, 4, 8, 12, 80],
+        T_Q3_K => &[96, 100, 104, 106],
+        T_Q4_K | T_Q5_K => &[0, 4, 8, 12],
+        T_Q6_K => &[192, 196, 200, 204, 206],
+        _ => &[0, 4], // T_IQ4_XS
     }
 }
 
@@ -141,15 +132,15 @@ fn scales<const K: u8>(raw: &[__m512i; 5], g: usize) -> [__m512; 4] {
     let cvt = _mm512_cvtepi32_ps;
     let m15 = _mm512_set1_epi32(15);
     match K {
-        Q4_1 | Q5_1 => {
+        T_Q4_1 | T_Q5_1 => {
             let (d, m) = (h16lo(raw[0]), h16hi(raw[0]));
             [d, d, m, m]
         }
-        Q5_0 | IQ4_NL => {
+        T_Q5_0 | T_IQ4_NL => {
             let d = h16lo(raw[0]);
             [d, d, z, z]
         }
-        Q2_K => {
+        T_Q2_K => {
             let (d, dmin) = (h16lo(raw[4]), h16hi(raw[4]));
             let (a, c) = (byte(raw, 2 * g), byte(raw, 2 * g + 1));
             [
@@ -159,7 +150,7 @@ fn scales<const K: u8>(raw: &[__m512i; 5], g: usize) -> [__m512; 4] {
                 neg(_mm512_mul_ps(dmin, cvt(_mm512_srli_epi32::<4>(c)))),
             ]
         }
-        Q3_K => {
+        T_Q3_K => {
             let d = h16hi(raw[3]);
             let sc = |i: usize| {
                 let lo =
@@ -170,7 +161,7 @@ fn scales<const K: u8>(raw: &[__m512i; 5], g: usize) -> [__m512; 4] {
             };
             [sc(2 * g), sc(2 * g + 1), z, z]
         }
-        Q4_K | Q5_K => {
+        T_Q4_K | T_Q5_K => {
             let (d, dmin) = (h16lo(raw[0]), h16hi(raw[0]));
             let s = |k: usize| byte(&raw[1..4], k);
             let m63 = _mm512_set1_epi32(63);
@@ -193,7 +184,7 @@ fn scales<const K: u8>(raw: &[__m512i; 5], g: usize) -> [__m512; 4] {
             let s = _mm512_mul_ps(d, cvt(sc));
             [s, s, o, o]
         }
-        Q6_K => {
+        T_Q6_K => {
             let d = h16hi(raw[4]);
             // Sign-extended byte i: shifted to the top, then arithmetically back.
             let sc = |i: usize| {
@@ -274,18 +265,18 @@ unsafe fn unpack2<const K: u8>(pa: *const u8, pb: *const u8, g: usize) -> __m512
     // `quant::groups::unpack`); the caller guarantees whole blocks.
     unsafe {
         match K {
-            Q4_1 => nib16x2(pa.add(4), pb.add(4)),
-            IQ4_NL => _mm512_shuffle_epi8(tbl(), nib16x2(pa.add(2), pb.add(2))),
-            Q5_0 | Q5_1 => {
-                let o = if K == Q5_1 { 4 } else { 2 };
+            T_Q4_1 => nib16x2(pa.add(4), pb.add(4)),
+            T_IQ4_NL => _mm512_shuffle_epi8(tbl(), nib16x2(pa.add(2), pb.add(2))),
+            T_Q5_0 | T_Q5_1 => {
+                let o = if K == T_Q5_1 { 4 } else { 2 };
                 let q = nib16x2(pa.add(o + 4), pb.add(o + 4));
                 _mm512_mask_add_epi8(q, qh2(o), q, _mm512_set1_epi8(16))
             }
-            Q4_K | Q5_K => {
-                let o = if K == Q4_K { 16 } else { 48 } + (g / 2) * 32;
+            T_Q4_K | T_Q5_K => {
+                let o = if K == T_Q4_K { 16 } else { 48 } + (g / 2) * 32;
                 let v = ld32x2(pa.add(o), pb.add(o));
                 let q = _mm512_and_si512(if g % 2 == 1 { _mm512_srli_epi16::<4>(v) } else { v }, m4);
-                if K == Q5_K {
+                if K == T_Q5_K {
                     let hb = ld32x2(pa.add(16), pb.add(16));
                     let m = _mm512_test_epi8_mask(hb, _mm512_set1_epi8((1u8 << g) as i8));
                     _mm512_mask_add_epi8(q, m, q, _mm512_set1_epi8(16))
@@ -293,12 +284,12 @@ unsafe fn unpack2<const K: u8>(pa: *const u8, pb: *const u8, g: usize) -> __m512
                     q
                 }
             }
-            Q2_K | Q3_K => {
+            T_Q2_K | T_Q3_K => {
                 let (h, sh) = (g / 4, 2 * (g % 4));
-                let o = if K == Q2_K { 16 } else { 32 } + h * 32;
+                let o = if K == T_Q2_K { 16 } else { 32 } + h * 32;
                 let v = ld32x2(pa.add(o), pb.add(o));
                 let q = _mm512_and_si512(_mm512_srl_epi16(v, _mm_cvtsi32_si128(sh as i32)), _mm512_set1_epi8(3));
-                if K == Q3_K {
+                if K == T_Q3_K {
                     let hm = ld32x2(pa, pb);
                     let m = _mm512_test_epi8_mask(hm, _mm512_set1_epi8((1u8 << g) as i8));
                     _mm512_mask_add_epi8(q, m, q, _mm512_set1_epi8(4))
@@ -306,7 +297,7 @@ unsafe fn unpack2<const K: u8>(pa: *const u8, pb: *const u8, g: usize) -> __m512
                     q
                 }
             }
-            Q6_K => {
+            T_Q6_K => {
                 let (h, k) = (g / 4, g % 4);
                 let ql = ld32x2(pa.add(h * 64 + (k % 2) * 32), pb.add(h * 64 + (k % 2) * 32));
                 let lo = _mm512_and_si512(_mm512_srl_epi16(ql, _mm_cvtsi32_si128(4 * (k / 2) as i32)), m4);
@@ -314,7 +305,7 @@ unsafe fn unpack2<const K: u8>(pa: *const u8, pb: *const u8, g: usize) -> __m512
                 let hi = _mm512_and_si512(_mm512_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32)), _mm512_set1_epi8(3));
                 _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi))
             }
-            _ => _mm512_shuffle_epi8(tbl(), nib16x2(pa.add(8 + 16 * g), pb.add(8 + 16 * g))), // IQ4_XS
+            _ => _mm512_shuffle_epi8(tbl(), nib16x2(pa.add(8 + 16 * g), pb.add(8 + 16 * g))), // T_IQ4_XS
         }
     }
 }
@@ -385,7 +376,7 @@ unsafe fn tile<const K: u8, const C: usize>(
     ostride: usize,
     valid: usize,
 ) {
-    let per = if K >= Q2_K { 8 } else { 1 };
+    let per = if K >= T_Q2_K { 8 } else { 1 };
     let groups = nblk * per;
     let cols = a.cols;
     let fl = fields(K);
@@ -555,16 +546,16 @@ pub(super) unsafe fn gemm(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a
     // SAFETY: the caller guarantees the target features and the bounds.
     unsafe {
         match dt {
-            DType::Q4_1 => driver::<Q4_1>(dt, w, row_bytes, nrows, a, out),
-            DType::Q5_0 => driver::<Q5_0>(dt, w, row_bytes, nrows, a, out),
-            DType::Q5_1 => driver::<Q5_1>(dt, w, row_bytes, nrows, a, out),
-            DType::IQ4_NL => driver::<IQ4_NL>(dt, w, row_bytes, nrows, a, out),
-            DType::Q2_K => driver::<Q2_K>(dt, w, row_bytes, nrows, a, out),
-            DType::Q3_K => driver::<Q3_K>(dt, w, row_bytes, nrows, a, out),
-            DType::Q4_K => driver::<Q4_K>(dt, w, row_bytes, nrows, a, out),
-            DType::Q5_K => driver::<Q5_K>(dt, w, row_bytes, nrows, a, out),
-            DType::Q6_K => driver::<Q6_K>(dt, w, row_bytes, nrows, a, out),
-            DType::IQ4_XS => driver::<IQ4_XS>(dt, w, row_bytes, nrows, a, out),
+            DType::Q4_1 => driver::<T_Q4_1>(dt, w, row_bytes, nrows, a, out),
+            DType::Q5_0 => driver::<T_Q5_0>(dt, w, row_bytes, nrows, a, out),
+            DType::Q5_1 => driver::<T_Q5_1>(dt, w, row_bytes, nrows, a, out),
+            DType::IQ4_NL => driver::<T_IQ4_NL>(dt, w, row_bytes, nrows, a, out),
+            DType::Q2_K => driver::<T_Q2_K>(dt, w, row_bytes, nrows, a, out),
+            DType::Q3_K => driver::<T_Q3_K>(dt, w, row_bytes, nrows, a, out),
+            DType::Q4_K => driver::<T_Q4_K>(dt, w, row_bytes, nrows, a, out),
+            DType::Q5_K => driver::<T_Q5_K>(dt, w, row_bytes, nrows, a, out),
+            DType::Q6_K => driver::<T_Q6_K>(dt, w, row_bytes, nrows, a, out),
+            DType::IQ4_XS => driver::<T_IQ4_XS>(dt, w, row_bytes, nrows, a, out),
             _ => unreachable!("{dt} is not a grouped type"),
         }
     }
