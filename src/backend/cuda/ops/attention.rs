@@ -4,10 +4,9 @@
 //! Twins: `backend/cpu/ops/attention.rs` (the CPU op), `kernels/attention.cu` (the
 //! kernels); tests: `attention_*` in tests/cuda_kernels.rs.
 
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::{launch_err, mul, need, to_i32, AttnShape, KvPool, Ops};
-use crate::backend::cuda::load::Modules;
 use crate::error::Error;
 use crate::kv::BLOCK_POSITIONS;
 use crate::Result;
@@ -34,24 +33,12 @@ const ATT_THREADS: u32 = 128;
 /// The grid's y and z dimensions hold at most this many blocks.
 const GRID_YZ_MAX: usize = 65535;
 
-/// The entry points of kernels/attention.cu.
-pub(super) struct Kernels {
-    attention: CudaFunction,
-    split: CudaFunction,
-    merge: CudaFunction,
-    prefill: CudaFunction,
-}
-
-impl Kernels {
-    pub(super) fn load(m: &Modules) -> Result<Kernels> {
-        Ok(Kernels {
-            attention: m.function("attention", "attention_f32")?,
-            split: m.function("attention", "attention_split_f32")?,
-            merge: m.function("attention", "attention_merge_f32")?,
-            prefill: m.function("attention", "attention_prefill_f32")?,
-        })
-    }
-}
+kernel_set!("attention", {
+    attention = "attention_f32",
+    split = "attention_split_f32",
+    merge = "attention_merge_f32",
+    prefill = "attention_prefill_f32",
+});
 
 /// What every attention launcher reads: for token t of sequence `seq[t]` at position
 /// `pos[t]`, query row t of `q` (`[n_tokens][n_heads * head_dim]`), and positions

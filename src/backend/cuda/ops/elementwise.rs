@@ -6,30 +6,16 @@
 use cudarc::driver::{CudaFunction, CudaSlice, PushKernelArg};
 
 use super::{ew_cfg, launch_err, mul, need, rows_cfg, to_i32, Ops, EW_THREADS};
-use crate::backend::cuda::load::Modules;
 use crate::error::Error;
 use crate::Result;
 
-/// The entry points of kernels/elementwise.cu.
-pub(super) struct Kernels {
-    add_bias: CudaFunction,
-    add: CudaFunction,
-    swiglu: CudaFunction,
-    gather_rows: CudaFunction,
-    argmax: CudaFunction,
-}
-
-impl Kernels {
-    pub(super) fn load(m: &Modules) -> Result<Kernels> {
-        Ok(Kernels {
-            add_bias: m.function("elementwise", "add_bias_f32")?,
-            add: m.function("elementwise", "add_f32")?,
-            swiglu: m.function("elementwise", "swiglu_f32")?,
-            gather_rows: m.function("elementwise", "gather_rows_f32")?,
-            argmax: m.function("elementwise", "argmax_f32")?,
-        })
-    }
-}
+kernel_set!("elementwise", {
+    add_bias = "add_bias_f32",
+    add = "add_f32",
+    swiglu = "swiglu_f32",
+    gather_rows = "gather_rows_f32",
+    argmax = "argmax_f32",
+});
 
 impl Ops {
     /// `x[r][i] += b[i]` for `r < rows`, `i < n`.

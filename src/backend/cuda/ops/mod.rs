@@ -34,6 +34,24 @@ use crate::kv::BLOCK_POSITIONS;
 use crate::quant::DType;
 use crate::Result;
 
+/// The entry points of one `kernels/<file>.cu` as a `Kernels` struct (one
+/// `CudaFunction` field per kernel) with its `load`, so each op file lists its
+/// kernels once: `kernel_set!("norm", { rmsnorm = "rmsnorm_f32", ... });`.
+macro_rules! kernel_set {
+    ($file:literal, { $($field:ident = $name:literal),* $(,)? }) => {
+        /// The entry points of this op's kernels file.
+        pub(super) struct Kernels {
+            $($field: cudarc::driver::CudaFunction,)*
+        }
+
+        impl Kernels {
+            pub(super) fn load(m: &crate::backend::cuda::load::Modules) -> crate::Result<Kernels> {
+                Ok(Kernels { $($field: m.function($file, $name)?,)* })
+            }
+        }
+    };
+}
+
 mod attention;
 mod elementwise;
 mod embed;

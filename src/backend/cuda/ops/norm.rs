@@ -2,28 +2,17 @@
 //! the residual add that precedes it. Twins: `backend/cpu/ops/norm.rs` (the CPU op),
 //! `kernels/norm.cu` (the kernels); tests: `norm_*` in tests/cuda_kernels.rs.
 
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::{launch_err, mul, need, rows_cfg, to_i32, Ops};
 use crate::error::Error;
 use crate::Result;
 
-/// The entry points of kernels/norm.cu.
-pub(super) struct Kernels {
-    rmsnorm: CudaFunction,
-    rmsnorm_inplace: CudaFunction,
-    add_rmsnorm: CudaFunction,
-}
-
-impl Kernels {
-    pub(super) fn load(m: &crate::backend::cuda::load::Modules) -> Result<Kernels> {
-        Ok(Kernels {
-            rmsnorm: m.function("norm", "rmsnorm_f32")?,
-            rmsnorm_inplace: m.function("norm", "rmsnorm_inplace_f32")?,
-            add_rmsnorm: m.function("norm", "add_rmsnorm_f32")?,
-        })
-    }
-}
+kernel_set!("norm", {
+    rmsnorm = "rmsnorm_f32",
+    rmsnorm_inplace = "rmsnorm_inplace_f32",
+    add_rmsnorm = "add_rmsnorm_f32",
+});
 
 /// The parameters of one RMSNorm: the weight `w` (`[n]`) and `eps`.
 #[derive(Clone, Copy)]

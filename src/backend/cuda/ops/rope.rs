@@ -2,23 +2,15 @@
 //! stored as f16 into the paged pool. Twins: `backend/cpu/ops/rope.rs` (the CPU op),
 //! `kernels/rope.cu` (the kernel); tests: `rope_*` in tests/cuda_kernels.rs.
 
-use cudarc::driver::{CudaFunction, CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::{launch_err, mul, need, rows_cfg, to_i32, AttnShape, KvPool, Ops};
-use crate::backend::cuda::load::Modules;
 use crate::error::Error;
 use crate::Result;
 
-/// The entry point of kernels/rope.cu.
-pub(super) struct Kernels {
-    rope_kv_write: CudaFunction,
-}
-
-impl Kernels {
-    pub(super) fn load(m: &Modules) -> Result<Kernels> {
-        Ok(Kernels { rope_kv_write: m.function("rope", "rope_kv_write_f32")? })
-    }
-}
+kernel_set!("rope", {
+    rope_kv_write = "rope_kv_write_f32",
+});
 
 /// The projected Q, K and V of `n_tokens` tokens with heads of `shape`: `q`
 /// `[n_tokens][n_heads * head_dim]`, `k` and `v` `[n_tokens][n_kv_heads * head_dim]`.
