@@ -556,7 +556,9 @@ pub(super) unsafe fn gemm(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a
     if row_bytes.checked_mul(R).is_none_or(|v| v > i32::MAX as usize) {
         return super::gemm(super::Isa::Scalar, dt, w, row_bytes, nrows, a, out);
     }
-    // SAFETY: the caller guarantees the target features and the bounds.
+    // SAFETY: the caller (`gq::gemm`'s `Isa::Avx512Vnni` arm; `isa()` picks that kernel set only
+    // on CPUs with AVX-512 F/BW/VL + VNNI, AVX2, FMA, F16C) guarantees the features and
+    // the bounds (`gq::gemm`'s assertions).
     unsafe {
         match dt {
             DType::Q4_1 => driver::<Q4_1>(dt, w, row_bytes, nrows, a, out),
