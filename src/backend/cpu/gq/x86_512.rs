@@ -494,7 +494,6 @@ unsafe fn driver<const K: u8>(dt: DType, w: &[u8], row_bytes: usize, nrows: usiz
     let (t, cols) = (a.t, a.cols);
     let bb = dt.block_bytes();
     let nblk = row_bytes / bb;
-    assert!(row_bytes.checked_mul(R).is_some_and(|v| v < i32::MAX as usize), "rows of {row_bytes} bytes");
     let h0: Vec<i32> = if halves(K) {
         a.qs.chunks_exact(GROUP).map(|b| b[..16].iter().map(|&v| v as i32).sum()).collect()
     } else {
@@ -543,7 +542,14 @@ pub(super) unsafe fn gemm(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a
     if nrows == 0 || a.t == 0 {
         return;
     }
-    // SAFETY: the caller guarantees the target features and the bounds.
+    // The gathers address 16 rows by i32 byte offsets: rows too long for that (over
+    // 128 MiB each) take the scalar kernels, which compute the same bits.
+    if row_bytes.checked_mul(R).is_none_or(|v| v > i32::MAX as usize) {
+        return super::gemm(super::Isa::Scalar, dt, w, row_bytes, nrows, a, out);
+    }
+    // SAFETY: the caller (`gq::gemm`'s `Isa::Avx512Vnni` arm; `isa()` picks that kernel set only
+    // on CPUs with AVX-512 F/BW/VL + VNNI, AVX2, FMA, F16C) guarantees the features and
+    // the bounds (`gq::gemm`'s assertions).
     unsafe {
         match dt {
             DType::Q4_1 => driver::<T_Q4_1>(dt, w, row_bytes, nrows, a, out),
