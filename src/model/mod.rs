@@ -242,3 +242,14 @@ impl Config {
         })
     }
 }
+
+/// The RoPE cos/sin of position `pos` for each of `inv_freq` (`Config::rope_inv_freq`):
+/// the angle `pos * f` in f64, rounded once to f32. Both backends take their tables
+/// from here, so they rotate by the same numbers.
+pub(crate) fn rope_angles(pos: usize, inv_freq: &[f64], cos: &mut [f32], sin: &mut [f32]) {
+    for ((f, c), s) in inv_freq.iter().zip(cos.iter_mut()).zip(sin.iter_mut()) {
+        let a = pos as f64 * f;
+        *c = a.cos() as f32;
+        *s = a.sin() as f32;
+    }
+}

@@ -527,12 +527,9 @@ impl Plan {
                 p.seq.push(si as u32);
                 p.pos.push(pos as u32);
                 p.slots.push(s.blocks[pos / BLOCK_POSITIONS] * BLOCK_POSITIONS as u32 + (pos % BLOCK_POSITIONS) as u32);
-                // Exactly as cpu/forward.rs: the angle in f64, rounded once.
-                for (j, f) in inv_freq.iter().enumerate() {
-                    let a = pos as f64 * f;
-                    p.cos[t * half + j] = a.cos() as f32;
-                    p.sin[t * half + j] = a.sin() as f32;
-                }
+                // The CPU's tables: the angle in f64, rounded once.
+                let r = t * half..(t + 1) * half;
+                crate::model::rope_angles(pos, inv_freq, &mut p.cos[r.clone()], &mut p.sin[r]);
             }
             match s.want {
                 Want::Nothing => {}

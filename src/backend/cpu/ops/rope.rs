@@ -6,18 +6,15 @@
 //! CUDA twin: `backend/cuda/ops/rope.rs`, `kernels/rope.cu` (which also stores K
 //! and V into the cache: on the CPU that is `attention::kv_write`).
 //!
-//! Depends on nothing else in the backend.
+//! Depends on nothing else in the backend (`model::rope_angles` for the tables).
 
 /// `cos` / `sin` (`inv_freq.len()` values per position) of the angles
 /// `pos * inv_freq[i]` for each position of `positions`.
 pub(crate) fn angles(positions: impl Iterator<Item = usize>, inv_freq: &[f64], cos: &mut [f32], sin: &mut [f32]) {
     let half = inv_freq.len();
     for (t, pos) in positions.enumerate() {
-        for (i, f) in inv_freq.iter().enumerate() {
-            let a = pos as f64 * f;
-            cos[t * half + i] = a.cos() as f32;
-            sin[t * half + i] = a.sin() as f32;
-        }
+        let r = t * half..(t + 1) * half;
+        crate::model::rope_angles(pos, inv_freq, &mut cos[r.clone()], &mut sin[r]);
     }
 }
 
