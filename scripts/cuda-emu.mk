@@ -2,7 +2,7 @@
 # top Makefile:
 #   make cuda-emu-libs        build target/cuda-emu/lib/{libcuda,libnvrtc,libcublas}.so
 #   make cuda-emu-selftest    the emulator's own tests (each strictness rule tripped)
-#   make test-cuda-emulated   the selftest, then tests/cuda_smoke, cuda_kernels, cuda_parity
+#   make test-cuda-emulated   the selftest, then tests/cuda_smoke, cuda_kernels, cuda_parity, cuda_quant_formats
 #                             on the emulated H200, fast paths on, then LLMRT_CUDA_FAST=0; ends with
 #                             `cuda emulated: N passed, M failed, K skipped`
 #   make demo BACKEND=cuda    examples/generate on the emulated device (top Makefile)

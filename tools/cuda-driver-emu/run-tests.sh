@@ -11,7 +11,7 @@
 set -u
 lib=${CUDA_EMU_LIB:?CUDA_EMU_LIB must name the emulated libraries}
 cargo=${CARGO:-cargo}
-tests=${CUDA_EMU_TESTS:-cuda_smoke cuda_kernels cuda_parity}
+tests=${CUDA_EMU_TESTS:-cuda_smoke cuda_kernels cuda_parity cuda_quant_formats}
 logs=${CUDA_EMU_LOGS:-$(dirname "$lib")/logs}
 mkdir -p "$logs"
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
