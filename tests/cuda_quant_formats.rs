@@ -6,27 +6,11 @@
 //! in prefills of 6 tokens (the GEMV kernels, weights read as stored).
 //!
 //! Without a CUDA device it prints "skipped: no CUDA device (...)" and passes.
+mod common;
+use common::{read_f32, read_json, rel_l2};
 use llmrt::backend::cuda;
 use llmrt::{BackendKind, LoadOptions, Model};
-use std::path::{Path, PathBuf};
-
-fn json(p: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
-}
-
-fn read_f32(p: &Path) -> Vec<f32> {
-    std::fs::read(p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    let num: f64 = got.iter().zip(want).map(|(&g, &w)| (g as f64 - w as f64).powi(2)).sum();
-    let den: f64 = want.iter().map(|&w| (w as f64).powi(2)).sum();
-    (num / den).sqrt()
-}
+use std::path::PathBuf;
 
 /// Logits of every prompt position, the prompt given in prefills of `chunk` tokens.
 fn logits(m: &Model, prompt: &[u32], chunk: usize) -> Vec<f32> {
@@ -49,7 +33,7 @@ fn every_llama_quantize_file_type_runs_on_cuda_within_1_5x_of_llama_cpp() {
         return;
     }
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/quant/models");
-    let idx = json(&dir.join("index.json"));
+    let idx = read_json(&dir.join("index.json"));
     let prompt: Vec<u32> = idx["prompt"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
     let vocab = idx["spec"]["vocab"].as_u64().unwrap() as usize;
     let mut report = Vec::new();

@@ -8,30 +8,20 @@
 //!   all rows, at most 1.5x llama.cpp's on the same file (its error comes from
 //!   rounding activations to 8 bits);
 //! - every file also runs batched and split prefills bit-identically (batch invariance).
+mod common;
+use common::{read_f32, read_json, rel_l2};
 use llmrt::quant::{dequantize_row, DType};
-use llmrt::{LoadOptions, Model};
+use llmrt::{BackendKind, LoadOptions, Model};
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/quant")
 }
 
-fn json(p: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
-}
-
-fn read_f32(p: &Path) -> Vec<f32> {
-    std::fs::read(p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
 #[test]
 fn dequantization_is_bit_identical_to_gguf_py() {
     let dir = fixtures().join("dequant");
-    let idx = json(&dir.join("index.json"));
+    let idx = read_json(&dir.join("index.json"));
     let mut checked = 0;
     for (name, t) in idx["types"].as_object().unwrap() {
         let id = t["ggml_type"].as_u64().unwrap() as u32;
@@ -64,14 +54,8 @@ fn dequantization_is_bit_identical_to_gguf_py() {
     assert!(checked >= 12, "only {checked} types checked");
 }
 
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    let num: f64 = got.iter().zip(want).map(|(&g, &w)| (g as f64 - w as f64).powi(2)).sum();
-    let den: f64 = want.iter().map(|&w| (w as f64).powi(2)).sum();
-    (num / den).sqrt()
-}
-
 fn load(path: &Path, threads: u32) -> Model {
-    Model::load(path, LoadOptions { threads, ..LoadOptions::default() })
+    Model::load(path, LoadOptions { backend: BackendKind::Cpu, threads, ..LoadOptions::default() })
         .unwrap_or_else(|e| panic!("{}: {}", path.display(), e.message))
 }
 
@@ -86,7 +70,7 @@ fn prefill_all(m: &Model, tokens: &[u32]) -> Vec<f32> {
 #[test]
 fn every_llama_quantize_file_type_is_within_1_5x_of_llama_cpp() {
     let dir = fixtures().join("models");
-    let idx = json(&dir.join("index.json"));
+    let idx = read_json(&dir.join("index.json"));
     let prompt: Vec<u32> = idx["prompt"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
     let vocab = idx["spec"]["vocab"].as_u64().unwrap() as usize;
     let mut report = Vec::new();

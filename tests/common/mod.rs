@@ -195,6 +195,12 @@ pub struct Fixture {
 }
 
 /// A raw little-endian f32 file.
+/// A JSON file of the fixtures (index files, references).
+pub fn read_json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 pub fn read_f32(path: &Path) -> Vec<f32> {
     let raw = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     raw.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
