@@ -151,11 +151,13 @@ impl TensorSource for GgufSource<'_> {
 fn gguf_dtype(file: &Gguf, t: &crate::format::gguf::TensorInfo) -> Result<DType> {
     t.dtype.ok_or_else(|| {
         let ty = quant::ggml_type_info(t.ggml_type).map(|i| i.0).unwrap_or("unknown");
+        let supported: Vec<&str> = DType::all().iter().map(|d| d.name()).collect();
         Error::unsupported(format!(
-            "{}: tensor {} has type {ty} (ggml type {}), which is not supported (F32, F16, BF16, Q8_0, Q4_0 are)",
+            "{}: tensor {} has type {ty} (ggml type {}), which is not supported ({} are)",
             file.path.display(),
             t.name,
-            t.ggml_type
+            t.ggml_type,
+            supported.join(", ")
         ))
     })
 }

@@ -154,12 +154,31 @@ fn quantize_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i32]) {
     for (((xb, qb), db), sb) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(d.iter_mut()).zip(sums.iter_mut()) {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
         let s = amax / 127.0;
-        let id = if s != 0.0 { 127.0 / amax } else { 0.0 };
+        let (pre, id) = block_scales(amax);
         for (q, &v) in qb.iter_mut().zip(xb) {
-            *q = round_to_i8(v * id);
+            *q = round_to_i8(v * pre * id);
         }
         *db = s;
         *sb = qb.iter().map(|&q| q as i32).sum();
+    }
+}
+
+/// The two factors of a block's quantization, `q = round(v * pre * id)`: `pre`
+/// 1 and `id = 127 / amax` for every block whose `127 / amax` is finite. For a
+/// block of tiny values (amax below about 3.7e-37, where `127 / amax` overflows
+/// to infinity and every value would land on +127 or -128), `pre = 2^64` and
+/// `id = 127 / (amax * 2^64)`: both products are exact scalings by a power of
+/// two, so the integers are the ones the block scaled into the normal range
+/// gets, in the symmetric range -127..=127 like every other block.
+#[inline(always)]
+fn block_scales(amax: f32) -> (f32, f32) {
+    const TWO64: f32 = 18_446_744_073_709_551_616.0;
+    if amax / 127.0 == 0.0 {
+        (1.0, 0.0)
+    } else if (127.0 / amax).is_infinite() {
+        (TWO64, 127.0 / (amax * TWO64))
+    } else {
+        (1.0, 127.0 / amax)
     }
 }
 
@@ -185,11 +204,11 @@ unsafe fn quantize_avx512(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i
             let m = _mm512_max_ps(_mm512_abs_ps(xv[1]), _mm512_max_ps(_mm512_abs_ps(xv[0]), _mm512_setzero_ps()));
             let amax = _mm512_reduce_max_ps(m);
             let s = amax / 127.0;
-            let id = if s != 0.0 { 127.0 / amax } else { 0.0 };
+            let (pre, id) = block_scales(amax);
             *d.get_unchecked_mut(b) = s;
             let mut isum = _mm512_setzero_si512();
             for (h, &xh) in xv.iter().enumerate() {
-                let v = _mm512_mul_ps(xh, _mm512_set1_ps(id));
+                let v = _mm512_mul_ps(_mm512_mul_ps(xh, _mm512_set1_ps(pre)), _mm512_set1_ps(id));
                 let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
                 let v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-128.0)), _mm512_set1_ps(128.0));
                 let i = _mm512_cvttps_epi32(v);
@@ -316,20 +335,35 @@ mod tests {
         for v in x[8 * QK..9 * QK].iter_mut() {
             *v = -v.abs();
         }
+        // Blocks 9 and 10: mixed signs, amax subnormal (1e-40) and tiny normal
+        // (1e-38), where 127 / amax overflows.
+        let mut rng = crate::util::XorShift::new(99);
+        for (b, scale) in [(9, 1e-40f32), (10, 1e-38)] {
+            for v in x[b * QK..(b + 1) * QK].iter_mut() {
+                *v = rng.vec(1, -1.0, 1.0)[0] * scale;
+            }
+        }
         let n = x.len();
         let (mut q0, mut d0, mut s0) = (vec![0i8; n], vec![0f32; n / QK], vec![0i32; n / QK]);
         quantize_blocks(&x, &mut q0, &mut d0, &mut s0);
         let mut want_q = vec![0i8; n];
         for (b, (xb, qb)) in x.chunks_exact(QK).zip(want_q.chunks_exact_mut(QK)).enumerate() {
             let amax = xb.iter().filter(|v| !v.is_nan()).fold(0f32, |m, v| if v.abs() > m { v.abs() } else { m });
-            let id = if amax / 127.0 != 0.0 { 127.0 / amax } else { 0.0 };
+            // Quantization is invariant under scaling by a power of two: tiny
+            // blocks are expected to give the integers of the block times 2^64.
+            let s = amax / 127.0;
+            let k = if s != 0.0 && (127.0 / amax).is_infinite() { 18_446_744_073_709_551_616.0f32 } else { 1.0 };
+            let id = if s != 0.0 { 127.0 / (amax * k) } else { 0.0 };
             for (q, &v) in qb.iter_mut().zip(xb) {
-                let r = (v * id).round();
+                let r = (v * k * id).round();
                 *q = if r.is_nan() { 0 } else { r.clamp(-128.0, 127.0) as i8 };
             }
-            assert_eq!(d0[b].to_bits(), (amax / 127.0).to_bits(), "block {b}");
+            assert_eq!(d0[b].to_bits(), s.to_bits(), "block {b}");
         }
         assert_eq!(q0, want_q);
+        // The symmetric range: no -128 (the AVX2 sign trick negates activations).
+        assert!(!q0.contains(&-128), "an activation quantized to -128");
+        assert!(q0[9 * QK..11 * QK].iter().any(|&q| q < -100) && q0[9 * QK..11 * QK].iter().any(|&q| q > 100));
         #[cfg(target_arch = "x86_64")]
         if detect() == Isa::Avx512Vnni {
             let (mut q1, mut d1, mut s1) = (vec![0i8; n], vec![0f32; n / QK], vec![0i32; n / QK]);
