@@ -136,8 +136,15 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 // Launch: grid = (n_tokens, n_kv_heads, n_splits), block = (SPLIT_THREADS) exactly.
 //
 // attention_merge_f32: out[t][h][d] = sum_s w_s o_s[d] / sum_s w_s l_s with
-// w_s = exp(m_s - max_s m_s) (0 for an empty split): the numerically safe merge.
-// Launch: grid = (n_tokens, n_heads), block = (T) a multiple of 32; threads over d.
+// w_s = exp(m_s - max_s m_s) (0 for an empty split): the numerically safe merge, in
+// parallel over the splits (1024 splits at 32k positions): the block's max of m_s, then
+// warp w sums splits w, w + W, ... (W = blockDim.x / 32 warps; lanes over d, an fmaf chain
+// per split in ascending order), then thread d adds the W warp sums in warp order. Split s
+// always lands in warp s % W at the same place of its chain, and an empty split adds
+// exactly 0, so a sequence's result does not depend on how many (empty) splits follow its
+// last one: batch-invariant bit for bit.
+// Launch: grid = (n_tokens, n_heads), block = (T), T a multiple of 32, 32 <= T <=
+// MERGE_THREADS (launcher: MERGE_THREADS).
 
 #define SPLIT_THREADS 128
 #define SPLIT_WARPS (SPLIT_THREADS / 32)
@@ -289,25 +296,64 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
     }
 }
 
-extern "C" __global__ void attention_merge_f32(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                                               float* __restrict__ out, int n_tokens, int n_heads, int head_dim,
-                                               int n_splits) {
+#define MERGE_THREADS 256
+#define MERGE_WARPS (MERGE_THREADS / 32)
+#define MERGE_DPL (ATT_MAX_HD / 32)  // head dims per lane
+
+extern "C" __global__ void __launch_bounds__(MERGE_THREADS)
+    attention_merge_f32(const float* __restrict__ part_o, const float* __restrict__ part_ml, float* __restrict__ out,
+                        int n_tokens, int n_heads, int head_dim, int n_splits) {
+    __shared__ float wmax[MERGE_WARPS];
+    __shared__ float wl[MERGE_WARPS];
+    __shared__ float wo[MERGE_WARPS][ATT_MAX_HD];
     const int t = blockIdx.x;
     const int h = blockIdx.y;
-    if (t >= n_tokens || h >= n_heads) return;
+    if (t >= n_tokens || h >= n_heads) return;  // uniform over the block
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int nw = blockDim.x >> 5;
     const size_t base = ((size_t)t * n_heads + h) * n_splits;
-    float M = __int_as_float(0xff800000);
-    for (int s = 0; s < n_splits; ++s) M = fmaxf(M, part_ml[(base + s) * 2]);
+    const float NEG_INF = __int_as_float(0xff800000);
+
+    float m = NEG_INF;
+    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) m = fmaxf(m, part_ml[(base + s) * 2]);
+    m = warp_max(m);
+    if (lane == 0) wmax[warp] = m;
+    __syncthreads();
+    float M = wmax[0];
+    for (int w = 1; w < nw; ++w) M = fmaxf(M, wmax[w]);
+
+    float L = 0.0f;
+    float acc[MERGE_DPL];
+#pragma unroll
+    for (int j = 0; j < MERGE_DPL; ++j) acc[j] = 0.0f;
+    for (int s = warp; s < n_splits; s += nw) {
+        const float ms = part_ml[(base + s) * 2];
+        const float w = (ms == NEG_INF) ? 0.0f : expf(ms - M);
+        L = fmaf(w, part_ml[(base + s) * 2 + 1], L);
+        const float* po = part_o + (base + s) * head_dim;
+#pragma unroll
+        for (int j = 0; j < MERGE_DPL; ++j) {
+            const int d = lane + 32 * j;
+            if (d < head_dim) acc[j] = fmaf(w, po[d], acc[j]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < MERGE_DPL; ++j) {
+        const int d = lane + 32 * j;
+        if (d < head_dim) wo[warp][d] = acc[j];
+    }
+    if (lane == 0) wl[warp] = L;
+    __syncthreads();
+
     float* o = out + ((size_t)t * n_heads + h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float L = 0.0f, acc = 0.0f;
-        for (int s = 0; s < n_splits; ++s) {
-            const float m = part_ml[(base + s) * 2];
-            const float w = (m == __int_as_float(0xff800000)) ? 0.0f : expf(m - M);
-            L = fmaf(w, part_ml[(base + s) * 2 + 1], L);
-            acc = fmaf(w, part_o[(base + s) * head_dim + d], acc);
+        float a = wo[0][d], l = wl[0];
+        for (int w = 1; w < nw; ++w) {
+            a = __fadd_rn(a, wo[w][d]);
+            l = __fadd_rn(l, wl[w]);
         }
-        o[d] = acc / L;
+        o[d] = a / l;
     }
 }
 

@@ -64,41 +64,88 @@ __device__ __forceinline__ void warp_argmax(float& bv, int& bi) {
     }
 }
 
+// argmax in two stages, so that a row of a 128k vocabulary is scanned by many blocks:
+//   argmax_part_f32:  block (c, r) takes chunk c of row r (ARGMAX_CHUNK logits) and writes
+//                     its own first max: part[(r * n_chunks + c) * 2] = value bits,
+//                     [.. + 1] = index (ARGMAX_NONE when nothing in the chunk is above -inf).
+//   argmax_final_f32: a warp per row reduces the row's n_chunks partials.
 // out[r] = index of the largest value of row r of logits ([rows][vocab]), the first one
-// on ties, for r < rows. NaN never wins; a row with no value above -inf gives 0 (as
-// the CPU backend's scan, which starts from index 0).
-// Launch: grid = (rows), block = (T), T a multiple of 32, 32 <= T <= 1024 (launcher: 512).
-extern "C" __global__ void argmax_f32(const float* __restrict__ logits, unsigned int* __restrict__ out, int rows,
-                                      int vocab) {
+// on ties, for r < rows: exactly crate::util::argmax, the CPU's scan from index 0 with a
+// strict >. So NaN never wins, except that a NaN at index 0 is never beaten (the scan
+// compares against it and every comparison is false): such a row gives 0; a row with
+// nothing above -inf gives 0.
+// Launch: argmax_part_f32 grid = (n_chunks, min(rows, 65535)), block = (T), T a multiple of
+// 32, 32 <= T <= ARGMAX_THREADS (launcher: ARGMAX_THREADS), n_chunks = ceil(vocab /
+// ARGMAX_CHUNK); rows past gridDim.y are walked by a block-uniform loop. argmax_final_f32
+// grid = (rows), block = (32).
+#define ARGMAX_THREADS 256
+#define ARGMAX_CHUNK 4096
+#define ARGMAX_NONE 0x7fffffff
+
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
+    argmax_part_f32(const float* __restrict__ logits, unsigned int* __restrict__ part, int rows, int vocab,
+                    int n_chunks) {
     __shared__ float sv[32];
     __shared__ int si[32];
-    const int r = blockIdx.x;
-    if (r >= rows) return;
-    const float* x = logits + (size_t)r * vocab;
-    const int NONE = 0x7fffffff;
-    float bv = __int_as_float(0xff800000);  // -inf
-    int bi = NONE;
-    // Each thread scans ascending indices with a strict >: its own first max.
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        const float v = x[i];
-        if (v > bv) {
-            bv = v;
-            bi = i;
-        }
-    }
-    warp_argmax(bv, bi);
+    const int c = blockIdx.x;
+    if (c >= n_chunks) return;  // uniform over the block
+    const long long begin = (long long)c * ARGMAX_CHUNK;
+    const long long end = min((long long)vocab, begin + ARGMAX_CHUNK);
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int nwarps = blockDim.x >> 5;
-    if (lane == 0) {
-        sv[warp] = bv;
-        si[warp] = bi;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        bv = lane < nwarps ? sv[lane] : __int_as_float(0xff800000);
-        bi = lane < nwarps ? si[lane] : NONE;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {  // uniform over the block
+        const float* x = logits + (size_t)r * vocab;
+        float bv = __int_as_float(0xff800000);  // -inf
+        int bi = ARGMAX_NONE;
+        // Each thread scans ascending indices with a strict >: its own first max.
+        for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
+            const float v = x[i];
+            if (v > bv) {
+                bv = v;
+                bi = (int)i;
+            }
+        }
         warp_argmax(bv, bi);
-        if (lane == 0) out[r] = (unsigned int)(bi == NONE ? 0 : bi);
+        if (lane == 0) {
+            sv[warp] = bv;
+            si[warp] = bi;
+        }
+        __syncthreads();
+        if (warp == 0) {
+            bv = lane < nwarps ? sv[lane] : __int_as_float(0xff800000);
+            bi = lane < nwarps ? si[lane] : ARGMAX_NONE;
+            warp_argmax(bv, bi);
+            if (lane == 0) {
+                const size_t p = ((size_t)r * n_chunks + c) * 2;
+                part[p] = __float_as_uint(bv);
+                part[p + 1] = (unsigned int)bi;
+            }
+        }
+        __syncthreads();  // sv/si are rewritten by the next row
+    }
+}
+
+extern "C" __global__ void argmax_final_f32(const float* __restrict__ logits, const unsigned int* __restrict__ part,
+                                            unsigned int* __restrict__ out, int rows, int vocab, int n_chunks) {
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    const int lane = threadIdx.x & 31;
+    const unsigned int* p = part + (size_t)r * n_chunks * 2;
+    float bv = __int_as_float(0xff800000);
+    int bi = ARGMAX_NONE;
+    // Chunks ascend with the lane's loop, so a strict > keeps the lane's first max; the
+    // tree below breaks ties by index.
+    for (int c = lane; c < n_chunks; c += 32) {
+        const float v = __uint_as_float(p[(size_t)c * 2]);
+        if (v > bv) {
+            bv = v;
+            bi = (int)p[(size_t)c * 2 + 1];
+        }
+    }
+    warp_argmax(bv, bi);
+    if (lane == 0) {
+        const float x0 = logits[(size_t)r * vocab];
+        out[r] = (x0 != x0 || bi == ARGMAX_NONE) ? 0u : (unsigned int)bi;
     }
 }

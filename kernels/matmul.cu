@@ -303,6 +303,9 @@ GEMV_ENTRY(gemv_q4_0_f32, unsigned char, RowQ4_0)
 GQ_TYPES(GQ_GEMV)
 
 // ---- fast GEMV kernels (LLMRT_CUDA_GEMV=0 or LLMRT_CUDA_FAST=0 turn them off) ----------
+// The quantized ones (and their fused launches) are opt-in, LLMRT_CUDA_GEMV_QUANT=1, until a
+// GPU has measured them: lane l reads x[(c0 + l) * 32 ..] of the block it dequantises, so
+// each 16-byte activation load of the warp touches 32 cache lines (the plain kernels' 8).
 //
 // Same contract and launch as the kernels above (grid = ceil(rows / 4), block = 128: a warp
 // per row), more bytes in flight per warp:

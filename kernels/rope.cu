@@ -14,8 +14,11 @@
 // computed with unfused f32 products (__fmul_rn), so the result is bit-for-bit the
 // CPU backend's. A slot whose block is >= n_blocks is not written (guard; the host
 // checks slots). Tokens must have distinct slots.
-// Launch: grid = (n_tokens), block = (T), T a multiple of 32 (launcher: 128); each
-// thread owns whole pairs, so the in-place update is race-free.
+// Launch: grid = (n_tokens, n_heads + n_kv_heads), block = (T), T >= 1 (launcher: head_dim / 2
+// rounded up to a multiple of 32, at most 128). Block (t, y) takes query head y of token t
+// when y < n_heads, else KV head y - n_heads (K rotated and stored, V stored); its threads
+// own whole pairs, so the in-place update is race-free and every element is computed
+// exactly as one block per token computed it.
 #include "common.cuh"
 
 __device__ __forceinline__ void rot(float x0, float x1, float c, float s, float& y0, float& y1) {
@@ -29,48 +32,52 @@ extern "C" __global__ void rope_kv_write_f32(float* __restrict__ q, float* __res
                                              int n_tokens, int n_heads, int n_kv_heads, int head_dim, int neox,
                                              int n_layers, int layer, int n_blocks) {
     const int t = blockIdx.x;
-    if (t >= n_tokens) return;
+    const int y = blockIdx.y;
+    if (t >= n_tokens || y >= n_heads + n_kv_heads) return;
     const int half_d = head_dim >> 1;
     const int q_dim = n_heads * head_dim;
     const int kv_dim = n_kv_heads * head_dim;
     const float* c_row = cos_t + (size_t)t * half_d;
     const float* s_row = sin_t + (size_t)t * half_d;
 
-    float* qt = q + (size_t)t * q_dim;
-    for (int i = threadIdx.x; i < n_heads * half_d; i += blockDim.x) {
-        const int h = i / half_d, j = i - h * half_d;
-        const int a = h * head_dim + (neox ? j : 2 * j);
-        const int b = neox ? a + half_d : a + 1;
-        float y0, y1;
-        rot(qt[a], qt[b], c_row[j], s_row[j], y0, y1);
-        qt[a] = y0;
-        qt[b] = y1;
+    if (y < n_heads) {
+        float* qh = q + (size_t)t * q_dim + (size_t)y * head_dim;
+        for (int j = threadIdx.x; j < half_d; j += blockDim.x) {
+            const int a = neox ? j : 2 * j;
+            const int b = neox ? a + half_d : a + 1;
+            float y0, y1;
+            rot(qh[a], qh[b], c_row[j], s_row[j], y0, y1);
+            qh[a] = y0;
+            qh[b] = y1;
+        }
+        return;
     }
 
+    const int h = y - n_heads;
     const unsigned int slot_id = slots[t];
     const unsigned int blk = slot_id / BLOCK_POSITIONS;
     const bool store = blk < (unsigned int)n_blocks;
     const size_t block_elems = (size_t)n_layers * 2 * BLOCK_POSITIONS * kv_dim;
-    const size_t k_base =
-        (size_t)blk * block_elems + ((size_t)layer * 2 * BLOCK_POSITIONS + slot_id % BLOCK_POSITIONS) * kv_dim;
+    const size_t k_base = (size_t)blk * block_elems +
+                          ((size_t)layer * 2 * BLOCK_POSITIONS + slot_id % BLOCK_POSITIONS) * kv_dim +
+                          (size_t)h * head_dim;
     const size_t v_base = k_base + (size_t)BLOCK_POSITIONS * kv_dim;
 
-    float* kt = k + (size_t)t * kv_dim;
-    for (int i = threadIdx.x; i < n_kv_heads * half_d; i += blockDim.x) {
-        const int h = i / half_d, j = i - h * half_d;
-        const int a = h * head_dim + (neox ? j : 2 * j);
+    float* kh = k + (size_t)t * kv_dim + (size_t)h * head_dim;
+    for (int j = threadIdx.x; j < half_d; j += blockDim.x) {
+        const int a = neox ? j : 2 * j;
         const int b = neox ? a + half_d : a + 1;
         float y0, y1;
-        rot(kt[a], kt[b], c_row[j], s_row[j], y0, y1);
-        kt[a] = y0;
-        kt[b] = y1;
+        rot(kh[a], kh[b], c_row[j], s_row[j], y0, y1);
+        kh[a] = y0;
+        kh[b] = y1;
         if (store) {
             kv[k_base + a] = __float2half_rn(y0);
             kv[k_base + b] = __float2half_rn(y1);
         }
     }
     if (store) {
-        const float* vt = v + (size_t)t * kv_dim;
-        for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) kv[v_base + i] = __float2half_rn(vt[i]);
+        const float* vh = v + (size_t)t * kv_dim + (size_t)h * head_dim;
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) kv[v_base + i] = __float2half_rn(vh[i]);
     }
 }

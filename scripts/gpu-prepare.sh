@@ -5,8 +5,14 @@
 #   usage: scripts/gpu-prepare.sh [TEST_TARGET ...]
 #   TEST_TARGET: names of test targets to ship (tests/<name>.rs, or "llmrt" for the
 #                library's unit tests); default: cuda_smoke cuda_parity, and
-#                cuda_kernels when tests/cuda_kernels.rs exists.
-#   The benchmark binary llmrt-bench (src/bin/llmrt-bench.rs) is always shipped too.
+#                cuda_kernels / cuda_quant_formats when their tests/<name>.rs exists
+#                (the CUDA binaries of `make test-cuda-emulated`).
+#   The benchmark binary llmrt-bench (src/bin/llmrt-bench/) is always shipped too.
+#   Only these targets are built (not every test of the crate).
+#
+# scripts/gpu-check.sh runs every executable of gpu-bin/ (with LLMRT_CUDA_GEMV_QUANT=1:
+# every fast path on), cuda_parity again with LLMRT_CUDA_FAST=0, then llmrt-bench.
+# Stripped, each executable is about 2 MB: gpu-bin/ travels with `carry: ["gpu-bin"]`.
 #
 # Installs the pinned nvcc first (scripts/install-nvcc.sh, idempotent) unless NVCC is
 # set, so the executables embed PTX for sm_80/sm_90; refuses to ship without it.
@@ -18,8 +24,14 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
   TARGETS=(cuda_smoke cuda_parity)
-  [ -f tests/cuda_kernels.rs ] && TARGETS+=(cuda_kernels)
+  for t in cuda_kernels cuda_quant_formats; do
+    [ -f "tests/$t.rs" ] && TARGETS+=("$t")
+  done
 fi
+CARGO_SEL=()
+for t in "${TARGETS[@]}"; do
+  if [ "$t" = llmrt ]; then CARGO_SEL+=(--lib); else CARGO_SEL+=(--test "$t"); fi
+done
 
 if [ -z "${NVCC:-}" ]; then
   scripts/install-nvcc.sh >/dev/null
@@ -28,7 +40,7 @@ fi
 echo "gpu-prepare: cargo test --release --no-run (targets: ${TARGETS[*]})" >&2
 JSON="$(mktemp)"
 trap 'rm -f "$JSON"' EXIT
-cargo test --release --no-run --message-format=json > "$JSON"
+cargo test --release --no-run --message-format=json "${CARGO_SEL[@]}" > "$JSON"
 cargo build --release --bin llmrt-bench --message-format=json >> "$JSON"
 
 OUTDIR="$ROOT/gpu-bin"

@@ -447,7 +447,19 @@ fn elementwise_gather_rows_matches_cpu() {
 fn elementwise_argmax_takes_the_first_max() {
     let Some(d) = device() else { return };
     let mut worst = Worst::new("argmax");
-    for &vocab in &[1usize, 7, 1000, 32000, 151_936] {
+    let run = |logits: &[f32], rows: usize, vocab: usize, case: &str| {
+        let mut out = d.up(&vec![u32::MAX; rows + TAIL]);
+        let mut part = d.up(&vec![u32::MAX; Ops::argmax_scratch_len(rows, vocab)]);
+        d.ops.argmax(&d.up(logits), rows, vocab, &mut part, &mut out).expect("argmax");
+        let got = d.down(&out);
+        // The CPU's own argmax (llmrt::util::argmax) row by row: the same ids, bit for bit.
+        let want = reference::argmax(logits, vocab);
+        assert_eq!(&got[..rows], &want[..], "{case}");
+        assert!(got[rows..].iter().all(|&v| v == u32::MAX), "{case}: wrote past rows");
+    };
+    // 4096 logits per block of the first stage: 4097 and 8192 straddle chunk ends,
+    // 128_256 (Llama 3) and 151_936 (Qwen2) are 32 and 38 chunks a row.
+    for &vocab in &[1usize, 7, 1000, 4097, 8192, 32000, 128_256, 151_936] {
         for &rows in &[1usize, 3, 9] {
             let mut rng = XorShift::from_parts(&[80, vocab, rows]);
             // Few distinct values: many ties; one row all equal; one with the max last.
@@ -458,16 +470,73 @@ fn elementwise_argmax_takes_the_first_max() {
             if rows > 2 {
                 logits[3 * vocab - 1] = 100.0;
             }
-            let mut out = d.up(&vec![u32::MAX; rows + TAIL]);
-            d.ops.argmax(&d.up(&logits), rows, vocab, &mut out).expect("argmax");
-            let got = d.down(&out);
-            let want = reference::argmax(&logits, vocab);
             let case = format!("vocab={vocab} rows={rows}");
-            assert_eq!(&got[..rows], &want[..], "{case}");
-            assert!(got[rows..].iter().all(|&v| v == u32::MAX), "{case}: wrote past rows");
+            run(&logits, rows, vocab, &case);
             worst.exact(case);
         }
     }
+    // Rows of a 128k vocabulary that test the tie rule across chunks and blocks and the
+    // CPU's NaN and -inf rule: NaN never wins, a NaN at index 0 is never beaten (the row
+    // gives 0), nothing above -inf gives 0.
+    let vocab = 128_256usize;
+    const NAN: f32 = f32::NAN;
+    const INF: f32 = f32::INFINITY;
+    let mut rng = XorShift::from_parts(&[81, vocab]);
+    let base: Vec<f32> = rng.vec(vocab, -10.0, 10.0);
+    type Edit = fn(&mut [f32]);
+    let rows: &[(&str, Edit)] = &[
+        ("random", |_| {}),
+        ("tie across a chunk end", |r| {
+            r[4095] = 50.0;
+            r[4096] = 50.0;
+        }),
+        ("tie in two far chunks", |r| {
+            r[130_000.min(r.len() - 1)] = 50.0;
+            r[5000] = 50.0;
+            r[90_001] = 50.0;
+        }),
+        ("max at the last index", |r| *r.last_mut().unwrap() = 50.0),
+        ("max at index 0 tied later", |r| {
+            r[0] = 50.0;
+            r[77_777] = 50.0;
+        }),
+        ("all equal", |r| r.fill(0.25)),
+        ("-0 ties +0", |r| {
+            r.fill(-1.0);
+            r[9000] = -0.0;
+            r[8999] = 0.0;
+            r[4] = -0.0;
+        }),
+        ("all -INF", |r| r.fill(-INF)),
+        ("-INF then NaN", |r| {
+            r.fill(-INF);
+            r[100] = NAN;
+        }),
+        ("NaN at 0, larger later", |r| r[0] = NAN),
+        ("NaN in the middle, max after it", |r| {
+            r[1000] = NAN;
+            r[60_000] = 99.0;
+        }),
+        ("NaN every other", |r| {
+            for v in r.iter_mut().skip(1).step_by(2) {
+                *v = NAN;
+            }
+        }),
+        ("+inf twice", |r| {
+            r[70_000] = INF;
+            r[3] = INF;
+        }),
+        ("NaN everywhere", |r| r.fill(NAN)),
+    ];
+    let mut all = Vec::with_capacity(rows.len() * vocab);
+    for (_, edit) in rows {
+        let mut r = base.clone();
+        edit(&mut r);
+        all.extend_from_slice(&r);
+    }
+    let names: Vec<&str> = rows.iter().map(|r| r.0).collect();
+    run(&all, rows.len(), vocab, &format!("vocab={vocab} special rows {names:?}"));
+    worst.exact(format!("vocab={vocab} special rows"));
     worst.report();
 }
 
@@ -521,12 +590,14 @@ const SHAPES: &[(usize, usize, usize)] = &[(8, 2, 32), (4, 4, 16), (4, 1, 128), 
 fn rope_kv_write_matches_cpu() {
     let Some(d) = device() else { return };
     let (mut wq, mut wk, mut wp) = (Worst::new("rope_q"), Worst::new("rope_k"), Worst::new("rope_kv_pool"));
-    let (n_blocks, n_layers) = (8usize, 3usize);
+    let n_layers = 3usize;
     for &(nh, nkv, hd) in SHAPES {
         let shape = AttnShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd };
         let (qd, kvd) = (nh * hd, nkv * hd);
         for neox in [false, true] {
-            for &(n, layer) in &[(1usize, 0usize), (5, 1), (19, 2)] {
+            // 1000 tokens: a prefill's grid of (token, head) blocks.
+            for &(n, layer) in &[(1usize, 0usize), (5, 1), (19, 2), (1000, 1)] {
+                let n_blocks = if n > 100 { 64 } else { 8 };
                 let mut rng = XorShift::from_parts(&[90, nh, nkv, hd, neox as usize, n]);
                 let q = rng.vec(n * qd, -1.0, 1.0);
                 let k = rng.vec(n * kvd, -1.0, 1.0);
@@ -566,11 +637,21 @@ fn rope_kv_write_matches_cpu() {
                     reference::Pool { kv: &mut pool, n_layers, layer, slots },
                 );
                 let case = format!("heads={nh}/{nkv} hd={hd} neox={neox} n={n} layer={layer}");
-                wq.check(case.clone(), &d.down(&q_d), &qw, 1e-6);
-                wk.check(case.clone(), &d.down(&k_d), &kw, 1e-6);
-                let got: Vec<f32> = d.down(&kv.data).iter().map(|v| v.to_f32()).collect();
+                let (got_q, got_k, got_pool) = (d.down(&q_d), d.down(&k_d), d.down(&kv.data));
+                wq.check(case.clone(), &got_q, &qw, 1e-6);
+                wk.check(case.clone(), &got_k, &kw, 1e-6);
+                let got: Vec<f32> = got_pool.iter().map(|v| v.to_f32()).collect();
                 let want: Vec<f32> = pool.iter().map(|v| v.to_f32()).collect();
-                wp.check(case, &got, &want, 1e-6);
+                wp.check(case.clone(), &got, &want, 1e-6);
+                // Unfused f32 products on both sides: the twin's bits exactly.
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                assert!(bits(&got_q) == bits(&qw), "rope q: {case}: not bit-identical to the CPU twin");
+                assert!(bits(&got_k) == bits(&kw), "rope k: {case}: not bit-identical to the CPU twin");
+                let pool_bits: Vec<u16> = pool.iter().map(|v| v.to_bits()).collect();
+                assert!(
+                    got_pool.iter().map(|v| v.to_bits()).eq(pool_bits.iter().copied()),
+                    "rope pool: {case}: not bit-identical to the CPU twin"
+                );
             }
         }
     }
@@ -911,6 +992,76 @@ fn attention_split_kv_matches_cpu_and_the_one_kernel_attention() {
         )
         .expect_err("group of 16");
     assert_eq!(err.status, Status::LLMRT_INVALID_ARGUMENT, "{err}");
+}
+
+/// The merge of a 32k-position decode: 1024 splits of 32 positions, shared by the merge
+/// block's warps (heads reduced to 2 query / 1 KV head of 64 so the emulator stays fast).
+#[test]
+fn attention_split_kv_merges_1024_splits_of_a_32k_context() {
+    let Some(d) = device() else { return };
+    let mut worst = Worst::verbose("attention_split_32k");
+    let mut worst_vs = Worst::verbose("attention_split_32k_vs_attention");
+    let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 64 };
+    let (n_layers, layer, ctx) = (1usize, 0usize, 32_768usize);
+    let max_blocks = ctx / BLOCK_POSITIONS;
+    let (qd, kvd) = (shape.n_heads * shape.head_dim, shape.n_kv_heads * shape.head_dim);
+    let mut rng = XorShift::from_parts(&[170, ctx]);
+    let (kv, pool) = random_pool(d, &mut rng, max_blocks, n_layers, kvd);
+    let mut tables: Vec<u32> = (0..max_blocks as u32).collect();
+    shuffle(&mut rng, &mut tables);
+    // The last position, one mid-way (a split part-full), one early (most splits empty).
+    let pos: Vec<u32> = vec![32_767, 20_000, 40];
+    let seq = vec![0u32; pos.len()];
+    let n = pos.len();
+    let q = rng.vec(n * qd, -2.0, 2.0);
+    let (q_d, seq_d, pos_d, tab_d) = (d.up(&q), d.up(&seq), d.up(&pos), d.up(&tables));
+    let want = reference::attention(&reference::Attn {
+        q: &q,
+        kv: &pool,
+        n_layers,
+        layer,
+        seq: &seq,
+        pos: &pos,
+        block_tables: &tables,
+        max_blocks,
+        shape,
+    });
+    let args = attn(&q_d, &kv, layer, [&seq_d, &pos_d, &tab_d], max_blocks, n, shape);
+    let mut one = d.nan(n * qd);
+    d.ops.attention(&args, &mut one).expect("attention");
+    let one = d.down(&one);
+    let split = d.ops.split_plan(n, shape.n_kv_heads, max_blocks);
+    assert_eq!(split.0, 1024, "32k positions in splits of 32");
+    let (po, pm) = Ops::split_scratch_len(n, shape, split.0);
+    let (mut part_o, mut part_ml, mut out) = (d.nan(po), d.nan(pm), d.nan(n * qd + TAIL));
+    d.ops.attention_split(&args, split, &mut part_o, &mut part_ml, &mut out).expect("attention_split");
+    let got = d.down(&out);
+    let case = format!("ctx={ctx} splits={} positions={pos:?}", split.0);
+    assert_tail_nan("attention_split", &case, &got, n * qd);
+    worst.check(case.clone(), &got[..n * qd], &want, 1e-4);
+    worst_vs.check(case, &got[..n * qd], &one, 1e-5);
+    // Token 40 alone over its own 3 blocks (2 splits) gives the bits it gets among 1024
+    // splits: the 1022 empty ones add exactly nothing.
+    let own = &tables[..3];
+    let split1 = d.ops.split_plan(1, 1, 3);
+    let (po, pm) = Ops::split_scratch_len(1, shape, split1.0);
+    let (mut part_o, mut part_ml, mut alone) = (d.nan(po), d.nan(pm), d.nan(qd));
+    let (q1, s1, p1, t1) = (d.up(&q[2 * qd..3 * qd]), d.up(&[0u32]), d.up(&[40u32]), d.up(own));
+    d.ops
+        .attention_split(
+            &attn(&q1, &kv, layer, [&s1, &p1, &t1], 3, 1, shape),
+            split1,
+            &mut part_o,
+            &mut part_ml,
+            &mut alone,
+        )
+        .expect("attention_split alone");
+    let alone = d.down(&alone);
+    for (j, (a, b)) in alone.iter().zip(&got[2 * qd..3 * qd]).enumerate() {
+        assert_eq!(a.to_bits(), b.to_bits(), "dim {j}: alone {a} != among 1024 splits {b}");
+    }
+    worst.report();
+    worst_vs.report();
 }
 
 #[test]

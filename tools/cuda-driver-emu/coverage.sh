@@ -23,7 +23,8 @@ exes=$(LLVM_PROFILE_FILE="$cov/build-prof/%p-%m.profraw" $cargo test --release -
 [ -n "$exes" ] || { cat "$cov/build.log"; exit 1; }
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 [ "${CUDA_EMU_COV_REPORT_ONLY:-0}" = 0 ] && for e in $exes; do
-  LLVM_PROFILE_FILE="$cov/prof/fast-%p-%m.profraw" "$e" >"$cov/$(basename "$e").fast.log" 2>&1 || echo "  $(basename "$e") (fast) failed: see $cov"
+  LLMRT_CUDA_GEMV_QUANT=1 LLVM_PROFILE_FILE="$cov/prof/fast-%p-%m.profraw" "$e" >"$cov/$(basename "$e").fast.log" 2>&1 ||
+    echo "  $(basename "$e") (fast) failed: see $cov"
   LLMRT_CUDA_FAST=0 LLVM_PROFILE_FILE="$cov/prof/plain-%p-%m.profraw" "$e" >"$cov/$(basename "$e").plain.log" 2>&1 ||
     echo "  $(basename "$e") (plain) failed: see $cov"
 done

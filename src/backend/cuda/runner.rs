@@ -237,6 +237,8 @@ struct Scratch {
     seln: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     next: CudaSlice<u32>,
+    /// The argmax partials of the wanted rows (`Ops::argmax_scratch_len`).
+    argmax_part: CudaSlice<u32>,
     /// Split-KV partials: `[tokens][heads][splits][head_dim]` and `[..][2]`.
     part_o: CudaSlice<f32>,
     part_ml: CudaSlice<f32>,
@@ -286,6 +288,7 @@ impl Scratch {
         g(&mut s.block_tables, bt_len.next_power_of_two(), "block tables")?;
         g(&mut s.rows, rcap, "rows")?;
         g(&mut s.next, rcap, "next")?;
+        g(&mut s.argmax_part, Ops::argmax_scratch_len(rcap, vocab), "argmax partials")?;
         g(&mut s.tiles, 2 * cap, "attention tiles")?;
         // The packed step arrays, with at most one tile per token.
         let z = StageShape { n: cap, nr: rcap, bt: bt_len.next_power_of_two(), n_tiles: cap, half };
@@ -321,6 +324,7 @@ impl Scratch {
             &self.block_tables,
             &self.rows,
             &self.next,
+            &self.argmax_part,
             &self.stage,
             &self.tiles,
         ];
@@ -646,6 +650,7 @@ impl CudaBackend {
             seln: to.zeros(1, SB)?,
             logits: to.zeros(1, SB)?,
             next: to.zeros(1, SB)?,
+            argmax_part: to.zeros(1, SB)?,
             part_o: to.zeros(1, SB)?,
             part_ml: to.zeros(1, SB)?,
             stage: to.zeros(1, SB)?,
@@ -947,7 +952,7 @@ impl CudaBackend {
             let head = output.as_ref().unwrap_or(token_embd);
             ops.matmul(head, &s.seln, nr, &mut s.logits, path)?;
             if greedy {
-                ops.argmax(&s.logits, nr, vocab, &mut s.next)?;
+                ops.argmax(&s.logits, nr, vocab, &mut s.argmax_part, &mut s.next)?;
             }
         }
         Ok(())

@@ -30,7 +30,9 @@
 //! bytes read plus bytes written); with it, each tg row gains its bytes bound: (weight
 //! bytes read per step + KV bytes read per step) / that bandwidth, and the % reached.
 //! `--gemm N`: cuBLAS bf16 N x N x N GEMM (f32 compute) in TFLOP/s (mean of 10 after 3
-//! warm-ups); with it, each pp row gains its FLOP rate and the % of that.
+//! warm-ups); with it, each pp row gains its FLOP rate and the % of that. Optional: it
+//! prints `cuBLAS: <path of the libcublas loaded>`, or `cuBLAS: not loaded (<reason>)`
+//! and goes on without that ceiling.
 //! `--json FILE` also writes the JSON records to FILE (with `-o md` on stdout).
 //! `--membw` with `-m` (CPU): each tg row gains its bytes bound from the read
 //! bandwidth probed with the row's thread count before every repetition and after
@@ -79,7 +81,10 @@ fn main() {
     let mut gemm_tflops = None;
     if a.d2d || a.gemm > 0 {
         match gpu::ceilings(a.d2d, a.gemm) {
-            Ok((bw, tf)) => {
+            Ok(gpu::Ceilings { bw, tf, cublas }) => {
+                if let Some(note) = cublas {
+                    println!("{note}");
+                }
                 if let Some(bw) = bw {
                     println!("CEILING d2d_copy_GBps={bw:.1} (cuMemcpyDtoD 4 GiB, bytes read + written, best of 10)");
                 }

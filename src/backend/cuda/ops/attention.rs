@@ -27,9 +27,12 @@ pub const SPLIT_LEN: usize = 32;
 /// cbindgen:ignore
 pub const PREFILL_TILE: usize = 16;
 
-/// Threads per block of attention_f32, attention_split_f32 and attention_merge_f32
-/// (`ATT_THREADS` and `SPLIT_THREADS` in kernels/attention.cu; fixed).
+/// Threads per block of attention_f32 and attention_split_f32 (`ATT_THREADS` and
+/// `SPLIT_THREADS` in kernels/attention.cu; fixed).
 const ATT_THREADS: u32 = 128;
+/// Threads per block of attention_merge_f32 (`MERGE_THREADS`: 8 warps share the splits).
+/// Fixed: which warp sums a split is part of the merge's order (batch invariance).
+const MERGE_THREADS: u32 = 256;
 /// The grid's y and z dimensions hold at most this many blocks.
 const GRID_YZ_MAX: usize = 65535;
 
@@ -177,7 +180,8 @@ impl Ops {
     /// [`Self::attention`] as split-KV (flash-decoding): each (token, KV head, split of
     /// `split.1` positions) computes the partial softmax of every query head of the group
     /// over its positions into `part_o` / `part_ml` (sized by [`Self::split_scratch_len`]),
-    /// and a merge kernel combines the splits with the safe rescale into `out`. Same
+    /// and a merge kernel combines the splits with the safe rescale into `out` (a block per
+    /// (token, head), its 8 warps sharing the splits: 1024 splits at 32k positions). Same
     /// result as [`Self::attention`] within f32 rounding (scores computed the same way).
     ///
     /// Needs `n_heads / n_kv_heads <= SPLIT_MAX_GROUP` (8) besides what
@@ -248,7 +252,7 @@ impl Ops {
 
         let cfg = LaunchConfig {
             grid_dim: (a.n_tokens as u32, n_heads as u32, 1),
-            block_dim: (ATT_THREADS, 1, 1),
+            block_dim: (MERGE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = self.stream.launch_builder(&self.k.attention.merge);
@@ -256,7 +260,8 @@ impl Ops {
         // SAFETY: the arguments match attention_merge_f32 in kernels/attention.cu (part_o,
         // part_ml, out pointers, then int n_tokens, n_heads, head_dim, n_splits); part_o and
         // part_ml hold n_tokens*n_heads*n_splits*(head_dim | 2) f32 and out n_tokens*q_dim
-        // (checked above); grid (n_tokens, n_heads <= 65535), threads loop over head dims.
+        // (checked above), head_dim <= 256 (the kernel's per-warp sums); grid (n_tokens,
+        // n_heads <= 65535), block MERGE_THREADS (its launch bound).
         unsafe { b.launch(cfg) }.map_err(|e| launch_err("attention_merge", e))?;
         Ok(())
     }

@@ -3,7 +3,7 @@
 //! `crate::util::argmax`), `kernels/elementwise.cu` (the kernels); tests:
 //! `elementwise_*` in tests/cuda_kernels.rs.
 
-use cudarc::driver::{CudaFunction, CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::{ew_cfg, launch_err, mul, need, rows_cfg, to_i32, Ops, EW_THREADS};
 use crate::error::Error;
@@ -14,8 +14,16 @@ kernel_set!("elementwise", {
     add = "add_f32",
     swiglu = "swiglu_f32",
     gather_rows = "gather_rows_f32",
-    argmax = "argmax_f32",
+    argmax_part = "argmax_part_f32",
+    argmax_final = "argmax_final_f32",
 });
+
+/// Logits per block of the first argmax stage (`ARGMAX_CHUNK` in kernels/elementwise.cu).
+const ARGMAX_CHUNK: usize = 4096;
+/// Threads per block of the first argmax stage (`ARGMAX_THREADS`).
+const ARGMAX_THREADS: u32 = 256;
+/// The grid's y dimension holds at most this many blocks.
+const GRID_Y_MAX: usize = 65535;
 
 impl Ops {
     /// `x[r][i] += b[i]` for `r < rows`, `i < n`.
@@ -93,27 +101,62 @@ impl Ops {
         Ok(())
     }
 
+    /// `u32` words of the partials [`Self::argmax`] needs for `rows` rows of `vocab`:
+    /// a (value, index) pair per row and chunk of 4096 logits.
+    pub fn argmax_scratch_len(rows: usize, vocab: usize) -> usize {
+        rows.saturating_mul(vocab.div_ceil(ARGMAX_CHUNK)).saturating_mul(2)
+    }
+
     /// `out[r]` = index of the largest value of row r of `logits` (`[rows][vocab]`),
-    /// the first one on ties (as `crate::util::argmax`), for `r < rows`.
+    /// the first one on ties, for `r < rows`: exactly `crate::util::argmax` (NaN never
+    /// wins, but a NaN at index 0 is never beaten, so its row gives 0; a row with nothing
+    /// above -inf gives 0).
     ///
-    /// (NaN never wins; a row with nothing above -inf gives 0.)
-    pub fn argmax(&self, logits: &CudaSlice<f32>, rows: usize, vocab: usize, out: &mut CudaSlice<u32>) -> Result<()> {
+    /// Two launches: blocks of 256 threads over chunks of 4096 logits of every row (a
+    /// 128k vocabulary is 32 blocks a row) write their first max into `part` (at least
+    /// [`Self::argmax_scratch_len`] words), then a warp per row reduces them.
+    pub fn argmax(
+        &self,
+        logits: &CudaSlice<f32>,
+        rows: usize,
+        vocab: usize,
+        part: &mut CudaSlice<u32>,
+        out: &mut CudaSlice<u32>,
+    ) -> Result<()> {
         const OP: &str = "argmax";
         if vocab == 0 && rows > 0 {
             return Err(Error::invalid(format!("{OP}: vocab must be > 0")));
         }
         need(OP, "logits", logits.len(), mul(OP, rows, vocab)?)?;
         need(OP, "out", out.len(), rows)?;
-        let (rows_i, vocab_i) = (to_i32(OP, "rows", rows)?, to_i32(OP, "vocab", vocab)?);
+        let n_chunks = vocab.div_ceil(ARGMAX_CHUNK);
+        let part_len = mul(OP, mul(OP, rows, n_chunks)?, 2)?;
+        need(OP, "part", part.len(), part_len)?;
+        let (rows_i, vocab_i, chunks_i) =
+            (to_i32(OP, "rows", rows)?, to_i32(OP, "vocab", vocab)?, to_i32(OP, "n_chunks", n_chunks)?);
         if rows == 0 {
             return Ok(());
         }
-        let mut b = self.stream.launch_builder(&self.k.elementwise.argmax);
-        b.arg(logits).arg(out).arg(&rows_i).arg(&vocab_i);
-        // SAFETY: the arguments match argmax_f32 in kernels/elementwise.cu (logits, out
-        // pointers, int rows, int vocab); logits holds >= rows*vocab f32 and out >= rows u32
-        // (checked above); one block per row of 512 threads (a multiple of 32, <= 1024).
-        unsafe { b.launch(rows_cfg(rows, 512)) }.map_err(|e| launch_err(OP, e))?;
+        let cfg = LaunchConfig {
+            grid_dim: (n_chunks as u32, rows.min(GRID_Y_MAX) as u32, 1),
+            block_dim: (ARGMAX_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.k.elementwise.argmax_part);
+        b.arg(logits).arg(&mut *part).arg(&rows_i).arg(&vocab_i).arg(&chunks_i);
+        // SAFETY: the arguments match argmax_part_f32 in kernels/elementwise.cu (logits, part
+        // pointers, int rows, vocab, n_chunks); logits holds >= rows*vocab f32 and part >=
+        // rows*n_chunks*2 u32 (checked above), n_chunks = ceil(vocab / ARGMAX_CHUNK) (the
+        // kernel's chunk), grid (n_chunks, min(rows, 65535)) with the kernel looping over
+        // the rest of the rows, block ARGMAX_THREADS (its launch bound).
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err("argmax_part", e))?;
+        let mut b = self.stream.launch_builder(&self.k.elementwise.argmax_final);
+        b.arg(logits).arg(&*part).arg(out).arg(&rows_i).arg(&vocab_i).arg(&chunks_i);
+        // SAFETY: the arguments match argmax_final_f32 in kernels/elementwise.cu (logits,
+        // part, out pointers, int rows, vocab, n_chunks); the sizes are those checked for
+        // the first stage, which wrote every partial of part's first rows*n_chunks*2 words
+        // (it runs before on the same stream); out holds >= rows u32; one warp per row.
+        unsafe { b.launch(rows_cfg(rows, 32)) }.map_err(|e| launch_err("argmax_final", e))?;
         Ok(())
     }
 }

@@ -283,9 +283,20 @@ impl Ops {
     }
 
     /// Index of the fused GEMV kernels for weights of `dtype` with `cols` columns, when
-    /// the `gemv` and `fused` fast paths are on and the shape allows.
+    /// the type's fast GEMV switch and `fused` are on and the shape allows.
     fn fused_kind(&self, dtype: DType, cols: usize) -> Option<usize> {
-        fast_kind(dtype, cols).filter(|_| self.fast.gemv && self.fast.fused)
+        self.fast_gemv_kind(dtype, cols).filter(|_| self.fast.fused)
+    }
+
+    /// Index of the fast GEMV kernels for weights of `dtype` with `cols` columns when
+    /// their switch is on (`gemv` for F16/BF16, the opt-in `gemv_quant` for Q8_0/Q4_0)
+    /// and the shape allows.
+    fn fast_gemv_kind(&self, dtype: DType, cols: usize) -> Option<usize> {
+        let on = match dtype {
+            DType::Q8_0 | DType::Q4_0 => self.fast.gemv_quant,
+            _ => self.fast.gemv,
+        };
+        fast_kind(dtype, cols).filter(|_| on)
     }
 
     /// Three GEMV products of one `x` in one launch (Q, K, V of decode): `ys[s] =
@@ -380,7 +391,7 @@ impl Ops {
 
     fn gemv(&self, w: &DevWeight, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, d: Dims) -> Result<()> {
         let k = &self.k.matmul;
-        let (f, name) = match (type_index(w.dtype), fast_kind(w.dtype, w.cols).filter(|_| self.fast.gemv)) {
+        let (f, name) = match (type_index(w.dtype), self.fast_gemv_kind(w.dtype, w.cols)) {
             (_, Some(i)) => &k.gemv_fast[i],
             (Some(i), None) => &k.gemv[i],
             (None, None) => &k.gemv_f32,

@@ -183,9 +183,16 @@ impl KvPool {
 /// Read once, when [`Ops`] is made; tests flip them with [`Ops::set_fast_paths`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FastPaths {
-    /// `LLMRT_CUDA_GEMV`: the fast GEMV kernels (more 16-byte loads in flight; quantized
-    /// rows staged through shared memory) where the shape allows.
+    /// `LLMRT_CUDA_GEMV`: the fast F16/BF16 GEMV kernels (more 16-byte loads in flight)
+    /// where the shape allows.
     pub gemv: bool,
+    /// `LLMRT_CUDA_GEMV_QUANT`: the fast Q8_0/Q4_0 GEMV kernels (rows staged through
+    /// shared memory) and, with `fused`, their fused decode launches. **Off unless set
+    /// to 1** (`LLMRT_CUDA_FAST` does not turn it on): each lane reads its own 128 bytes
+    /// of the activations, so one 16-byte load touches 32 cache lines; until a GPU has
+    /// measured them, the plain Q8_0/Q4_0 kernels (4 lanes a block, a warp's loads
+    /// contiguous) are the default.
+    pub gemv_quant: bool,
     /// `LLMRT_CUDA_FUSED`: the residual add fused with the next RMSNorm.
     pub fused: bool,
     /// `LLMRT_CUDA_SPLITKV`: split-KV (flash-decoding) attention for decode steps.
@@ -210,16 +217,17 @@ pub(crate) fn env_flag(name: &str) -> Option<bool> {
 }
 
 impl FastPaths {
-    /// Every fast path on (`on`) or off.
+    /// Every fast path on (`on`, the opt-in `gemv_quant` included) or off.
     pub fn all(on: bool) -> FastPaths {
-        FastPaths { gemv: on, fused: on, splitkv: on, decode_gemm: on, prefill_attn: on }
+        FastPaths { gemv: on, gemv_quant: on, fused: on, splitkv: on, decode_gemm: on, prefill_attn: on }
     }
 
-    /// From the environment (see the type's doc).
+    /// From the environment (see the type's doc; `gemv_quant` is opt-in).
     pub fn from_env() -> FastPaths {
         let base = env_flag("LLMRT_CUDA_FAST").unwrap_or(true);
         FastPaths {
             gemv: env_flag("LLMRT_CUDA_GEMV").unwrap_or(base),
+            gemv_quant: env_flag("LLMRT_CUDA_GEMV_QUANT").unwrap_or(false),
             fused: env_flag("LLMRT_CUDA_FUSED").unwrap_or(base),
             splitkv: env_flag("LLMRT_CUDA_SPLITKV").unwrap_or(base),
             decode_gemm: env_flag("LLMRT_CUDA_DECODE_GEMM").unwrap_or(base),

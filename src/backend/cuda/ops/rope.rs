@@ -2,15 +2,18 @@
 //! stored as f16 into the paged pool. Twins: `backend/cpu/ops/rope.rs` (the CPU op),
 //! `kernels/rope.cu` (the kernel); tests: `rope_*` in tests/cuda_kernels.rs.
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::{launch_err, mul, need, rows_cfg, to_i32, AttnShape, KvPool, Ops};
+use super::{launch_err, mul, need, to_i32, AttnShape, KvPool, Ops};
 use crate::error::Error;
 use crate::Result;
 
 kernel_set!("rope", {
     rope_kv_write = "rope_kv_write_f32",
 });
+
+/// The grid's y dimension holds at most this many blocks.
+const GRID_Y_MAX: usize = 65535;
 
 /// The projected Q, K and V of `n_tokens` tokens with heads of `shape`: `q`
 /// `[n_tokens][n_heads * head_dim]`, `k` and `v` `[n_tokens][n_kv_heads * head_dim]`.
@@ -68,9 +71,20 @@ impl Ops {
         to_i32(OP, "kv_dim", kv_dim)?;
         let neox_i: i32 = rope.neox.into();
         let (n_layers, layer_i, n_blocks) = kv.kernel_ints(OP, layer)?;
+        let heads = n_heads + n_kv_heads;
+        if heads > GRID_Y_MAX {
+            return Err(Error::invalid(format!("{OP}: {n_heads} + {n_kv_heads} heads exceed the grid ({GRID_Y_MAX})")));
+        }
         if n_tokens == 0 {
             return Ok(());
         }
+        // A block per (token, head): threads over the head's pairs (at most 128).
+        let threads = (head_dim / 2).next_multiple_of(32).min(128) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (n_tokens as u32, heads as u32, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut b = self.stream.launch_builder(&self.k.rope.rope_kv_write);
         b.arg(q)
             .arg(k)
@@ -92,8 +106,9 @@ impl Ops {
         // n_layers, layer, n_blocks); q, k, v, cos, sin, slots hold what n_tokens tokens need
         // (checked above), the pool holds n_blocks blocks of n_layers*2*16*kv_dim f16 with
         // kv_dim = n_kv_heads*head_dim and layer < n_layers (check_layer); slot ids whose
-        // block is >= n_blocks are skipped by the kernel; head_dim is even; one block per token.
-        unsafe { b.launch(rows_cfg(n_tokens, 128)) }.map_err(|e| launch_err(OP, e))?;
+        // block is >= n_blocks are skipped by the kernel; head_dim is even; grid (n_tokens,
+        // n_heads + n_kv_heads <= 65535 (checked)), a block per (token, head).
+        unsafe { b.launch(cfg) }.map_err(|e| launch_err(OP, e))?;
         Ok(())
     }
 }
