@@ -4,7 +4,7 @@ use arbitrary::Arbitrary;
 use llmrt::format::gguf::Value;
 use llmrt::quant::DType;
 
-use crate::tiny::{Arch, FileType, Shape, Spec, TokKind, Types, SMALL, WIDE};
+use crate::tiny::{Arch, FileType, Spec, TokKind, Types, SMALL, WIDE};
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
 pub enum ArchChoice {
@@ -67,33 +67,13 @@ impl TypesChoice {
 pub struct Plan {
     pub arch: ArchChoice,
     pub tok: TokChoice,
-    /// The shape: `tiny::WIDE` (rows of 256/512: K-quants fit) or `tiny::SMALL`.
+    /// The shape: `tiny::WIDE` (rows of 256: K-quants fit) or `tiny::SMALL`.
     pub wide: bool,
     pub types: TypesChoice,
     pub tied: bool,
+    /// Varies the small base's weights (the wide base's are fixed, made once).
     pub seed: u8,
     pub edits: Vec<Edit>,
-}
-
-/// What a base model is made from.
-#[derive(PartialEq)]
-struct BaseKey {
-    shape: Shape,
-    arch: Arch,
-    tok: TokKind,
-    types: Types,
-    tied: bool,
-    seed: u8,
-}
-
-/// Base models kept (the oldest goes first).
-const BASES_KEPT: usize = 32;
-
-thread_local! {
-    /// The base models made last: the wide ones' random blocks are hundreds of
-    /// kilobytes, and making them (instrumented for coverage) cost more than a
-    /// load and the steps. A pure cache: a base is a function of its key.
-    static BASES: std::cell::RefCell<Vec<(BaseKey, Spec)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Metadata keys worth hitting (`{a}` is the architecture prefix).
@@ -445,7 +425,7 @@ fn array_of<'a>(spec: &'a mut Spec, key: &str) -> Option<&'a mut Vec<Value>> {
 }
 
 impl Plan {
-    /// The base model's structure (made once per base and kept: see [`BASES`]).
+    /// The base model's structure (its large tensors made once: `tiny::tensor_bytes_kept`).
     pub fn base(&self) -> Spec {
         let arch = match self.arch {
             ArchChoice::Llama => Arch::Llama,
@@ -460,19 +440,7 @@ impl Plan {
             TokChoice::None => TokKind::None,
         };
         let shape = if self.wide { WIDE } else { SMALL };
-        let key = BaseKey { shape, arch, tok, types: self.types.types(self.tied), tied: self.tied, seed: self.seed };
-        BASES.with(|b| {
-            let mut b = b.borrow_mut();
-            if let Some((_, s)) = b.iter().find(|(k, _)| *k == key) {
-                return s.clone();
-            }
-            let s = Spec::build(shape, arch, tok, key.types, self.tied, self.seed as u64);
-            if b.len() == BASES_KEPT {
-                b.remove(0);
-            }
-            b.push((key, s.clone()));
-            s
-        })
+        Spec::build(shape, arch, tok, self.types.types(self.tied), self.tied, self.seed as u64)
     }
 
     /// The edited file.
@@ -593,7 +561,7 @@ impl Plan {
                         if let (Some(n), false) = (n, matches!(size, SizeChoice::Keep)) {
                             let (be, bb) = (d.block_elems(), d.block_bytes());
                             let blocks = n as usize / be;
-                            let mut data = crate::tiny::tensor_bytes(d, blocks * be, x.data.len() as u64);
+                            let mut data = crate::tiny::tensor_bytes_kept(d, blocks * be, x.data.len() as u64);
                             match size {
                                 SizeChoice::BlockShort => data.truncate(data.len().saturating_sub(bb)),
                                 SizeChoice::BlockLong => {

@@ -223,21 +223,26 @@ impl Lcg {
     }
 }
 
-/// `n` elements of `dtype` (n a multiple of the block size for quantized types).
+/// `n` elements of `dtype` (n a multiple of the block size for quantized types):
+/// small random floats, or valid quantized blocks.
 pub fn tensor_bytes(dtype: DType, n: usize, rng_seed: u64) -> Vec<u8> {
     let mut r = Lcg(rng_seed);
-    let mut out = Vec::new();
+    let mut out = vec![0u8; dtype.row_bytes(n - n % dtype.block_elems()).unwrap_or(0)];
     match dtype {
-        DType::F32 => (0..n).for_each(|_| out.extend(r.next().to_le_bytes())),
-        DType::F16 => (0..n).for_each(|_| out.extend(half::f16::from_f32(r.next()).to_le_bytes())),
-        DType::BF16 => (0..n).for_each(|_| out.extend(half::bf16::from_f32(r.next()).to_le_bytes())),
+        DType::F32 => out.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&r.next().to_le_bytes())),
+        DType::F16 => {
+            out.chunks_exact_mut(2).for_each(|c| c.copy_from_slice(&half::f16::from_f32(r.next()).to_le_bytes()))
+        }
+        DType::BF16 => {
+            out.chunks_exact_mut(2).for_each(|c| c.copy_from_slice(&half::bf16::from_f32(r.next()).to_le_bytes()))
+        }
         // The quantized types: random bytes (any bytes are a valid block: quants,
         // sub-block scales and mins are small integers), then each block's f16 scale
         // fields set to small finite values (random f16 bits could be NaN or inf).
         dt => {
-            let (blocks, bb) = (n / dt.block_elems(), dt.block_bytes());
-            r.bytes(&mut out, blocks * bb);
-            for block in out.chunks_exact_mut(bb) {
+            out.clear();
+            r.bytes(&mut out, n / dt.block_elems() * dt.block_bytes());
+            for block in out.chunks_exact_mut(dt.block_bytes()) {
                 for &o in dt.f16_scale_offsets() {
                     let v = half::f16::from_f32(0.004 + r.next().abs() * 0.01).to_le_bytes();
                     block[o..o + 2].copy_from_slice(&v);
@@ -246,6 +251,37 @@ pub fn tensor_bytes(dtype: DType, n: usize, rng_seed: u64) -> Vec<u8> {
         }
     }
     out
+}
+
+/// Tensors of at least this many elements are made once per (type, size, seed)
+/// and kept ([`tensor_bytes_kept`]).
+const KEEP_ELEMS: usize = 4096;
+
+thread_local! {
+    /// Made tensors: the wide base's are hundreds of kilobytes, and making them in
+    /// the coverage-instrumented fuzz build cost more than a load and the steps.
+    static KEPT: std::cell::RefCell<std::collections::HashMap<(DType, usize, u64), Vec<u8>>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// [`tensor_bytes`], kept for large tensors (a pure cache: the bytes are a function
+/// of the arguments; at most 512 kept, all dropped when full).
+pub fn tensor_bytes_kept(dtype: DType, n: usize, rng_seed: u64) -> Vec<u8> {
+    if n < KEEP_ELEMS {
+        return tensor_bytes(dtype, n, rng_seed);
+    }
+    KEPT.with(|k| {
+        let mut k = k.borrow_mut();
+        if let Some(d) = k.get(&(dtype, n, rng_seed)) {
+            return d.clone();
+        }
+        if k.len() >= 512 {
+            k.clear();
+        }
+        let d = tensor_bytes(dtype, n, rng_seed);
+        k.insert((dtype, n, rng_seed), d.clone());
+        d
+    })
 }
 
 fn spm_vocab() -> (Vec<String>, Vec<f32>, Vec<i32>) {
@@ -403,6 +439,10 @@ impl Spec {
         }
         let mut tensors = Vec::new();
         let mut n = 0u64;
+        // The seed varies the small base's weights only: the wide base's tensors are
+        // made once per type and role and kept (`tensor_bytes_kept`), where each new
+        // seed would cost as much as a load and the steps.
+        let seed = if shape == SMALL { seed } else { 0 };
         let mut t = |name: &str, ne: &[u64], dtype: DType| {
             n += 1;
             let dtype = fallback(dtype, ne[0]);
@@ -411,7 +451,7 @@ impl Spec {
                 name: name.into(),
                 ne: ne.to_vec(),
                 ggml_type: dtype.ggml_id(),
-                data: tensor_bytes(dtype, elems, seed.wrapping_mul(31).wrapping_add(n)),
+                data: tensor_bytes_kept(dtype, elems, seed.wrapping_mul(31).wrapping_add(n)),
                 offset: None,
             });
         };
