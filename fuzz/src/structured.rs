@@ -396,7 +396,7 @@ fn retype(v: &Value, to: u8) -> Value {
         Value::F64(x) => (x as i128, x),
         Value::Bool(b) => (b as i128, b as u8 as f64),
         Value::Str(ref s) => {
-            return if to % 2 == 0 { Value::Array(vec![Value::Str(s.clone())]) } else { Value::U32(1) }
+            return if to.is_multiple_of(2) { Value::Array(vec![Value::Str(s.clone())]) } else { Value::U32(1) }
         }
         Value::Array(ref a) => {
             return Value::Array(a.iter().map(|e| retype(e, to)).collect());
@@ -664,11 +664,9 @@ impl Plan {
                     let keep = b.len().saturating_sub(*n as usize);
                     b.truncate(keep);
                 }
-                Edit::Flip { at, xor } => {
-                    if !b.is_empty() {
-                        let i = *at as usize % b.len();
-                        b[i] ^= *xor;
-                    }
+                Edit::Flip { at, xor } if !b.is_empty() => {
+                    let i = *at as usize % b.len();
+                    b[i] ^= *xor;
                 }
                 _ => {}
             }
