@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Regenerates the committed seed corpora fuzz/corpus/<target>/ from tests/fixtures
 (kept small: < 2 MB in all). Run from the repository root:  python3 fuzz/make_corpus.py
-The tiny model GGUFs in corpus/gguf/ (tiny_*.gguf) come from the gguf_structured
-target's base models (LLMRT_FUZZ_DUMP); this script leaves them alone."""
-import os, shutil, struct
+The gguf_structured seeds are `arbitrary` encodings of fuzz/src/structured.rs's Plan,
+written below (keep them in step with that file's enums). The tiny model GGUFs in
+corpus/gguf/ (tiny_*.gguf) are base models of that target, written by running it on
+those seeds with LLMRT_FUZZ_DUMP (`--dump` does that after a `cargo fuzz build`)."""
+import os, shutil, struct, subprocess, sys
 
 F = "tests/fixtures"
 C = "fuzz/corpus"
@@ -77,3 +79,78 @@ out("tokenizer_json", "llama_gqa.tokenizer.json", read(f"{F}/tokenizer/llama_gqa
 # sentencepiece_model: every tokenizer.model.
 for m in ["llama_gqa", "llama_mha_tied", "llama3_rope", "mistral"]:
     out("sentencepiece_model", f"{m}.tokenizer.model", read(f"{F}/{m}/hf/tokenizer.model"))
+
+# gguf_structured: arbitrary 1.5 encodings of a Plan { arch, tok, wide, types, tied, seed,
+# edits }. An enum's variant is a u32 (LE) x with (x * n_variants) >> 32 == index; a bool
+# is a byte (odd = true); the edits are a byte "one more" (odd) before each Edit.
+def variant(i, n):
+    return struct.pack("<I", ((2 * i + 1) << 32) // (2 * n))
+
+ARCH = ["llama", "qwen2", "qwen3"]
+TOK = ["spm", "gpt2", "llama3", "qwen2tok", "notok"]
+TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K",
+         "Q5_K", "Q6_K", "IQ4_XS"]  # DType::all()
+FILE_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K_S",
+              "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_XS"]  # FileType::all()
+N_EDITS = 26  # variants of structured::Edit; TensorRetype is the 13th (index 12)
+SIZES = ["exact", "short", "long", "keep", "delta"]  # SizeChoice
+
+def plan(arch, tok, wide, types, tied, seed=5, edits=b""):
+    kind, arg = types
+    if kind == "file":
+        t = variant(0, 3) + bytes([FILE_TYPES.index(arg)])
+    elif kind == "uniform":
+        t = variant(1, 3) + bytes([TYPES.index(arg)])
+    else:
+        t = variant(2, 3) + bytes(TYPES.index(a) for a in arg)
+    return (variant(ARCH.index(arch), 3) + variant(TOK.index(tok), 5) + bytes([wide]) + t
+            + bytes([tied, seed]) + edits)
+
+def retype(tensor, ty, size):
+    return b"\x01" + variant(12, N_EDITS) + bytes([tensor, TYPES.index(ty)]) + variant(SIZES.index(size), 5)
+
+# Base tensor order (llama, untied): 0 token_embd, 1 output, 2 output_norm, 3 attn_norm,
+# 4 q, 5 k, 6 v, 7 attn_output, 8 ffn_norm, 9 gate, 10 up, 11 down.
+SEEDS = {
+    "small_llama_spm_f32": plan("llama", "spm", 0, ("file", "F32"), 0),
+    "small_qwen2_gpt2_f16": plan("qwen2", "gpt2", 0, ("uniform", "F16"), 0),
+    "small_qwen3_qwen2tok_q8_0_tied": plan("qwen3", "qwen2tok", 0, ("uniform", "Q8_0"), 1),
+    "small_llama_llama3tok_q4_0": plan("llama", "llama3", 0, ("file", "Q4_0"), 0),
+    "small_llama_notok_bf16_tied": plan("llama", "notok", 0, ("uniform", "BF16"), 1),
+    "small_qwen2_gpt2_iq4_nl": plan("qwen2", "gpt2", 0, ("file", "IQ4_NL"), 0),
+    "small_llama_spm_q5_k_m_fallback": plan("llama", "spm", 0, ("file", "Q5_K_M"), 0),
+    "small_qwen3_notok_q4_1_q5_0_q5_1": plan("qwen3", "notok", 0, ("mixed", ["Q4_1", "Q5_0", "Q5_1", "Q4_1",
+        "Q5_0", "Q5_1", "IQ4_NL", "Q4_0", "Q8_0"]), 0),
+    "small_llama_notok_q_to_q4_k_rejected": plan("llama", "notok", 0, ("uniform", "F32"), 0,
+                                                 edits=retype(4, "Q4_K", "exact")),
+    "wide_llama_spm_q4_k_m": plan("llama", "spm", 1, ("file", "Q4_K_M"), 0),
+    "wide_qwen2_gpt2_q3_k_m": plan("qwen2", "gpt2", 1, ("file", "Q3_K_M"), 0),
+    "wide_qwen3_notok_q2_k_tied": plan("qwen3", "notok", 1, ("file", "Q2_K"), 1),
+    "wide_llama_llama3tok_iq4_xs": plan("llama", "llama3", 1, ("file", "IQ4_XS"), 0),
+    "wide_llama_notok_q6_k_tied": plan("llama", "notok", 1, ("uniform", "Q6_K"), 1),
+    "wide_qwen3_qwen2tok_mixed": plan("qwen3", "qwen2tok", 1, ("mixed", ["Q5_K", "Q6_K", "Q4_K", "Q3_K", "Q2_K",
+        "IQ4_XS", "Q5_1", "IQ4_NL", "Q4_K"]), 0),
+    "wide_llama_notok_down_to_iq4_xs": plan("llama", "notok", 1, ("file", "Q5_K_S"), 0,
+                                            edits=retype(11, "IQ4_XS", "exact")),
+    "wide_llama_notok_down_one_block_short": plan("llama", "notok", 1, ("file", "Q4_K_S"), 0,
+                                                  edits=retype(11, "Q6_K", "short")),
+}
+shutil.rmtree(f"{C}/gguf_structured", ignore_errors=True)
+for name, data in SEEDS.items():
+    out("gguf_structured", name, data)
+
+# --dump: the base models into corpus/gguf/ (tiny_*.gguf), written by the built target.
+DUMPS = {"small_llama_spm_f32": "tiny_llama_spm_f32.gguf", "small_qwen2_gpt2_f16": "tiny_qwen2_gpt2_f16.gguf",
+         "small_qwen3_qwen2tok_q8_0_tied": "tiny_qwen3_qwen2tok_q8_tied.gguf",
+         "small_llama_llama3tok_q4_0": "tiny_llama_llama3tok_q4_0.gguf",
+         "small_llama_notok_bf16_tied": "tiny_llama_notok_bf16_tied.gguf",
+         "small_qwen3_notok_q4_1_q5_0_q5_1": "tiny_qwen3_notok_q4_1_q5_0_q5_1.gguf",
+         "wide_qwen3_notok_q2_k_tied": "tiny_wide_qwen3_notok_q2_k_tied.gguf"}
+if "--dump" in sys.argv:
+    exe = "fuzz/target/x86_64-unknown-linux-gnu/release/gguf_structured"
+    for f in os.listdir(f"{C}/gguf"):
+        if f.startswith("tiny_"):
+            os.remove(f"{C}/gguf/{f}")
+    for seed, name in DUMPS.items():
+        env = dict(os.environ, LLMRT_FUZZ_DUMP=f"{C}/gguf/{name}")
+        subprocess.run([exe, f"{C}/gguf_structured/{seed}"], env=env, check=True, capture_output=True)

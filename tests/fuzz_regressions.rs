@@ -82,32 +82,116 @@ fn tokenizer_gguf_regressions() {
     replay("tokenizer_gguf", harness::tokenizer_gguf);
 }
 
+const ARCHS: [tiny::Arch; 3] = [tiny::Arch::Llama, tiny::Arch::Qwen2, tiny::Arch::Qwen3];
+const TOKS: [tiny::TokKind; 5] = [
+    tiny::TokKind::Spm,
+    tiny::TokKind::Gpt2("gpt2"),
+    tiny::TokKind::Gpt2("llama-bpe"),
+    tiny::TokKind::Gpt2("qwen2"),
+    tiny::TokKind::None,
+];
+
+/// The matrix types a base model was written with, by tensor name.
+fn matrix_types(s: &tiny::Spec) -> Vec<(String, DType)> {
+    s.tensors
+        .iter()
+        .filter(|t| t.ne.len() == 2)
+        .map(|t| (t.name.clone(), DType::from_ggml(t.ggml_type).expect("a supported type")))
+        .collect()
+}
+
+/// Loads `s`, runs the harness's steps, and round-trips text through its tokenizer.
+fn load_and_step(s: &tiny::Spec, what: &str, tok: tiny::TokKind) {
+    let m = harness::model(s.to_bytes()).unwrap_or_else(|e| panic!("{what}: {e}"));
+    harness::steps(&m).unwrap_or_else(|e| panic!("{what}: {e}"));
+    if tok != tiny::TokKind::None {
+        let ids = m.tokenize(b"Hi the world", false).unwrap();
+        assert!(ids.len() >= 2, "{what}: {ids:?}");
+        assert_eq!(m.detokenize(&ids).unwrap(), b"Hi the world", "{what}: {ids:?}");
+    }
+}
+
 /// Every base model of the structure-aware target loads and runs its steps, so the
-/// fuzzer's edits start from a file that reaches the forward pass.
+/// fuzzer's edits start from a file that reaches the forward pass: on the small shape
+/// every architecture x tokenizer x matrix type x tied (the K-quants fall back to
+/// 32-element types there, as llama-quantize does); on both shapes every
+/// llama-quantize file type, tied and not; on the wide shape every type everywhere.
+/// Between them the wide bases put every supported type into some matrix.
 #[test]
 fn structured_base_models_load_and_step() {
-    use tiny::{Arch, Spec, TokKind};
-    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
-        for tok in
-            [TokKind::Spm, TokKind::Gpt2("gpt2"), TokKind::Gpt2("llama-bpe"), TokKind::Gpt2("qwen2"), TokKind::None]
-        {
-            // K-quant rows are 256 long: the base model's 32-wide matrices cannot be
-            // K-quants (load_rejects_k_quant_rows_that_are_not_256_long below).
-            for mat in DType::all().into_iter().filter(|d| d.block_elems() <= 32) {
+    use tiny::{FileType, Spec, Types, SMALL, WIDE};
+    let mut n = 0;
+    for arch in ARCHS {
+        for tok in TOKS {
+            for mat in DType::all() {
                 for tied in [false, true] {
                     let s = Spec::tiny(arch, tok, mat, tied, 3);
-                    let m = harness::model(s.to_bytes())
-                        .unwrap_or_else(|e| panic!("{arch:?} {tok:?} {mat:?} tied {tied}: {e}"));
-                    harness::steps(&m).unwrap_or_else(|e| panic!("{arch:?} {tok:?} {mat:?}: {e}"));
-                    if tok != TokKind::None {
-                        let ids = m.tokenize(b"Hi the world", false).unwrap();
-                        assert!(ids.len() >= 2, "{tok:?}: {ids:?}");
-                        assert_eq!(m.detokenize(&ids).unwrap(), b"Hi the world", "{tok:?}: {ids:?}");
+                    for (name, t) in matrix_types(&s) {
+                        assert!(t.block_elems() <= 32, "{mat} small base: {name} is {t}");
+                        assert_eq!(t == mat, mat.block_elems() <= 32, "{mat} small base: {name} is {t}");
                     }
+                    load_and_step(&s, &format!("small {arch:?} {tok:?} {mat:?} tied {tied}"), tok);
+                    n += 1;
                 }
             }
         }
     }
+    let mut wide_types = std::collections::BTreeSet::new();
+    for (i, ft) in FileType::all().into_iter().enumerate() {
+        for (shape, wide) in [(SMALL, false), (WIDE, true)] {
+            for tied in [false, true] {
+                let (arch, tok) = (ARCHS[(i + tied as usize) % 3], TOKS[(i + wide as usize) % 5]);
+                let s = Spec::build(shape, arch, tok, Types::file_type(ft, tied), tied, i as u64);
+                if wide {
+                    wide_types.extend(matrix_types(&s).into_iter().map(|(_, t)| t.name()));
+                }
+                load_and_step(&s, &format!("{ft:?} wide {wide} {arch:?} {tok:?} tied {tied}"), tok);
+                n += 1;
+            }
+        }
+    }
+    for (i, mat) in DType::all().into_iter().enumerate() {
+        let s = Spec::build(WIDE, ARCHS[i % 3], TOKS[i % 5], Types::uniform(mat), i % 2 == 1, 9);
+        assert!(matrix_types(&s).iter().all(|(_, t)| *t == mat), "{mat}: {:?}", matrix_types(&s));
+        load_and_step(&s, &format!("{mat:?} wide"), TOKS[i % 5]);
+        n += 1;
+    }
+    let all: std::collections::BTreeSet<_> = DType::all().into_iter().map(|d| d.name()).collect();
+    assert_eq!(wide_types, all, "the wide file-type bases must use every supported type");
+    println!("{n} base models loaded and stepped");
+}
+
+/// The structured target's llama-quantize file types match what llama-quantize wrote
+/// into tests/fixtures/quant/models (a 2-layer llama with rows of 256/768): layer 1
+/// there is a layer that gets llama-quantize's "more bits" rules, as the one layer of
+/// the base models does.
+#[test]
+fn structured_file_types_match_llama_quantize() {
+    use tiny::{FileType, Types};
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/quant/models/index.json");
+    let index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut checked = 0;
+    for ft in FileType::all() {
+        let Some(file) = index["files"].get(format!("{ft:?}")) else { continue };
+        let want = |name: &str| file["tensor_types"][name].as_str().unwrap_or_else(|| panic!("{ft:?}: {name}"));
+        let t = Types::file_type(ft, false);
+        for (name, got) in [
+            ("token_embd.weight", t.embd),
+            ("output.weight", t.output),
+            ("blk.1.attn_q.weight", t.q),
+            ("blk.1.attn_k.weight", t.k),
+            ("blk.1.attn_v.weight", t.v),
+            ("blk.1.attn_output.weight", t.attn_out),
+            ("blk.1.ffn_gate.weight", t.gate),
+            ("blk.1.ffn_up.weight", t.up),
+            ("blk.1.ffn_down.weight", t.down),
+        ] {
+            assert_eq!(got.name(), want(name), "{ft:?} {name}");
+        }
+        checked += 1;
+    }
+    // Every file type but BF16 (llama-quantize's fixtures have none).
+    assert_eq!(checked, FileType::all().len() - 1);
 }
 
 /// A K-quant matrix whose rows are not a multiple of 256 is `LLMRT_BAD_MODEL`

@@ -4,7 +4,7 @@ use arbitrary::Arbitrary;
 use llmrt::format::gguf::Value;
 use llmrt::quant::DType;
 
-use crate::tiny::{Arch, Spec, TokKind};
+use crate::tiny::{Arch, FileType, Spec, TokKind, Types, SMALL, WIDE};
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
 pub enum ArchChoice {
@@ -22,21 +22,56 @@ pub enum TokChoice {
     None,
 }
 
+/// The matrices' types (`DType::all()[i % 15]`, `FileType::all()[i % 19]`); on the
+/// small shape a type whose blocks do not fit a row falls back as llama-quantize
+/// does (`tiny::fallback`), so every base loads.
 #[derive(Arbitrary, Debug, Clone, Copy)]
-pub enum MatChoice {
-    F32,
-    F16,
-    BF16,
-    Q8_0,
-    Q4_0,
+pub enum TypesChoice {
+    /// As llama-quantize writes this file type (e.g. Q4_K_M: Q4_K, Q6_K output, attn_v and ffn_down).
+    File(u8),
+    /// Every matrix this type.
+    Uniform(u8),
+    /// Each matrix its own: embd, output, q, k, v, attn_output, gate, up, down.
+    PerTensor([u8; 9]),
+}
+
+fn dtype_of(i: u8) -> DType {
+    let all = DType::all();
+    all[i as usize % all.len()]
+}
+
+impl TypesChoice {
+    pub fn types(self, tied: bool) -> Types {
+        match self {
+            TypesChoice::File(i) => {
+                let all = FileType::all();
+                Types::file_type(all[i as usize % all.len()], tied)
+            }
+            TypesChoice::Uniform(i) => Types::uniform(dtype_of(i)),
+            TypesChoice::PerTensor(t) => Types {
+                embd: dtype_of(t[0]),
+                output: dtype_of(t[1]),
+                q: dtype_of(t[2]),
+                k: dtype_of(t[3]),
+                v: dtype_of(t[4]),
+                attn_out: dtype_of(t[5]),
+                gate: dtype_of(t[6]),
+                up: dtype_of(t[7]),
+                down: dtype_of(t[8]),
+            },
+        }
+    }
 }
 
 #[derive(Arbitrary, Debug)]
 pub struct Plan {
     pub arch: ArchChoice,
     pub tok: TokChoice,
-    pub mat: MatChoice,
+    /// The shape: `tiny::WIDE` (rows of 256: K-quants fit) or `tiny::SMALL`.
+    pub wide: bool,
+    pub types: TypesChoice,
     pub tied: bool,
+    /// Varies the small base's weights (the wide base's are fixed, made once).
     pub seed: u8,
     pub edits: Vec<Edit>,
 }
@@ -72,16 +107,49 @@ const KEYS: &[&str] = &[
 ];
 
 const STRS: &[&str] = &[
-    "llama", "mistral", "qwen2", "qwen3", "gpt2", "none", "no_vocab", "default", "llama3", "llama-bpe", "qwen2",
-    "linear", "yarn", "", "<s>", "\u{2581}", "a b", "<0x41>", "<0xZZ>", "\u{120}t he",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gpt2",
+    "none",
+    "no_vocab",
+    "default",
+    "llama3",
+    "llama-bpe",
+    "qwen2",
+    "linear",
+    "yarn",
+    "",
+    "<s>",
+    "\u{2581}",
+    "a b",
+    "<0x41>",
+    "<0xZZ>",
+    "\u{120}t he",
 ];
 
 const TENSOR_NAMES: &[&str] = &[
-    "token_embd.weight", "output.weight", "output_norm.weight", "rope_freqs.weight", "blk.0.attn_norm.weight",
-    "blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight", "blk.0.attn_output.weight",
-    "blk.0.attn_q.bias", "blk.0.attn_k.bias", "blk.0.attn_v.bias", "blk.0.attn_q_norm.weight",
-    "blk.0.attn_k_norm.weight", "blk.0.ffn_norm.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight",
-    "blk.0.ffn_down.weight", "blk.1.attn_norm.weight", "blk.1.attn_q.weight",
+    "token_embd.weight",
+    "output.weight",
+    "output_norm.weight",
+    "rope_freqs.weight",
+    "blk.0.attn_norm.weight",
+    "blk.0.attn_q.weight",
+    "blk.0.attn_k.weight",
+    "blk.0.attn_v.weight",
+    "blk.0.attn_output.weight",
+    "blk.0.attn_q.bias",
+    "blk.0.attn_k.bias",
+    "blk.0.attn_v.bias",
+    "blk.0.attn_q_norm.weight",
+    "blk.0.attn_k_norm.weight",
+    "blk.0.ffn_norm.weight",
+    "blk.0.ffn_gate.weight",
+    "blk.0.ffn_up.weight",
+    "blk.0.ffn_down.weight",
+    "blk.1.attn_norm.weight",
+    "blk.1.attn_q.weight",
 ];
 
 #[derive(Arbitrary, Debug)]
@@ -104,9 +172,32 @@ impl Num {
             Num::Small(x) => x as i128,
             Num::Any(x) => x as i128,
             Num::Neg(x) => x as i128,
-            Num::Edge(i) => [0i128, 1, 2, 3, 7, 8, 16, 31, 32, 33, 63, 64, 65, 127, 128, 255, 256, 1 << 16,
-                u32::MAX as i128, u32::MAX as i128 + 1, i32::MAX as i128, i64::MAX as i128, u64::MAX as i128, -1]
-                [i as usize % 24],
+            Num::Edge(i) => [
+                0i128,
+                1,
+                2,
+                3,
+                7,
+                8,
+                16,
+                31,
+                32,
+                33,
+                63,
+                64,
+                65,
+                127,
+                128,
+                255,
+                256,
+                1 << 16,
+                u32::MAX as i128,
+                u32::MAX as i128 + 1,
+                i32::MAX as i128,
+                i64::MAX as i128,
+                u64::MAX as i128,
+                -1,
+            ][i as usize % 24],
         }
     }
 }
@@ -184,34 +275,103 @@ pub enum DimOp {
     Pop,
 }
 
+/// The data a retyped tensor gets.
+#[derive(Arbitrary, Debug)]
+pub enum SizeChoice {
+    /// Valid blocks for its element count (rounded down to whole blocks).
+    Exact,
+    /// One block fewer / more than `Exact`.
+    BlockShort,
+    BlockLong,
+    /// Its old bytes.
+    Keep,
+    /// `Exact` plus or minus some bytes.
+    Delta(i8),
+}
+
 #[derive(Arbitrary, Debug)]
 pub enum Edit {
-    SetKv { key: Key, val: Val },
+    SetKv {
+        key: Key,
+        val: Val,
+    },
     RemoveKv(u8),
     DupKv(u8),
     MoveKvLast(u8),
     /// The same number as another integer or float type.
-    RetypeKv { i: u8, to: u8 },
-    SetToken { i: u8, text: String },
-    SetTokenType { i: u8, ty: i8 },
-    SetScore { i: u8, x: f32 },
-    SetMerge { i: u8, m: String },
-    TruncateArray { i: u8, len: u8 },
-    TensorDim { t: u8, d: u8, op: DimOp },
-    TensorType { t: u8, ty: u8 },
-    TensorOffset { t: u8, off: Num },
-    TensorDataLen { t: u8, len: u16 },
-    TensorPoison { t: u8, at: u16, what: u8 },
+    RetypeKv {
+        i: u8,
+        to: u8,
+    },
+    SetToken {
+        i: u8,
+        text: String,
+    },
+    SetTokenType {
+        i: u8,
+        ty: i8,
+    },
+    SetScore {
+        i: u8,
+        x: f32,
+    },
+    SetMerge {
+        i: u8,
+        m: String,
+    },
+    TruncateArray {
+        i: u8,
+        len: u8,
+    },
+    TensorDim {
+        t: u8,
+        d: u8,
+        op: DimOp,
+    },
+    /// The ggml type id only (ids past the supported ones too); the data stays.
+    TensorType {
+        t: u8,
+        ty: u8,
+    },
+    /// A supported type (`DType::all()[ty % 15]`) with data sized by `size`.
+    TensorRetype {
+        t: u8,
+        ty: u8,
+        size: SizeChoice,
+    },
+    TensorOffset {
+        t: u8,
+        off: Num,
+    },
+    TensorDataLen {
+        t: u8,
+        len: u16,
+    },
+    TensorPoison {
+        t: u8,
+        at: u16,
+        what: u8,
+    },
     RemoveTensor(u8),
     DupTensor(u8),
-    RenameTensor { t: u8, to: u8 },
-    AddTensor { name: u8, ne: Vec<u8>, ty: u8 },
+    RenameTensor {
+        t: u8,
+        to: u8,
+    },
+    AddTensor {
+        name: u8,
+        ne: Vec<u8>,
+        ty: u8,
+    },
     Version(u32),
     LayoutAlignment(u8),
     CountTensors(Num),
     CountKvs(Num),
     Truncate(u16),
-    Flip { at: u16, xor: u8 },
+    Flip {
+        at: u16,
+        xor: u8,
+    },
 }
 
 fn idx<T>(v: &[T], i: u8) -> Option<usize> {
@@ -235,7 +395,9 @@ fn retype(v: &Value, to: u8) -> Value {
         Value::F32(x) => (x as i128, x as f64),
         Value::F64(x) => (x as i128, x),
         Value::Bool(b) => (b as i128, b as u8 as f64),
-        Value::Str(ref s) => return if to % 2 == 0 { Value::Array(vec![Value::Str(s.clone())]) } else { Value::U32(1) },
+        Value::Str(ref s) => {
+            return if to.is_multiple_of(2) { Value::Array(vec![Value::Str(s.clone())]) } else { Value::U32(1) }
+        }
         Value::Array(ref a) => {
             return Value::Array(a.iter().map(|e| retype(e, to)).collect());
         }
@@ -263,7 +425,7 @@ fn array_of<'a>(spec: &'a mut Spec, key: &str) -> Option<&'a mut Vec<Value>> {
 }
 
 impl Plan {
-    /// The base model's structure.
+    /// The base model's structure (its large tensors made once: `tiny::tensor_bytes_kept`).
     pub fn base(&self) -> Spec {
         let arch = match self.arch {
             ArchChoice::Llama => Arch::Llama,
@@ -277,14 +439,8 @@ impl Plan {
             TokChoice::Qwen2 => TokKind::Gpt2("qwen2"),
             TokChoice::None => TokKind::None,
         };
-        let mat = match self.mat {
-            MatChoice::F32 => DType::F32,
-            MatChoice::F16 => DType::F16,
-            MatChoice::BF16 => DType::BF16,
-            MatChoice::Q8_0 => DType::Q8_0,
-            MatChoice::Q4_0 => DType::Q4_0,
-        };
-        Spec::tiny(arch, tok, mat, self.tied, self.seed as u64)
+        let shape = if self.wide { WIDE } else { SMALL };
+        Spec::build(shape, arch, tok, self.types.types(self.tied), self.tied, self.seed as u64)
     }
 
     /// The edited file.
@@ -392,7 +548,33 @@ impl Plan {
                 }
                 Edit::TensorType { t, ty } => {
                     if let Some(t) = idx(&s.tensors, *t) {
-                        s.tensors[t].ggml_type = *ty as u32 % 40;
+                        s.tensors[t].ggml_type = *ty as u32 % 48;
+                    }
+                }
+                Edit::TensorRetype { t, ty, size } => {
+                    if let Some(t) = idx(&s.tensors, *t) {
+                        let d = dtype_of(*ty);
+                        let x = &mut s.tensors[t];
+                        x.ggml_type = d.ggml_id();
+                        // Element counts past the base's largest matrix keep their bytes.
+                        let n = x.ne.iter().try_fold(1u64, |a, &b| a.checked_mul(b)).filter(|&n| n <= 1 << 18);
+                        if let (Some(n), false) = (n, matches!(size, SizeChoice::Keep)) {
+                            let (be, bb) = (d.block_elems(), d.block_bytes());
+                            let blocks = n as usize / be;
+                            let mut data = crate::tiny::tensor_bytes_kept(d, blocks * be, x.data.len() as u64);
+                            match size {
+                                SizeChoice::BlockShort => data.truncate(data.len().saturating_sub(bb)),
+                                SizeChoice::BlockLong => {
+                                    data.extend(crate::tiny::tensor_bytes(d, be, 1));
+                                }
+                                SizeChoice::Delta(k) => {
+                                    let len = (data.len() as i64 + *k as i64).max(0) as usize;
+                                    data.resize(len, 0x11);
+                                }
+                                SizeChoice::Exact | SizeChoice::Keep => {}
+                            }
+                            x.data = data;
+                        }
                     }
                 }
                 Edit::TensorOffset { t, off } => {
@@ -443,7 +625,7 @@ impl Plan {
                 }
                 Edit::AddTensor { name, ne, ty } => {
                     let ne: Vec<u64> = ne.iter().take(5).map(|&d| d as u64).collect();
-                    let ty = *ty as u32 % 40;
+                    let ty = *ty as u32 % 48;
                     let n: u64 = ne.iter().product::<u64>().min(1 << 14);
                     let data = match DType::from_ggml(ty) {
                         Some(d) => {
@@ -482,11 +664,9 @@ impl Plan {
                     let keep = b.len().saturating_sub(*n as usize);
                     b.truncate(keep);
                 }
-                Edit::Flip { at, xor } => {
-                    if !b.is_empty() {
-                        let i = *at as usize % b.len();
-                        b[i] ^= *xor;
-                    }
+                Edit::Flip { at, xor } if !b.is_empty() => {
+                    let i = *at as usize % b.len();
+                    b[i] ^= *xor;
                 }
                 _ => {}
             }
