@@ -86,3 +86,23 @@ fn chat_templates_match_transformers() {
     assert!(failed.is_empty(), "{} of {total} renderings differ from transformers", failed.len());
     assert!(ok > 600, "{ok} renderings compared");
 }
+
+/// The work bound leaves room for long conversations: 2000 messages through the largest
+/// templates of the set render.
+#[test]
+fn chat_templates_render_long_conversations() {
+    let dir = common::fixtures().join("chat/templates");
+    let texts: Vec<String> = (0..2000).map(|i| format!("message {i}: {}", "word ".repeat(20))).collect();
+    let msgs: Vec<Message> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| Message { role: if i % 2 == 0 { "user" } else { "assistant" }, content: t })
+        .collect();
+    let now = DateTime { year: 2025, month: 3, day: 7, hour: 0, minute: 0, second: 0 };
+    for name in ["meta-llama-Llama-3.1-8B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja", "openai-gpt-oss-120b.jinja"] {
+        let src = std::fs::read_to_string(dir.join(name)).unwrap();
+        let opts = RenderOptions { add_generation_prompt: true, bos_token: "<s>", eos_token: "</s>", now: Some(now) };
+        let out = render(&src, &msgs, &opts).unwrap_or_else(|e| panic!("{name}: {}", e.message));
+        assert!(out.contains("message 1999: word"), "{name}");
+    }
+}

@@ -24,9 +24,10 @@ use minijinja::{AutoEscape, Environment, ErrorKind, State};
 
 use crate::{Error, Result};
 
-/// Work a render may do (minijinja fuel: about one unit per instruction). Real templates
-/// need a few thousand per message; this allows long conversations and stops runaway loops.
-pub const FUEL: u64 = 20_000_000;
+/// Work a render may do (minijinja fuel: about one unit per instruction; running out takes
+/// about half a second). Real templates need a few hundred per message; this allows
+/// conversations of thousands of messages and stops runaway loops.
+pub const FUEL: u64 = 5_000_000;
 
 /// Largest rendered text (bytes): a render producing more fails.
 pub const MAX_OUTPUT: usize = 64 << 20;
