@@ -5,12 +5,12 @@
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Seq, Want};
+use crate::chat::ChatInfo;
 use crate::format::gguf::Gguf;
 use crate::kv::{KvManager, BLOCK_POSITIONS};
 use crate::model::weights::Weights;
 use crate::model::Config;
 use crate::sample::{self, SamplerParams};
-use crate::chat::ChatInfo;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -122,7 +122,7 @@ impl DateTime {
                 true
             };
             let num = |v: u32, w: usize| if pad { format!("{v:0w$}") } else { v.to_string() };
-            let h12 = if self.hour % 12 == 0 { 12 } else { self.hour % 12 };
+            let h12 = if self.hour.is_multiple_of(12) { 12 } else { self.hour % 12 };
             let wd = self.weekday() as usize;
             let month = MONTHS[(self.month.clamp(1, 12) - 1) as usize];
             match it.next() {
@@ -349,7 +349,7 @@ fn rewrite_generation_tags(src: &str) -> std::borrow::Cow<'_, str> {
 
 /// transformers' `tojson`: `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
 /// sort_keys=False)`.
-fn tojson(state: &State, value: &Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja::Error> {
+fn tojson(value: &Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja::Error> {
     let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
     let indent: Option<Value> = kwargs.get("indent")?;
     let separators: Option<Value> = kwargs.get("separators")?;
@@ -394,8 +394,6 @@ fn tojson(state: &State, value: &Value, kwargs: Kwargs) -> std::result::Result<V
     };
     let mut out = String::new();
     j.write(&mut out, value, 0, 0)?;
-    // Charge the output against the render's fuel like minijinja's own values.
-    let _ = state;
     Ok(Value::from(out))
 }
 
