@@ -59,6 +59,10 @@ fn chat_templates_match_transformers() {
                 (Some(w), Ok(g)) => failed.push(format!("{name} {key}: {}", first_diff(&g, w))),
                 (Some(_), Err(e)) => failed.push(format!("{name} {key}: llmrt failed: {}", e.message)),
                 (None, Err(e)) => {
+                    // LLMRT_CHAT_SHOW_ERRORS=1 prints both errors side by side (with --nocapture).
+                    if std::env::var_os("LLMRT_CHAT_SHOW_ERRORS").is_some() {
+                        eprintln!("{name} {key}: reference {} / llmrt {}", want["error"], e.message);
+                    }
                     assert!(e.message.starts_with("chat template line"), "{name} {key}: {}", e.message);
                     // raise_exception's message reaches the caller.
                     let w = want["error"].as_str().unwrap();

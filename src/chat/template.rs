@@ -286,6 +286,8 @@ fn template_error(e: minijinja::Error) -> Error {
         (k, Some(d)) => format!("{k}: {d}"),
         (k, None) => k.to_string(),
     };
+    // The none that `tools` / `documents` stand for is a minijinja object (see PyNone).
+    let what = what.replace("plain object is not iterable", "none is not iterable");
     let mut msg = format!("{NAME}{line}: {what}");
     // Errors inside a macro or filter call keep their cause.
     let mut src = std::error::Error::source(&e);
