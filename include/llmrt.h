@@ -87,6 +87,14 @@ typedef enum llmrt_backend {
 typedef struct llmrt_model llmrt_model;
 
 /**
+ * A streaming stop-string matcher (opaque). Feed it the generated pieces; it passes on
+ * only text that can no longer be part of a stop string, never a partial match, never
+ * half a UTF-8 character. Create with llmrt_stop_matcher_new, destroy with
+ * llmrt_stop_matcher_free. Calls on one matcher are serialised internally.
+ */
+typedef struct llmrt_stop_matcher llmrt_stop_matcher;
+
+/**
  * Load progress callback: `fraction` goes from 0.0 to 1.0 during load.
  */
 typedef void (*llmrt_progress_fn)(float fraction, void *user_data);
@@ -256,6 +264,15 @@ typedef struct llmrt_sampler_params {
    */
   uint64_t seed;
 } llmrt_sampler_params;
+
+/**
+ * One chat message: `role` ("system", "user", "assistant", ...) and `content`, both
+ * NUL-terminated UTF-8.
+ */
+typedef struct llmrt_chat_message {
+  const char *role;
+  const char *content;
+} llmrt_chat_message;
 
 #ifdef __cplusplus
 extern "C" {
@@ -514,6 +531,131 @@ enum llmrt_status llmrt_token_piece(const struct llmrt_model *model,
                                     char *text,
                                     size_t capacity,
                                     size_t *out_len);
+
+/**
+ * Renders a chat template over `messages` into `out` (UTF-8, not NUL-terminated):
+ * `template_or_null` is a Jinja template of the caller's choice, or NULL for the model's
+ * own (GGUF `tokenizer.chat_template`; HF `chat_template.jinja` or tokenizer_config.json
+ * `chat_template`, the "default" one of a list). Rendered as Hugging Face transformers
+ * renders it (trim_blocks, lstrip_blocks, `raise_exception`, `strftime_now` with the local
+ * date, `tojson`, loop controls, Python string methods) with `messages`,
+ * `add_generation_prompt`, the model's `bos_token` / `eos_token` strings, and `tools` and
+ * `documents` as none. `model` may be NULL when `template_or_null` is given (bos_token and
+ * eos_token are then ""). The usual LLMRT_BUFFER_TOO_SMALL rule (`*out_len` = bytes
+ * needed; `out` may be NULL with capacity 0). A model without a template and NULL
+ * `template_or_null`: LLMRT_UNSUPPORTED. A template that does not parse, raises
+ * (`raise_exception`), or exceeds the render's work or recursion bounds:
+ * LLMRT_INVALID_ARGUMENT, with the template line and message in llmrt_last_error.
+ *
+ * # Safety
+ * `model` is NULL or a live model; `template_or_null` is NULL or NUL-terminated;
+ * `messages` holds `n_messages` messages whose strings are NUL-terminated (NULL allowed
+ * with n_messages 0); `out` holds `capacity` bytes (or is NULL with capacity 0);
+ * `out_len` is writable.
+ */
+enum llmrt_status llmrt_chat_apply(const struct llmrt_model *model,
+                                   const char *template_or_null,
+                                   const struct llmrt_chat_message *messages,
+                                   size_t n_messages,
+                                   bool add_generation_prompt,
+                                   char *out,
+                                   size_t capacity,
+                                   size_t *out_len);
+
+/**
+ * The model's own chat template (UTF-8, not NUL-terminated), as llmrt_chat_apply with a
+ * NULL template uses it. A model without one: LLMRT_UNSUPPORTED. Same
+ * LLMRT_BUFFER_TOO_SMALL rule as llmrt_chat_apply.
+ *
+ * # Safety
+ * `model` is a live model; `out` holds `capacity` bytes (or is NULL with capacity 0);
+ * `out_len` is writable.
+ */
+enum llmrt_status llmrt_chat_template(const struct llmrt_model *model,
+                                      char *out,
+                                      size_t capacity,
+                                      size_t *out_len);
+
+/**
+ * Whether `token` ends a generation for this model: its EOS, EOT and EOM ids (GGUF
+ * `tokenizer.ggml.eos_token_id` / `eot_token_id` / `eom_token_id`; every id of HF
+ * config.json and generation_config.json `eos_token_id` lists), and special tokens such as
+ * `<|im_end|>`, `<|eot_id|>`, `<end_of_turn>`, `<|endoftext|>` where the vocabulary has
+ * them. false for a NULL model or an id outside the vocabulary.
+ *
+ * # Safety
+ * `model` is NULL or a live model.
+ */
+bool llmrt_token_is_eog(const struct llmrt_model *model, uint32_t token);
+
+/**
+ * The model's end-of-generation token ids (see llmrt_token_is_eog), ascending, into
+ * `tokens`; `*out_n` = their count. Same LLMRT_BUFFER_TOO_SMALL rule as llmrt_tokenize.
+ *
+ * # Safety
+ * `model` is a live model; `tokens` holds `capacity` u32s (or is NULL with capacity 0);
+ * `out_n` is writable.
+ */
+enum llmrt_status llmrt_eog_tokens(const struct llmrt_model *model,
+                                   uint32_t *tokens,
+                                   size_t capacity,
+                                   size_t *out_n);
+
+/**
+ * A matcher for `n_stops` stop strings (NUL-terminated UTF-8, none empty; at most 1024 of
+ * at most 4096 bytes; `stops` may be NULL with n_stops 0). On success `*out_matcher`
+ * receives it. A bad stop string: LLMRT_INVALID_ARGUMENT naming its index.
+ *
+ * # Safety
+ * `stops` holds `n_stops` NUL-terminated strings; `out_matcher` is writable.
+ */
+enum llmrt_status llmrt_stop_matcher_new(const char *const *stops,
+                                         size_t n_stops,
+                                         struct llmrt_stop_matcher **out_matcher);
+
+/**
+ * Feeds the next generated piece (`piece_len` bytes, any split: a piece may end inside a
+ * character) and writes the text now safe to show into `out` (not NUL-terminated),
+ * `*out_len` its length. `*out_stop` (may be NULL): the index of the stop string that
+ * matched, or UINT32_MAX when none did; once one matched, generation is over: `out` held
+ * the text before it, and later feeds give nothing and the same index. The output is at most
+ * `piece_len` + the bytes held back so far; when `capacity` is too small:
+ * LLMRT_BUFFER_TOO_SMALL with `*out_len` = bytes needed and the matcher unchanged (feed
+ * the same piece again with a larger buffer).
+ *
+ * # Safety
+ * `matcher` is a live matcher; `piece` holds `piece_len` bytes (NULL with 0); `out` holds
+ * `capacity` bytes (or is NULL with capacity 0); `out_len` is writable; `out_stop` is NULL
+ * or writable.
+ */
+enum llmrt_status llmrt_stop_matcher_feed(struct llmrt_stop_matcher *matcher,
+                                          const char *piece,
+                                          size_t piece_len,
+                                          char *out,
+                                          size_t capacity,
+                                          size_t *out_len,
+                                          uint32_t *out_stop);
+
+/**
+ * End of generation: writes the text still held back (a possible start of a stop string
+ * that did not complete, an incomplete character) and empties the matcher; nothing once a
+ * stop string matched. Same LLMRT_BUFFER_TOO_SMALL rule (the matcher unchanged).
+ *
+ * # Safety
+ * As llmrt_stop_matcher_feed.
+ */
+enum llmrt_status llmrt_stop_matcher_flush(struct llmrt_stop_matcher *matcher,
+                                           char *out,
+                                           size_t capacity,
+                                           size_t *out_len);
+
+/**
+ * Frees a matcher. NULL is a no-op.
+ *
+ * # Safety
+ * `matcher` is NULL or came from llmrt_stop_matcher_new and was not freed.
+ */
+void llmrt_stop_matcher_free(struct llmrt_stop_matcher *matcher);
 
 #ifdef __cplusplus
 }  // extern "C"

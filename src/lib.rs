@@ -9,6 +9,7 @@
 /// `llmrt-bench` (device launchers); not a stable API.
 #[doc(hidden)]
 pub mod backend;
+pub mod chat;
 pub mod error;
 pub mod ffi;
 pub mod format;

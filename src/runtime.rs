@@ -5,6 +5,7 @@
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Seq, Want};
+use crate::chat::ChatInfo;
 use crate::format::gguf::Gguf;
 use crate::kv::{KvManager, BLOCK_POSITIONS};
 use crate::model::weights::Weights;
@@ -95,6 +96,8 @@ struct State {
 pub struct Model {
     info: ModelInfo,
     tokenizer: Option<Tokenizer>,
+    /// Chat template, bos/eos strings, end-of-generation ids (`crate::chat`).
+    pub(crate) chat: crate::chat::ChatInfo,
     /// The weights, for the file check before each CPU step.
     weights: Arc<Weights>,
     /// Whether steps read the model files (CPU): then a changed file stops them.
@@ -155,11 +158,12 @@ fn bind_gguf(
     file: Arc<Gguf>,
     bind_share: f32,
     report: &mut dyn FnMut(f32),
-) -> Result<(Config, Weights, Option<Tokenizer>)> {
+) -> Result<(Config, Weights, (Option<Tokenizer>, ChatInfo))> {
     let cfg = Config::from_gguf(&file)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
+    let chat = ChatInfo::from_gguf(&file, tokenizer.as_ref(), cfg.vocab_size)?;
     let weights = Weights::bind(file, &cfg, &mut |f| report(0.1 + bind_share * f))?;
-    Ok((cfg, weights, tokenizer))
+    Ok((cfg, weights, (tokenizer, chat)))
 }
 
 /// Default KV pool on the CPU, in blocks: a quarter of physical memory, and at
@@ -205,7 +209,9 @@ impl Model {
                 )));
             }
             let (cfg, weights) = crate::model::hf::load(path, &mut |f| report((0.1 + bind_share) * f))?;
-            (cfg, weights, hf_tokenizer(path)?)
+            let tokenizer = hf_tokenizer(path)?;
+            let chat = ChatInfo::from_hf_dir(path, tokenizer.as_ref(), cfg.vocab_size)?;
+            (cfg, weights, (tokenizer, chat))
         } else {
             let file = Arc::new(Gguf::open(path)?);
             report(0.1);
@@ -250,7 +256,7 @@ impl Model {
         kind: BackendKind,
         cfg: Config,
         weights: Weights,
-        tokenizer: Option<Tokenizer>,
+        (tokenizer, chat): (Option<Tokenizer>, ChatInfo),
         device: i32,
         threads: u32,
         max_context: u32,
@@ -326,6 +332,7 @@ impl Model {
         Ok(Model {
             info,
             tokenizer,
+            chat,
             weights,
             reads_files: kind != BackendKind::Cuda,
             debug_panic: AtomicU8::new(DebugPanic::None as u8),

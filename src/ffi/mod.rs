@@ -39,6 +39,8 @@ macro_rules! read_sized {
 
 mod text;
 pub use text::*;
+mod chat;
+pub use chat::*;
 
 use crate::error::llmrt_status;
 use crate::runtime::{BackendKind, LoadOptions, Model};

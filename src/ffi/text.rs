@@ -211,7 +211,7 @@ pub unsafe extern "C" fn llmrt_token_piece(
 /// # Safety
 /// When `n > 0` and `p` is non-null, `p` points to `n` readable `T`s that stay unchanged
 /// for `'a` (the call).
-unsafe fn in_slice<'a, T>(p: *const T, n: usize, what: &str, len_name: &str) -> Result<&'a [T]> {
+pub(super) unsafe fn in_slice<'a, T>(p: *const T, n: usize, what: &str, len_name: &str) -> Result<&'a [T]> {
     if n == 0 {
         return Ok(&[]);
     }
@@ -231,7 +231,7 @@ unsafe fn in_slice<'a, T>(p: *const T, n: usize, what: &str, len_name: &str) -> 
 ///
 /// # Safety
 /// `buf` holds `capacity` writable items or is NULL; `out_len` is non-null and writable.
-unsafe fn write_items<T: Copy>(
+pub(super) unsafe fn write_items<T: Copy>(
     items: &[T],
     buf: *mut T,
     capacity: usize,

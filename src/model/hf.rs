@@ -11,7 +11,7 @@
 //! (= hidden / heads; `null` too), `max_position_embeddings` (per model type),
 //! `rms_norm_eps` (1e-6), `tie_word_embeddings` (false), `bos_token_id` /
 //! `eos_token_id` (an integer or a list: the first entry is taken, since the C
-//! API reports one id; `null` = none); RoPE from transformers 5's
+//! API reports one id; `null` = none; every entry ends generation, `crate::chat::eog`); RoPE from transformers 5's
 //! `rope_parameters` (`rope_theta`, `rope_type` and its parameters) or the Hub
 //! style top-level `rope_theta` / `rope_scaling` (`rope_type` or the older
 //! `type`); `rope_parameters` wins when both are present. RoPE types: `default`,

@@ -274,6 +274,12 @@ impl Tokenizer {
         self.tokens.get(id as usize).map(String::as_str)
     }
 
+    /// The id of the special token (one matched in text: control, user-defined, HF added)
+    /// whose text is `text`.
+    pub fn special_id(&self, text: &str) -> Option<u32> {
+        self.ids.get(text).copied().filter(|id| self.specials.contains(id))
+    }
+
     /// Text -> ids. `add_bos` prepends BOS when the model has one. Special tokens written in
     /// the text are recognised (see the module documentation). Invalid UTF-8 ->
     /// LLMRT_INVALID_ARGUMENT naming the byte offset.
