@@ -83,8 +83,14 @@ mod fork_gate {
         }
     }
 
+    /// Forks whose `prepare` found a model lock held or waited for (tests).
+    pub(super) static WAITED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
     extern "C" fn prepare() {
         FORKING.fetch_add(1, SeqCst);
+        if ACTIVE.load(SeqCst) != 0 {
+            WAITED.fetch_add(1, SeqCst);
+        }
         while ACTIVE.load(SeqCst) != 0 {
             std::thread::sleep(Duration::from_micros(50));
         }
@@ -99,6 +105,13 @@ mod fork_gate {
         // parent that were in progress do not concern it.
         FORKING.store(0, SeqCst);
     }
+}
+
+/// How many fork() calls in this process had to wait for another thread's call on a
+/// model to finish before forking (test hook for `tests/fork.rs`; not a stable API).
+#[doc(hidden)]
+pub fn forks_that_waited() -> u64 {
+    fork_gate::WAITED.load(Ordering::SeqCst)
 }
 
 /// A model's locked state, with the fork gate's claim (dropped after the lock).
