@@ -23,9 +23,7 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) ->
     let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
     let mut toks: Vec<Tok> = try_with_capacity(n, "the step's token list")?;
     toks.extend(
-        seqs.iter()
-            .enumerate()
-            .flat_map(|(si, s)| (0..s.tokens.len()).map(move |i| Tok { seq: si, pos: s.start + i })),
+        seqs.iter().enumerate().flat_map(|(si, s)| (0..s.tokens.len()).map(move |i| Tok { seq: si, pos: s.start + i })),
     );
     // n tokens of `d` floats each (n * d cannot overflow: the caller holds n tokens'
     // KV, but saturate anyway so an impossible size is an allocation error).
