@@ -101,8 +101,11 @@ mod fork_gate {
     }
 
     extern "C" fn child() {
-        // The child's one thread holds no model lock; forks of other threads of the
-        // parent that were in progress do not concern it.
+        // The child's one thread holds no model lock (it is in fork, not in an llmrt
+        // call): a count left by a thread of the parent that was backing off in
+        // `enter` at the fork, and forks of other threads of the parent, do not
+        // concern it (else a fork in the child could wait forever).
+        ACTIVE.store(0, SeqCst);
         FORKING.store(0, SeqCst);
     }
 }

@@ -224,6 +224,12 @@ fn fork_while_another_thread_is_inside_a_step_does_not_deadlock_the_child() {
             assert!(len == 0 || len == 16, "round {round}: the busy cache holds {len} positions in the child");
             assert_eq!(m.truncate(busy, 0), Status::LLMRT_OK);
             assert_eq!(bits(&m.prefill_all(busy, &f.tokens[..8])), bits(&want), "round {round}: busy cache");
+            // The child can fork in turn (a prefork worker that forks again).
+            let pid = fork_child(|| {
+                let g = m.reserve(64);
+                assert_eq!(bits(&m.prefill_all(g, &f.tokens[..8])), bits(&want), "round {round}: grandchild");
+            });
+            wait_child(pid, &format!("round {round}: grandchild"));
         });
         wait_child(pid, &format!("round {round}"));
     }
