@@ -100,8 +100,8 @@ typedef struct llmrt_stop_matcher llmrt_stop_matcher;
 typedef void (*llmrt_progress_fn)(float fraction, void *user_data);
 
 /**
- * Options for `llmrt_model_load`. Fill with `llmrt_model_options_default`, then
- * change what you need.
+ * Options for `llmrt_model_load`. Set `struct_size` to sizeof(llmrt_model_options),
+ * fill with `llmrt_model_options_default`, then change what you need.
  */
 typedef struct llmrt_model_options {
   /**
@@ -117,7 +117,10 @@ typedef struct llmrt_model_options {
    */
   int32_t device;
   /**
-   * CPU worker threads; 0 = all available cores.
+   * CPU worker threads; 0 = all available cores (at most 1024). More than 1024:
+   * LLMRT_INVALID_ARGUMENT naming the value and the limit. A worker that cannot be
+   * started (thread or memory limit): LLMRT_OUT_OF_MEMORY saying how many started
+   * (those are stopped again).
    */
   uint32_t threads;
   /**
@@ -231,8 +234,9 @@ typedef struct llmrt_model_info {
 typedef uint64_t llmrt_cache;
 
 /**
- * Sampling parameters for `llmrt_decode_sample`. Fill with
- * `llmrt_sampler_params_default`, then change what you need.
+ * Sampling parameters for `llmrt_decode_sample`. Set `struct_size` to
+ * sizeof(llmrt_sampler_params), fill with `llmrt_sampler_params_default`, then
+ * change what you need.
  */
 typedef struct llmrt_sampler_params {
   /**
@@ -297,10 +301,15 @@ const char *llmrt_version(void);
 
 /**
  * Fills `options` with defaults (AUTO backend, device 0, all cores, the model's
- * context, default KV budget, no progress callback). NULL is a no-op.
+ * context, default KV budget, no progress callback). NULL is a no-op. The caller
+ * sets `options->struct_size = sizeof(llmrt_model_options)` first: only the fields
+ * inside min(struct_size, the library's sizeof) are written (nothing past them),
+ * and struct_size is set to that size. struct_size 0 (a zeroed struct): the whole
+ * struct is written, as before 0.1.0; 1 to 7: nothing is written.
  *
  * # Safety
- * `options` is NULL or points to writable memory of sizeof(llmrt_model_options).
+ * `options` is NULL or points to at least 4 readable bytes (struct_size) and
+ * `options->struct_size` writable bytes (sizeof(llmrt_model_options) when it is 0).
  */
 void llmrt_model_options_default(struct llmrt_model_options *options);
 
@@ -456,10 +465,15 @@ enum llmrt_status llmrt_decode_greedy(struct llmrt_model *model,
                                       uint32_t *next_tokens);
 
 /**
- * Fills `params` with defaults (see the field comments). NULL is a no-op.
+ * Fills `params` with defaults (see the field comments). NULL is a no-op. The
+ * caller sets `params->struct_size = sizeof(llmrt_sampler_params)` first: only the
+ * fields inside min(struct_size, the library's sizeof) are written (nothing past
+ * them), and struct_size is set to that size. struct_size 0 (a zeroed struct): the
+ * whole struct is written, as before 0.1.0; 1 to 7: nothing is written.
  *
  * # Safety
- * `params` is NULL or points to writable memory of sizeof(llmrt_sampler_params).
+ * `params` is NULL or points to at least 4 readable bytes (struct_size) and
+ * `params->struct_size` writable bytes (sizeof(llmrt_sampler_params) when it is 0).
  */
 void llmrt_sampler_params_default(struct llmrt_sampler_params *params);
 

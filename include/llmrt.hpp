@@ -91,7 +91,8 @@ inline uint32_t argmax(const std::vector<float> &values) noexcept {
 
 /* llmrt_model_options filled with the library's defaults. */
 inline llmrt_model_options default_model_options() noexcept {
-    llmrt_model_options options;
+    llmrt_model_options options{};
+    options.struct_size = sizeof options; /* the caller's size, before the defaults */
     llmrt_model_options_default(&options);
     return options;
 }
@@ -99,7 +100,8 @@ inline llmrt_model_options default_model_options() noexcept {
 /* llmrt_sampler_params filled with the library's defaults (llama.cpp's: temperature
  * 0.8, top_k 40, top_p 0.95, min_p 0.05, repetition_penalty 1, seed 0). */
 inline llmrt_sampler_params default_sampler_params() noexcept {
-    llmrt_sampler_params params;
+    llmrt_sampler_params params{};
+    params.struct_size = sizeof params; /* the caller's size, before the defaults */
     llmrt_sampler_params_default(&params);
     return params;
 }

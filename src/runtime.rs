@@ -12,11 +12,130 @@ use crate::model::weights::Weights;
 use crate::model::Config;
 use crate::sample::{self, SamplerParams};
 use crate::tokenizer::Tokenizer;
+use crate::util::{try_collect, try_vec, try_with_capacity};
 use crate::{Error, Result};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The most CPU worker threads a model may have (`LoadOptions::threads`,
+/// `llmrt_model_options.threads`); more is `LLMRT_INVALID_ARGUMENT`.
+pub const MAX_THREADS: u32 = crate::backend::cpu::pool::MAX_THREADS as u32;
+
+/// `threads` of the load options, checked before anything is loaded.
+fn check_threads(threads: u32) -> Result<()> {
+    if threads > MAX_THREADS {
+        return Err(Error::invalid(format!(
+            "options.threads = {threads} exceeds the most CPU worker threads, {MAX_THREADS} (0 = all available cores)"
+        )));
+    }
+    Ok(())
+}
+
+/// fork() safety for the models' locks. A child process has only the thread that
+/// called fork, so a model lock held by another thread at that moment would stay
+/// locked in the child for good (its first call would hang). An atfork `prepare`
+/// handler (installed with the first model) therefore waits until no thread holds
+/// or waits for a model's lock, and holds new callers back until the fork is done
+/// (the `parent` / `child` handlers): a fork waits for the steps in progress to end.
+/// Atomics only (a mutex here could itself be held at the fork). The CPU workers
+/// are another matter: `backend::cpu::pool` starts new ones in the child.
+mod fork_gate {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::time::Duration;
+
+    /// Threads holding, or waiting for, a model's lock.
+    static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+    /// Forks in progress (between `prepare` and `parent`).
+    static FORKING: AtomicUsize = AtomicUsize::new(0);
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+
+    /// Installs the atfork handlers (once per process).
+    pub(super) fn install() {
+        INSTALL.call_once(|| {
+            // SAFETY: registers three extern "C" functions that only use atomics and
+            // sleep (nothing that can be held at the fork, no panic).
+            let r = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+            debug_assert_eq!(r, 0, "pthread_atfork");
+        });
+    }
+
+    /// One thread's claim on model locks, from before it locks until it unlocked.
+    pub(super) struct Token(());
+
+    pub(super) fn enter() -> Token {
+        loop {
+            while FORKING.load(SeqCst) != 0 {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            ACTIVE.fetch_add(1, SeqCst);
+            if FORKING.load(SeqCst) == 0 {
+                return Token(());
+            }
+            // A fork began meanwhile: let it pass.
+            ACTIVE.fetch_sub(1, SeqCst);
+        }
+    }
+
+    impl Drop for Token {
+        fn drop(&mut self) {
+            ACTIVE.fetch_sub(1, SeqCst);
+        }
+    }
+
+    /// Forks whose `prepare` found a model lock held or waited for (tests).
+    pub(super) static WAITED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+    extern "C" fn prepare() {
+        FORKING.fetch_add(1, SeqCst);
+        if ACTIVE.load(SeqCst) != 0 {
+            WAITED.fetch_add(1, SeqCst);
+        }
+        while ACTIVE.load(SeqCst) != 0 {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    extern "C" fn parent() {
+        FORKING.fetch_sub(1, SeqCst);
+    }
+
+    extern "C" fn child() {
+        // The child's one thread holds no model lock (it is in fork, not in an llmrt
+        // call): a count left by a thread of the parent that was backing off in
+        // `enter` at the fork, and forks of other threads of the parent, do not
+        // concern it (else a fork in the child could wait forever).
+        ACTIVE.store(0, SeqCst);
+        FORKING.store(0, SeqCst);
+    }
+}
+
+/// How many fork() calls in this process had to wait for another thread's call on a
+/// model to finish before forking (test hook for `tests/fork.rs`; not a stable API).
+#[doc(hidden)]
+pub fn forks_that_waited() -> u64 {
+    fork_gate::WAITED.load(Ordering::SeqCst)
+}
+
+/// A model's locked state, with the fork gate's claim (dropped after the lock).
+struct StateGuard<'a> {
+    guard: MutexGuard<'a, State>,
+    _token: fork_gate::Token,
+}
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.guard
+    }
+}
 
 /// Which backend to run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,6 +310,7 @@ impl Model {
     /// including one while opening the device, is returned.
     pub fn load(path: &Path, opts: LoadOptions<'_>) -> Result<Model> {
         let LoadOptions { backend, device, threads, max_context, kv_cache_bytes, mut progress } = opts;
+        check_threads(threads)?;
         let mut report = |f: f32| {
             if let Some(p) = progress.as_mut() {
                 p(f)
@@ -225,6 +345,7 @@ impl Model {
     /// error messages.
     pub fn load_gguf_bytes(bytes: Vec<u8>, name: &str, opts: LoadOptions<'_>) -> Result<Model> {
         let LoadOptions { backend, device, threads, max_context, kv_cache_bytes, mut progress } = opts;
+        check_threads(threads)?;
         let mut report = |f: f32| {
             if let Some(p) = progress.as_mut() {
                 p(f)
@@ -291,7 +412,7 @@ impl Model {
             }
             _ => {
                 let threads = if threads == 0 {
-                    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+                    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(MAX_THREADS as usize)
                 } else {
                     threads as usize
                 };
@@ -329,6 +450,7 @@ impl Model {
             device_name: be.device_name(),
         };
         report(1.0);
+        fork_gate::install();
         Ok(Model {
             info,
             tokenizer,
@@ -347,13 +469,16 @@ impl Model {
 
     /// The model's state, or `LLMRT_INTERNAL` when an earlier call panicked while
     /// holding it outside a step's compute (the bookkeeping may be half-updated).
-    fn lock(&self) -> Result<MutexGuard<'_, State>> {
-        self.state.lock().map_err(|_| {
+    /// The lock is taken inside the fork gate (see `fork_gate`).
+    fn lock(&self) -> Result<StateGuard<'_>> {
+        let token = fork_gate::enter();
+        let guard = self.state.lock().map_err(|_| {
             Error::internal(
                 "model is unusable: an earlier call on it panicked while updating its cache bookkeeping \
                  (a bug; the message of that call said where); free it and load it again",
             )
-        })
+        })?;
+        Ok(StateGuard { guard, _token: token })
     }
 
     /// Test hook (not part of the C API): the next step on this model panics at
@@ -439,7 +564,7 @@ impl Model {
         if next.len() != caches.len() {
             return Err(Error::invalid(format!("next_tokens has {} slots for {} caches", next.len(), caches.len())));
         }
-        let toks: Vec<&[u32]> = tokens.chunks(1).collect();
+        let toks: Vec<&[u32]> = try_collect(tokens.chunks(1), "the batch's token list")?;
         // One lock for the step and the draws: a cache released meanwhile by another
         // thread can neither fail the draw after the step committed nor change it.
         self.run(caches, &toks, Want::Last, Out::Sample(params, next))
@@ -495,7 +620,7 @@ impl Model {
     /// One decode step: appends `tokens[i]` to `caches[i]` for every i.
     pub fn decode(&self, caches: &[u64], tokens: &[u32], logits: Option<&mut [f32]>) -> Result<()> {
         self.check_batch(caches, tokens)?;
-        let toks: Vec<&[u32]> = tokens.chunks(1).collect();
+        let toks: Vec<&[u32]> = try_collect(tokens.chunks(1), "the batch's token list")?;
         let want = if logits.is_some() { Want::Last } else { Want::Nothing };
         self.run(caches, &toks, want, Out::Logits(logits))
     }
@@ -507,7 +632,7 @@ impl Model {
         if next.len() != caches.len() {
             return Err(Error::invalid(format!("next_tokens has {} slots for {} caches", next.len(), caches.len())));
         }
-        let toks: Vec<&[u32]> = tokens.chunks(1).collect();
+        let toks: Vec<&[u32]> = try_collect(tokens.chunks(1), "the batch's token list")?;
         self.run(caches, &toks, Want::Last, Out::Greedy(next))
     }
 
@@ -518,7 +643,7 @@ impl Model {
         if caches.len() != tokens.len() {
             return Err(Error::invalid(format!("{} caches but {} tokens", caches.len(), tokens.len())));
         }
-        let mut sorted = caches.to_vec();
+        let mut sorted = try_collect(caches.iter().copied(), "a copy of the batch's cache ids")?;
         sorted.sort_unstable();
         if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
             return Err(Error::invalid(format!("cache {} appears more than once in one decode step", w[0])));
@@ -560,19 +685,21 @@ impl Model {
         if self.take_debug_panic(DebugPanic::Bookkeeping) {
             panic!("debug panic in the bookkeeping (llmrt test hook)");
         }
-        let starts: Vec<usize> = caches.iter().map(|&c| kv.get(c).map(|s| s.len as usize)).collect::<Result<_>>()?;
-        let tables: Vec<Vec<u32>> =
-            caches.iter().map(|&c| kv.get(c).map(|s| s.blocks.clone())).collect::<Result<_>>()?;
-        let seqs: Vec<Seq<'_>> = tokens
-            .iter()
-            .zip(&starts)
-            .zip(&tables)
-            .map(|((t, &start), blocks)| Seq { tokens: t, start, blocks, want })
-            .collect();
+        let mut starts: Vec<usize> = try_with_capacity(caches.len(), "the step's start positions")?;
+        let mut tables: Vec<Vec<u32>> = try_with_capacity(caches.len(), "the step's block tables")?;
+        for &c in caches {
+            let s = kv.get(c)?;
+            starts.push(s.len as usize);
+            tables.push(try_collect(s.blocks.iter().copied(), "a block table of the step")?);
+        }
+        let seqs: Vec<Seq<'_>> = try_collect(
+            tokens.iter().zip(&starts).zip(&tables).map(|((t, &start), blocks)| Seq { tokens: t, start, blocks, want }),
+            "the step's sequence list",
+        )?;
         // Results land in scratch buffers and reach the caller only on success.
         match out {
             Out::Logits(_) | Out::Sample(..) => {
-                let mut buf = scratch::<f32>(rows * v, "the step's logits")?;
+                let mut buf = try_vec(rows.saturating_mul(v), 0f32, "the step's logits")?;
                 guarded(|| {
                     backend.step(&seqs, &mut buf)?;
                     if self.take_debug_panic(DebugPanic::Compute) {
@@ -597,7 +724,7 @@ impl Model {
                 }
             }
             Out::Greedy(next) => {
-                let mut ids = scratch::<u32>(rows, "the step's token ids")?;
+                let mut ids = try_vec(rows, 0u32, "the step's token ids")?;
                 guarded(|| {
                     backend.step_greedy(&seqs, &mut ids)?;
                     if self.take_debug_panic(DebugPanic::Compute) {
@@ -614,17 +741,6 @@ impl Model {
         }
         Ok(())
     }
-}
-
-/// A zeroed buffer of `n` values whose allocation failure is `LLMRT_OUT_OF_MEMORY`
-/// naming `what` and its size, not an abort.
-fn scratch<T: Default + Clone>(n: usize, what: &str) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| {
-        Error::out_of_memory(format!("cannot allocate {what} ({} bytes)", n.saturating_mul(std::mem::size_of::<T>())))
-    })?;
-    v.resize(n, T::default());
-    Ok(v)
 }
 
 /// Runs a backend call, turning a panic into `LLMRT_INTERNAL`. Sound because a

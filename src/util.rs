@@ -1,6 +1,39 @@
 //! Small pieces more than one layer needs: the argmax every greedy path takes
-//! (first index on ties), and the seeded xorshift generator behind synthetic
-//! models and every test's random inputs.
+//! (first index on ties), fallible buffers for step scratch ([`try_vec`],
+//! [`try_collect`]: an allocation failure is `LLMRT_OUT_OF_MEMORY` naming the
+//! buffer and its size, never an abort), and the seeded xorshift generator behind
+//! synthetic models and every test's random inputs.
+
+use crate::{Error, Result};
+
+/// The error of a failed allocation of `n` values of `T` for `what`.
+fn alloc_error<T>(n: usize, what: &str) -> Error {
+    let bytes = n.saturating_mul(std::mem::size_of::<T>());
+    Error::out_of_memory(format!("cannot allocate {what} ({n} values, {bytes} bytes)"))
+}
+
+/// An empty vector with room for `n` values, or `LLMRT_OUT_OF_MEMORY` naming `what`
+/// and the size (also for a size past `isize::MAX` bytes).
+pub fn try_with_capacity<T>(n: usize, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| alloc_error::<T>(n, what))?;
+    Ok(v)
+}
+
+/// `n` copies of `value` (a step's scratch buffer), or `LLMRT_OUT_OF_MEMORY` naming
+/// `what` and the size instead of an abort.
+pub fn try_vec<T: Clone>(n: usize, value: T, what: &str) -> Result<Vec<T>> {
+    let mut v = try_with_capacity(n, what)?;
+    v.resize(n, value);
+    Ok(v)
+}
+
+/// The items of `it` (an exact-size iterator) in a vector allocated fallibly.
+pub fn try_collect<T>(it: impl ExactSizeIterator<Item = T>, what: &str) -> Result<Vec<T>> {
+    let mut v = try_with_capacity(it.len(), what)?;
+    v.extend(it);
+    Ok(v)
+}
 
 /// Index of the largest value (the first one on ties). NaN compares false, so a
 /// NaN is chosen only where it stands first and nothing after it is larger.
@@ -89,5 +122,14 @@ mod tests {
         let mean = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
         assert!(mean.abs() < 0.05 && v.iter().all(|x| (-1.0..1.0).contains(x)));
         assert_ne!(XorShift::from_parts(&[1, 2]).next_u64(), XorShift::from_parts(&[2, 1]).next_u64());
+    }
+
+    #[test]
+    fn fallible_buffers_report_impossible_sizes() {
+        assert_eq!(try_vec(3, 1.5f32, "x").unwrap(), vec![1.5; 3]);
+        assert_eq!(try_collect([1u8, 2, 3].into_iter(), "y").unwrap(), vec![1, 2, 3]);
+        let e = try_vec(usize::MAX / 2, 0f32, "the test's buffer").unwrap_err();
+        assert_eq!(e.status, crate::Status::LLMRT_OUT_OF_MEMORY);
+        assert!(e.message.contains("the test's buffer") && e.message.contains("bytes"), "{}", e.message);
     }
 }

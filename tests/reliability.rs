@@ -631,3 +631,256 @@ fn check_big_array(g: &llmrt::format::gguf::Gguf) {
     assert_eq!(n, BIG_ARRAY);
     assert!(a.get(BIG_ARRAY as usize).is_none());
 }
+
+// ---------------------------------------------------------------- worker threads
+
+#[test]
+fn threads_above_the_maximum_is_invalid_argument_naming_the_limit() {
+    let f = fixture();
+    // UINT32_MAX used to allocate 103 GB of thread handles and abort.
+    for threads in [u32::MAX, 100_000, llmrt::runtime::MAX_THREADS + 1] {
+        let (s, e) = try_load(&f.gguf("f32"), threads, 0).err().expect("a model loaded with too many threads");
+        assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT, "{e}");
+        assert!(e.contains("llmrt_model_load") && e.contains(&format!("threads = {threads}")), "{e}");
+        assert!(e.contains("1024"), "message lacks the limit: {e}");
+    }
+    // A count within the limit starts its workers, and they go away with the model.
+    let before = thread_count();
+    let m = try_load(&f.gguf("f32"), 64, 0).unwrap_or_else(|(s, e)| panic!("{s:?} {e}"));
+    let c = m.reserve(16);
+    m.prefill(c, &f.tokens[..4]);
+    drop(m);
+    wait_for_threads(before);
+}
+
+/// Threads of this process.
+fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+/// Waits (up to 10 s) until this process has `n` threads or fewer: a joined thread's
+/// entry can outlive its join by a moment.
+fn wait_for_threads(n: usize) {
+    let t0 = std::time::Instant::now();
+    while thread_count() > n {
+        assert!(t0.elapsed().as_secs() < 10, "{} threads, {n} before: workers were left running", thread_count());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn worker_spawn_failure_is_out_of_memory_and_stops_the_started_workers() {
+    let name = "worker_spawn_failure_is_out_of_memory_and_stops_the_started_workers";
+    if is_child(name) {
+        let f = fixture();
+        let path = f.gguf("f32");
+        let before = thread_count();
+        // 64 MiB over what the process maps: room for a few dozen 2 MiB worker stacks,
+        // not for 999.
+        limit_address_space(vm_size() + (64 << 20));
+        let (s, e) = try_load(&path, 1000, 1 << 20).err().expect("1000 threads started under a 64 MiB headroom");
+        limit_address_space(libc::RLIM_INFINITY);
+        println!("{s:?}: {e}");
+        assert_eq!(s, Status::LLMRT_OUT_OF_MEMORY, "{e}");
+        assert!(e.contains("cannot start CPU worker thread") && e.contains("of 999 (1000 threads)"), "{e}");
+        // How many had started, and that they were stopped.
+        let started: usize = e
+            .split("; the ")
+            .nth(1)
+            .and_then(|t| t.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("message lacks the number of started workers: {e}"));
+        assert!(started > 0 && started < 999, "{started} workers started: the limit did not bite mid-way ({e})");
+        assert!(e.contains("were stopped and joined"), "{e}");
+        wait_for_threads(before);
+        // The process is fine: a model with a sane thread count loads and runs.
+        let m = try_load(&path, 2, 1 << 20).unwrap_or_else(|(s, e)| panic!("{s:?} {e}"));
+        let c = m.reserve(16);
+        m.prefill(c, &f.tokens[..4]);
+        println!("child-ok");
+        return;
+    }
+    run_child(name, &[]);
+}
+
+// ---------------------------------------------------------------- step scratch under a memory limit
+
+/// A synthetic F32 llama with a 65,536-token vocabulary (1 layer, hidden 64, 4/2
+/// heads, FFN 128, context 128, tied output): 16 MiB of embedding, so a 64-token
+/// prefill_all needs 16 MiB of logits and as much again inside the LM head.
+fn write_big_vocab_model(path: &Path) {
+    use llmrt::format::gguf::Value;
+    use llmrt::format::gguf_write::GgufWriter;
+    use llmrt::quant::DType;
+    let (h, ffn, vocab, heads, kv_heads) = (64u64, 128u64, 65_536u64, 4u32, 2u32);
+    let kv = h / heads as u64 * kv_heads as u64;
+    let mut rng = llmrt::util::XorShift::new(0x6500);
+    let mut mat = |rows: u64, cols: u64, scale: f32| -> Vec<u8> {
+        (0..rows * cols).flat_map(|_| (rng.uniform(-1.0, 1.0) * scale).to_le_bytes()).collect()
+    };
+    let s = 1.0 / (h as f32).sqrt();
+    let ones: Vec<u8> = std::iter::repeat_n(1f32.to_le_bytes(), h as usize).flatten().collect();
+    let mut w = GgufWriter::new();
+    w.kv("general.architecture", Value::Str("llama".into()));
+    w.kv("llama.block_count", Value::U32(1));
+    w.kv("llama.context_length", Value::U32(128));
+    w.kv("llama.embedding_length", Value::U32(h as u32));
+    w.kv("llama.feed_forward_length", Value::U32(ffn as u32));
+    w.kv("llama.attention.head_count", Value::U32(heads));
+    w.kv("llama.attention.head_count_kv", Value::U32(kv_heads));
+    w.kv("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
+    w.tensor("token_embd.weight", &[h, vocab], DType::F32, mat(vocab, h, 0.5));
+    w.tensor("output_norm.weight", &[h], DType::F32, ones.clone());
+    w.tensor("blk.0.attn_norm.weight", &[h], DType::F32, ones.clone());
+    w.tensor("blk.0.attn_q.weight", &[h, h], DType::F32, mat(h, h, s));
+    w.tensor("blk.0.attn_k.weight", &[h, kv], DType::F32, mat(kv, h, s));
+    w.tensor("blk.0.attn_v.weight", &[h, kv], DType::F32, mat(kv, h, s));
+    w.tensor("blk.0.attn_output.weight", &[h, h], DType::F32, mat(h, h, s));
+    w.tensor("blk.0.ffn_norm.weight", &[h], DType::F32, ones);
+    w.tensor("blk.0.ffn_gate.weight", &[h, ffn], DType::F32, mat(ffn, h, s));
+    w.tensor("blk.0.ffn_up.weight", &[h, ffn], DType::F32, mat(ffn, h, s));
+    w.tensor("blk.0.ffn_down.weight", &[ffn, h], DType::F32, mat(h, ffn, 1.0 / (ffn as f32).sqrt()));
+    w.write(path).unwrap();
+}
+
+#[test]
+fn prefill_all_on_a_65536_vocab_under_a_memory_limit_is_out_of_memory_not_an_abort() {
+    let name = "prefill_all_on_a_65536_vocab_under_a_memory_limit_is_out_of_memory_not_an_abort";
+    if is_child(name) {
+        let dir = temp_dir("bigvocab");
+        let path = dir.join("vocab65536.gguf");
+        write_big_vocab_model(&path);
+        let m = try_load(&path, 1, 0).unwrap_or_else(|(s, e)| panic!("{s:?} {e}"));
+        assert_eq!(m.vocab, 65_536);
+        let toks: Vec<u32> = (0..64u32).map(|i| (i * 7919 + 13) % 65_536).collect();
+        let (c, twin) = (m.reserve(0), m.reserve(0));
+        let want = m.prefill_all(twin, &toks);
+        let mut out = vec![7.0f32; 64 * m.vocab];
+        // Headroom over what the process maps, growing until the step fits: below
+        // 16 MiB the runtime's logits scratch fails, then the step's own buffers (the
+        // LM head's 16 MiB transpose buffer aborted the process before).
+        let (mut ooms, mut inside) = (0, 0);
+        let mut done = false;
+        for mib in (0..=160u64).step_by(2) {
+            limit_address_space(vm_size() + (mib << 20));
+            // SAFETY: a live model; toks and out are live locals of the lengths passed.
+            let s = unsafe { llmrt_prefill_all(m.ptr, c, toks.as_ptr(), toks.len(), out.as_mut_ptr()) };
+            let e = last_error();
+            limit_address_space(libc::RLIM_INFINITY);
+            match s {
+                Status::LLMRT_OUT_OF_MEMORY => {
+                    assert!(e.contains("llmrt_prefill_all") && e.contains("cannot allocate"), "{e}");
+                    assert!(e.contains("bytes"), "message lacks the size: {e}");
+                    assert!(out.iter().all(|&x| x == 7.0), "{mib} MiB: a failed step wrote logits");
+                    assert_eq!(m.len(c), 0, "{mib} MiB: a failed step advanced the cache");
+                    ooms += 1;
+                    if !e.contains("the step's logits") {
+                        inside += 1;
+                    }
+                    println!("headroom {mib} MiB: {e}");
+                }
+                Status::LLMRT_OK => {
+                    println!("headroom {mib} MiB: OK");
+                    assert_eq!(m.len(c), 64);
+                    let (g, w): (Vec<u32>, Vec<u32>) =
+                        (out.iter().map(|x| x.to_bits()).collect(), want.iter().map(|x| x.to_bits()).collect());
+                    assert!(g == w, "logits after the failed attempts differ from the twin's");
+                    done = true;
+                    break;
+                }
+                other => panic!("{mib} MiB: {other:?} {e}"),
+            }
+        }
+        assert!(done, "the step never fitted in 160 MiB of headroom");
+        assert!(ooms > 0 && inside > 0, "{ooms} failures, {inside} inside the forward pass: the limit never bit there");
+        drop(m);
+        std::fs::remove_dir_all(&dir).unwrap();
+        println!("child-ok");
+        return;
+    }
+    run_child(name, &[]);
+}
+
+// ---------------------------------------------------------------- the *_default writers and struct_size
+
+/// `llmrt_model_options_default` / `llmrt_sampler_params_default` into a buffer of
+/// 0xEE bytes whose `struct_size` is `size`: returns the bytes afterwards.
+fn defaults_into<T>(size: u32, fill: unsafe extern "C" fn(*mut T)) -> Vec<u8> {
+    let ours = std::mem::size_of::<T>();
+    // u64 words: aligned for T; 32 bytes of slack past it.
+    let mut buf = vec![0xEEEE_EEEE_EEEE_EEEEu64; (ours + 32).div_ceil(8)];
+    let p = buf.as_mut_ptr().cast::<u8>();
+    // SAFETY: the buffer holds ours + 32 bytes, aligned for T; struct_size is its first 4.
+    unsafe {
+        p.cast::<u32>().write(size);
+        fill(p.cast::<T>());
+        std::slice::from_raw_parts(p, ours + 32).to_vec()
+    }
+}
+
+#[test]
+fn default_writers_honour_the_callers_struct_size() {
+    fn u32_at(b: &[u8], off: usize) -> u32 {
+        u32::from_le_bytes(b[off..off + 4].try_into().unwrap())
+    }
+    let opts = std::mem::size_of::<llmrt_model_options>();
+    let params = std::mem::size_of::<llmrt_sampler_params>();
+    let threads_end = std::mem::offset_of!(llmrt_model_options, threads) + 4;
+    let top_k_end = std::mem::offset_of!(llmrt_sampler_params, top_k) + 4;
+    type Fill = fn(u32) -> Vec<u8>;
+    let fills: [(&str, usize, usize, Fill); 2] = [
+        ("options", opts, threads_end, |n| defaults_into::<llmrt_model_options>(n, llmrt_model_options_default)),
+        ("params", params, top_k_end, |n| defaults_into::<llmrt_sampler_params>(n, llmrt_sampler_params_default)),
+    ];
+    for (what, ours, small, fill) in fills {
+        // An older, smaller struct (through `threads` / `top_k`): the bytes after it stay.
+        let b = fill(small as u32);
+        assert_eq!(u32_at(&b, 0) as usize, small, "{what}: struct_size");
+        assert!(b[small..].iter().all(|&x| x == 0xEE), "{what}: bytes past struct_size {small} written");
+        assert!(b[4..small].iter().any(|&x| x != 0xEE), "{what}: nothing written inside struct_size");
+        // The whole struct: every byte of a field written, nothing past it.
+        let full = fill(ours as u32);
+        assert_eq!(u32_at(&full, 0) as usize, ours);
+        assert!(full[ours..].iter().all(|&x| x == 0xEE), "{what}: bytes past sizeof written");
+        assert_eq!(full[..small], {
+            let mut v = b[..small].to_vec();
+            v[..4].copy_from_slice(&(ours as u32).to_le_bytes());
+            v
+        });
+        // A newer, larger struct: the library writes what it knows and says how much.
+        let big = fill(ours as u32 + 32);
+        assert_eq!(u32_at(&big, 0) as usize, ours, "{what}: struct_size of a larger struct");
+        assert_eq!(big, full);
+        // 0 (zeroed, never set): the whole struct, as before.
+        assert_eq!(fill(0), full, "{what}: struct_size 0");
+        // 1..7: nothing written.
+        let tiny = fill(4);
+        assert_eq!(u32_at(&tiny, 0), 4);
+        assert!(tiny[4..].iter().all(|&x| x == 0xEE), "{what}: struct_size 4 wrote fields");
+    }
+    // A model loads with the smaller options struct (the fields past it take defaults).
+    let b = fill_small_options(threads_end);
+    let path = std::ffi::CString::new(fixture().gguf("f32").to_str().unwrap()).unwrap();
+    let mut m = std::ptr::null_mut();
+    // SAFETY: b holds an llmrt_model_options of struct_size bytes (and more); m is a local.
+    let s = unsafe { llmrt_model_load(path.as_ptr(), b.as_ptr().cast(), &mut m) };
+    assert_eq!(s, Status::LLMRT_OK, "{}", last_error());
+    // SAFETY: m came from llmrt_model_load.
+    unsafe { llmrt_model_free(m) };
+}
+
+/// Options of `size` bytes filled by `llmrt_model_options_default`, then the CPU
+/// backend and 1 thread set (both inside `size`), in a u64 buffer.
+fn fill_small_options(size: usize) -> Vec<u64> {
+    let mut buf = vec![0xEEEE_EEEE_EEEE_EEEEu64; std::mem::size_of::<llmrt_model_options>().div_ceil(8) + 4];
+    let p = buf.as_mut_ptr().cast::<llmrt_model_options>();
+    // SAFETY: the buffer is large and aligned enough for llmrt_model_options; only
+    // fields inside `size` are touched.
+    unsafe {
+        (*p).struct_size = size as u32;
+        llmrt_model_options_default(p);
+        (*p).backend = llmrt_backend::LLMRT_BACKEND_CPU as u32;
+        (*p).threads = 1;
+    }
+    buf
+}

@@ -215,6 +215,8 @@ fn sampling_is_seeded_reproducible_and_greedy_at_temperature_zero() {
     let f = Fixture::all().into_iter().find(|f| f.name == "llama_gqa").unwrap();
     let m = load(&f.gguf("f32"));
     let mut p = std::mem::MaybeUninit::<llmrt_sampler_params>::uninit();
+    // SAFETY: struct_size is the first field of the local; the caller sets it (its size).
+    unsafe { (*p.as_mut_ptr()).struct_size = std::mem::size_of::<llmrt_sampler_params>() as u32 };
     // SAFETY: a pointer to a local MaybeUninit of the right type, written in full.
     unsafe { llmrt_sampler_params_default(p.as_mut_ptr()) };
     // SAFETY: filled in by the llmrt_*_default (or get_info) call just above.

@@ -37,6 +37,38 @@ macro_rules! read_sized {
     }};
 }
 
+/// Writes the defaults `$default` into a caller's growable struct `$T` at `$p`
+/// (`struct_size` first) honouring the `struct_size` the caller set: each listed
+/// field that ends inside min(struct_size, sizeof($T)) is written, nothing else
+/// (padding and bytes past it stay as they were), and `struct_size` becomes that
+/// size. struct_size 0 (never set: a zeroed struct): treated as sizeof($T), the
+/// behaviour before struct_size was honoured here; 1..=7: nothing is written (the
+/// call that reads the struct then reports the bad size). Expand it only in an
+/// `unsafe` block whose contract is that `$p` is non-null, 4 bytes readable and
+/// struct_size (sizeof($T) when 0) bytes writable.
+macro_rules! write_sized {
+    ($p:expr, $T:ty, $default:expr, [$($f:ident),+ $(,)?]) => {{
+        let p: *mut $T = $p;
+        let ours = std::mem::size_of::<$T>();
+        // SAFETY: struct_size is the first field; the caller owns at least its 4 bytes.
+        let size = match unsafe { std::ptr::addr_of!((*p).struct_size).read_unaligned() } as usize {
+            0 => ours,
+            s => s.min(ours),
+        };
+        if size >= 8 {
+            let d: $T = $default;
+            // SAFETY: 4 <= size bytes the caller owns.
+            unsafe { std::ptr::addr_of_mut!((*p).struct_size).write_unaligned(size as u32) };
+            $(
+                if std::mem::offset_of!($T, $f) + std::mem::size_of_val(&d.$f) <= size {
+                    // SAFETY: the field lies inside the caller's size writable bytes.
+                    unsafe { std::ptr::addr_of_mut!((*p).$f).write_unaligned(d.$f) };
+                }
+            )+
+        }
+    }};
+}
+
 mod text;
 pub use text::*;
 mod chat;
@@ -80,8 +112,8 @@ pub type StatusCode = u32;
 /// Load progress callback: `fraction` goes from 0.0 to 1.0 during load.
 pub type llmrt_progress_fn = Option<unsafe extern "C" fn(fraction: f32, user_data: *mut c_void)>;
 
-/// Options for `llmrt_model_load`. Fill with `llmrt_model_options_default`, then
-/// change what you need.
+/// Options for `llmrt_model_load`. Set `struct_size` to sizeof(llmrt_model_options),
+/// fill with `llmrt_model_options_default`, then change what you need.
 #[repr(C)]
 pub struct llmrt_model_options {
     /// sizeof(llmrt_model_options): lets the struct grow; fields past it take defaults.
@@ -90,7 +122,10 @@ pub struct llmrt_model_options {
     pub backend: BackendCode,
     /// CUDA device ordinal.
     pub device: i32,
-    /// CPU worker threads; 0 = all available cores.
+    /// CPU worker threads; 0 = all available cores (at most 1024). More than 1024:
+    /// LLMRT_INVALID_ARGUMENT naming the value and the limit. A worker that cannot be
+    /// started (thread or memory limit): LLMRT_OUT_OF_MEMORY saying how many started
+    /// (those are stopped again).
     pub threads: u32,
     /// Cap on positions per cache; 0 = the model's context length.
     pub max_context: u32,
@@ -268,16 +303,26 @@ fn default_options() -> llmrt_model_options {
 }
 
 /// Fills `options` with defaults (AUTO backend, device 0, all cores, the model's
-/// context, default KV budget, no progress callback). NULL is a no-op.
+/// context, default KV budget, no progress callback). NULL is a no-op. The caller
+/// sets `options->struct_size = sizeof(llmrt_model_options)` first: only the fields
+/// inside min(struct_size, the library's sizeof) are written (nothing past them),
+/// and struct_size is set to that size. struct_size 0 (a zeroed struct): the whole
+/// struct is written, as before 0.1.0; 1 to 7: nothing is written.
 ///
 /// # Safety
-/// `options` is NULL or points to writable memory of sizeof(llmrt_model_options).
+/// `options` is NULL or points to at least 4 readable bytes (struct_size) and
+/// `options->struct_size` writable bytes (sizeof(llmrt_model_options) when it is 0).
 #[no_mangle]
 pub unsafe extern "C" fn llmrt_model_options_default(options: *mut llmrt_model_options) {
     if !options.is_null() {
-        // SAFETY: checked non-null just above; the caller guarantees writable memory of
-        // sizeof(llmrt_model_options) per the header contract.
-        unsafe { options.write(default_options()) };
+        // Non-null; the macro's writes stay inside the caller's struct_size bytes, which the
+        // header contract makes writable (the whole struct when struct_size is 0).
+        write_sized!(
+            options,
+            llmrt_model_options,
+            default_options(),
+            [backend, device, threads, max_context, kv_cache_bytes, progress, progress_user_data]
+        );
     }
 }
 
@@ -725,7 +770,7 @@ pub unsafe extern "C" fn llmrt_decode_greedy(
         let m = model_ref(model)?;
         let (c, t) = batch(n, caches, tokens)?;
         let next = need_mut(next_tokens, "next_tokens")?;
-        let mut ids = vec![0u32; n];
+        let mut ids = crate::util::try_vec(n, 0u32, "the step's token ids")?;
         m.decode_greedy(c, t, &mut ids)?;
         // SAFETY: next_tokens checked non-null above; the caller guarantees n writable u32s
         // per the header contract (n <= MAX_BATCH, checked in batch).

@@ -6,8 +6,9 @@ use crate::sample::SamplerParams;
 use crate::{Error, Result};
 use std::ffi::c_char;
 
-/// Sampling parameters for `llmrt_decode_sample`. Fill with
-/// `llmrt_sampler_params_default`, then change what you need.
+/// Sampling parameters for `llmrt_decode_sample`. Set `struct_size` to
+/// sizeof(llmrt_sampler_params), fill with `llmrt_sampler_params_default`, then
+/// change what you need.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct llmrt_sampler_params {
@@ -40,16 +41,26 @@ fn default_params() -> llmrt_sampler_params {
     }
 }
 
-/// Fills `params` with defaults (see the field comments). NULL is a no-op.
+/// Fills `params` with defaults (see the field comments). NULL is a no-op. The
+/// caller sets `params->struct_size = sizeof(llmrt_sampler_params)` first: only the
+/// fields inside min(struct_size, the library's sizeof) are written (nothing past
+/// them), and struct_size is set to that size. struct_size 0 (a zeroed struct): the
+/// whole struct is written, as before 0.1.0; 1 to 7: nothing is written.
 ///
 /// # Safety
-/// `params` is NULL or points to writable memory of sizeof(llmrt_sampler_params).
+/// `params` is NULL or points to at least 4 readable bytes (struct_size) and
+/// `params->struct_size` writable bytes (sizeof(llmrt_sampler_params) when it is 0).
 #[no_mangle]
 pub unsafe extern "C" fn llmrt_sampler_params_default(params: *mut llmrt_sampler_params) {
     if !params.is_null() {
-        // SAFETY: checked non-null just above; the caller guarantees writable memory of
-        // sizeof(llmrt_sampler_params) per the header contract.
-        unsafe { params.write(default_params()) };
+        // Non-null; the macro's writes stay inside the caller's struct_size bytes, which the
+        // header contract makes writable (the whole struct when struct_size is 0).
+        write_sized!(
+            params,
+            llmrt_sampler_params,
+            default_params(),
+            [temperature, top_k, top_p, min_p, repetition_penalty, seed]
+        );
     }
 }
 
@@ -104,7 +115,7 @@ pub unsafe extern "C" fn llmrt_decode_sample(
         // SAFETY: checked non-null above; the caller guarantees a valid llmrt_sampler_params
         // of at least its struct_size bytes per the header contract.
         let p = unsafe { read_params(params)? };
-        let mut ids = vec![0u32; n];
+        let mut ids = crate::util::try_vec(n, 0u32, "the step's token ids")?;
         m.decode_sample(c, t, &p, &mut ids)?;
         // SAFETY: next_tokens checked non-null above; the caller guarantees n writable u32s
         // per the header contract (n <= MAX_BATCH, checked in batch).

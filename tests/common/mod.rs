@@ -62,6 +62,8 @@ pub fn try_load_with(
 ) -> Result<M, (Status, String)> {
     let c = CString::new(path.to_str().unwrap()).unwrap();
     let mut o = std::mem::MaybeUninit::<llmrt_model_options>::uninit();
+    // SAFETY: struct_size is the first field of the local; the caller sets it (its size).
+    unsafe { (*o.as_mut_ptr()).struct_size = std::mem::size_of::<llmrt_model_options>() as u32 };
     // SAFETY: a pointer to a local MaybeUninit of the right type, written in full.
     unsafe { llmrt_model_options_default(o.as_mut_ptr()) };
     // SAFETY: filled in by the llmrt_*_default (or get_info) call just above.

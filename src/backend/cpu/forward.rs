@@ -8,41 +8,49 @@ use super::ops::{elementwise, embed, norm, rope};
 use super::CpuBackend;
 use crate::backend::{Seq, Want};
 use crate::model::weights::{Matrix, Weights};
+use crate::util::{try_vec, try_with_capacity};
+use crate::Result;
 
-pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
+/// Runs the step. Every scratch buffer (sized by the step's tokens) is allocated
+/// fallibly: a failure is `LLMRT_OUT_OF_MEMORY` naming the buffer and its size, and
+/// the step stops there (it has then written only KV positions past the committed
+/// lengths and scratch, so nothing is committed: the caller's state is unchanged).
+pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) -> Result<()> {
     let cfg = &be.cfg;
     let w = be.w.clone();
     let w: &Weights = &w;
     let (h, qd, kvd, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
-    let toks: Vec<Tok> = seqs
-        .iter()
-        .enumerate()
-        .flat_map(|(si, s)| (0..s.tokens.len()).map(move |i| Tok { seq: si, pos: s.start + i }))
-        .collect();
-    let n = toks.len();
+    let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+    let mut toks: Vec<Tok> = try_with_capacity(n, "the step's token list")?;
+    toks.extend(
+        seqs.iter().enumerate().flat_map(|(si, s)| (0..s.tokens.len()).map(move |i| Tok { seq: si, pos: s.start + i })),
+    );
+    // n tokens of `d` floats each (n * d cannot overflow: the caller holds n tokens'
+    // KV, but saturate anyway so an impossible size is an allocation error).
+    let buf = |d: usize, what: &str| try_vec(n.saturating_mul(d), 0f32, what);
 
     // Embedding gather.
-    let mut x = vec![0f32; n * h];
+    let mut x = buf(h, "the step's hidden states")?;
     let emb = &w.token_embd;
     let ids = seqs.iter().flat_map(|s| s.tokens.iter().copied());
     embed::embed(emb.dtype, emb.bytes(w), emb.row_bytes, h, ids, &mut x);
 
     // RoPE angles per token.
     let half = hd / 2;
-    let mut cos = vec![0f32; n * half];
-    let mut sin = vec![0f32; n * half];
+    let mut cos = buf(half, "the step's RoPE cosines")?;
+    let mut sin = buf(half, "the step's RoPE sines")?;
     rope::angles(toks.iter().map(|t| t.pos), &be.inv_freq, &mut cos, &mut sin);
     let neox = cfg.arch.rope_style == crate::model::RopeStyle::Neox;
     let heads = attention::Heads { n_heads: cfg.n_heads, n_kv_heads: cfg.n_kv_heads, head_dim: hd };
 
-    let mut xn = vec![0f32; n * h];
-    let mut q = vec![0f32; n * qd];
-    let mut k = vec![0f32; n * kvd];
-    let mut v = vec![0f32; n * kvd];
-    let mut att = vec![0f32; n * qd];
-    let mut proj = vec![0f32; n * h];
-    let mut gate = vec![0f32; n * cfg.ffn];
-    let mut up = vec![0f32; n * cfg.ffn];
+    let mut xn = buf(h, "the step's normed hidden states")?;
+    let mut q = buf(qd, "the step's queries")?;
+    let mut k = buf(kvd, "the step's keys")?;
+    let mut v = buf(kvd, "the step's values")?;
+    let mut att = buf(qd, "the step's attention output")?;
+    let mut proj = buf(h, "the step's projections")?;
+    let mut gate = buf(cfg.ffn, "the step's feed-forward gate")?;
+    let mut up = buf(cfg.ffn, "the step's feed-forward up projection")?;
     let pool = &be.pool;
     let packed = &be.packed;
     let weight = |m: &'_ Matrix| Weight {
@@ -54,7 +62,7 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
     };
     let mm = |m: &Matrix, x: &Act<'_>, y: &mut [f32]| {
         debug_assert_eq!(x.cols, m.cols);
-        matmul::matmul(pool, weight(m), x, y);
+        matmul::matmul(pool, weight(m), x, y)
     };
 
     for (l, lw) in w.layers.iter().enumerate() {
@@ -67,7 +75,7 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
             &[weight(&lw.wq), weight(&lw.wk), weight(&lw.wv)],
             &xa,
             &mut [&mut q, &mut k, &mut v],
-        );
+        )?;
         drop(xa);
         if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
             elementwise::add_bias(&mut q, bq);
@@ -85,21 +93,29 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
         }
         attention::kv_write(&mut be.kv, seqs, &toks, l, &k, &v);
         attention::attention(pool, &be.kv, heads, seqs, &toks, l, &q, &mut att);
-        mm(&lw.wo, &Act::new(&att, qd), &mut proj);
+        mm(&lw.wo, &Act::new(&att, qd), &mut proj)?;
         elementwise::add_in_place(&mut x, &proj);
 
         // Feed-forward block (SwiGLU).
         norm::rmsnorm(&x, &lw.ffn_norm, cfg.rms_eps, &mut xn);
         let xa = Act::new(&xn, h);
-        matmul::matmul_many(pool, &[weight(&lw.w_gate), weight(&lw.w_up)], &xa, &mut [&mut gate, &mut up]);
+        matmul::matmul_many(pool, &[weight(&lw.w_gate), weight(&lw.w_up)], &xa, &mut [&mut gate, &mut up])?;
         drop(xa);
         elementwise::swiglu_par(pool, &mut gate, &up);
-        mm(&lw.w_down, &Act::new(&gate, cfg.ffn), &mut proj);
+        mm(&lw.w_down, &Act::new(&gate, cfg.ffn), &mut proj)?;
         elementwise::add_in_place(&mut x, &proj);
     }
 
     // Final norm and LM head, only for the rows wanted.
-    let mut rows: Vec<usize> = Vec::new();
+    let wanted: usize = seqs
+        .iter()
+        .map(|s| match s.want {
+            Want::Nothing => 0,
+            Want::Last => 1,
+            Want::All => s.tokens.len(),
+        })
+        .sum();
+    let mut rows: Vec<usize> = try_with_capacity(wanted, "the step's logits row list")?;
     let mut t0 = 0;
     for s in seqs {
         match s.want {
@@ -110,11 +126,11 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) {
         t0 += s.tokens.len();
     }
     if rows.is_empty() {
-        return;
+        return Ok(());
     }
-    let mut sel = vec![0f32; rows.len() * h];
+    let mut sel = try_vec(rows.len().saturating_mul(h), 0f32, "the step's final hidden states")?;
     for (dst, &r) in sel.chunks_exact_mut(h).zip(&rows) {
         norm::rmsnorm_row(&x[r * h..(r + 1) * h], &w.output_norm, cfg.rms_eps, dst);
     }
-    mm(&w.output, &Act::new(&sel, h), logits);
+    mm(&w.output, &Act::new(&sel, h), logits)
 }

@@ -121,15 +121,27 @@ impl Groups {
                     fill(g, dst);
                 }
             } else {
-                std::thread::scope(|s| {
-                    for (k, part) in out.chunks_mut(per * group_bytes).enumerate() {
-                        let fill = &fill;
-                        s.spawn(move || {
-                            for (j, dst) in part.chunks_mut(group_bytes).enumerate() {
-                                fill(k * per + j, dst);
-                            }
-                        });
+                // Parts are taken from a queue by the calling thread and up to
+                // `threads - 1` helpers; a helper that cannot be spawned (thread or
+                // memory limit) only leaves more parts to the others.
+                let parts = out.chunks_mut(per * group_bytes).enumerate();
+                let n_parts = parts.len();
+                let queue = std::sync::Mutex::new(parts);
+                let work = || loop {
+                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                    let Some((k, part)) = next else { return };
+                    for (j, dst) in part.chunks_mut(group_bytes).enumerate() {
+                        fill(k * per + j, dst);
                     }
+                };
+                std::thread::scope(|s| {
+                    for _ in 1..n_parts {
+                        let work = &work;
+                        if std::thread::Builder::new().spawn_scoped(s, work).is_err() {
+                            break;
+                        }
+                    }
+                    work();
                 });
             }
         }

@@ -127,23 +127,31 @@ pub struct QAct {
 }
 
 impl QAct {
-    /// Quantizes `x` (rows of `cols`, `cols` a multiple of 32).
+    /// Quantizes `x` (rows of `cols`, `cols` a multiple of 32); panics where
+    /// [`QAct::try_quantize`] fails (tests).
+    #[cfg(test)]
     pub fn quantize(x: &[f32], cols: usize) -> QAct {
+        QAct::try_quantize(x, cols).unwrap_or_else(|e| panic!("{}", e.message))
+    }
+
+    /// Quantizes `x` (rows of `cols`, `cols` a multiple of 32); its buffers are
+    /// allocated fallibly (`LLMRT_OUT_OF_MEMORY` naming them, not an abort).
+    pub fn try_quantize(x: &[f32], cols: usize) -> crate::Result<QAct> {
         assert!(
             cols.is_multiple_of(QK) && x.len().is_multiple_of(cols),
             "activation rows of {cols} cannot be quantized"
         );
         let t = x.len() / cols;
-        let mut qs = vec![0i8; x.len()];
-        let mut d = vec![0f32; x.len() / QK];
-        let mut sums = vec![0i32; x.len() / QK];
+        let mut qs = crate::util::try_vec(x.len(), 0i8, "the step's quantized activations")?;
+        let mut d = crate::util::try_vec(x.len() / QK, 0f32, "the step's activation scales")?;
+        let mut sums = crate::util::try_vec(x.len() / QK, 0i32, "the step's activation sums")?;
         match isa() {
             // SAFETY: `Avx512Vnni` is only chosen on CPUs with AVX-512 F/BW/VL.
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => unsafe { quantize_avx512(x, &mut qs, &mut d, &mut sums) },
             _ => quantize_blocks(x, &mut qs, &mut d, &mut sums),
         }
-        QAct { qs, d, sums, cols, t }
+        Ok(QAct { qs, d, sums, cols, t })
     }
 }
 

@@ -38,6 +38,8 @@ pub struct CpuBackend {
     /// Q8_0 / Q4_0 matrices repacked for the block-order kernels, keyed by
     /// (file, offset) (empty where the kernel set reads rows as stored).
     packed: HashMap<(usize, usize), Pack>,
+    /// The process that loaded the model (for the message of a forked child).
+    loaded_in: u32,
 }
 
 impl CpuBackend {
@@ -89,7 +91,31 @@ impl CpuBackend {
                 progress(done as f32 / total.max(1) as f32);
             }
         }
-        Ok(CpuBackend { cfg, w, threads, pool: pool::Pool::new(threads), kv, inv_freq, packed })
+        let pool = pool::Pool::start(threads)?;
+        Ok(CpuBackend { cfg, w, threads, pool, kv, inv_freq, packed, loaded_in: pool::process_id() })
+    }
+
+    /// Before a step: in a child forked after the load none of the pool's workers
+    /// exist, so a new pool is started here (the old one is leaked, see `pool`). If
+    /// that fails the step fails, naming the fork, and the next step tries again.
+    fn ensure_pool(&mut self) -> Result<()> {
+        if self.pool.in_this_process() {
+            return Ok(());
+        }
+        let fresh = pool::Pool::start(self.threads).map_err(|e| {
+            Error::new(
+                e.status,
+                format!(
+                    "this process (pid {}) was forked from the one that loaded the model (pid {}): the CPU worker \
+                     threads do not exist in the child and cannot be started again: {}",
+                    pool::process_id(),
+                    self.loaded_in,
+                    e.message
+                ),
+            )
+        })?;
+        drop(std::mem::replace(&mut self.pool, fresh));
+        Ok(())
     }
 }
 
@@ -102,6 +128,7 @@ impl Backend for CpuBackend {
     }
 
     fn step(&mut self, seqs: &[Seq<'_>], logits: &mut [f32]) -> Result<()> {
+        self.ensure_pool()?;
         let wanted: usize = seqs
             .iter()
             .map(|s| match s.want {
@@ -124,7 +151,21 @@ impl Backend for CpuBackend {
                 self.kv.ensure(b)?;
             }
         }
-        forward::step(self, seqs, logits);
+        forward::step(self, seqs, logits)
+    }
+
+    /// The default greedy step, with the step's logits allocated fallibly (a batch
+    /// of many caches times a large vocabulary must not abort).
+    fn step_greedy(&mut self, seqs: &[Seq<'_>], next: &mut [u32]) -> Result<()> {
+        let v = self.cfg.vocab_size;
+        if next.len() != seqs.len() || seqs.iter().any(|s| s.want != Want::Last) {
+            return Err(Error::internal("greedy step: one Want::Last row per sequence expected"));
+        }
+        let mut logits = crate::util::try_vec(seqs.len().saturating_mul(v), 0f32, "the greedy step's logits")?;
+        self.step(seqs, &mut logits)?;
+        for (o, row) in next.iter_mut().zip(logits.chunks_exact(v)) {
+            *o = crate::util::argmax(row);
+        }
         Ok(())
     }
 

@@ -3,12 +3,32 @@
 //! spins for a short bounded time (a decode step dispatches a few hundred small
 //! jobs back to back) and then parks on a condition variable, so an idle model
 //! costs no CPU. [`par_units`] splits an op's output between the pool's threads.
+//!
+//! Starting the pool is fallible ([`Pool::start`]): at most [`MAX_THREADS`] threads, the
+//! handles' vector allocated with `try_reserve`, and a worker that cannot be spawned
+//! stops and joins the ones already started before the error is returned.
+//!
+//! fork(): a pool belongs to the process that started it ([`Pool::in_this_process`]).
+//! A forked child inherits the pool's memory but none of its workers; the CPU backend
+//! starts a new pool there before the child's first step, and dropping a pool in a
+//! process other than its own leaks it (its handles and shared state) instead of
+//! joining threads that do not exist there (which would hang) or touching mutexes a
+//! worker of the parent may have held at the fork.
 
+use crate::{Error, Result};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// The most threads a pool (and `llmrt_model_options.threads`) may have.
+pub const MAX_THREADS: usize = 1024;
+
+/// This process's id (not cached: a fork changes it).
+pub(crate) fn process_id() -> u32 {
+    std::process::id()
+}
 
 /// How long a worker (or the caller waiting for workers) spins before parking.
 const SPIN: Duration = Duration::from_micros(50);
@@ -39,12 +59,20 @@ pub struct Pool {
     threads: usize,
     /// Serialises `run` (the backend is used under the model's mutex anyway).
     gate: Mutex<()>,
+    /// The process whose threads the workers are (see the module comment on fork).
+    pid: u32,
 }
 
 impl Pool {
-    /// A pool of `threads` (at least 1) including the calling thread.
-    pub fn new(threads: usize) -> Pool {
+    /// A pool of `threads` (at least 1, at most [`MAX_THREADS`]) including the
+    /// calling thread. More than `MAX_THREADS`: `LLMRT_INVALID_ARGUMENT`. A worker that
+    /// cannot be started (thread limit, no memory for its stack): `LLMRT_OUT_OF_MEMORY`
+    /// saying how many had started and why, after those were stopped and joined.
+    pub fn start(threads: usize) -> Result<Pool> {
         let threads = threads.max(1);
+        if threads > MAX_THREADS {
+            return Err(Error::invalid(format!("threads = {threads} exceeds the most worker threads, {MAX_THREADS}")));
+        }
         let shared = Arc::new(Shared {
             generation: AtomicU64::new(0),
             job: Mutex::new(None),
@@ -56,16 +84,40 @@ impl Pool {
             done_lock: Mutex::new(()),
             done: Condvar::new(),
         });
-        let workers = (1..threads)
-            .map(|i| {
-                let s = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("llmrt-cpu-{i}"))
-                    .spawn(move || worker(&s, i))
-                    .expect("cannot spawn a CPU worker thread")
-            })
-            .collect();
-        Pool { shared, workers, threads, gate: Mutex::new(()) }
+        let mut workers = crate::util::try_with_capacity(threads - 1, "the CPU worker thread handles")?;
+        let mut pool = Pool { shared, workers: Vec::new(), threads, gate: Mutex::new(()), pid: process_id() };
+        for i in 1..threads {
+            let s = pool.shared.clone();
+            match std::thread::Builder::new().name(format!("llmrt-cpu-{i}")).spawn(move || worker(&s, i)) {
+                Ok(h) => workers.push(h),
+                Err(e) => {
+                    let started = workers.len();
+                    // Dropping the pool stops and joins the workers already started.
+                    pool.workers = workers;
+                    drop(pool);
+                    return Err(Error::out_of_memory(format!(
+                        "cannot start CPU worker thread {i} of {} ({threads} threads): {e}; the {started} workers \
+                         started before it were stopped and joined (lower options.threads, or raise the process's \
+                         thread or memory limit)",
+                        threads - 1
+                    )));
+                }
+            }
+        }
+        pool.workers = workers;
+        Ok(pool)
+    }
+
+    /// [`Pool::start`] for tests, where a pool that cannot start is a failed test.
+    #[cfg(test)]
+    pub fn new(threads: usize) -> Pool {
+        Pool::start(threads).unwrap_or_else(|e| panic!("{}", e.message))
+    }
+
+    /// Whether the workers are threads of this process (false in a child forked
+    /// after the pool started: none of them exist there).
+    pub fn in_this_process(&self) -> bool {
+        self.pid == process_id()
     }
 
     pub fn threads(&self) -> usize {
@@ -154,6 +206,14 @@ fn worker(s: &Shared, index: usize) {
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        if !self.in_this_process() {
+            // A forked child's copy: its workers do not exist here (joining would wait
+            // forever) and its mutexes may have been held by them at the fork. Leak it.
+            std::mem::forget(std::mem::take(&mut self.workers));
+            let shared = self.shared.clone();
+            std::mem::forget(shared);
+            return;
+        }
         self.shared.shutdown.store(true, Ordering::SeqCst);
         {
             let _l = self.shared.idle.lock().unwrap_or_else(|e| e.into_inner());
@@ -256,6 +316,14 @@ mod tests {
             count.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(count.load(Ordering::Relaxed), 2000 * 3003 + 3);
+    }
+
+    #[test]
+    fn too_many_threads_is_invalid_argument_naming_the_limit() {
+        let e = Pool::start(u32::MAX as usize).err().expect("a pool of 2^32 - 1 threads");
+        assert_eq!(e.status, crate::Status::LLMRT_INVALID_ARGUMENT);
+        assert!(e.message.contains("4294967295") && e.message.contains("1024"), "{}", e.message);
+        assert_eq!(Pool::start(MAX_THREADS + 1).err().map(|e| e.status), Some(crate::Status::LLMRT_INVALID_ARGUMENT));
     }
 
     #[test]

@@ -16,6 +16,8 @@ use crate::backend::cpu::isa::{self, QAct};
 use crate::backend::cpu::pool::{par_units, Pool};
 use crate::backend::cpu::{fpack, gq, qpack, simd};
 use crate::quant::DType;
+use crate::util::try_vec;
+use crate::Result;
 use std::cell::OnceCell;
 
 /// A matrix repacked at load for this CPU's kernels.
@@ -38,8 +40,13 @@ impl<'a> Act<'a> {
         Act { x, cols, q: OnceCell::new() }
     }
 
-    fn quantized(&self) -> &QAct {
-        self.q.get_or_init(|| QAct::quantize(self.x, self.cols))
+    /// The quantized activations (allocated fallibly the first time).
+    fn quantized(&self) -> Result<&QAct> {
+        if let Some(q) = self.q.get() {
+            return Ok(q);
+        }
+        let q = QAct::try_quantize(self.x, self.cols)?;
+        Ok(self.q.get_or_init(|| q))
     }
 }
 
@@ -64,15 +71,15 @@ struct Bound<'a> {
 }
 
 impl<'a> Bound<'a> {
-    fn new(m: Weight<'a>, act: &'a Act<'_>) -> Bound<'a> {
+    fn new(m: Weight<'a>, act: &'a Act<'_>) -> Result<Bound<'a>> {
         let cols = act.cols;
         let quant = matches!(m.dtype, DType::Q8_0 | DType::Q4_0) || m.dtype.is_grouped();
-        let qa = if quant { Some(act.quantized()) } else { None };
+        let qa = if quant { Some(act.quantized()?) } else { None };
         let packed = m.packed.filter(|p| match p {
             Pack::Q(q) => quant && q.rows == m.rows && q.cols == cols && q.dtype == m.dtype,
             Pack::F(f) => m.dtype == DType::F16 && f.rows == m.rows && f.cols == cols,
         });
-        Bound { m: Weight { packed, ..m }, qa, x: act.x, cols, isa: isa::isa() }
+        Ok(Bound { m: Weight { packed, ..m }, qa, x: act.x, cols, isa: isa::isa() })
     }
 
     /// Rows per unit of work: packed groups of rows are never split between threads.
@@ -102,20 +109,21 @@ impl<'a> Bound<'a> {
 /// `y[t][r] = dot(W[r], x[t])` for `t < T` tokens: W is `m` (`rows x cols`),
 /// x is `T x cols`, y is `T x rows`. Tiles of weight rows are read once for all
 /// tokens (see `simd`); `m.packed`, the same matrix repacked for this CPU's
-/// kernels (`qpack`, `fpack`), is used when present.
-pub(crate) fn matmul(pool: &Pool, m: Weight<'_>, act: &Act<'_>, y: &mut [f32]) {
+/// kernels (`qpack`, `fpack`), is used when present. Scratch (quantized
+/// activations, the transpose buffer) is allocated fallibly: `LLMRT_OUT_OF_MEMORY`.
+pub(crate) fn matmul(pool: &Pool, m: Weight<'_>, act: &Act<'_>, y: &mut [f32]) -> Result<()> {
     let rows = m.rows;
-    let b = Bound::new(m, act);
+    let b = Bound::new(m, act)?;
     let cols = act.cols;
     let t_count = act.x.len() / cols;
     debug_assert_eq!(y.len(), t_count * rows);
     let align = b.align();
     if t_count == 1 {
         par_units(pool, y, 1, cols, align, |r0, part| b.run(r0, part, 1));
-        return;
+        return Ok(());
     }
     // Row-major over weights: tmp[r][t], transposed into y afterwards.
-    let mut tmp = vec![0f32; rows * t_count];
+    let mut tmp = try_vec(rows.saturating_mul(t_count), 0f32, "the step's matmul transpose buffer")?;
     par_units(pool, &mut tmp, t_count, cols * t_count, align, |r0, part| b.run(r0, part, t_count));
     // Blocked transpose: contiguous writes, reads from a few dozen lines.
     for r0 in (0..rows).step_by(64) {
@@ -126,6 +134,7 @@ pub(crate) fn matmul(pool: &Pool, m: Weight<'_>, act: &Act<'_>, y: &mut [f32]) {
             }
         }
     }
+    Ok(())
 }
 
 /// `ys[i] = W_i x` for several matrices reading the same activations (Q, K and V;
@@ -134,18 +143,18 @@ pub(crate) fn matmul(pool: &Pool, m: Weight<'_>, act: &Act<'_>, y: &mut [f32]) {
 /// streams); the same kernels compute the same rows, so the results are those of
 /// [`matmul`] bit for bit. Otherwise (or when the matrices' row counts do not
 /// keep the units aligned) one [`matmul`] each.
-pub(crate) fn matmul_many(pool: &Pool, ms: &[Weight<'_>], act: &Act<'_>, ys: &mut [&mut [f32]]) {
+pub(crate) fn matmul_many(pool: &Pool, ms: &[Weight<'_>], act: &Act<'_>, ys: &mut [&mut [f32]]) -> Result<()> {
     assert_eq!(ms.len(), ys.len());
     let t_count = act.x.len() / act.cols;
-    let bs: Vec<Bound<'_>> = ms.iter().map(|&m| Bound::new(m, act)).collect();
+    let bs: Vec<Bound<'_>> = ms.iter().map(|&m| Bound::new(m, act)).collect::<Result<_>>()?;
     let align = bs.iter().map(Bound::align).max().unwrap_or(1);
     let aligned = bs.iter().all(|b| align.is_multiple_of(b.align()))
         && bs[..bs.len().saturating_sub(1)].iter().all(|b| b.m.rows.is_multiple_of(align));
     if t_count != 1 || !aligned {
         for (&m, y) in ms.iter().zip(ys.iter_mut()) {
-            matmul(pool, m, act, y);
+            matmul(pool, m, act, y)?;
         }
-        return;
+        return Ok(());
     }
     let starts: Vec<usize> = bs
         .iter()
@@ -156,7 +165,7 @@ pub(crate) fn matmul_many(pool: &Pool, ms: &[Weight<'_>], act: &Act<'_>, ys: &mu
         })
         .collect();
     let total: usize = bs.iter().map(|b| b.m.rows).sum();
-    let mut all = vec![0f32; total];
+    let mut all = try_vec(total, 0f32, "the step's stacked matmul output")?;
     par_units(pool, &mut all, 1, act.cols, align, |u0, part| {
         // The chunk may span matrices: each piece to its own matrix's rows.
         let mut u = u0;
@@ -173,6 +182,7 @@ pub(crate) fn matmul_many(pool: &Pool, ms: &[Weight<'_>], act: &Act<'_>, ys: &mu
     for ((y, b), &s) in ys.iter_mut().zip(&bs).zip(&starts) {
         y.copy_from_slice(&all[s..s + b.m.rows]);
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -226,10 +236,10 @@ mod tests {
                             let act = Act::new(&x, cols);
                             let mut got: Vec<Vec<f32>> = rows.iter().map(|&r| vec![f32::NAN; r * t]).collect();
                             let mut refs: Vec<&mut [f32]> = got.iter_mut().map(|v| v.as_mut_slice()).collect();
-                            matmul_many(&pool, &ms, &act, &mut refs);
+                            matmul_many(&pool, &ms, &act, &mut refs).unwrap();
                             for (m, g) in ms.iter().zip(&got) {
                                 let mut want = vec![f32::NAN; m.rows * t];
-                                matmul(&pool, *m, &Act::new(&x, cols), &mut want);
+                                matmul(&pool, *m, &Act::new(&x, cols), &mut want).unwrap();
                                 let (gb, wb): (Vec<u32>, Vec<u32>) = (
                                     g.iter().map(|v| v.to_bits()).collect(),
                                     want.iter().map(|v| v.to_bits()).collect(),
