@@ -84,7 +84,6 @@ static void case_null_pointers(void) {
     CHECK(next == 777, "failed decode_greedy wrote next_tokens");
 
     llmrt_sampler_params sp;
-    sp.struct_size = sizeof sp; /* the caller's size, before the defaults */
     llmrt_sampler_params_default(&sp);
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(NULL, 1, &c, &tok, &sp, &next));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(m, 1, NULL, &tok, &sp, &next));
@@ -287,7 +286,6 @@ static void case_token_out_of_range(void) {
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode(m, 1, &c, &huge, logits));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_greedy(m, 1, &c, &bad[1], &next));
     llmrt_sampler_params sp;
-    sp.struct_size = sizeof sp; /* the caller's size, before the defaults */
     llmrt_sampler_params_default(&sp);
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(m, 1, &c, &bad[1], &sp, &next));
     CHECK(next == 777, "failed step wrote next_tokens");
@@ -368,7 +366,6 @@ static void case_zero_length(void) {
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode(m, 0, &c, SOME_TOKENS, logits));
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_greedy(m, 0, &c, SOME_TOKENS, &next));
     llmrt_sampler_params sp;
-    sp.struct_size = sizeof sp; /* the caller's size, before the defaults */
     llmrt_sampler_params_default(&sp);
     EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample(m, 0, &c, SOME_TOKENS, &sp, &next));
     LEN_IS(m, c, 2);
@@ -675,7 +672,6 @@ static void case_sampler_invalid_params(void) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         llmrt_sampler_params sp;
-        sp.struct_size = sizeof sp; /* the caller's size, before the defaults */
         llmrt_sampler_params_default(&sp);
         sp.temperature = bad[i].temperature;
         sp.top_p = bad[i].top_p;
@@ -693,7 +689,6 @@ static void case_sampler_invalid_params(void) {
     }
     /* struct_size 0 (a struct never filled by llmrt_sampler_params_default). */
     llmrt_sampler_params sp;
-    sp.struct_size = sizeof sp; /* the caller's size, before the defaults */
     llmrt_sampler_params_default(&sp);
     sp.struct_size = 0;
     uint32_t next = 777;
@@ -702,7 +697,6 @@ static void case_sampler_invalid_params(void) {
     CHECK(next == 777, "struct_size 0: a failed decode_sample wrote next_tokens");
     LEN_IS(m, c, 3);
     /* The defaults themselves are valid, and the failures left the cache usable. */
-    sp.struct_size = sizeof sp; /* the caller's size, before the defaults */
     llmrt_sampler_params_default(&sp);
     OK(llmrt_decode_sample(m, 1, &c, &tok, &sp, &next));
     CHECK(next < model_info(m).vocab_size, "sampled token %u >= vocab", next);

@@ -29,7 +29,6 @@ static void check_progress(const char *path) {
     struct progress_log log = {0, 1, 1, 0.0f};
     llmrt_model_options opt;
     memset(&opt, 0xA5, sizeof opt);
-    opt.struct_size = sizeof opt; /* the caller's size, before the defaults */
     llmrt_model_options_default(&opt);
     CHECK(opt.struct_size == sizeof opt, "options struct_size %u, want %zu", opt.struct_size,
           sizeof opt);

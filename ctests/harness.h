@@ -291,7 +291,6 @@ static inline float *alloc_floats(size_t n) {
  * must give the same answer on a CI box with or without a GPU. */
 static inline llmrt_model *load_model_opts(const char *path, uint32_t max_context) {
     llmrt_model_options opt;
-    opt.struct_size = sizeof opt; /* the caller's size, before the defaults */
     llmrt_model_options_default(&opt);
     opt.backend = LLMRT_BACKEND_CPU;
     opt.threads = 2;

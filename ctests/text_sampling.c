@@ -207,7 +207,6 @@ static void case_round_trip_bpe(void) { check_round_trips(QWEN2_REL, ""); }
 static void case_sampler_defaults(void) {
     llmrt_sampler_params sp;
     memset(&sp, 0xA5, sizeof sp);
-    sp.struct_size = sizeof sp; /* the caller's size, before the defaults */
     llmrt_sampler_params_default(&sp);
     /* llama.cpp's defaults. */
     CHECK(sp.struct_size == sizeof sp, "struct_size %u, want %zu", sp.struct_size, sizeof sp);
@@ -243,7 +242,6 @@ static void case_sample_seeded(void) {
     const llmrt_model_info info = model_info(m);
     enum { STEPS = 24 };
     llmrt_sampler_params sp;
-    sp.struct_size = sizeof sp; /* the caller's size, before the defaults */
     llmrt_sampler_params_default(&sp);
     sp.temperature = 1.5f; /* flat enough that the seed matters on a random model */
     sp.top_k = 0;
@@ -259,7 +257,6 @@ static void case_sample_seeded(void) {
     sample_run(m, &sp, other, STEPS);
     CHECK(memcmp(a, other, sizeof a) != 0, "seeds 42 and 43 sampled the same %d tokens", STEPS);
     /* The library's defaults are seeded too. */
-    sp.struct_size = sizeof sp; /* the caller's size, before the defaults */
     llmrt_sampler_params_default(&sp);
     sample_run(m, &sp, a, STEPS);
     sample_run(m, &sp, b, STEPS);
@@ -284,7 +281,6 @@ static void case_sample_temperature_zero_is_greedy(void) {
     llmrt_model *m = load_fixture_model();
     enum { STEPS = 16 };
     llmrt_sampler_params sp;
-    sp.struct_size = sizeof sp; /* the caller's size, before the defaults */
     llmrt_sampler_params_default(&sp); /* top_k/top_p/min_p stay on: greedy ignores them */
     sp.temperature = 0.0f;
     sp.seed = 1234;

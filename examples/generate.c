@@ -202,7 +202,6 @@ int main(int argc, char **argv) {
     llmrt_backend backend = LLMRT_BACKEND_AUTO;
     /* The library's defaults, but greedy unless --temp says otherwise. */
     llmrt_sampler_params sp;
-    sp.struct_size = sizeof sp; /* the caller's size, before the defaults */
     llmrt_sampler_params_default(&sp);
     sp.temperature = 0.0f;
     for (int i = 1; i < argc; i++) {
@@ -236,7 +235,6 @@ int main(int argc, char **argv) {
     const bool sampling = sp.temperature > 0.0f || sp.repetition_penalty != 1.0f;
 
     llmrt_model_options opt;
-    opt.struct_size = sizeof opt; /* the caller's size, before the defaults */
     llmrt_model_options_default(&opt);
     opt.threads = threads;
     opt.backend = backend;

@@ -301,17 +301,27 @@ const char *llmrt_version(void);
 
 /**
  * Fills `options` with defaults (AUTO backend, device 0, all cores, the model's
- * context, default KV budget, no progress callback). NULL is a no-op. The caller
- * sets `options->struct_size = sizeof(llmrt_model_options)` first: only the fields
- * inside min(struct_size, the library's sizeof) are written (nothing past them),
- * and struct_size is set to that size. struct_size 0 (a zeroed struct): the whole
- * struct is written, as before 0.1.0; 1 to 7: nothing is written.
+ * context, default KV budget, no progress callback) and sets `struct_size` to
+ * sizeof(llmrt_model_options) of this header. The struct's bytes are not read
+ * (uninitialised memory is fine). NULL is a no-op. A caller built against an
+ * older, smaller struct uses `llmrt_model_options_init` with its own sizeof.
  *
  * # Safety
- * `options` is NULL or points to at least 4 readable bytes (struct_size) and
- * `options->struct_size` writable bytes (sizeof(llmrt_model_options) when it is 0).
+ * `options` is NULL or points to sizeof(llmrt_model_options) writable bytes.
  */
 void llmrt_model_options_default(struct llmrt_model_options *options);
+
+/**
+ * `llmrt_model_options_default` for a struct of `size` bytes (the caller's
+ * `sizeof(llmrt_model_options)`, which is smaller when it was built against an
+ * older header): only the fields that end inside min(size, the library's sizeof)
+ * are written, nothing past them, and `struct_size` is set to that size. A size
+ * below 8 writes nothing. NULL is a no-op.
+ *
+ * # Safety
+ * `options` is NULL or points to min(size, sizeof(llmrt_model_options)) writable bytes.
+ */
+void llmrt_model_options_init(struct llmrt_model_options *options, size_t size);
 
 /**
  * Loads a model. `path`: a GGUF file, or a Hugging Face model directory
@@ -465,17 +475,27 @@ enum llmrt_status llmrt_decode_greedy(struct llmrt_model *model,
                                       uint32_t *next_tokens);
 
 /**
- * Fills `params` with defaults (see the field comments). NULL is a no-op. The
- * caller sets `params->struct_size = sizeof(llmrt_sampler_params)` first: only the
- * fields inside min(struct_size, the library's sizeof) are written (nothing past
- * them), and struct_size is set to that size. struct_size 0 (a zeroed struct): the
- * whole struct is written, as before 0.1.0; 1 to 7: nothing is written.
+ * Fills `params` with defaults (see the field comments) and sets `struct_size` to
+ * sizeof(llmrt_sampler_params) of this header. The struct's bytes are not read
+ * (uninitialised memory is fine). NULL is a no-op. A caller built against an
+ * older, smaller struct uses `llmrt_sampler_params_init` with its own sizeof.
  *
  * # Safety
- * `params` is NULL or points to at least 4 readable bytes (struct_size) and
- * `params->struct_size` writable bytes (sizeof(llmrt_sampler_params) when it is 0).
+ * `params` is NULL or points to sizeof(llmrt_sampler_params) writable bytes.
  */
 void llmrt_sampler_params_default(struct llmrt_sampler_params *params);
+
+/**
+ * `llmrt_sampler_params_default` for a struct of `size` bytes (the caller's
+ * `sizeof(llmrt_sampler_params)`, smaller when built against an older header):
+ * only the fields that end inside min(size, the library's sizeof) are written,
+ * nothing past them, and `struct_size` is set to that size. A size below 8 writes
+ * nothing. NULL is a no-op.
+ *
+ * # Safety
+ * `params` is NULL or points to min(size, sizeof(llmrt_sampler_params)) writable bytes.
+ */
+void llmrt_sampler_params_init(struct llmrt_sampler_params *params, size_t size);
 
 /**
  * As llmrt_decode_greedy, but sampling with `params` (one set for all caches).

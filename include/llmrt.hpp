@@ -92,8 +92,7 @@ inline uint32_t argmax(const std::vector<float> &values) noexcept {
 /* llmrt_model_options filled with the library's defaults. */
 inline llmrt_model_options default_model_options() noexcept {
     llmrt_model_options options{};
-    options.struct_size = sizeof options; /* the caller's size, before the defaults */
-    llmrt_model_options_default(&options);
+    llmrt_model_options_init(&options, sizeof options); /* never overrun by a newer library */
     return options;
 }
 
@@ -101,8 +100,7 @@ inline llmrt_model_options default_model_options() noexcept {
  * 0.8, top_k 40, top_p 0.95, min_p 0.05, repetition_penalty 1, seed 0). */
 inline llmrt_sampler_params default_sampler_params() noexcept {
     llmrt_sampler_params params{};
-    params.struct_size = sizeof params; /* the caller's size, before the defaults */
-    llmrt_sampler_params_default(&params);
+    llmrt_sampler_params_init(&params, sizeof params); /* never overrun by a newer library */
     return params;
 }
 

@@ -803,23 +803,37 @@ fn prefill_all_on_a_65536_vocab_under_a_memory_limit_is_out_of_memory_not_an_abo
 
 // ---------------------------------------------------------------- the *_default writers and struct_size
 
-/// `llmrt_model_options_default` / `llmrt_sampler_params_default` into a buffer of
-/// 0xEE bytes whose `struct_size` is `size`: returns the bytes afterwards.
-fn defaults_into<T>(size: u32, fill: unsafe extern "C" fn(*mut T)) -> Vec<u8> {
+/// `llmrt_model_options_init` / `llmrt_sampler_params_init` with `size` into a
+/// buffer of 0xEE bytes: returns the bytes afterwards.
+fn init_into<T>(size: usize, init: unsafe extern "C" fn(*mut T, usize)) -> Vec<u8> {
     let ours = std::mem::size_of::<T>();
     // u64 words: aligned for T; 32 bytes of slack past it.
     let mut buf = vec![0xEEEE_EEEE_EEEE_EEEEu64; (ours + 32).div_ceil(8)];
     let p = buf.as_mut_ptr().cast::<u8>();
-    // SAFETY: the buffer holds ours + 32 bytes, aligned for T; struct_size is its first 4.
+    // SAFETY: the buffer holds ours + 32 bytes, aligned for T; init writes at most
+    // min(size, ours) of them.
     unsafe {
-        p.cast::<u32>().write(size);
+        init(p.cast::<T>(), size);
+        std::slice::from_raw_parts(p, ours + 32).to_vec()
+    }
+}
+
+/// `llmrt_*_default` into a buffer of 0xEE bytes whose first 4 (struct_size) hold
+/// `garbage`: returns the bytes afterwards.
+fn default_into<T>(garbage: u32, fill: unsafe extern "C" fn(*mut T)) -> Vec<u8> {
+    let ours = std::mem::size_of::<T>();
+    let mut buf = vec![0xEEEE_EEEE_EEEE_EEEEu64; (ours + 32).div_ceil(8)];
+    let p = buf.as_mut_ptr().cast::<u8>();
+    // SAFETY: the buffer holds ours + 32 bytes, aligned for T.
+    unsafe {
+        p.cast::<u32>().write(garbage);
         fill(p.cast::<T>());
         std::slice::from_raw_parts(p, ours + 32).to_vec()
     }
 }
 
 #[test]
-fn default_writers_honour_the_callers_struct_size() {
+fn init_writers_honour_the_callers_size_and_default_writers_the_headers() {
     fn u32_at(b: &[u8], off: usize) -> u32 {
         u32::from_le_bytes(b[off..off + 4].try_into().unwrap())
     }
@@ -827,19 +841,32 @@ fn default_writers_honour_the_callers_struct_size() {
     let params = std::mem::size_of::<llmrt_sampler_params>();
     let threads_end = std::mem::offset_of!(llmrt_model_options, threads) + 4;
     let top_k_end = std::mem::offset_of!(llmrt_sampler_params, top_k) + 4;
-    type Fill = fn(u32) -> Vec<u8>;
-    let fills: [(&str, usize, usize, Fill); 2] = [
-        ("options", opts, threads_end, |n| defaults_into::<llmrt_model_options>(n, llmrt_model_options_default)),
-        ("params", params, top_k_end, |n| defaults_into::<llmrt_sampler_params>(n, llmrt_sampler_params_default)),
+    type Init = fn(usize) -> Vec<u8>;
+    type Default = fn(u32) -> Vec<u8>;
+    let fills: [(&str, usize, usize, Init, Default); 2] = [
+        (
+            "options",
+            opts,
+            threads_end,
+            |n| init_into::<llmrt_model_options>(n, llmrt_model_options_init),
+            |g| default_into::<llmrt_model_options>(g, llmrt_model_options_default),
+        ),
+        (
+            "params",
+            params,
+            top_k_end,
+            |n| init_into::<llmrt_sampler_params>(n, llmrt_sampler_params_init),
+            |g| default_into::<llmrt_sampler_params>(g, llmrt_sampler_params_default),
+        ),
     ];
-    for (what, ours, small, fill) in fills {
+    for (what, ours, small, init, default) in fills {
         // An older, smaller struct (through `threads` / `top_k`): the bytes after it stay.
-        let b = fill(small as u32);
+        let b = init(small);
         assert_eq!(u32_at(&b, 0) as usize, small, "{what}: struct_size");
-        assert!(b[small..].iter().all(|&x| x == 0xEE), "{what}: bytes past struct_size {small} written");
-        assert!(b[4..small].iter().any(|&x| x != 0xEE), "{what}: nothing written inside struct_size");
+        assert!(b[small..].iter().all(|&x| x == 0xEE), "{what}: bytes past size {small} written");
+        assert!(b[4..small].iter().any(|&x| x != 0xEE), "{what}: nothing written inside size");
         // The whole struct: every byte of a field written, nothing past it.
-        let full = fill(ours as u32);
+        let full = init(ours);
         assert_eq!(u32_at(&full, 0) as usize, ours);
         assert!(full[ours..].iter().all(|&x| x == 0xEE), "{what}: bytes past sizeof written");
         assert_eq!(full[..small], {
@@ -848,15 +875,17 @@ fn default_writers_honour_the_callers_struct_size() {
             v
         });
         // A newer, larger struct: the library writes what it knows and says how much.
-        let big = fill(ours as u32 + 32);
+        let big = init(ours + 32);
         assert_eq!(u32_at(&big, 0) as usize, ours, "{what}: struct_size of a larger struct");
         assert_eq!(big, full);
-        // 0 (zeroed, never set): the whole struct, as before.
-        assert_eq!(fill(0), full, "{what}: struct_size 0");
-        // 1..7: nothing written.
-        let tiny = fill(4);
-        assert_eq!(u32_at(&tiny, 0), 4);
-        assert!(tiny[4..].iter().all(|&x| x == 0xEE), "{what}: struct_size 4 wrote fields");
+        // Below 8 bytes: nothing written.
+        let tiny = init(4);
+        assert!(tiny.iter().all(|&x| x == 0xEE), "{what}: size 4 wrote something");
+        // `_default` never reads struct_size (callers pass uninitialised memory):
+        // whatever garbage is there, it writes the header's whole struct.
+        for garbage in [0, 4, small as u32, ours as u32, 0xEEEE_EEEE, u32::MAX] {
+            assert_eq!(default(garbage), full, "{what}: _default over struct_size {garbage:#x}");
+        }
     }
     // A model loads with the smaller options struct (the fields past it take defaults).
     let b = fill_small_options(threads_end);
@@ -869,7 +898,7 @@ fn default_writers_honour_the_callers_struct_size() {
     unsafe { llmrt_model_free(m) };
 }
 
-/// Options of `size` bytes filled by `llmrt_model_options_default`, then the CPU
+/// Options of `size` bytes filled by `llmrt_model_options_init`, then the CPU
 /// backend and 1 thread set (both inside `size`), in a u64 buffer.
 fn fill_small_options(size: usize) -> Vec<u64> {
     let mut buf = vec![0xEEEE_EEEE_EEEE_EEEEu64; std::mem::size_of::<llmrt_model_options>().div_ceil(8) + 4];
@@ -877,8 +906,7 @@ fn fill_small_options(size: usize) -> Vec<u64> {
     // SAFETY: the buffer is large and aligned enough for llmrt_model_options; only
     // fields inside `size` are touched.
     unsafe {
-        (*p).struct_size = size as u32;
-        llmrt_model_options_default(p);
+        llmrt_model_options_init(p, size);
         (*p).backend = llmrt_backend::LLMRT_BACKEND_CPU as u32;
         (*p).threads = 1;
     }

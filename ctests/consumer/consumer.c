@@ -12,7 +12,6 @@ int main(int argc, char **argv) {
         return 2;
     }
     llmrt_model_options opt;
-    opt.struct_size = sizeof opt; /* the caller's size, before the defaults */
     llmrt_model_options_default(&opt);
     opt.backend = LLMRT_BACKEND_CPU;
     opt.threads = 1;

@@ -138,8 +138,7 @@ func Load(path string, opts *Options) (*Model, error) {
 	if opts != nil {
 		copts = (*C.llmrt_model_options)(C.malloc(C.size_t(unsafe.Sizeof(C.llmrt_model_options{}))))
 		defer C.free(unsafe.Pointer(copts))
-		copts.struct_size = C.uint32_t(unsafe.Sizeof(*copts)) // the caller's size, before the defaults
-		C.llmrt_model_options_default(copts)
+		C.llmrt_model_options_init(copts, C.size_t(unsafe.Sizeof(*copts))) // never overrun by a newer library
 		copts.backend = C.llmrt_backend(opts.Backend)
 		copts.device = C.int32_t(opts.Device)
 		copts.threads = C.uint32_t(opts.Threads)

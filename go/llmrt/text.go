@@ -109,8 +109,7 @@ type SamplerParams struct {
 // penalty 1, seed 0.
 func DefaultSamplerParams() SamplerParams {
 	var p C.llmrt_sampler_params
-	p.struct_size = C.uint32_t(unsafe.Sizeof(p)) // the caller's size, before the defaults
-	C.llmrt_sampler_params_default(&p)
+	C.llmrt_sampler_params_init(&p, C.size_t(unsafe.Sizeof(p))) // never overrun by a newer library
 	return SamplerParams{
 		Temperature:       float32(p.temperature),
 		TopK:              uint32(p.top_k),
@@ -129,8 +128,7 @@ func (m *Model) Sample(caches []*Cache, tokens []uint32, params SamplerParams) (
 		return nil, err
 	}
 	var p C.llmrt_sampler_params
-	p.struct_size = C.uint32_t(unsafe.Sizeof(p)) // the caller's size, before the defaults
-	C.llmrt_sampler_params_default(&p)
+	C.llmrt_sampler_params_init(&p, C.size_t(unsafe.Sizeof(p))) // never overrun by a newer library
 	p.temperature = C.float(params.Temperature)
 	p.top_k = C.uint32_t(params.TopK)
 	p.top_p = C.float(params.TopP)

@@ -38,23 +38,17 @@ macro_rules! read_sized {
 }
 
 /// Writes the defaults `$default` into a caller's growable struct `$T` at `$p`
-/// (`struct_size` first) honouring the `struct_size` the caller set: each listed
-/// field that ends inside min(struct_size, sizeof($T)) is written, nothing else
-/// (padding and bytes past it stay as they were), and `struct_size` becomes that
-/// size. struct_size 0 (never set: a zeroed struct): treated as sizeof($T), the
-/// behaviour before struct_size was honoured here; 1..=7: nothing is written (the
-/// call that reads the struct then reports the bad size). Expand it only in an
-/// `unsafe` block whose contract is that `$p` is non-null, 4 bytes readable and
-/// struct_size (sizeof($T) when 0) bytes writable.
+/// (`struct_size` first) of `$size` bytes: each listed field that ends inside
+/// min($size, sizeof($T)) is written, nothing else (padding and bytes past it stay
+/// as they were), and `struct_size` becomes that size. A size below 8 writes
+/// nothing (the call that reads the struct then reports the bad size). The struct's
+/// own bytes are never read: callers pass uninitialised memory. Expand it only in
+/// an `unsafe` block whose contract is that `$p` is non-null and min($size,
+/// sizeof($T)) bytes writable.
 macro_rules! write_sized {
-    ($p:expr, $T:ty, $default:expr, [$($f:ident),+ $(,)?]) => {{
+    ($p:expr, $T:ty, $default:expr, $size:expr, [$($f:ident),+ $(,)?]) => {{
         let p: *mut $T = $p;
-        let ours = std::mem::size_of::<$T>();
-        // SAFETY: struct_size is the first field; the caller owns at least its 4 bytes.
-        let size = match unsafe { std::ptr::addr_of!((*p).struct_size).read_unaligned() } as usize {
-            0 => ours,
-            s => s.min(ours),
-        };
+        let size = ($size).min(std::mem::size_of::<$T>());
         if size >= 8 {
             let d: $T = $default;
             // SAFETY: 4 <= size bytes the caller owns.
@@ -303,24 +297,37 @@ fn default_options() -> llmrt_model_options {
 }
 
 /// Fills `options` with defaults (AUTO backend, device 0, all cores, the model's
-/// context, default KV budget, no progress callback). NULL is a no-op. The caller
-/// sets `options->struct_size = sizeof(llmrt_model_options)` first: only the fields
-/// inside min(struct_size, the library's sizeof) are written (nothing past them),
-/// and struct_size is set to that size. struct_size 0 (a zeroed struct): the whole
-/// struct is written, as before 0.1.0; 1 to 7: nothing is written.
+/// context, default KV budget, no progress callback) and sets `struct_size` to
+/// sizeof(llmrt_model_options) of this header. The struct's bytes are not read
+/// (uninitialised memory is fine). NULL is a no-op. A caller built against an
+/// older, smaller struct uses `llmrt_model_options_init` with its own sizeof.
 ///
 /// # Safety
-/// `options` is NULL or points to at least 4 readable bytes (struct_size) and
-/// `options->struct_size` writable bytes (sizeof(llmrt_model_options) when it is 0).
+/// `options` is NULL or points to sizeof(llmrt_model_options) writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn llmrt_model_options_default(options: *mut llmrt_model_options) {
+    // SAFETY: the caller's contract is this function's with the header's sizeof.
+    unsafe { llmrt_model_options_init(options, std::mem::size_of::<llmrt_model_options>()) }
+}
+
+/// `llmrt_model_options_default` for a struct of `size` bytes (the caller's
+/// `sizeof(llmrt_model_options)`, which is smaller when it was built against an
+/// older header): only the fields that end inside min(size, the library's sizeof)
+/// are written, nothing past them, and `struct_size` is set to that size. A size
+/// below 8 writes nothing. NULL is a no-op.
+///
+/// # Safety
+/// `options` is NULL or points to min(size, sizeof(llmrt_model_options)) writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_model_options_init(options: *mut llmrt_model_options, size: usize) {
     if !options.is_null() {
-        // Non-null; the macro's writes stay inside the caller's struct_size bytes, which the
-        // header contract makes writable (the whole struct when struct_size is 0).
+        // Non-null; the macro writes only inside min(size, sizeof) bytes, which the
+        // contract makes writable, and reads nothing of the struct.
         write_sized!(
             options,
             llmrt_model_options,
             default_options(),
+            size,
             [backend, device, threads, max_context, kv_cache_bytes, progress, progress_user_data]
         );
     }

@@ -41,24 +41,37 @@ fn default_params() -> llmrt_sampler_params {
     }
 }
 
-/// Fills `params` with defaults (see the field comments). NULL is a no-op. The
-/// caller sets `params->struct_size = sizeof(llmrt_sampler_params)` first: only the
-/// fields inside min(struct_size, the library's sizeof) are written (nothing past
-/// them), and struct_size is set to that size. struct_size 0 (a zeroed struct): the
-/// whole struct is written, as before 0.1.0; 1 to 7: nothing is written.
+/// Fills `params` with defaults (see the field comments) and sets `struct_size` to
+/// sizeof(llmrt_sampler_params) of this header. The struct's bytes are not read
+/// (uninitialised memory is fine). NULL is a no-op. A caller built against an
+/// older, smaller struct uses `llmrt_sampler_params_init` with its own sizeof.
 ///
 /// # Safety
-/// `params` is NULL or points to at least 4 readable bytes (struct_size) and
-/// `params->struct_size` writable bytes (sizeof(llmrt_sampler_params) when it is 0).
+/// `params` is NULL or points to sizeof(llmrt_sampler_params) writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn llmrt_sampler_params_default(params: *mut llmrt_sampler_params) {
+    // SAFETY: the caller's contract is this function's with the header's sizeof.
+    unsafe { llmrt_sampler_params_init(params, std::mem::size_of::<llmrt_sampler_params>()) }
+}
+
+/// `llmrt_sampler_params_default` for a struct of `size` bytes (the caller's
+/// `sizeof(llmrt_sampler_params)`, smaller when built against an older header):
+/// only the fields that end inside min(size, the library's sizeof) are written,
+/// nothing past them, and `struct_size` is set to that size. A size below 8 writes
+/// nothing. NULL is a no-op.
+///
+/// # Safety
+/// `params` is NULL or points to min(size, sizeof(llmrt_sampler_params)) writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_sampler_params_init(params: *mut llmrt_sampler_params, size: usize) {
     if !params.is_null() {
-        // Non-null; the macro's writes stay inside the caller's struct_size bytes, which the
-        // header contract makes writable (the whole struct when struct_size is 0).
+        // Non-null; the macro writes only inside min(size, sizeof) bytes, which the
+        // contract makes writable, and reads nothing of the struct.
         write_sized!(
             params,
             llmrt_sampler_params,
             default_params(),
+            size,
             [temperature, top_k, top_p, min_p, repetition_penalty, seed]
         );
     }
