@@ -269,12 +269,12 @@ fn corrupt_tokenizers_are_errors() {
         (
             vec![
                 ("tokenizer.ggml.model", Value::Str("gpt2".into())),
-                ("tokenizer.ggml.pre", Value::Str("falcon".into())),
+                ("tokenizer.ggml.pre", Value::Str("kimi-k2".into())),
                 ("tokenizer.ggml.tokens", toks.clone()),
                 ("tokenizer.ggml.merges", strs(&["a b"])),
             ],
             Status::LLMRT_UNSUPPORTED,
-            "falcon",
+            "kimi-k2",
         ),
         (
             vec![("tokenizer.ggml.model", Value::Str("bert".into())), ("tokenizer.ggml.tokens", toks.clone())],

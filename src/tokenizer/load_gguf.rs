@@ -6,6 +6,12 @@ use super::{bad, split_merge, Model, Parts, Prefix, TokType, Tokenizer};
 use crate::error::{Error, Result};
 use crate::format::gguf::{ArrayRef, Gguf, ValueRef};
 
+/// The `tokenizer.ggml.pre` names a gpt2 tokenizer may have (as llama.cpp names them).
+pub(crate) const SUPPORTED_PRE: &str = "default, gpt2, gpt-2, phi-2, mpt, olmo, jais, jina-es, jina-de, jina-v2-es, \
+jina-v2-de, gigachat, mellum, llama3, llama-bpe, llama-v3, falcon3, pixtral, qwen2, deepseek-r1-qwen, stablelm2, \
+hunyuan, qwen35, deepseek-llm, deepseek-coder, falcon, starcoder, refact, command-r, smollm, codeshell, exaone, \
+minerva; gemma4 for a gemma4 tokenizer";
+
 impl Tokenizer {
     /// From GGUF metadata (`tokenizer.ggml.*`). `Ok(None)` when the file has no tokenizer
     /// (no `tokenizer.ggml.model`, or model "none"/"no_vocab"). Unknown models or
@@ -58,18 +64,35 @@ impl Tokenizer {
                     g.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(true),
                 )
             }
-            "gpt2" => {
-                let pre_name = g.get_str("tokenizer.ggml.pre")?.unwrap_or("default");
+            "gpt2" | "gemma4" => {
+                let gemma4 = kind == "gemma4";
+                let pre_name = g.get_str("tokenizer.ggml.pre")?.unwrap_or(if gemma4 { "gemma4" } else { "default" });
+                // (pre-tokenizer, ignore_merges, add_bos default): llama.cpp's names for each
                 let (pre, ignore_merges, add_bos) = match pre_name {
-                    "default" | "gpt2" | "gpt-2" => (Pre::Gpt2, false, false),
-                    "llama3" | "llama-bpe" | "llama-v3" => (Pre::Llama3, true, true),
-                    "qwen2" => (Pre::Qwen2, false, false),
+                    "default" => (Pre::Default, false, false),
+                    "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "jina-es" | "jina-de" | "jina-v2-es"
+                    | "jina-v2-de" | "gigachat" | "mellum" => (Pre::Gpt2, false, false),
+                    "llama3" | "llama-bpe" | "llama-v3" | "falcon3" | "pixtral" => (Pre::Llama3, true, true),
+                    "qwen2" | "deepseek-r1-qwen" | "stablelm2" | "hunyuan" => (Pre::Qwen2, false, false),
+                    "qwen35" => (Pre::Qwen35, false, false),
+                    "deepseek-llm" => (Pre::DeepseekLlm, false, false),
+                    "deepseek-coder" => (Pre::DeepseekCoder, false, false),
+                    "falcon" => (Pre::Falcon, false, false),
+                    "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva" => {
+                        (Pre::Starcoder, false, false)
+                    }
+                    "gemma4" => (Pre::Newlines, false, true),
                     other => {
                         return Err(Error::unsupported(format!(
-                            "{src}: tokenizer.ggml.pre {other:?} (supported: default, gpt2, llama3, llama-bpe, qwen2)"
+                            "{src}: tokenizer.ggml.pre {other:?} (supported: {SUPPORTED_PRE})"
                         )))
                     }
                 };
+                if gemma4 != (pre == Pre::Newlines) {
+                    return Err(Error::unsupported(format!(
+                        "{src}: tokenizer.ggml.pre {pre_name:?} with tokenizer.ggml.model {kind:?}"
+                    )));
+                }
                 let merges = gguf_strings(g, "tokenizer.ggml.merges", src)?
                     .ok_or_else(|| bad(src, "tokenizer.ggml.merges missing (required for a gpt2 tokenizer)"))?;
                 let merges = merges
@@ -85,18 +108,19 @@ impl Tokenizer {
                     return Err(Error::unsupported(format!("{src}: add_space_prefix with a gpt2 tokenizer")));
                 }
                 (
-                    Model::Bpe { byte_level: true, pre, ignore_merges },
+                    Model::Bpe { byte_level: !gemma4, pre, ignore_merges },
                     Prefix::Never,
                     merges,
                     id("tokenizer.ggml.bos_token_id")?,
                     id("tokenizer.ggml.eos_token_id")?,
                     id("tokenizer.ggml.unknown_token_id")?,
-                    g.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(add_bos),
+                    // llama.cpp forces BOS on for gemma4
+                    gemma4 || g.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(add_bos),
                 )
             }
             other => {
                 return Err(Error::unsupported(format!(
-                    "{src}: tokenizer.ggml.model {other:?} (supported: llama, gpt2)"
+                    "{src}: tokenizer.ggml.model {other:?} (supported: llama, gpt2, gemma4)"
                 )))
             }
         };

@@ -258,6 +258,11 @@ impl Tokenizer {
         self.bos
     }
 
+    /// The unknown token, when the model has one.
+    pub fn unk(&self) -> Option<u32> {
+        self.unk
+    }
+
     /// The end-of-sequence token, when the model has one.
     pub fn eos(&self) -> Option<u32> {
         self.eos
@@ -284,6 +289,13 @@ impl Tokenizer {
     /// the text are recognised (see the module documentation). Invalid UTF-8 ->
     /// LLMRT_INVALID_ARGUMENT naming the byte offset.
     pub fn encode(&self, text: &[u8], add_bos: bool) -> Result<Vec<u32>> {
+        self.encode_with(text, add_bos, true)
+    }
+
+    /// [`Tokenizer::encode`] with llama.cpp's `parse_special` choice: when false, control and
+    /// unknown tokens written in the text are tokenized as text (user-defined tokens are still
+    /// matched, as llama.cpp and HF tokenizers do).
+    pub fn encode_with(&self, text: &[u8], add_bos: bool, parse_special: bool) -> Result<Vec<u32>> {
         let text = std::str::from_utf8(text)
             .map_err(|e| Error::invalid(format!("text is not valid UTF-8 at byte offset {}", e.valid_up_to())))?;
         let mut out = Vec::new();
@@ -294,7 +306,7 @@ impl Tokenizer {
             }
         }
         let mut prev_special = true;
-        for (start, frag) in self.partition(text)? {
+        for (start, frag) in self.partition(text, parse_special)? {
             match frag {
                 Frag::Special(id) => {
                     try_push(&mut out, id, IDS)?;
@@ -376,10 +388,13 @@ impl Tokenizer {
 
     /// llama.cpp's tokenizer_st_partition: each special token, longest first, splits the
     /// remaining text fragments at its occurrences. Yields (byte offset, fragment).
-    fn partition<'a>(&self, text: &'a str) -> Result<Vec<(usize, Frag<'a>)>> {
+    fn partition<'a>(&self, text: &'a str, parse_special: bool) -> Result<Vec<(usize, Frag<'a>)>> {
         const FRAGS: &str = "the text fragments around special tokens";
         let mut frags: Vec<(usize, Frag<'a>)> = if text.is_empty() { vec![] } else { vec![(0, Frag::Text(text))] };
         for &sid in &self.specials {
+            if !parse_special && matches!(self.types[sid as usize], TokType::Control | TokType::Unknown) {
+                continue;
+            }
             let s = self.tokens[sid as usize].as_str();
             if !frags.iter().any(|(_, f)| matches!(f, Frag::Text(t) if t.contains(s))) {
                 continue;
@@ -416,9 +431,25 @@ impl Tokenizer {
                 let s = escape(t, prefix)?;
                 self.spm(&s, out)
             }
-            Model::Bpe { byte_level: false, ignore_merges, .. } => {
+            Model::Bpe { byte_level: false, ignore_merges, pre } => {
                 let s = escape(t, prefix)?;
-                self.bpe_word(&s, ignore_merges, out)
+                if pre != Pre::Newlines {
+                    return self.bpe_word(&s, ignore_merges, out);
+                }
+                // runs of newlines and of other characters; a run of newlines that is a token
+                // is that token (llama.cpp's gemma4 rule), else it goes through the merges
+                let mut rest = s.as_str();
+                while let Some(c) = rest.chars().next() {
+                    let nl = c == '\n';
+                    let end = rest.find(|x: char| (x == '\n') != nl).unwrap_or(rest.len());
+                    let (w, r) = rest.split_at(end);
+                    match self.ids.get(w) {
+                        Some(&id) if nl => try_push(out, id, IDS)?,
+                        _ => self.bpe_word(w, ignore_merges, out)?,
+                    }
+                    rest = r;
+                }
+                Ok(())
             }
             Model::Bpe { byte_level: true, pre, ignore_merges } => {
                 let mut cs: Vec<char> = Vec::new();

@@ -22,8 +22,25 @@ pub(crate) enum Pre {
     Llama3,
     /// As Llama3 with `\p{N}` (one digit per word).
     Qwen2,
+    /// As Qwen2 with `[\p{L}\p{M}]+` words (marks join letters): llama.cpp `qwen35`.
+    Qwen35,
     /// No split: the whole fragment is one word.
     Whole,
+    /// llama.cpp's `default` BPE pre-tokenizer, four regexes in turn (see [`Stage`]):
+    /// `[\p{P}\$\+<=>\^~\|]+`, the GPT-2 regex, `\p{N}+`, `[0-9][0-9][0-9]`.
+    Default,
+    /// `[\r\n]`, `\s?[Latin/Greek/Cyrillic/... letters]+`, `\s?[ASCII/full-width punctuation]+`,
+    /// `\s+$`, `[CJK/Hangul]+`, `\p{N}+` (llama.cpp `deepseek-llm`).
+    DeepseekLlm,
+    /// `[\r\n]`, `\s?\p{L}+`, `\s?\p{P}+`, `[CJK/Hangul]+`, `\p{N}` (llama.cpp `deepseek-coder`).
+    DeepseekCoder,
+    /// `[\p{P}\$\+<=>\^~\|`]+`, the GPT-2 regex, `[0-9][0-9][0-9]` (llama.cpp `falcon`).
+    Falcon,
+    /// `\p{N}`, then the GPT-2 regex (llama.cpp `starcoder`, `refact`, `command-r`, ...).
+    Starcoder,
+    /// SentencePiece-style BPE (no byte map): runs of non-newlines and runs of newlines
+    /// (llama.cpp `gemma4`).
+    Newlines,
 }
 
 pub(crate) const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
@@ -75,6 +92,30 @@ fn numbers() -> &'static [(u32, u32)] {
     T.get_or_init(|| ranges(r"\p{N}"))
 }
 
+fn puncts() -> &'static [(u32, u32)] {
+    static T: OnceLock<Vec<(u32, u32)>> = OnceLock::new();
+    T.get_or_init(|| ranges(r"\p{P}"))
+}
+
+fn marks() -> &'static [(u32, u32)] {
+    static T: OnceLock<Vec<(u32, u32)>> = OnceLock::new();
+    T.get_or_init(|| ranges(r"\p{M}"))
+}
+
+/// General category P* (ASCII: `!"#%&'()*,-./:;?@[\]_{}`).
+pub(crate) fn is_punct(c: char) -> bool {
+    let u = c as u32;
+    if u < 0x80 {
+        return c.is_ascii_punctuation() && !matches!(c, '$' | '+' | '<' | '=' | '>' | '^' | '`' | '|' | '~');
+    }
+    in_ranges(puncts(), u)
+}
+
+/// General category M* (combining marks).
+pub(crate) fn is_mark(c: char) -> bool {
+    c as u32 >= 0x80 && in_ranges(marks(), c as u32)
+}
+
 pub(crate) fn is_letter(c: char) -> bool {
     let u = c as u32;
     if u < 0x80 {
@@ -116,12 +157,15 @@ struct F {
     letter: bool,
     number: bool,
     space: bool,
+    mark: bool,
 }
 
 fn flags(cs: &[char], pos: usize) -> F {
     match cs.get(pos) {
         None => F::default(),
-        Some(&c) => F { valid: true, letter: is_letter(c), number: is_number(c), space: is_whitespace(c) },
+        Some(&c) => {
+            F { valid: true, letter: is_letter(c), number: is_number(c), space: is_whitespace(c), mark: is_mark(c) }
+        }
     }
 }
 
@@ -137,9 +181,298 @@ pub(crate) fn split(pre: Pre, cs: &[char]) -> Result<Vec<(usize, usize)>> {
             }
         }
         Pre::Gpt2 => split_gpt2(cs),
-        Pre::Llama3 => split_llama3(cs, 3),
-        Pre::Qwen2 => split_llama3(cs, 1),
+        Pre::Llama3 => split_llama3(cs, 3, false),
+        Pre::Qwen2 => split_llama3(cs, 1, false),
+        Pre::Qwen35 => split_llama3(cs, 1, true),
+        Pre::Default => {
+            stages(cs, &[Stage::Run(Class::DefaultPunct), Stage::Gpt2, Stage::Run(Class::Number), Stage::Digits3])
+        }
+        Pre::DeepseekLlm => stages(
+            cs,
+            &[
+                Stage::One(Class::CrLf),
+                Stage::SpaceRun(Class::DeepseekLetter),
+                Stage::SpaceRun(Class::DeepseekPunct),
+                Stage::TrailingSpace,
+                Stage::Run(Class::Cjk),
+                Stage::Run(Class::Number),
+            ],
+        ),
+        Pre::DeepseekCoder => stages(
+            cs,
+            &[
+                Stage::One(Class::CrLf),
+                Stage::SpaceRun(Class::Letter),
+                Stage::SpaceRun(Class::Punct),
+                Stage::Run(Class::Cjk),
+                Stage::One(Class::Number),
+            ],
+        ),
+        Pre::Falcon => stages(cs, &[Stage::Run(Class::FalconPunct), Stage::Gpt2, Stage::Digits3]),
+        Pre::Starcoder => stages(cs, &[Stage::One(Class::Number), Stage::Gpt2]),
+        Pre::Newlines => stages(cs, &[Stage::Newlines]),
     }
+}
+
+/// Character classes of the regex stages. llama.cpp runs these regexes with std::regex on
+/// text where every non-ASCII whitespace character reads as `\v` (so it is `\s` and in no
+/// other class) and, for regexes with `\p{..}`, every non-ASCII character reads as its
+/// general category: the predicates below are those semantics.
+#[derive(Clone, Copy)]
+enum Class {
+    CrLf,
+    Letter,
+    Number,
+    /// `\p{P}`
+    Punct,
+    /// `[\p{P}\$\+<=>\^~\|]`
+    DefaultPunct,
+    /// `[\p{P}\$\+<=>\^~\|`]`
+    FalconPunct,
+    /// `[一-龥ࠀ-一가-퟿]`: U+0800..U+9FA5 and U+AC00..U+D7FF
+    Cjk,
+    /// deepseek-llm's letter class (its ranges, below).
+    DeepseekLetter,
+    /// `[!-/:-~！-／：-～‘-‟　-。]` (U+3000 is whitespace: `\s`, not this class)
+    DeepseekPunct,
+}
+
+/// deepseek-llm's letter ranges (from its tokenizer.json split regex, as llama.cpp lists them).
+const DEEPSEEK_LETTERS: &[(u32, u32)] = &[
+    (0x41, 0x5A),
+    (0x61, 0x7A),
+    (0xB5, 0xB5),
+    (0xC0, 0xD6),
+    (0xD8, 0xF6),
+    (0xF8, 0x1BA),
+    (0x1BC, 0x1BF),
+    (0x1C4, 0x293),
+    (0x295, 0x2AF),
+    (0x370, 0x373),
+    (0x376, 0x377),
+    (0x37B, 0x37D),
+    (0x37F, 0x37F),
+    (0x386, 0x386),
+    (0x388, 0x38A),
+    (0x38C, 0x38C),
+    (0x38E, 0x3A1),
+    (0x3A3, 0x3F5),
+    (0x3F7, 0x481),
+    (0x48A, 0x52F),
+    (0x531, 0x556),
+    (0x10A0, 0x10C5),
+    (0x13A0, 0x13F5),
+    (0x13F8, 0x13FD),
+    (0x1C90, 0x1CBA),
+    (0x1CBD, 0x1CBF),
+    (0x1D00, 0x1D2B),
+    (0x1D6B, 0x1D77),
+    (0x1D79, 0x1D9A),
+    (0x1E00, 0x1F15),
+    (0x1F18, 0x1F1D),
+    (0x1F20, 0x1F45),
+    (0x1F48, 0x1F4D),
+    (0x1F50, 0x1F57),
+    (0x1F59, 0x1F59),
+    (0x1F5B, 0x1F5B),
+    (0x1F5D, 0x1F5D),
+    (0x1F5F, 0x1F7D),
+    (0x1F80, 0x1FB4),
+    (0x1FB6, 0x1FBC),
+    (0x1FBE, 0x1FBE),
+    (0x1FC2, 0x1FC4),
+    (0x1FC6, 0x1FCC),
+    (0x1FD0, 0x1FD3),
+    (0x1FD6, 0x1FDB),
+    (0x1FE0, 0x1FEC),
+    (0x1FF2, 0x1FF4),
+    (0x1FF6, 0x1FFC),
+    (0x2102, 0x2102),
+    (0x2107, 0x2107),
+    (0x210A, 0x2113),
+    (0x2115, 0x2115),
+    (0x2119, 0x211D),
+    (0x2124, 0x2124),
+    (0x2126, 0x2126),
+    (0x2128, 0x2128),
+    (0x212A, 0x212D),
+    (0x212F, 0x2134),
+    (0x2139, 0x2139),
+    (0x213C, 0x213F),
+    (0x2145, 0x2149),
+    (0x214E, 0x214E),
+    (0x2183, 0x2184),
+    (0x2C00, 0x2C7B),
+    (0x2C7E, 0x2CE4),
+    (0x2CEB, 0x2CEE),
+    (0x2CF2, 0x2CF3),
+    (0xA640, 0xA66D),
+    (0xA680, 0xA69B),
+    (0xA722, 0xA76F),
+    (0xA771, 0xA787),
+    (0xA78B, 0xA78E),
+    (0xAB70, 0xABBF),
+    (0xFB00, 0xFB06),
+    (0xFB13, 0xFB17),
+    (0xFF21, 0xFF3A),
+    (0xFF41, 0xFF5A),
+    (0x10400, 0x1044F),
+    (0x104B0, 0x104D3),
+    (0x104D8, 0x104FB),
+    (0x10C80, 0x10CB2),
+    (0x10CC0, 0x10CF2),
+    (0x118A0, 0x118DF),
+    (0x1E900, 0x1E943),
+];
+
+impl Class {
+    fn has(self, c: char) -> bool {
+        let u = c as u32;
+        match self {
+            Class::CrLf => c == '\r' || c == '\n',
+            Class::Letter => is_letter(c),
+            Class::Number => is_number(c),
+            Class::Punct => is_punct(c),
+            Class::DefaultPunct => is_punct(c) || matches!(c, '$' | '+' | '<' | '=' | '>' | '^' | '~' | '|'),
+            Class::FalconPunct => is_punct(c) || matches!(c, '$' | '+' | '<' | '=' | '>' | '^' | '~' | '|' | '`'),
+            Class::Cjk => matches!(u, 0x0800..=0x9FA5 | 0xAC00..=0xD7FF),
+            Class::DeepseekLetter => in_ranges(DEEPSEEK_LETTERS, u),
+            Class::DeepseekPunct => {
+                !is_whitespace(c)
+                    && matches!(u, 0x21..=0x2F | 0x3A..=0x7E | 0xFF01..=0xFF0F | 0xFF1A..=0xFF5E | 0x2018..=0x201F | 0x3000..=0x3002)
+            }
+        }
+    }
+}
+
+/// One regex of a multi-regex pre-tokenizer. Each runs over every word the previous ones
+/// made: its matches become words and so does the text between them (llama.cpp's
+/// `unicode_regex_split`).
+#[derive(Clone, Copy)]
+enum Stage {
+    /// `C`: every character of the class alone.
+    One(Class),
+    /// `C+`
+    Run(Class),
+    /// `\s?C+`
+    SpaceRun(Class),
+    /// `\s+$`: the whitespace that ends a word.
+    TrailingSpace,
+    /// `[0-9][0-9][0-9]`
+    Digits3,
+    /// GPT-2's regex (`'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)`).
+    Gpt2,
+    /// `[^\n]+|[\n]+`
+    Newlines,
+}
+
+/// The matches of `st` in `cs` (char ranges), in order.
+fn matches(st: Stage, cs: &[char]) -> Result<Vec<(usize, usize)>> {
+    let mut out = Vec::new();
+    let n = cs.len();
+    let ws = |i: usize| i < n && is_whitespace(cs[i]);
+    let run = |c: Class, mut i: usize| {
+        while i < n && c.has(cs[i]) {
+            i += 1;
+        }
+        i
+    };
+    match st {
+        Stage::Gpt2 => return split_gpt2(cs),
+        Stage::Newlines => {
+            let mut i = 0;
+            while i < n {
+                let nl = cs[i] == '\n';
+                let s = i;
+                while i < n && (cs[i] == '\n') == nl {
+                    i += 1;
+                }
+                try_push(&mut out, (s, i), WORDS)?;
+            }
+        }
+        Stage::One(c) => {
+            for (i, &ch) in cs.iter().enumerate() {
+                if c.has(ch) {
+                    try_push(&mut out, (i, i + 1), WORDS)?;
+                }
+            }
+        }
+        Stage::Run(c) => {
+            let mut i = 0;
+            while i < n {
+                if c.has(cs[i]) {
+                    let e = run(c, i);
+                    try_push(&mut out, (i, e), WORDS)?;
+                    i = e;
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        Stage::SpaceRun(c) => {
+            let mut i = 0;
+            while i < n {
+                if c.has(cs[i]) {
+                    let e = run(c, i);
+                    try_push(&mut out, (i, e), WORDS)?;
+                    i = e;
+                } else if ws(i) && i + 1 < n && c.has(cs[i + 1]) {
+                    let e = run(c, i + 1);
+                    try_push(&mut out, (i, e), WORDS)?;
+                    i = e;
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        Stage::TrailingSpace => {
+            let mut s = n;
+            while s > 0 && ws(s - 1) {
+                s -= 1;
+            }
+            if s < n {
+                try_push(&mut out, (s, n), WORDS)?;
+            }
+        }
+        Stage::Digits3 => {
+            let mut i = 0;
+            while i + 3 <= n {
+                if cs[i..i + 3].iter().all(char::is_ascii_digit) {
+                    try_push(&mut out, (i, i + 3), WORDS)?;
+                    i += 3;
+                } else {
+                    i += 1;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The regexes of `list` in turn, each over the words of the ones before.
+fn stages(cs: &[char], list: &[Stage]) -> Result<Vec<(usize, usize)>> {
+    let mut words = Vec::new();
+    if !cs.is_empty() {
+        try_push(&mut words, (0, cs.len()), WORDS)?;
+    }
+    for &st in list {
+        let mut next = Vec::new();
+        for &(a, b) in &words {
+            let mut at = a;
+            for (s, e) in matches(st, &cs[a..b])? {
+                if a + s > at {
+                    try_push(&mut next, (at, a + s), WORDS)?;
+                }
+                try_push(&mut next, (a + s, a + e), WORDS)?;
+                at = a + e;
+            }
+            if b > at {
+                try_push(&mut next, (at, b), WORDS)?;
+            }
+        }
+        words = next;
+    }
+    Ok(words)
 }
 
 fn lower(c: Option<&char>) -> Option<char> {
@@ -219,7 +552,11 @@ fn split_gpt2(cs: &[char]) -> Result<Vec<(usize, usize)>> {
     Ok(out)
 }
 
-fn split_llama3(cs: &[char], max_digits: usize) -> Result<Vec<(usize, usize)>> {
+/// The llama3 / qwen2 scanner; `marks`: `[\p{L}\p{M}]+` words and no marks in the
+/// punctuation class (qwen35).
+fn split_llama3(cs: &[char], max_digits: usize, marks: bool) -> Result<Vec<(usize, usize)>> {
+    // a "letter" of the word rule
+    let wl = |f: F| f.letter || (marks && f.mark);
     let mut out = Vec::new();
     let end = cs.len();
     let mut pos = 0;
@@ -241,9 +578,9 @@ fn split_llama3(cs: &[char], max_digits: usize) -> Result<Vec<(usize, usize)>> {
             continue;
         }
         // [^\r\n\p{L}\p{N}]?\p{L}+
-        if !(cpt == '\r' || cpt == '\n' || f.number) && (f.letter || flags(cs, pos + 1).letter) {
+        if !(cpt == '\r' || cpt == '\n' || f.number) && (wl(f) || wl(flags(cs, pos + 1))) {
             pos += 1;
-            while flags(cs, pos).letter {
+            while wl(flags(cs, pos)) {
                 pos += 1;
             }
             add(&mut out, &mut prev_end, pos)?;
@@ -264,9 +601,9 @@ fn split_llama3(cs: &[char], max_digits: usize) -> Result<Vec<(usize, usize)>> {
         }
         // <space>?[^\s\p{L}\p{N}]+[\r\n]*
         let mut f2 = if cpt == ' ' { flags(cs, pos + 1) } else { f };
-        if !(f2.space || f2.letter || f2.number) && f.valid && f2.valid {
+        if !(f2.space || wl(f2) || f2.number) && f.valid && f2.valid {
             pos += (cpt == ' ') as usize;
-            while !(f2.space || f2.letter || f2.number) && f2.valid {
+            while !(f2.space || wl(f2) || f2.number) && f2.valid {
                 pos += 1;
                 f2 = flags(cs, pos);
             }
