@@ -214,7 +214,9 @@ struct State {
 /// only freeing it is left. See docs/RELIABILITY.md.
 pub struct Model {
     info: ModelInfo,
-    tokenizer: Option<Tokenizer>,
+    /// The tokenizer, or why there is none (`LLMRT_UNSUPPORTED`: none in the file, or one
+    /// llmrt cannot run; the model still runs on ids).
+    tokenizer: std::result::Result<Tokenizer, Error>,
     /// Chat template, bos/eos strings, end-of-generation ids (`crate::chat`).
     pub(crate) chat: crate::chat::ChatInfo,
     /// The weights, for the file check before each CPU step.
@@ -256,6 +258,19 @@ fn hf_tokenizer(dir: &Path) -> Result<Option<Tokenizer>> {
     Ok(None)
 }
 
+/// A model whose tokenizer llmrt cannot run (`LLMRT_UNSUPPORTED`: an unknown tokenizer model or
+/// pre-tokenizer) still loads; the error is kept for the text calls. Other errors fail the load.
+fn tokenizer_or_why(t: Result<Option<Tokenizer>>) -> Result<std::result::Result<Tokenizer, Error>> {
+    match t {
+        Ok(Some(t)) => Ok(Ok(t)),
+        Ok(None) => Ok(Err(Error::unsupported("this model carries no tokenizer"))),
+        Err(e) if e.status == crate::Status::LLMRT_UNSUPPORTED => {
+            Ok(Err(Error::unsupported(format!("this model's tokenizer is not supported: {}", e.message))))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// The backend a load runs on (see [`Model::load`]).
 fn choose_backend(backend: BackendKind) -> Result<BackendKind> {
     Ok(match backend {
@@ -277,10 +292,10 @@ fn bind_gguf(
     file: Arc<Gguf>,
     bind_share: f32,
     report: &mut dyn FnMut(f32),
-) -> Result<(Config, Weights, (Option<Tokenizer>, ChatInfo))> {
+) -> Result<(Config, Weights, (std::result::Result<Tokenizer, Error>, ChatInfo))> {
     let cfg = Config::from_gguf(&file)?;
-    let tokenizer = Tokenizer::from_gguf(&file)?;
-    let chat = ChatInfo::from_gguf(&file, tokenizer.as_ref(), cfg.vocab_size)?;
+    let tokenizer = tokenizer_or_why(Tokenizer::from_gguf(&file))?;
+    let chat = ChatInfo::from_gguf(&file, tokenizer.as_ref().ok(), cfg.vocab_size)?;
     let weights = Weights::bind(file, &cfg, &mut |f| report(0.1 + bind_share * f))?;
     Ok((cfg, weights, (tokenizer, chat)))
 }
@@ -329,8 +344,8 @@ impl Model {
                 )));
             }
             let (cfg, weights) = crate::model::hf::load(path, &mut |f| report((0.1 + bind_share) * f))?;
-            let tokenizer = hf_tokenizer(path)?;
-            let chat = ChatInfo::from_hf_dir(path, tokenizer.as_ref(), cfg.vocab_size)?;
+            let tokenizer = tokenizer_or_why(hf_tokenizer(path))?;
+            let chat = ChatInfo::from_hf_dir(path, tokenizer.as_ref().ok(), cfg.vocab_size)?;
             (cfg, weights, (tokenizer, chat))
         } else {
             let file = Arc::new(Gguf::open(path)?);
@@ -377,7 +392,7 @@ impl Model {
         kind: BackendKind,
         cfg: Config,
         weights: Weights,
-        (tokenizer, chat): (Option<Tokenizer>, ChatInfo),
+        (tokenizer, chat): (std::result::Result<Tokenizer, Error>, ChatInfo),
         device: i32,
         threads: u32,
         max_context: u32,
@@ -385,7 +400,7 @@ impl Model {
         report: &mut dyn FnMut(f32),
     ) -> Result<Model> {
         let weights = Arc::new(weights);
-        if let Some(t) = &tokenizer {
+        if let Ok(t) = &tokenizer {
             if t.vocab_size() > cfg.vocab_size {
                 return Err(Error::bad_model(format!(
                     "{}: the tokenizer has {} tokens but the model's vocabulary is {}",
@@ -528,7 +543,7 @@ impl Model {
     }
 
     fn tokenizer(&self) -> Result<&Tokenizer> {
-        self.tokenizer.as_ref().ok_or_else(|| Error::unsupported("this model carries no tokenizer"))
+        self.tokenizer.as_ref().map_err(Clone::clone)
     }
 
     /// Text -> ids. `add_bos`: prepend BOS where the tokenizer asks for one
