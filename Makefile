@@ -31,13 +31,14 @@ PREFIX    ?= /usr/local
 DESTDIR   ?=
 GO        ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 
-.PHONY: all help build check-header ctest demo test go-test install clean valgrind-rust tsan lint
+.PHONY: all help build check-header ctest demo test go-test install clean valgrind-rust tsan lint vocab-fetch
 all: build
 
 help:
 	@echo "make build         cargo build --release (lib + include/llmrt.h)"
 	@echo "make check-header  fail if include/llmrt.h differs from what build.rs generates"
 	@echo "make lint          cargo fmt --check and cargo clippy --all-targets -D warnings"
+	@echo "make vocab-fetch   llama.cpp's tokenizer suite into the cache tests/tokenizer_vocab.rs reads (PyPI sdist)"
 	@echo "make ctest         C tests in $(BUILD_CTEST)/, then again under valgrind"
 	@echo "make demo          run examples/generate.c on MODEL=$(MODEL)"
 	@echo "make test          lint, cargo test, check-header, ctest, valgrind-rust[, kernel-check][, go-test][, fuzz-short]"
@@ -115,8 +116,13 @@ lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --release --all-targets -- -D warnings
 
+# llama.cpp's vocab GGUFs + vectors (~60 MB, not committed): cached outside the repo.
+vocab-fetch:
+	sh tools/make_vocab_fixtures.sh
+
 test:
 	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory vocab-fetch
 	$(CARGO) test --release
 	$(MAKE) --no-print-directory check-header
 	$(MAKE) --no-print-directory ctest
