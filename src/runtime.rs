@@ -216,7 +216,7 @@ pub struct Model {
     info: ModelInfo,
     /// The tokenizer, or why there is none (`LLMRT_UNSUPPORTED`: none in the file, or one
     /// llmrt cannot run; the model still runs on ids).
-    tokenizer: std::result::Result<Tokenizer, Error>,
+    tokenizer: TokenizerOrWhy,
     /// Chat template, bos/eos strings, end-of-generation ids (`crate::chat`).
     pub(crate) chat: crate::chat::ChatInfo,
     /// The weights, for the file check before each CPU step.
@@ -258,9 +258,12 @@ fn hf_tokenizer(dir: &Path) -> Result<Option<Tokenizer>> {
     Ok(None)
 }
 
+/// A model's tokenizer, or why it has none (see [`tokenizer_or_why`]).
+type TokenizerOrWhy = std::result::Result<Tokenizer, Error>;
+
 /// A model whose tokenizer llmrt cannot run (`LLMRT_UNSUPPORTED`: an unknown tokenizer model or
 /// pre-tokenizer) still loads; the error is kept for the text calls. Other errors fail the load.
-fn tokenizer_or_why(t: Result<Option<Tokenizer>>) -> Result<std::result::Result<Tokenizer, Error>> {
+fn tokenizer_or_why(t: Result<Option<Tokenizer>>) -> Result<TokenizerOrWhy> {
     match t {
         Ok(Some(t)) => Ok(Ok(t)),
         Ok(None) => Ok(Err(Error::unsupported("this model carries no tokenizer"))),
@@ -292,7 +295,7 @@ fn bind_gguf(
     file: Arc<Gguf>,
     bind_share: f32,
     report: &mut dyn FnMut(f32),
-) -> Result<(Config, Weights, (std::result::Result<Tokenizer, Error>, ChatInfo))> {
+) -> Result<(Config, Weights, (TokenizerOrWhy, ChatInfo))> {
     let cfg = Config::from_gguf(&file)?;
     let tokenizer = tokenizer_or_why(Tokenizer::from_gguf(&file))?;
     let chat = ChatInfo::from_gguf(&file, tokenizer.as_ref().ok(), cfg.vocab_size)?;
@@ -392,7 +395,7 @@ impl Model {
         kind: BackendKind,
         cfg: Config,
         weights: Weights,
-        (tokenizer, chat): (std::result::Result<Tokenizer, Error>, ChatInfo),
+        (tokenizer, chat): (TokenizerOrWhy, ChatInfo),
         device: i32,
         threads: u32,
         max_context: u32,

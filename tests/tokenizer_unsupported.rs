@@ -53,7 +53,8 @@ fn unsupported_tokenizers_load_and_run_on_ids() {
     let want = reference.prefill(c, &prompt);
     // (what, tokenizer.* rewrite, the name the error must carry)
     type Rewrite = Box<dyn Fn(&str, &Value) -> Option<Value>>;
-    let cases: Vec<(&str, Rewrite, Vec<(&str, Value)>, &str)> = vec![
+    type Case<'a> = (&'a str, Rewrite, Vec<(&'a str, Value)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "bert",
             Box::new(|k, v| Some(if k == "tokenizer.ggml.model" { Value::Str("bert".into()) } else { v.clone() })),

@@ -7,14 +7,18 @@
 //!   highest-scoring vocabulary piece is merged first (leftmost on ties), characters that end up
 //!   as no piece fall back to `<0xXX>` byte tokens, or to the unknown token.
 //! - BPE with merge ranks (`gpt2` in GGUF, model type `BPE` in a tokenizer.json): byte-level
-//!   (GPT-2 byte-to-unicode map, split by the pre-tokenizer: `gpt2`/`default`, `llama3`
-//!   (alias `llama-bpe`, `llama-v3`), `qwen2`), or SentencePiece-style (Metaspace "▁", byte
-//!   fallback) from a tokenizer.json. The lowest-ranked adjacent pair merges first, leftmost on
-//!   ties; `ignore_merges` (llama3) takes a whole word that is in the vocabulary as is.
+//!   (GPT-2 byte-to-unicode map, split by the pre-tokenizer: llama.cpp's `default`, `gpt2`,
+//!   `llama3`, `qwen2`, `qwen35`, `deepseek-llm`, `deepseek-coder`, `falcon`, `starcoder`
+//!   and their aliases, see `pretok.rs`), or SentencePiece-style (Metaspace "▁", byte
+//!   fallback) from a tokenizer.json or GGUF `gemma4` (split into runs of newlines and of
+//!   other characters; a run of newlines that is a token is that token). The lowest-ranked
+//!   adjacent pair merges first, leftmost on ties; `ignore_merges` (llama3) takes a whole word
+//!   that is in the vocabulary as is.
 //!
 //! Special tokens in text: every CONTROL, USER_DEFINED and UNKNOWN token (GGUF/sentencepiece
 //! types), and every `added_tokens` entry of a tokenizer.json, written literally in the text is
-//! that token (llama.cpp `parse_special = true`), longest first.
+//! that token (llama.cpp `parse_special = true`), longest first. With
+//! [`Tokenizer::encode_with`]`(.., parse_special = false)` only USER_DEFINED ones are.
 //!
 //! Decoding (llama.cpp `detokenize` with `special = false`): CONTROL, UNKNOWN and UNUSED tokens
 //! (BOS, EOS, `<unk>`, `<|endoftext|>`, ...) decode to nothing; BYTE tokens to their byte;

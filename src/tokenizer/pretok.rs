@@ -1,6 +1,8 @@
-//! Pre-tokenizers of byte-level BPE: hand-written scanners equivalent to the split regexes,
-//! ported from llama.cpp's `unicode_regex_split_custom_gpt2` / `_llama3` (unicode.cpp), and the
-//! GPT-2 byte-to-unicode map.
+//! Pre-tokenizers of BPE: hand-written scanners equivalent to the split regexes, after
+//! llama.cpp's `unicode_regex_split_custom_gpt2` / `_llama3` / `_qwen35` (unicode.cpp); the
+//! multi-regex pre-tokenizers (deepseek, falcon, starcoder, default) as [`Stage`] lists run
+//! as llama.cpp's `unicode_regex_split` runs its std::regex lists; and the GPT-2
+//! byte-to-unicode map.
 //!
 //! Character classes: `\p{L}` and `\p{N}` are the Unicode general categories L* and N*
 //! (tables from `regex-syntax`, i.e. the Unicode version of that crate); whitespace is
