@@ -336,6 +336,65 @@ mod tests {
     }
 
     #[test]
+    fn validate_new_fields_and_bias_ids() {
+        let d = SamplerParams::default;
+        let cases: [(SamplerParams, &str); 6] = [
+            (SamplerParams { penalty_last_n: -2, ..d() }, "penalty_last_n -2"),
+            (SamplerParams { frequency_penalty: f32::NAN, ..d() }, "frequency_penalty NaN"),
+            (SamplerParams { presence_penalty: f32::NEG_INFINITY, ..d() }, "presence_penalty -inf"),
+            (
+                SamplerParams { logit_bias: vec![(1, 0.0), (4, f32::NAN)], ..d() },
+                "logit_bias[1] (token 4) has bias NaN",
+            ),
+            (SamplerParams { logit_bias: vec![(4, f32::INFINITY)], ..d() }, "logit_bias[0] (token 4) has bias inf"),
+            (SamplerParams { penalty_last_n: i32::MIN, ..d() }, "penalty_last_n -2147483648"),
+        ];
+        for (sp, needle) in cases {
+            let e = sp.validate().unwrap_err();
+            assert_eq!(e.status, crate::Status::LLMRT_INVALID_ARGUMENT);
+            assert!(e.message.contains(needle), "{needle:?} not in {}", e.message);
+        }
+        let ok = SamplerParams { logit_bias: vec![(9, f32::NEG_INFINITY), (0, -3.0)], penalty_last_n: 0, ..d() };
+        assert!(ok.validate_for(10).is_ok());
+        let e = ok.validate_for(9).unwrap_err();
+        assert!(e.message.contains("logit_bias[0] names token 9, outside the vocabulary (size 9)"), "{}", e.message);
+    }
+
+    #[test]
+    fn windowed_penalties_and_bias() {
+        // window of the last 4: [1, 2, 2, 2] (the parts are one history)
+        let p = SamplerParams {
+            penalty_last_n: 4,
+            frequency_penalty: 0.5,
+            presence_penalty: 1.0,
+            repetition_penalty: 2.0,
+            logit_bias: vec![(3, 0.25), (3, 0.25), (0, f32::NEG_INFINITY)],
+            ..Default::default()
+        };
+        let mut l = [1.0f32, 1.0, -1.0, 1.0, 2.0];
+        prepare(&mut l, &p, &[&[0, 0, 1], &[2, 2, 2]]).unwrap();
+        // token 1: 1/2 - (0.5 + 1); token 2: -1*2 - (1.5 + 1); token 3 only biased; 0 banned
+        assert_eq!(l, [f32::NEG_INFINITY, -1.0, -4.5, 1.5, 2.0]);
+        // -1: the whole history; 0: no penalties (the bias still applies)
+        let mut l = [1.0f32, 1.0, 1.0];
+        prepare(&mut l, &SamplerParams { penalty_last_n: -1, ..p.clone() }, &[&[0, 0, 1]]).unwrap();
+        assert_eq!(l, [f32::NEG_INFINITY, -1.0, 1.0]);
+        let mut l = [1.0f32, 1.0, 1.0, 0.0];
+        prepare(&mut l, &SamplerParams { penalty_last_n: 0, ..p.clone() }, &[&[0, 0, 1]]).unwrap();
+        assert_eq!(l, [f32::NEG_INFINITY, 1.0, 1.0, 0.5]);
+        // a window longer than the history is the whole history; ids past the row ignored
+        let mut l = [1.0f32, 1.0];
+        prepare(&mut l, &SamplerParams { penalty_last_n: 1000, logit_bias: vec![], ..p.clone() }, &[&[1, 7, 1]])
+            .unwrap();
+        assert_eq!(l, [1.0, 0.5 - 2.0]);
+        // +inf logit with a -inf bias: -inf, not NaN
+        let mut l = [f32::INFINITY, 0.0];
+        prepare(&mut l, &SamplerParams { logit_bias: vec![(0, f32::NEG_INFINITY)], ..Default::default() }, &[])
+            .unwrap();
+        assert_eq!(l, [f32::NEG_INFINITY, 0.0]);
+    }
+
+    #[test]
     fn greedy_is_first_argmax_and_ignores_filters() {
         let l = [1.0, 3.0, -2.0, 3.0, f32::NAN];
         for seed in 0..5 {
