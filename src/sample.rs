@@ -28,8 +28,8 @@
 //!    not specified either way.
 //! 9. Min-p (0 = off): keep the tokens with p >= min_p * p_max (p of the first candidate).
 //! 10. Renormalise, then inverse-CDF draw: u in [0, 1) from `splitmix64(seed ^ position *
-//!    0x9E3779B97F4A7C15)` (top 53 bits / 2^53); the token is the first candidate whose
-//!    cumulative probability exceeds u (the last one if rounding leaves u above the total).
+//!     0x9E3779B97F4A7C15)` (top 53 bits / 2^53); the token is the first candidate whose
+//!     cumulative probability exceeds u (the last one if rounding leaves u above the total).
 //!
 //! The draw is a pure function of (logits, params, history, position): the same seed, logits,
 //! history and cache position give the same token on every backend, in any batch, on any
