@@ -1,5 +1,6 @@
 /* Text and sampling through the C API (llmrt_tokenize, llmrt_detokenize,
- * llmrt_token_piece, llmrt_sampler_params_default, llmrt_decode_sample) on the
+ * llmrt_token_piece, llmrt_sampler_params_default, llmrt_decode_sample,
+ * llmrt_decode_sample_each, llmrt_sample_logits) on the
  * fixtures: reference ids (tests/fixtures/tokenizer/vectors.json), add_bos, the
  * buffer-size protocol, round trips, streaming pieces, seeded sampling. The
  * invalid-input cases are in errors.c (text_invalid, sampler_invalid_params).
@@ -216,6 +217,11 @@ static void case_sampler_defaults(void) {
     CHECK(sp.min_p == 0.05f, "min_p %g, want 0.05", sp.min_p);
     CHECK(sp.repetition_penalty == 1.0f, "repetition_penalty %g, want 1", sp.repetition_penalty);
     CHECK(sp.seed == 0, "seed %llu, want 0", (unsigned long long)sp.seed);
+    /* The appended fields default to off; the penalty window to the whole cache. */
+    CHECK(sp.penalty_last_n == -1, "penalty_last_n %d, want -1", sp.penalty_last_n);
+    CHECK(sp.frequency_penalty == 0.0f && sp.presence_penalty == 0.0f, "penalties %g %g, want 0",
+          sp.frequency_penalty, sp.presence_penalty);
+    CHECK(sp.logit_bias == NULL && sp.n_logit_bias == 0, "logit bias set by default");
     llmrt_sampler_params_default(NULL); /* a no-op */
 }
 
@@ -305,6 +311,114 @@ static void case_sample_temperature_zero_is_greedy(void) {
     llmrt_model_free(m);
 }
 
+/* Per-cache parameters in one step (llmrt_decode_sample_each): each cache's token is
+ * the one llmrt_decode_sample of that cache alone gives, and the one
+ * llmrt_sample_logits gives on llmrt_decode's row with the cache's tokens and length.
+ * A bad set anywhere in the batch fails the step and no cache moves. */
+static void case_sample_each_per_cache(void) {
+    llmrt_model *m = load_fixture_model();
+    const llmrt_model_info info = model_info(m);
+    enum { N = 3, STEPS = 10, MAXH = 32 };
+    const llmrt_logit_bias bias[2] = {{7, 4.0f}, {3, -INFINITY}};
+    llmrt_sampler_params sp[N];
+    for (int i = 0; i < N; i++) llmrt_sampler_params_default(&sp[i]);
+    sp[0].temperature = 0.0f;
+    sp[0].logit_bias = bias;
+    sp[0].n_logit_bias = 2;
+    sp[0].frequency_penalty = 0.5f;
+    sp[0].penalty_last_n = 8;
+    sp[1].temperature = 1.2f;
+    sp[1].top_k = 0;
+    sp[1].top_p = 1.0f;
+    sp[1].min_p = 0.0f;
+    sp[1].repetition_penalty = 1.3f;
+    sp[1].presence_penalty = 1.0f;
+    sp[1].seed = 11;
+    const llmrt_sampler_params *ps[N] = {&sp[0], &sp[1], &sp[2]};
+    const uint32_t prompt[3] = {211, 15, 197};
+    llmrt_cache batch[N], lone[N], manual[N];
+    uint32_t hist[N][MAXH];
+    size_t nh = 3;
+    for (int i = 0; i < N; i++) {
+        OK(llmrt_cache_reserve(m, 0, &batch[i]));
+        OK(llmrt_cache_reserve(m, 0, &lone[i]));
+        OK(llmrt_cache_reserve(m, 0, &manual[i]));
+        OK(llmrt_prefill(m, batch[i], prompt, 3, NULL));
+        OK(llmrt_prefill(m, lone[i], prompt, 3, NULL));
+        OK(llmrt_prefill(m, manual[i], prompt, 3, NULL));
+        memcpy(hist[i], prompt, sizeof prompt);
+    }
+    float *row = malloc(info.vocab_size * sizeof *row);
+    REQUIRE(row != NULL, "out of memory");
+    uint32_t toks[N] = {380, 380, 380}, next[N];
+    for (int step = 0; step < STEPS; step++) {
+        OK(llmrt_decode_sample_each(m, N, batch, toks, ps, next));
+        for (int i = 0; i < N; i++) {
+            uint32_t alone = UINT32_MAX, from_row = UINT32_MAX;
+            OK(llmrt_decode_sample(m, 1, &lone[i], &toks[i], &sp[i], &alone));
+            OK(llmrt_decode(m, 1, &manual[i], &toks[i], row));
+            hist[i][nh] = toks[i];
+            OK(llmrt_sample_logits(&sp[i], row, info.vocab_size, hist[i], nh + 1, nh + 1, &from_row));
+            CHECK(next[i] == alone && next[i] == from_row,
+                  "step %d cache %d: batched %u, alone %u, llmrt_sample_logits %u", step, i, next[i],
+                  alone, from_row);
+        }
+        CHECK(next[0] != 3, "step %d: the banned token 3 was drawn", step);
+        nh++;
+        memcpy(toks, next, sizeof toks);
+    }
+    /* A logit bias past the vocabulary in the middle set: nothing changes. */
+    const llmrt_logit_bias past = {info.vocab_size, 1.0f};
+    llmrt_sampler_params bad = sp[2];
+    bad.logit_bias = &past;
+    bad.n_logit_bias = 1;
+    const llmrt_sampler_params *bps[N] = {&sp[0], &bad, &sp[2]};
+    uint32_t untouched[N] = {UINT32_MAX, UINT32_MAX, UINT32_MAX};
+    EXPECT_STATUS_MSG(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample_each(m, N, batch, toks, bps, untouched),
+                      "params[1]: sampler logit_bias[0] names token");
+    bad = sp[2];
+    bad.frequency_penalty = NAN;
+    EXPECT_STATUS_MSG(LLMRT_INVALID_ARGUMENT, llmrt_decode_sample_each(m, N, batch, toks, bps, untouched),
+                      "params[1]: sampler frequency_penalty NaN");
+    for (int i = 0; i < N; i++) {
+        CHECK(cache_len(m, batch[i]) == 3 + STEPS, "cache %d moved to %u", i, cache_len(m, batch[i]));
+        CHECK(untouched[i] == UINT32_MAX, "next_tokens written by a failed step");
+    }
+    free(row);
+    llmrt_model_free(m);
+}
+
+/* A caller built against the header before the bias/penalty fields: struct_size 32,
+ * garbage past it is never read. */
+static void case_sample_old_struct_size(void) {
+    llmrt_model *m = load_fixture_model();
+    llmrt_sampler_params sp, old;
+    llmrt_sampler_params_default(&sp);
+    sp.temperature = 0.9f;
+    sp.repetition_penalty = 1.2f;
+    sp.seed = 3;
+    memset(&old, 0xA5, sizeof old);
+    llmrt_sampler_params_init(&old, 32);
+    CHECK(old.struct_size == 32, "init(32) set struct_size %u", old.struct_size);
+    CHECK(old.penalty_last_n == (int32_t)0xA5A5A5A5, "init(32) wrote past 32 bytes");
+    old.temperature = 0.9f;
+    old.repetition_penalty = 1.2f;
+    old.seed = 3;
+    llmrt_cache a = 0, b = 0;
+    OK(llmrt_cache_reserve(m, 0, &a));
+    OK(llmrt_cache_reserve(m, 0, &b));
+    OK(llmrt_prefill(m, a, (const uint32_t[]){211, 15}, 2, NULL));
+    OK(llmrt_prefill(m, b, (const uint32_t[]){211, 15}, 2, NULL));
+    uint32_t ta = 197, tb = 197;
+    const llmrt_sampler_params *po = &old;
+    for (int i = 0; i < 12; i++) {
+        OK(llmrt_decode_sample_each(m, 1, &a, &ta, &po, &ta));
+        OK(llmrt_decode_sample(m, 1, &b, &tb, &sp, &tb));
+        CHECK(ta == tb, "step %d: old-size struct sampled %u, full %u", i, ta, tb);
+    }
+    llmrt_model_free(m);
+}
+
 /* ---- dispatch ------------------------------------------------------------- */
 
 static const test_case CASES[] = {
@@ -315,6 +429,8 @@ static const test_case CASES[] = {
     {"sampler_defaults", case_sampler_defaults},
     {"sample_seeded", case_sample_seeded},
     {"sample_temperature_zero_is_greedy", case_sample_temperature_zero_is_greedy},
+    {"sample_each_per_cache", case_sample_each_per_cache},
+    {"sample_old_struct_size", case_sample_old_struct_size},
 };
 
 int main(int argc, char **argv) {

@@ -234,9 +234,25 @@ typedef struct llmrt_model_info {
 typedef uint64_t llmrt_cache;
 
 /**
- * Sampling parameters for `llmrt_decode_sample`. Set `struct_size` to
- * sizeof(llmrt_sampler_params), fill with `llmrt_sampler_params_default`, then
- * change what you need.
+ * One logit bias: `bias` is added to token `token`'s logit before the penalties
+ * (llama.cpp's `llama_logit_bias`). -INFINITY bans the token.
+ */
+typedef struct llmrt_logit_bias {
+  /**
+   * A token id below the vocabulary size.
+   */
+  uint32_t token;
+  /**
+   * Finite, or -INFINITY (a ban); NaN and +INFINITY are rejected.
+   */
+  float bias;
+} llmrt_logit_bias;
+
+/**
+ * Sampling parameters for `llmrt_decode_sample`, `llmrt_decode_sample_each` and
+ * `llmrt_sample_logits`. Set `struct_size` to sizeof(llmrt_sampler_params), fill
+ * with `llmrt_sampler_params_default`, then change what you need. Order: logit
+ * bias, penalties, then temperature (0: greedy), top-k, top-p, min-p, draw.
  */
 typedef struct llmrt_sampler_params {
   /**
@@ -260,13 +276,37 @@ typedef struct llmrt_sampler_params {
    */
   float min_p;
   /**
-   * 1 = off; over the cache's tokens.
+   * 1 = off; over the penalty window of the cache's tokens (llama.cpp's penalty_repeat).
    */
   float repetition_penalty;
   /**
    * Same seed + same logits = same token, on every backend.
    */
   uint64_t seed;
+  /**
+   * The penalties' window: the cache's last n tokens (the one just fed included);
+   * -1 (default) = all of them, 0 = no penalties (llama.cpp's penalty_last_n).
+   */
+  int32_t penalty_last_n;
+  /**
+   * 0 = off; subtracted from a logit once per occurrence of its token in the
+   * window (llama.cpp's penalty_freq). Finite, may be negative.
+   */
+  float frequency_penalty;
+  /**
+   * 0 = off; subtracted once from the logit of a token present in the window
+   * (llama.cpp's penalty_present). Finite, may be negative.
+   */
+  float presence_penalty;
+  /**
+   * `n_logit_bias` (token, bias) pairs, or NULL with 0 (default). Read during the
+   * call only; a token listed twice gets both biases.
+   */
+  const struct llmrt_logit_bias *logit_bias;
+  /**
+   * Entries in `logit_bias`.
+   */
+  size_t n_logit_bias;
 } llmrt_sampler_params;
 
 /**
@@ -498,7 +538,8 @@ void llmrt_sampler_params_default(struct llmrt_sampler_params *params);
 void llmrt_sampler_params_init(struct llmrt_sampler_params *params, size_t size);
 
 /**
- * As llmrt_decode_greedy, but sampling with `params` (one set for all caches).
+ * As llmrt_decode_greedy, but sampling with `params` (one set for all caches; per
+ * cache: llmrt_decode_sample_each).
  * Sampling runs on the host over float32 logits; the random draw depends only on
  * the seed and the new token's position in its cache.
  *
@@ -511,6 +552,48 @@ enum llmrt_status llmrt_decode_sample(struct llmrt_model *model,
                                       const uint32_t *tokens,
                                       const struct llmrt_sampler_params *params,
                                       uint32_t *next_tokens);
+
+/**
+ * As llmrt_decode_sample with one parameter set per cache: `params[i]` (a
+ * pointer, so each struct keeps its own struct_size; entries may repeat) samples
+ * `caches[i]`'s token, exactly the token a call for that cache alone with those
+ * parameters gives. All n sets are read and validated (a NULL entry, a bad value,
+ * a logit_bias token past the vocabulary: LLMRT_INVALID_ARGUMENT naming
+ * `params[i]`) before anything changes; a failed step changes no cache.
+ *
+ * # Safety
+ * As llmrt_decode_sample; `params` points to n pointers, each to a valid
+ * llmrt_sampler_params.
+ */
+enum llmrt_status llmrt_decode_sample_each(struct llmrt_model *model,
+                                           size_t n,
+                                           const llmrt_cache *caches,
+                                           const uint32_t *tokens,
+                                           const struct llmrt_sampler_params *const *params,
+                                           uint32_t *next_tokens);
+
+/**
+ * Samples a token from caller-held logits (`n_logits` floats, e.g. a row that
+ * llmrt_decode returned, possibly edited) with `params`, as llmrt_decode_sample
+ * does: `history` (`n_history` ids, NULL with 0) plays the cache's tokens for the
+ * penalties, `position` the new token's position for the seeded draw. With a
+ * cache's row, its tokens (the one just fed included) and its length, the token
+ * equals llmrt_decode_sample's. n_logits = 0, or a logit_bias token >= n_logits:
+ * LLMRT_INVALID_ARGUMENT. History ids >= n_logits are ignored. Needs no model;
+ * thread-safe.
+ *
+ * # Safety
+ * `params` points to a valid llmrt_sampler_params; `logits` to n_logits readable
+ * floats; `history` to n_history readable u32s (or NULL with 0); `out_token` is
+ * writable.
+ */
+enum llmrt_status llmrt_sample_logits(const struct llmrt_sampler_params *params,
+                                      const float *logits,
+                                      size_t n_logits,
+                                      const uint32_t *history,
+                                      size_t n_history,
+                                      uint64_t position,
+                                      uint32_t *out_token);
 
 /**
  * Text -> token ids. `text` holds `text_len` bytes of UTF-8 (not necessarily

@@ -28,7 +28,8 @@
  *
  * Text: Model::tokenize, Model::detokenize (a whole text) and Model::token_piece
  * (one token as it appears inside a text: what streaming output prints). Sampling:
- * default_sampler_params(), Cache::decode_sample, Model::decode_sample.
+ * default_sampler_params(), Cache::decode_sample, Model::decode_sample,
+ * Model::decode_sample_each (per-cache params), sample_logits (caller-held logits).
  */
 #ifndef LLMRT_HPP
 #define LLMRT_HPP
@@ -97,11 +98,26 @@ inline llmrt_model_options default_model_options() noexcept {
 }
 
 /* llmrt_sampler_params filled with the library's defaults (llama.cpp's: temperature
- * 0.8, top_k 40, top_p 0.95, min_p 0.05, repetition_penalty 1, seed 0). */
+ * 0.8, top_k 40, top_p 0.95, min_p 0.05, repetition_penalty 1, seed 0; no
+ * frequency/presence penalty or logit bias, penalty window the whole cache). */
 inline llmrt_sampler_params default_sampler_params() noexcept {
     llmrt_sampler_params params{};
     llmrt_sampler_params_init(&params, sizeof params); /* never overrun by a newer library */
     return params;
+}
+
+/* A token sampled from caller-held logits (llmrt_sample_logits), as decode_sample
+ * does: `history` plays the cache's tokens for the penalties, `position` the new
+ * token's position for the seeded draw. params.logit_bias, when set, must stay alive
+ * during the call. */
+inline uint32_t sample_logits(const llmrt_sampler_params &params, const std::vector<float> &logits,
+                              const std::vector<uint32_t> &history, uint64_t position) {
+    uint32_t token = 0;
+    detail::check(llmrt_sample_logits(&params, logits.data(), logits.size(),
+                                      history.empty() ? nullptr : history.data(), history.size(),
+                                      position, &token),
+                  "llmrt_sample_logits");
+    return token;
 }
 
 class Model;
@@ -310,6 +326,26 @@ class Model {
         detail::check(llmrt_decode_sample(model_, ids.size(), ids.data(), tokens.data(), &params,
                                           next.data()),
                       "llmrt_decode_sample");
+        return next;
+    }
+    /* As decode_sample with one parameter set per cache (params[i] samples caches[i];
+     * llmrt_decode_sample_each): each token is the one a lone decode_sample with
+     * params[i] gives. Bad parameters anywhere fail the step; no cache moves. */
+    std::vector<uint32_t> decode_sample_each(const CacheBatch &caches,
+                                             const std::vector<uint32_t> &tokens,
+                                             const std::vector<llmrt_sampler_params> &params) {
+        std::vector<llmrt_cache> ids = batch_ids(caches, tokens, "llmrt_decode_sample_each");
+        if (params.size() != ids.size())
+            throw Error(LLMRT_INVALID_ARGUMENT, "llmrt_decode_sample_each",
+                        std::to_string(params.size()) + " parameter sets for " +
+                            std::to_string(ids.size()) + " caches");
+        std::vector<const llmrt_sampler_params *> ptrs;
+        ptrs.reserve(params.size());
+        for (const llmrt_sampler_params &p : params) ptrs.push_back(&p);
+        std::vector<uint32_t> next(ids.size());
+        detail::check(llmrt_decode_sample_each(model_, ids.size(), ids.data(), tokens.data(),
+                                               ptrs.data(), next.data()),
+                      "llmrt_decode_sample_each");
         return next;
     }
 

@@ -569,7 +569,7 @@ impl Model {
 
     /// As [`Self::decode`], then samples each cache's next token on the host: the
     /// draw depends only on `params.seed` and the new token's position in its cache,
-    /// and the repetition penalty looks at the cache's tokens.
+    /// and the penalties look at the cache's tokens.
     pub fn decode_sample(
         &self,
         caches: &[u64],
@@ -577,7 +577,37 @@ impl Model {
         params: &SamplerParams,
         next: &mut [u32],
     ) -> Result<()> {
-        params.validate()?;
+        self.decode_sample_each(caches, tokens, std::slice::from_ref(params), next)
+    }
+
+    /// [`Self::decode_sample`] with one parameter set per cache (`params.len()` equal to
+    /// the batch's, or 1 for all): each cache's token is the one a batch of that cache
+    /// alone with its parameters gives. Every set is validated (logit_bias ids against
+    /// the vocabulary) before anything changes; the draws happen before the commit, so
+    /// a failed step changes nothing.
+    pub fn decode_sample_each(
+        &self,
+        caches: &[u64],
+        tokens: &[u32],
+        params: &[SamplerParams],
+        next: &mut [u32],
+    ) -> Result<()> {
+        if params.len() != 1 && params.len() != caches.len() {
+            return Err(Error::invalid(format!(
+                "{} sampler parameter sets for {} caches (one per cache, or one for all)",
+                params.len(),
+                caches.len()
+            )));
+        }
+        for (i, p) in params.iter().enumerate() {
+            p.validate_for(self.info.vocab_size as usize).map_err(|e| {
+                if params.len() == 1 {
+                    e
+                } else {
+                    Error::new(e.status, format!("params[{i}]: {}", e.message))
+                }
+            })?;
+        }
         self.check_batch(caches, tokens)?;
         if next.len() != caches.len() {
             return Err(Error::invalid(format!("next_tokens has {} slots for {} caches", next.len(), caches.len())));
@@ -726,18 +756,28 @@ impl Model {
                     Ok(())
                 })?;
                 self.check_files_in(file_changed)?;
+                // The draws happen before the commit (a failed one changes nothing): the
+                // history is the cache's tokens then the one being appended, the position
+                // the new token's. Every cache was checked live under this lock.
+                let mut drawn = match &out {
+                    Out::Sample(..) => try_vec(caches.len(), 0u32, "the step's sampled ids")?,
+                    _ => Vec::new(),
+                };
+                if let Out::Sample(params, _) = &out {
+                    for (i, ((o, row), (&c, t))) in
+                        drawn.iter_mut().zip(buf.chunks_exact(v)).zip(caches.iter().zip(tokens)).enumerate()
+                    {
+                        let s = kv.get(c)?;
+                        let p = &params[if params.len() == 1 { 0 } else { i }];
+                        *o = sample::try_sample(row, p, &[&s.tokens, t], s.len as u64 + t.len() as u64)?;
+                    }
+                }
                 for (&c, t) in caches.iter().zip(tokens) {
                     kv.commit(c, t);
                 }
                 match out {
                     Out::Logits(Some(l)) => l[..buf.len()].copy_from_slice(&buf),
-                    Out::Sample(params, next) => {
-                        // Every cache was checked live under this lock and is still.
-                        for ((o, row), &c) in next.iter_mut().zip(buf.chunks_exact(v)).zip(caches) {
-                            let s = kv.get(c)?;
-                            *o = sample::sample(row, params, &s.tokens, s.len as u64);
-                        }
-                    }
+                    Out::Sample(_, next) => next.copy_from_slice(&drawn),
                     _ => {}
                 }
             }
@@ -785,9 +825,10 @@ enum Out<'a> {
     Logits(Option<&'a mut [f32]>),
     /// The argmax id of each sequence's last row.
     Greedy(&'a mut [u32]),
-    /// A token drawn from each sequence's last row, after the commit (the draw sees
-    /// the new token in the cache's history and its position).
-    Sample(&'a SamplerParams, &'a mut [u32]),
+    /// A token drawn from each sequence's last row with its parameters (one set, or
+    /// one per sequence), just before the commit (the draw sees the new token in the
+    /// cache's history and its position).
+    Sample(&'a [SamplerParams], &'a mut [u32]),
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@ package llmrt
 import (
 	"errors"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -95,8 +96,8 @@ func TestSample(t *testing.T) {
 	ref, _ := loadReference(t)
 	m := loadModel(t)
 	p := DefaultSamplerParams()
-	want := SamplerParams{Temperature: 0.8, TopK: 40, TopP: 0.95, MinP: 0.05, RepetitionPenalty: 1, Seed: 0}
-	if p != want {
+	want := SamplerParams{Temperature: 0.8, TopK: 40, TopP: 0.95, MinP: 0.05, RepetitionPenalty: 1, Seed: 0, PenaltyLastN: -1}
+	if !reflect.DeepEqual(p, want) {
 		t.Errorf("DefaultSamplerParams: %+v, want llama.cpp's %+v", p, want)
 	}
 	// Temperature 0 is greedy.

@@ -3,12 +3,25 @@
 use super::{batch, boundary, llmrt_cache, llmrt_model, model_ref, need, need_mut};
 use crate::error::llmrt_status;
 use crate::sample::SamplerParams;
+use crate::util::try_collect;
 use crate::{Error, Result};
 use std::ffi::c_char;
 
-/// Sampling parameters for `llmrt_decode_sample`. Set `struct_size` to
-/// sizeof(llmrt_sampler_params), fill with `llmrt_sampler_params_default`, then
-/// change what you need.
+/// One logit bias: `bias` is added to token `token`'s logit before the penalties
+/// (llama.cpp's `llama_logit_bias`). -INFINITY bans the token.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct llmrt_logit_bias {
+    /// A token id below the vocabulary size.
+    pub token: u32,
+    /// Finite, or -INFINITY (a ban); NaN and +INFINITY are rejected.
+    pub bias: f32,
+}
+
+/// Sampling parameters for `llmrt_decode_sample`, `llmrt_decode_sample_each` and
+/// `llmrt_sample_logits`. Set `struct_size` to sizeof(llmrt_sampler_params), fill
+/// with `llmrt_sampler_params_default`, then change what you need. Order: logit
+/// bias, penalties, then temperature (0: greedy), top-k, top-p, min-p, draw.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct llmrt_sampler_params {
@@ -22,10 +35,24 @@ pub struct llmrt_sampler_params {
     pub top_p: f32,
     /// 0 = off.
     pub min_p: f32,
-    /// 1 = off; over the cache's tokens.
+    /// 1 = off; over the penalty window of the cache's tokens (llama.cpp's penalty_repeat).
     pub repetition_penalty: f32,
     /// Same seed + same logits = same token, on every backend.
     pub seed: u64,
+    /// The penalties' window: the cache's last n tokens (the one just fed included);
+    /// -1 (default) = all of them, 0 = no penalties (llama.cpp's penalty_last_n).
+    pub penalty_last_n: i32,
+    /// 0 = off; subtracted from a logit once per occurrence of its token in the
+    /// window (llama.cpp's penalty_freq). Finite, may be negative.
+    pub frequency_penalty: f32,
+    /// 0 = off; subtracted once from the logit of a token present in the window
+    /// (llama.cpp's penalty_present). Finite, may be negative.
+    pub presence_penalty: f32,
+    /// `n_logit_bias` (token, bias) pairs, or NULL with 0 (default). Read during the
+    /// call only; a token listed twice gets both biases.
+    pub logit_bias: *const llmrt_logit_bias,
+    /// Entries in `logit_bias`.
+    pub n_logit_bias: usize,
 }
 
 fn default_params() -> llmrt_sampler_params {
@@ -38,6 +65,11 @@ fn default_params() -> llmrt_sampler_params {
         min_p: d.min_p,
         repetition_penalty: d.repetition_penalty,
         seed: d.seed,
+        penalty_last_n: d.penalty_last_n,
+        frequency_penalty: d.frequency_penalty,
+        presence_penalty: d.presence_penalty,
+        logit_bias: std::ptr::null(),
+        n_logit_bias: 0,
     }
 }
 
@@ -72,15 +104,31 @@ pub unsafe extern "C" fn llmrt_sampler_params_init(params: *mut llmrt_sampler_pa
             llmrt_sampler_params,
             default_params(),
             size,
-            [temperature, top_k, top_p, min_p, repetition_penalty, seed]
+            [
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                repetition_penalty,
+                seed,
+                penalty_last_n,
+                frequency_penalty,
+                presence_penalty,
+                logit_bias,
+                n_logit_bias
+            ]
         );
     }
 }
 
-/// Reads a caller's sampler params, honouring struct_size, and validates them.
+/// Reads a caller's sampler params, honouring struct_size (fields past it are "off"),
+/// copies its logit bias list (fallibly) and validates everything but the bias ids
+/// (checked against the vocabulary or the row by the caller of this function).
 ///
 /// # Safety
-/// `p` is non-null and points to at least `struct_size` readable bytes (and 4 for struct_size).
+/// `p` is non-null and points to at least `struct_size` readable bytes (and 4 for
+/// struct_size); when inside struct_size, `logit_bias` is NULL or points to
+/// `n_logit_bias` readable entries.
 unsafe fn read_params(p: *const llmrt_sampler_params) -> Result<SamplerParams> {
     let o = read_sized!(
         p,
@@ -88,21 +136,40 @@ unsafe fn read_params(p: *const llmrt_sampler_params) -> Result<SamplerParams> {
         default_params(),
         "params",
         "llmrt_sampler_params_default",
-        [temperature, top_k, top_p, min_p, repetition_penalty, seed]
+        [
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repetition_penalty,
+            seed,
+            penalty_last_n,
+            frequency_penalty,
+            presence_penalty,
+            logit_bias,
+            n_logit_bias
+        ]
     )?;
+    // SAFETY: logit_bias holds n_logit_bias readable entries per this function's contract.
+    let bias = unsafe { in_slice(o.logit_bias, o.n_logit_bias, "params.logit_bias", "params.n_logit_bias")? };
     let s = SamplerParams {
         temperature: o.temperature,
         top_k: o.top_k,
         top_p: o.top_p,
         min_p: o.min_p,
         repetition_penalty: o.repetition_penalty,
+        penalty_last_n: o.penalty_last_n,
+        frequency_penalty: o.frequency_penalty,
+        presence_penalty: o.presence_penalty,
+        logit_bias: try_collect(bias.iter().map(|b| (b.token, b.bias)), "a copy of params.logit_bias")?,
         seed: o.seed,
     };
     s.validate()?;
     Ok(s)
 }
 
-/// As llmrt_decode_greedy, but sampling with `params` (one set for all caches).
+/// As llmrt_decode_greedy, but sampling with `params` (one set for all caches; per
+/// cache: llmrt_decode_sample_each).
 /// Sampling runs on the host over float32 logits; the random draw depends only on
 /// the seed and the new token's position in its cache.
 ///
@@ -133,6 +200,99 @@ pub unsafe extern "C" fn llmrt_decode_sample(
         // SAFETY: next_tokens checked non-null above; the caller guarantees n writable u32s
         // per the header contract (n <= MAX_BATCH, checked in batch).
         unsafe { std::slice::from_raw_parts_mut(next, n) }.copy_from_slice(&ids);
+        Ok(())
+    })
+}
+
+/// As llmrt_decode_sample with one parameter set per cache: `params[i]` (a
+/// pointer, so each struct keeps its own struct_size; entries may repeat) samples
+/// `caches[i]`'s token, exactly the token a call for that cache alone with those
+/// parameters gives. All n sets are read and validated (a NULL entry, a bad value,
+/// a logit_bias token past the vocabulary: LLMRT_INVALID_ARGUMENT naming
+/// `params[i]`) before anything changes; a failed step changes no cache.
+///
+/// # Safety
+/// As llmrt_decode_sample; `params` points to n pointers, each to a valid
+/// llmrt_sampler_params.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_decode_sample_each(
+    model: *mut llmrt_model,
+    n: usize,
+    caches: *const llmrt_cache,
+    tokens: *const u32,
+    params: *const *const llmrt_sampler_params,
+    next_tokens: *mut u32,
+) -> llmrt_status {
+    boundary("llmrt_decode_sample_each", || {
+        let m = model_ref(model)?;
+        // The NULL checks in the order callers see them: caches, tokens, params, next_tokens.
+        need(caches, "caches")?;
+        need(tokens, "tokens")?;
+        need(params, "params")?;
+        let next = need_mut(next_tokens, "next_tokens")?;
+        let (c, t) = batch(n, caches, tokens)?;
+        // SAFETY: params checked non-null; the caller guarantees n readable pointers
+        // (n <= MAX_BATCH, checked in batch).
+        let ptrs = unsafe { in_slice(params, n, "params", "n")? };
+        let mut ps = crate::util::try_with_capacity::<SamplerParams>(n, "the step's sampler parameters")?;
+        for (i, &p) in ptrs.iter().enumerate() {
+            if p.is_null() {
+                return Err(Error::invalid(format!("params[{i}] is NULL")));
+            }
+            // SAFETY: non-null; the caller guarantees a valid llmrt_sampler_params of at least
+            // its struct_size bytes (and its logit_bias list) per the header contract.
+            let r = unsafe { read_params(p) };
+            ps.push(r.map_err(|e| Error::new(e.status, format!("params[{i}]: {}", e.message)))?);
+        }
+        let mut ids = crate::util::try_vec(n, 0u32, "the step's token ids")?;
+        m.decode_sample_each(c, t, &ps, &mut ids)?;
+        // SAFETY: next_tokens checked non-null above; the caller guarantees n writable u32s
+        // per the header contract (n <= MAX_BATCH, checked in batch).
+        unsafe { std::slice::from_raw_parts_mut(next, n) }.copy_from_slice(&ids);
+        Ok(())
+    })
+}
+
+/// Samples a token from caller-held logits (`n_logits` floats, e.g. a row that
+/// llmrt_decode returned, possibly edited) with `params`, as llmrt_decode_sample
+/// does: `history` (`n_history` ids, NULL with 0) plays the cache's tokens for the
+/// penalties, `position` the new token's position for the seeded draw. With a
+/// cache's row, its tokens (the one just fed included) and its length, the token
+/// equals llmrt_decode_sample's. n_logits = 0, or a logit_bias token >= n_logits:
+/// LLMRT_INVALID_ARGUMENT. History ids >= n_logits are ignored. Needs no model;
+/// thread-safe.
+///
+/// # Safety
+/// `params` points to a valid llmrt_sampler_params; `logits` to n_logits readable
+/// floats; `history` to n_history readable u32s (or NULL with 0); `out_token` is
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn llmrt_sample_logits(
+    params: *const llmrt_sampler_params,
+    logits: *const f32,
+    n_logits: usize,
+    history: *const u32,
+    n_history: usize,
+    position: u64,
+    out_token: *mut u32,
+) -> llmrt_status {
+    boundary("llmrt_sample_logits", || {
+        let params = need(params, "params")?;
+        need(logits, "logits")?;
+        let out = need_mut(out_token, "out_token")?;
+        if n_logits == 0 {
+            return Err(Error::invalid("n_logits = 0: no logits to sample from"));
+        }
+        // SAFETY: the caller guarantees logits holds n_logits readable floats.
+        let row = unsafe { in_slice(logits, n_logits, "logits", "n_logits")? };
+        // SAFETY: the caller guarantees history holds n_history readable u32s (or is NULL with 0).
+        let hist = unsafe { in_slice(history, n_history, "history", "n_history")? };
+        // SAFETY: checked non-null; a valid llmrt_sampler_params per the header contract.
+        let p = unsafe { read_params(params)? };
+        p.validate_for(n_logits)?;
+        let id = crate::sample::try_sample(row, &p, &[hist], position)?;
+        // SAFETY: checked non-null; writable per the header contract.
+        unsafe { out.write(id) };
         Ok(())
     })
 }
