@@ -205,17 +205,25 @@ mod tests {
                 let w: Vec<u8> = (0..9).flat_map(|_| random_row(dt, cols, &mut r)).collect();
                 for &t in &[1usize, 2, 7, 33] {
                     for full in 0..3 {
-                        // 1: every |qx| 127; 2: a subnormal maximum, which quantizes to
-                        // +127 / -128 (an infinite inverse scale, clamped).
+                        // 1: every |qx| 127; 2: a subnormal maximum (quantized like the
+                        // block scaled into the normal range: +-127), then every negative
+                        // value set to -128, which QAct never gives but a kernel must still
+                        // multiply exactly (the sign trick's edge).
                         let m = [1.0, 1.0, 1e-40][full];
                         let x: Vec<f32> = if full > 0 {
                             (0..t * cols).map(|_| if r.next_u64() & 1 == 0 { m } else { -m }).collect()
                         } else {
                             r.vec(t * cols, -1.0, 1.0)
                         };
-                        let a = QAct::quantize(&x, cols);
+                        let mut a = QAct::quantize(&x, cols);
                         if full == 2 {
-                            assert!(a.qs.contains(&-128), "no -128 among the quantized activations");
+                            assert!(!a.qs.contains(&-128) && a.qs.contains(&-127), "tiny blocks quantize to +-127");
+                            for q in a.qs.iter_mut().filter(|q| **q < 0) {
+                                *q = -128;
+                            }
+                            for (s, b) in a.sums.iter_mut().zip(a.qs.chunks_exact(GROUP)) {
+                                *s = b.iter().map(|&q| q as i32).sum();
+                            }
                         }
                         let g = cols / GROUP;
                         let want: Vec<Vec<f32>> = (0..9)
