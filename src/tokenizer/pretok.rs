@@ -683,6 +683,46 @@ mod tests {
         split(pre, &cs).unwrap().into_iter().map(|(a, b)| cs[a..b].iter().collect()).collect()
     }
 
+    /// Every scanner partitions its input: on random text over an alphabet of every
+    /// class the scanners tell apart, the words are non-empty, in order, contiguous
+    /// and cover the text (llama.cpp keeps what no regex matched as words too), and no
+    /// scanner panics on odd mixes (marks after spaces, lone CR, full-width punctuation).
+    #[test]
+    fn every_scanner_partitions_random_text() {
+        let alphabet: Vec<char> =
+            "aZé'sTm ll d \r\n\t  09٣½!?.,;:$+<=>^~|`-_()[]{}\"你好세계こん\u{3000}\u{301}\u{300}\
+             ！。、😀\u{200d}αβЖж\u{a0}\u{2028}"
+                .chars()
+                .collect();
+        let pres = [
+            Pre::Gpt2,
+            Pre::Llama3,
+            Pre::Qwen2,
+            Pre::Qwen35,
+            Pre::Whole,
+            Pre::Default,
+            Pre::DeepseekLlm,
+            Pre::DeepseekCoder,
+            Pre::Falcon,
+            Pre::Starcoder,
+            Pre::Newlines,
+        ];
+        let mut rng = crate::util::XorShift::new(0x5eed);
+        for round in 0..20_000 {
+            let n = (rng.next_u64() % 40) as usize;
+            let cs: Vec<char> = (0..n).map(|_| alphabet[(rng.next_u64() % alphabet.len() as u64) as usize]).collect();
+            for &pre in &pres {
+                let ws = split(pre, &cs).unwrap();
+                let mut at = 0;
+                for &(a, b) in &ws {
+                    assert!(a == at && b > a, "{pre:?} round {round}: words {ws:?} of {cs:?}");
+                    at = b;
+                }
+                assert_eq!(at, cs.len(), "{pre:?} round {round}: words {ws:?} do not cover {cs:?}");
+            }
+        }
+    }
+
     #[test]
     fn classes() {
         assert!(is_letter('你') && is_letter('é') && !is_letter('\u{301}') && !is_letter('1'));
