@@ -44,6 +44,8 @@ struct Shared {
     remaining: AtomicUsize,
     panicked: AtomicBool,
     shutdown: AtomicBool,
+    /// Workers whose thread is running (past the runtime's per-thread set-up).
+    running: AtomicUsize,
     /// Parking for idle workers (guards `sleepers`).
     idle: Mutex<usize>,
     wake: Condvar,
@@ -79,6 +81,7 @@ impl Pool {
             remaining: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
+            running: AtomicUsize::new(0),
             idle: Mutex::new(0),
             wake: Condvar::new(),
             done_lock: Mutex::new(()),
@@ -105,6 +108,13 @@ impl Pool {
             }
         }
         pool.workers = workers;
+        // Return only once every worker runs: a new thread's set-up (its signal
+        // stack, thread-locals) happens on the thread itself, after spawn returned, and
+        // must not meet limits the caller sets after the load (RLIMIT_AS: the thread
+        // would abort the process) or a step that waits on it.
+        while pool.shared.running.load(Ordering::Acquire) < threads - 1 {
+            std::thread::sleep(Duration::from_micros(20));
+        }
         Ok(pool)
     }
 
@@ -169,6 +179,7 @@ impl Pool {
 }
 
 fn worker(s: &Shared, index: usize) {
+    s.running.fetch_add(1, Ordering::Release);
     let mut seen = 0u64;
     loop {
         let t0 = Instant::now();
