@@ -293,6 +293,49 @@ int main() {
             CHECK(s1.length() == len, "a rejected decode_sample advanced the cache");
         }
         {
+            // ---- decode_sample_each (one parameter set per cache) and sample_logits ----
+            llmrt_sampler_params greedy = llmrt::default_sampler_params();
+            greedy.temperature = 0.0f;
+            llmrt_sampler_params hot = llmrt::default_sampler_params();
+            hot.seed = 7;
+            const uint32_t forced = 5;
+            const llmrt_logit_bias bias[1] = {{forced, 1000.0f}};
+            llmrt_sampler_params biased = greedy;
+            biased.logit_bias = bias;
+            biased.n_logit_bias = 1;
+            std::vector<llmrt::Cache> cs, twins;
+            std::vector<float> row;
+            for (int i = 0; i < 3; i++) {
+                cs.push_back(m2.reserve(0));
+                twins.push_back(m2.reserve(0));
+                row = cs.back().prefill(gprompt);
+                twins.back().prefill_only(gprompt);
+            }
+            std::vector<uint32_t> each =
+                m2.decode_sample_each({cs[0], cs[1], cs[2]}, {3, 3, 3}, {greedy, hot, biased});
+            CHECK(each.size() == 3, "decode_sample_each gave %zu tokens", each.size());
+            CHECK(each[0] == twins[0].decode_greedy(3), "per-cache greedy differs from decode_greedy");
+            CHECK(each[1] == twins[1].decode_sample(3, hot), "per-cache sampling differs from a lone call");
+            CHECK(each[2] == forced, "a +1000 logit bias did not force token %u (got %u)", forced, each[2]);
+            // sample_logits on the row a cache's prefill returned: the token a decode_sample
+            // of that cache's next step would draw, here forced by the bias.
+            std::vector<uint32_t> history(gprompt.begin(), gprompt.end());
+            CHECK(llmrt::sample_logits(biased, row, history, gprompt.size()) == forced,
+                  "sample_logits ignored the bias");
+            CHECK(llmrt::sample_logits(greedy, row, history, gprompt.size()) == llmrt::argmax(row),
+                  "greedy sample_logits is not the argmax");
+            const uint32_t len0 = cs[0].length();
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT,
+                                m2.decode_sample_each({cs[0], cs[1]}, {3, 3}, {greedy}));
+            const llmrt_logit_bias bad[1] = {{static_cast<uint32_t>(V), 1.0f}};
+            llmrt_sampler_params bad_bias = greedy;
+            bad_bias.logit_bias = bad;
+            bad_bias.n_logit_bias = 1;
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT,
+                                m2.decode_sample_each({cs[0], cs[1]}, {3, 3}, {greedy, bad_bias}));
+            CHECK(cs[0].length() == len0, "a rejected decode_sample_each advanced a cache");
+        }
+        {
             const std::string text = "Once upon a time";
             std::vector<uint32_t> ids = m2.tokenize(text, true);
             CHECK(!ids.empty() && ids[0] == m2.info().bos_token, "tokenize with BOS");
