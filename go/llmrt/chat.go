@@ -11,7 +11,6 @@ package llmrt
 import "C"
 
 import (
-	"errors"
 	"runtime"
 	"sync"
 	"unsafe"
@@ -82,43 +81,31 @@ func chatApply(p *C.llmrt_model, template *string, messages []ChatMessage, gen b
 			}
 		}()
 	}
-	buf := make([]byte, 1024)
-	for attempt := 0; ; attempt++ {
-		var n C.size_t
-		err := call(func() C.enum_llmrt_status {
+	buf, err := grown(1024, func(buf []byte, n *C.size_t) error {
+		return call(func() C.enum_llmrt_status {
 			return C.llmrt_chat_apply(p, ctmpl, cmsgs, C.size_t(len(messages)), C.bool(gen),
-				(*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), &n)
+				(*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), n)
 		})
-		if attempt == 0 && errors.Is(err, ErrBufferTooSmall) && int(n) > len(buf) {
-			buf = make([]byte, int(n))
-			continue
-		}
-		if err != nil {
-			return "", err
-		}
-		return string(buf[:n]), nil
+	})
+	if err != nil {
+		return "", err
 	}
+	return string(buf), nil
 }
 
 // ChatTemplate is the model's own chat template text (ErrUnsupported if none).
 func (m *Model) ChatTemplate() (string, error) {
-	buf := make([]byte, 4096)
-	for attempt := 0; ; attempt++ {
-		var n C.size_t
-		err := m.with(func(p *C.llmrt_model) error {
+	buf, err := grown(4096, func(buf []byte, n *C.size_t) error {
+		return m.with(func(p *C.llmrt_model) error {
 			return call(func() C.enum_llmrt_status {
-				return C.llmrt_chat_template(p, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), &n)
+				return C.llmrt_chat_template(p, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), n)
 			})
 		})
-		if attempt == 0 && errors.Is(err, ErrBufferTooSmall) && int(n) > len(buf) {
-			buf = make([]byte, int(n))
-			continue
-		}
-		if err != nil {
-			return "", err
-		}
-		return string(buf[:n]), nil
+	})
+	if err != nil {
+		return "", err
 	}
+	return string(buf), nil
 }
 
 // IsEOG reports whether token ends a generation: the model's EOS, EOT, EOM ids,
@@ -135,23 +122,17 @@ func (m *Model) IsEOG(token uint32) bool {
 
 // EOGTokens lists the end-of-generation ids (see IsEOG), ascending.
 func (m *Model) EOGTokens() ([]uint32, error) {
-	tokens := make([]uint32, 16)
-	for attempt := 0; ; attempt++ {
-		var n C.size_t
-		err := m.with(func(p *C.llmrt_model) error {
+	tokens, err := grown(16, func(tokens []uint32, n *C.size_t) error {
+		return m.with(func(p *C.llmrt_model) error {
 			return call(func() C.enum_llmrt_status {
-				return C.llmrt_eog_tokens(p, tokensPtr(tokens), C.size_t(len(tokens)), &n)
+				return C.llmrt_eog_tokens(p, tokensPtr(tokens), C.size_t(len(tokens)), n)
 			})
 		})
-		if attempt == 0 && errors.Is(err, ErrBufferTooSmall) && int(n) > len(tokens) {
-			tokens = make([]uint32, int(n))
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		return tokens[:n:n], nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	return tokens, nil
 }
 
 // NoStop is StopMatcher.Feed's stop index when no stop string matched.
@@ -207,27 +188,21 @@ func (s *StopMatcher) Feed(piece []byte) (text []byte, stop int, err error) {
 		cp = (*C.char)(C.CBytes(piece))
 		defer C.free(unsafe.Pointer(cp))
 	}
-	buf := make([]byte, len(piece)+64)
-	for attempt := 0; ; attempt++ {
-		var n C.size_t
-		var st C.uint32_t
-		err := call(func() C.enum_llmrt_status {
+	var st C.uint32_t
+	buf, err := grown(len(piece)+64, func(buf []byte, n *C.size_t) error {
+		return call(func() C.enum_llmrt_status {
 			return C.llmrt_stop_matcher_feed(s.ptr, cp, C.size_t(len(piece)),
-				(*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), &n, &st)
+				(*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), n, &st)
 		})
-		if attempt == 0 && errors.Is(err, ErrBufferTooSmall) && int(n) > len(buf) {
-			buf = make([]byte, int(n))
-			continue
-		}
-		if err != nil {
-			return nil, NoStop, err
-		}
-		idx := NoStop
-		if st != C.uint32_t(^uint32(0)) {
-			idx = int(st)
-		}
-		return buf[:n:n], idx, nil
+	})
+	if err != nil {
+		return nil, NoStop, err
 	}
+	idx := NoStop
+	if st != C.uint32_t(^uint32(0)) {
+		idx = int(st)
+	}
+	return buf, idx, nil
 }
 
 // Flush ends the generation: the text still held back (a prefix of a stop
@@ -238,21 +213,15 @@ func (s *StopMatcher) Flush() ([]byte, error) {
 	if s.ptr == nil {
 		return nil, errArg("stop matcher is closed")
 	}
-	buf := make([]byte, 64)
-	for attempt := 0; ; attempt++ {
-		var n C.size_t
-		err := call(func() C.enum_llmrt_status {
-			return C.llmrt_stop_matcher_flush(s.ptr, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), &n)
+	buf, err := grown(64, func(buf []byte, n *C.size_t) error {
+		return call(func() C.enum_llmrt_status {
+			return C.llmrt_stop_matcher_flush(s.ptr, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), n)
 		})
-		if attempt == 0 && errors.Is(err, ErrBufferTooSmall) && int(n) > len(buf) {
-			buf = make([]byte, int(n))
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		return buf[:n:n], nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	return buf, nil
 }
 
 // Close frees the matcher; later calls fail. Closing twice is a no-op.

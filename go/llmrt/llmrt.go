@@ -42,6 +42,7 @@ static void llmrt_go_set_progress(llmrt_model_options *o, uintptr_t handle) {
 import "C"
 
 import (
+	"errors"
 	"runtime"
 	"runtime/cgo"
 	"sync"
@@ -293,6 +294,23 @@ func (c *Cache) Fork() (*Cache, error) {
 		return nil, err
 	}
 	return c.m.newCache(id), nil
+}
+
+// grown runs fill over a buffer of size elements; when the library answers
+// ErrBufferTooSmall with the length it needs (*n), fill runs once more over a
+// buffer of that length. It returns the first *n elements.
+func grown[T any](size int, fill func(buf []T, n *C.size_t) error) ([]T, error) {
+	buf := make([]T, size)
+	var n C.size_t
+	err := fill(buf, &n)
+	if errors.Is(err, ErrBufferTooSmall) && int(n) > len(buf) {
+		buf = make([]T, int(n))
+		err = fill(buf, &n)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return buf[:n:n], nil
 }
 
 func tokensPtr(tokens []uint32) *C.uint32_t {

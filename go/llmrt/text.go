@@ -12,7 +12,6 @@ package llmrt
 import "C"
 
 import (
-	"errors"
 	"runtime"
 	"unsafe"
 )
@@ -23,24 +22,18 @@ import (
 func (m *Model) Tokenize(text string, addBOS bool) ([]uint32, error) {
 	ctext := C.CString(text) // a copy: C must not keep Go memory
 	defer C.free(unsafe.Pointer(ctext))
-	tokens := make([]uint32, len(text)+2)
-	for attempt := 0; ; attempt++ {
-		var n C.size_t
-		err := m.with(func(p *C.llmrt_model) error {
+	tokens, err := grown(len(text)+2, func(tokens []uint32, n *C.size_t) error {
+		return m.with(func(p *C.llmrt_model) error {
 			return call(func() C.enum_llmrt_status {
 				return C.llmrt_tokenize(p, ctext, C.size_t(len(text)), C.bool(addBOS),
-					tokensPtr(tokens), C.size_t(len(tokens)), &n)
+					tokensPtr(tokens), C.size_t(len(tokens)), n)
 			})
 		})
-		if attempt == 0 && errors.Is(err, ErrBufferTooSmall) && int(n) > len(tokens) {
-			tokens = make([]uint32, int(n))
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		return tokens[:n:n], nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	return tokens, nil
 }
 
 // Detokenize turns token ids into the text they stand for:
@@ -49,24 +42,18 @@ func (m *Model) Tokenize(text string, addBOS bool) ([]uint32, error) {
 // multi-byte character, so the text of a few tokens need not be valid UTF-8.
 // To stream generated text, print TokenPiece of each token instead.
 func (m *Model) Detokenize(tokens []uint32) (string, error) {
-	buf := make([]byte, len(tokens)*8+16)
-	for attempt := 0; ; attempt++ {
-		var n C.size_t
-		err := m.with(func(p *C.llmrt_model) error {
+	buf, err := grown(len(tokens)*8+16, func(buf []byte, n *C.size_t) error {
+		return m.with(func(p *C.llmrt_model) error {
 			return call(func() C.enum_llmrt_status {
 				return C.llmrt_detokenize(p, tokensPtr(tokens), C.size_t(len(tokens)),
-					(*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), &n)
+					(*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), n)
 			})
 		})
-		if attempt == 0 && errors.Is(err, ErrBufferTooSmall) && int(n) > len(buf) {
-			buf = make([]byte, int(n))
-			continue
-		}
-		if err != nil {
-			return "", err
-		}
-		return string(buf[:n]), nil
+	})
+	if err != nil {
+		return "", err
 	}
+	return string(buf), nil
 }
 
 // TokenPiece is one token's bytes as they appear inside a text, for streaming
@@ -75,24 +62,18 @@ func (m *Model) Detokenize(tokens []uint32) (string, error) {
 // "", a byte-fallback token one raw byte (possibly part of a UTF-8 character:
 // hold back an incomplete tail until the next pieces complete it).
 func (m *Model) TokenPiece(token uint32) (string, error) {
-	buf := make([]byte, 32)
-	for attempt := 0; ; attempt++ {
-		var n C.size_t
-		err := m.with(func(p *C.llmrt_model) error {
+	buf, err := grown(32, func(buf []byte, n *C.size_t) error {
+		return m.with(func(p *C.llmrt_model) error {
 			return call(func() C.enum_llmrt_status {
 				return C.llmrt_token_piece(p, C.uint32_t(token), (*C.char)(unsafe.Pointer(&buf[0])),
-					C.size_t(len(buf)), &n)
+					C.size_t(len(buf)), n)
 			})
 		})
-		if attempt == 0 && errors.Is(err, ErrBufferTooSmall) && int(n) > len(buf) {
-			buf = make([]byte, int(n))
-			continue
-		}
-		if err != nil {
-			return "", err
-		}
-		return string(buf[:n]), nil
+	})
+	if err != nil {
+		return "", err
 	}
+	return string(buf), nil
 }
 
 // SamplerParams are llmrt_sampler_params: start from DefaultSamplerParams (the
