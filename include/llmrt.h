@@ -80,6 +80,34 @@ typedef enum llmrt_backend {
 } llmrt_backend;
 
 /**
+ * What a grammar source is (`llmrt_grammar_new`).
+ */
+typedef enum llmrt_grammar_kind {
+  /**
+   * A JSON Schema: the output is JSON valid under it (llguidance's JSON Schema subset;
+   * `$ref` only to `#/...` inside the schema).
+   */
+  LLMRT_GRAMMAR_JSON_SCHEMA = 0,
+  /**
+   * A regular expression (Rust regex syntax) that the whole output matches.
+   */
+  LLMRT_GRAMMAR_REGEX = 1,
+  /**
+   * A Lark-style context-free grammar (llguidance's syntax; rule `start` starts it).
+   */
+  LLMRT_GRAMMAR_LARK = 2,
+} llmrt_grammar_kind;
+
+/**
+ * One request's grammar state (opaque): which tokens may come next under a JSON schema,
+ * a regex or a Lark grammar. Create with `llmrt_grammar_new`, destroy with
+ * `llmrt_grammar_free`. It may outlive its model (it keeps what it needs) but is used only
+ * with that model's caches. One call at a time on a grammar: a call that finds it in use
+ * by another thread, or a step that lists it twice, fails with LLMRT_INVALID_ARGUMENT.
+ */
+typedef struct llmrt_grammar llmrt_grammar;
+
+/**
  * A loaded model (opaque). Create with `llmrt_model_load`, destroy with
  * `llmrt_model_free`. Every function may be called from any thread; calls that
  * touch one model are serialised internally, different models run in parallel.
@@ -773,6 +801,120 @@ enum llmrt_status llmrt_stop_matcher_flush(struct llmrt_stop_matcher *matcher,
  * `matcher` is NULL or came from llmrt_stop_matcher_new and was not freed.
  */
 void llmrt_stop_matcher_free(struct llmrt_stop_matcher *matcher);
+
+/**
+ * Creates a grammar for `model` from `source` (NUL-terminated UTF-8) of `kind`. The
+ * model's token environment (a trie over its vocabulary) is built on the first grammar
+ * and kept with the model. Errors, with `*out_grammar` untouched: a source that does not
+ * parse, a schema or grammar llguidance rejects or whose limits it exceeds, or one that
+ * allows no token at the start (it cannot match anything with this vocabulary):
+ * LLMRT_INVALID_ARGUMENT with llguidance's message; a `kind` outside the enum or a source
+ * that is not UTF-8: LLMRT_INVALID_ARGUMENT; a model without a tokenizer, or without an
+ * end-of-sequence token: LLMRT_UNSUPPORTED.
+ *
+ * # Safety
+ * `model` is a live model; `source` a NUL-terminated string; `out_grammar` writable.
+ */
+enum llmrt_status llmrt_grammar_new(const struct llmrt_model *model,
+                                    llmrt_grammar_kind kind,
+                                    const char *source,
+                                    struct llmrt_grammar **out_grammar);
+
+/**
+ * Frees a grammar. NULL is a no-op.
+ *
+ * # Safety
+ * `grammar` is NULL or came from llmrt_grammar_new and was not freed; no other thread
+ * uses it during or after this call.
+ */
+void llmrt_grammar_free(struct llmrt_grammar *grammar);
+
+/**
+ * Puts the grammar back in its start state (for a new request with the same grammar).
+ *
+ * # Safety
+ * `grammar` is a live grammar.
+ */
+enum llmrt_status llmrt_grammar_reset(struct llmrt_grammar *grammar);
+
+/**
+ * Advances the grammar by `token`: a token the caller chose or forced (a prompt's tail
+ * that the grammar covers, a token sampled by llmrt_sample_logits_constrained). A token
+ * the grammar does not allow here: LLMRT_INVALID_ARGUMENT and the grammar unchanged. Once
+ * done, an end-of-sequence token is accepted and changes nothing.
+ *
+ * # Safety
+ * `grammar` is a live grammar.
+ */
+enum llmrt_status llmrt_grammar_accept(struct llmrt_grammar *grammar, uint32_t token);
+
+/**
+ * `*out_done` = whether the grammar is done: an end-of-sequence token was accepted or
+ * nothing can follow, or only end-of-sequence tokens are allowed now. A constrained step
+ * gives a done grammar's cache the model's EOS id (llmrt_model_info.eos_token, or its
+ * first end-of-generation id). A grammar in llguidance's error state: LLMRT_INVALID_ARGUMENT
+ * with its message.
+ *
+ * # Safety
+ * `grammar` is a live grammar; `out_done` is writable.
+ */
+enum llmrt_status llmrt_grammar_is_done(struct llmrt_grammar *grammar, bool *out_done);
+
+/**
+ * `*out_can_stop` = whether the output so far is complete under the grammar (an
+ * end-of-sequence token is allowed now, possibly besides others; true once done). Errors
+ * as llmrt_grammar_is_done.
+ *
+ * # Safety
+ * `grammar` is a live grammar; `out_can_stop` is writable.
+ */
+enum llmrt_status llmrt_grammar_can_stop(struct llmrt_grammar *grammar, bool *out_can_stop);
+
+/**
+ * As llmrt_decode_sample_each, under grammars: `grammars[i]` constrains `caches[i]`'s
+ * token (a NULL entry: unconstrained). The grammar's mask is applied inside the sampler
+ * after logit bias and penalties and before temperature, top-k, top-p and min-p (tokens it
+ * does not allow become -INFINITY); a done grammar (llmrt_grammar_is_done) gives the
+ * model's EOS id. Each grammar is then advanced by its cache's token. Atomic: the n
+ * parameter sets, the grammars (created for this model, none listed twice, none in an
+ * error state, each allowing some token) and the caches are all checked before the step,
+ * and a failure during it (no token the grammar allows has a finite logit after the bias:
+ * LLMRT_INVALID_ARGUMENT naming `grammars[i]`) changes nothing: no cache advances, no
+ * grammar advances, `next_tokens` is not written. Each token equals the one a call for
+ * that cache alone gives, and the one llmrt_sample_logits_constrained gives on the step's
+ * row.
+ *
+ * # Safety
+ * As llmrt_decode_sample_each; `grammars` points to n entries, each NULL or a live grammar.
+ */
+enum llmrt_status llmrt_decode_sample_constrained(struct llmrt_model *model,
+                                                  size_t n,
+                                                  const llmrt_cache *caches,
+                                                  const uint32_t *tokens,
+                                                  const struct llmrt_sampler_params *const *params,
+                                                  struct llmrt_grammar *const *grammars,
+                                                  uint32_t *next_tokens);
+
+/**
+ * As llmrt_sample_logits, under `grammar`: the mask applies after logit bias and
+ * penalties, before temperature and the filters; a done grammar gives the model's EOS id.
+ * `n_logits` must be the grammar's model's vocabulary size (else LLMRT_INVALID_ARGUMENT).
+ * With a cache's row, its tokens and its length, the token equals
+ * llmrt_decode_sample_constrained's. The grammar is NOT advanced: pass the token to
+ * llmrt_grammar_accept. No token the grammar allows with a finite logit:
+ * LLMRT_INVALID_ARGUMENT, `*out_token` untouched.
+ *
+ * # Safety
+ * As llmrt_sample_logits; `grammar` is a live grammar.
+ */
+enum llmrt_status llmrt_sample_logits_constrained(const struct llmrt_sampler_params *params,
+                                                  struct llmrt_grammar *grammar,
+                                                  const float *logits,
+                                                  size_t n_logits,
+                                                  const uint32_t *history,
+                                                  size_t n_history,
+                                                  uint64_t position,
+                                                  uint32_t *out_token);
 
 #ifdef __cplusplus
 }  // extern "C"

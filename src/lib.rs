@@ -13,6 +13,7 @@ pub mod chat;
 pub mod error;
 pub mod ffi;
 pub mod format;
+pub mod grammar;
 pub mod kv;
 pub mod model;
 pub mod quant;

@@ -225,6 +225,8 @@ pub struct Model {
     reads_files: bool,
     /// Test hook, see [`Model::debug_panic_next_step`].
     debug_panic: AtomicU8,
+    /// The grammar machinery, built on first use (`crate::grammar`).
+    grammar: crate::grammar::FactorySlot,
     state: Mutex<State>,
 }
 
@@ -476,6 +478,7 @@ impl Model {
             weights,
             reads_files: kind != BackendKind::Cuda,
             debug_panic: AtomicU8::new(DebugPanic::None as u8),
+            grammar: Default::default(),
             state: Mutex::new(State { kv: KvManager::new(blocks, block_bytes), backend: be, file_changed: None }),
         })
     }
@@ -549,6 +552,15 @@ impl Model {
         self.tokenizer.as_ref().map_err(Clone::clone)
     }
 
+    /// The tokenizer (or why there is none) and the grammar slot, for `crate::grammar`.
+    pub(crate) fn tokenizer_for_grammar(&self) -> Result<&Tokenizer> {
+        self.tokenizer()
+    }
+
+    pub(crate) fn grammar_slot(&self) -> &crate::grammar::FactorySlot {
+        &self.grammar
+    }
+
     /// Text -> ids. `add_bos`: prepend BOS where the tokenizer asks for one
     /// (llama.cpp's add_special), so callers can pass true for every model.
     pub fn tokenize(&self, text: &[u8], add_bos: bool) -> Result<Vec<u32>> {
@@ -592,6 +604,20 @@ impl Model {
         params: &[SamplerParams],
         next: &mut [u32],
     ) -> Result<()> {
+        self.decode_sample_with(caches, tokens, params, None, next)
+    }
+
+    /// [`Self::decode_sample_each`] whose draws `hook` makes and whose commit it joins
+    /// (`crate::grammar`): its `sample` draws each row, its `commit` runs after every draw
+    /// and before any cache commits (an error there commits nothing).
+    pub(crate) fn decode_sample_with(
+        &self,
+        caches: &[u64],
+        tokens: &[u32],
+        params: &[SamplerParams],
+        hook: Option<&mut dyn SampleHook>,
+        next: &mut [u32],
+    ) -> Result<()> {
         if params.len() != 1 && params.len() != caches.len() {
             return Err(Error::invalid(format!(
                 "{} sampler parameter sets for {} caches (one per cache, or one for all)",
@@ -615,7 +641,8 @@ impl Model {
         let toks: Vec<&[u32]> = try_collect(tokens.chunks(1), "the batch's token list")?;
         // One lock for the step and the draws: a cache released meanwhile by another
         // thread can neither fail the draw after the step committed nor change it.
-        self.run(caches, &toks, Want::Last, Out::Sample(params, next))
+        let hook = hook.map(|h| h as &mut dyn SampleHook);
+        self.run(caches, &toks, Want::Last, Out::Sample(params, hook, next))
     }
 
     /// The tokens cache `cache` holds, in order.
@@ -700,7 +727,7 @@ impl Model {
     }
 
     /// Validates everything, then prepares blocks, runs the step, commits lengths.
-    fn run(&self, caches: &[u64], tokens: &[&[u32]], want: Want, out: Out<'_>) -> Result<()> {
+    fn run(&self, caches: &[u64], tokens: &[&[u32]], want: Want, mut out: Out<'_>) -> Result<()> {
         let v = self.info.vocab_size as usize;
         let rows: usize = match want {
             Want::Nothing => 0,
@@ -763,13 +790,20 @@ impl Model {
                     Out::Sample(..) => try_vec(caches.len(), 0u32, "the step's sampled ids")?,
                     _ => Vec::new(),
                 };
-                if let Out::Sample(params, _) = &out {
+                if let Out::Sample(params, hook, _) = &mut out {
                     for (i, ((o, row), (&c, t))) in
                         drawn.iter_mut().zip(buf.chunks_exact(v)).zip(caches.iter().zip(tokens)).enumerate()
                     {
                         let s = kv.get(c)?;
                         let p = &params[if params.len() == 1 { 0 } else { i }];
-                        *o = sample::try_sample(row, p, &[&s.tokens, t], s.len as u64 + t.len() as u64)?;
+                        let (h, pos) = (&[&s.tokens[..], t][..], s.len as u64 + t.len() as u64);
+                        *o = match hook {
+                            Some(hook) => hook.sample(i, row, p, h, pos)?,
+                            None => sample::try_sample(row, p, h, pos)?,
+                        };
+                    }
+                    if let Some(hook) = hook {
+                        hook.commit(&drawn)?;
                     }
                 }
                 for (&c, t) in caches.iter().zip(tokens) {
@@ -777,7 +811,7 @@ impl Model {
                 }
                 match out {
                     Out::Logits(Some(l)) => l[..buf.len()].copy_from_slice(&buf),
-                    Out::Sample(_, next) => next.copy_from_slice(&drawn),
+                    Out::Sample(_, _, next) => next.copy_from_slice(&drawn),
                     _ => {}
                 }
             }
@@ -827,8 +861,25 @@ enum Out<'a> {
     Greedy(&'a mut [u32]),
     /// A token drawn from each sequence's last row with its parameters (one set, or
     /// one per sequence), just before the commit (the draw sees the new token in the
-    /// cache's history and its position).
-    Sample(&'a [SamplerParams], &'a mut [u32]),
+    /// cache's history and its position); a hook draws instead and joins the commit.
+    Sample(&'a [SamplerParams], Option<&'a mut dyn SampleHook>, &'a mut [u32]),
+}
+
+/// A sampled step's draws made by someone else (`crate::grammar`'s constrained step).
+pub(crate) trait SampleHook {
+    /// Row `i`'s token from its logits, parameters, history (the cache's tokens, then the one
+    /// fed) and the new token's position.
+    fn sample(
+        &mut self,
+        i: usize,
+        row: &[f32],
+        params: &SamplerParams,
+        history: &[&[u32]],
+        position: u64,
+    ) -> Result<u32>;
+    /// Called with every row's token after the draws, before any cache commits: an error
+    /// commits nothing, success must leave nothing that can fail.
+    fn commit(&mut self, drawn: &[u32]) -> Result<()>;
 }
 
 #[cfg(test)]

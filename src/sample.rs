@@ -16,6 +16,8 @@
 //!    (CTRL / llama.cpp; once per token however often it occurs), then
 //!    `logit -= count * frequency_penalty + presence_penalty`. Skipped as a whole when the
 //!    repetition penalty is 1 and both others are 0, as llama.cpp does.
+//! 3a. Grammar mask (constrained sampling only, `crate::grammar`): every token the grammar
+//!    does not allow here becomes -inf, so steps 4-10 see only allowed tokens.
 //! 4. Temperature 0: greedy — the argmax of the biased, penalised logits, the lowest id among
 //!    equal maxima; top-k/top-p/min-p and the seed are ignored.
 //! 5. Candidates: the tokens with a finite logit, scaled by 1/temperature (f64), sorted by logit
@@ -214,9 +216,29 @@ pub fn prepare(logits: &mut [f32], params: &SamplerParams, history: &[&[u32]]) -
 /// Empty when the row is all -inf/NaN; a +inf logit gives that token with probability 1.
 /// LLMRT_OUT_OF_MEMORY (never an abort) when a scratch copy of the row cannot be allocated.
 pub fn try_distribution(logits: &[f32], params: &SamplerParams, history: &[&[u32]]) -> Result<Vec<(u32, f64)>> {
+    try_distribution_masked(logits, params, history, None)
+}
+
+/// [`try_distribution`] with a grammar's mask between steps 3 and 4: `allowed` is a bit set
+/// (token t allowed when bit `t % 32` of word `t / 32` is set; ids past it are not), and
+/// every token it does not allow becomes -inf after the bias and the penalties, so greedy,
+/// the +inf rule and the filters see only allowed tokens. `None`: no mask.
+pub fn try_distribution_masked(
+    logits: &[f32],
+    params: &SamplerParams,
+    history: &[&[u32]],
+    allowed: Option<&[u32]>,
+) -> Result<Vec<(u32, f64)>> {
     let mut l = try_vec(logits.len(), 0f32, "a copy of the sampled logits row")?;
     l.copy_from_slice(logits);
     prepare(&mut l, params, history)?;
+    if let Some(words) = allowed {
+        for (i, x) in l.iter_mut().enumerate() {
+            if words.get(i / 32).is_none_or(|w| w >> (i % 32) & 1 == 0) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+    }
     if l.iter().all(|&x| x == f32::NEG_INFINITY) {
         return Ok(vec![]);
     }
@@ -280,19 +302,25 @@ pub fn distribution(logits: &[f32], params: &SamplerParams, history: &[u32]) -> 
 /// assumed valid ([`SamplerParams::validate`]); an all -inf/NaN or empty row gives 0.
 pub fn try_sample(logits: &[f32], params: &SamplerParams, history: &[&[u32]], position: u64) -> Result<u32> {
     let d = try_distribution(logits, params, history)?;
-    let Some(last) = d.last() else { return Ok(0) };
+    Ok(draw(&d, params.seed, position))
+}
+
+/// Step 10 over a distribution of [`try_distribution`]: the seeded inverse-CDF draw (0 for an
+/// empty one).
+pub fn draw(d: &[(u32, f64)], seed: u64, position: u64) -> u32 {
+    let Some(last) = d.last() else { return 0 };
     if d.len() == 1 {
-        return Ok(d[0].0);
+        return d[0].0;
     }
-    let u = uniform(params.seed, position);
+    let u = uniform(seed, position);
     let mut cum = 0.0;
-    for &(id, p) in &d {
+    for &(id, p) in d {
         cum += p;
         if u < cum {
-            return Ok(id);
+            return id;
         }
     }
-    Ok(last.0)
+    last.0
 }
 
 /// [`try_sample`] with the history in one piece, for trusted (model-sized) rows: a failed
