@@ -16,8 +16,8 @@
 //!    (CTRL / llama.cpp; once per token however often it occurs), then
 //!    `logit -= count * frequency_penalty + presence_penalty`. Skipped as a whole when the
 //!    repetition penalty is 1 and both others are 0, as llama.cpp does.
-//! 3a. Grammar mask (constrained sampling only, `crate::grammar`): every token the grammar
-//!    does not allow here becomes -inf, so steps 4-10 see only allowed tokens.
+//!    Then the grammar mask (constrained sampling only, `crate::grammar`): every token the
+//!    grammar does not allow here becomes -inf, so steps 4-10 see only allowed tokens.
 //! 4. Temperature 0: greedy — the argmax of the biased, penalised logits, the lowest id among
 //!    equal maxima; top-k/top-p/min-p and the seed are ignored.
 //! 5. Candidates: the tokens with a finite logit, scaled by 1/temperature (f64), sorted by logit

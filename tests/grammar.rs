@@ -217,6 +217,7 @@ fn complete(m: &M, base: u64, last: u32, gs: &[&G], seeds: &[u64], max: usize) -
 
 /// `count` completions, `batch` at a time, each with its own grammar of (kind, src), seeds
 /// from `seed0`; every one must finish in `max` tokens.
+#[allow(clippy::too_many_arguments)]
 fn completions(
     m: &M,
     prompt: &str,
@@ -542,6 +543,9 @@ fn sample_logits_constrained_equals_the_step() {
     assert_eq!(t, 77);
 }
 
+/// A step that must fail: caches, tokens, parameter sets, grammars, and a text of its message.
+type Failure<'a> = (Vec<u64>, Vec<u32>, Vec<&'a llmrt_sampler_params>, Vec<*mut llmrt_grammar>, &'static str);
+
 #[test]
 fn failed_steps_change_no_cache_and_no_grammar() {
     let m = fixture("qwen2");
@@ -580,7 +584,7 @@ fn failed_steps_change_no_cache_and_no_grammar() {
     let mut feed = vec![last, last];
     for (k, want) in reference.iter().enumerate() {
         let lens: Vec<u32> = c.iter().chain([&spare]).map(|&c| m.len(c)).collect();
-        let failures: Vec<(Vec<u64>, Vec<u32>, Vec<&llmrt_sampler_params>, Vec<*mut llmrt_grammar>, &str)> = vec![
+        let failures: Vec<Failure<'_>> = vec![
             (vec![c[0], 999_999], feed.clone(), vec![&p0, &p1], vec![gs[0].0, gs[1].0], "999999"),
             (
                 vec![c[0], c[1], spare],

@@ -226,6 +226,15 @@ impl Grammar {
         Ok(f.only_eos(mask))
     }
 
+    /// The tokens allowed now, as a bit set (token t when bit `t % 32` of word `t / 32` is
+    /// set; the EOS set once stopped): computed on the first call in a state, then kept
+    /// until the grammar advances. A grammar in an error state, or one that allows nothing
+    /// here: LLMRT_INVALID_ARGUMENT.
+    pub fn allowed(&mut self) -> Result<&[u32]> {
+        self.ready()?;
+        Ok(self.mask()?.as_slice())
+    }
+
     /// Back to the start state (a new request with the same grammar).
     pub fn reset(&mut self) -> Result<()> {
         let m = &mut self.matcher;

@@ -9,7 +9,8 @@ pub(crate) fn usage() -> ! {
          \x20                  [-b N,..] [-d N,..] [--ttft N,..] [-r N] [-o md|json] [--kv-bytes N] [--membw] [--d2d] [--gemm N] [--json FILE]\n\
          \x20      llmrt-bench --synth tinyllama|llama3-8b --type f16|q8_0|q4_0 --out DIR\n\
          \x20      llmrt-bench --membw [-t N,..]\n\
-         \x20      llmrt-bench --d2d [--gemm N]"
+         \x20      llmrt-bench --d2d [--gemm N]\n\
+         \x20      llmrt-bench --grammar json|regex|lark (-m FILE | --vocab VOCAB.gguf) [-r N] [-n N] [-t N]"
     );
     std::process::exit(2)
 }
@@ -37,6 +38,10 @@ pub(crate) struct Args {
     pub(crate) d2d: bool,
     pub(crate) gemm: usize,
     pub(crate) json_file: Option<PathBuf>,
+    /// `--grammar json|regex|lark`: the constrained-decoding cost (grammar.rs).
+    pub(crate) grammar: Option<String>,
+    /// `--vocab FILE`: the tokenizer of that GGUF on a tiny random model (with --grammar).
+    pub(crate) vocab: Option<String>,
 }
 
 pub(crate) fn parse() -> Args {
@@ -60,6 +65,8 @@ pub(crate) fn parse() -> Args {
         d2d: false,
         gemm: 0,
         json_file: None,
+        grammar: None,
+        vocab: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -92,6 +99,8 @@ pub(crate) fn parse() -> Args {
             "--kv-bytes" => a.kv_bytes = val(&mut i).parse().unwrap_or_else(|_| usage()),
             "--d2d" => a.d2d = true,
             "--json" => a.json_file = Some(PathBuf::from(val(&mut i))),
+            "--grammar" => a.grammar = Some(val(&mut i)),
+            "--vocab" => a.vocab = Some(val(&mut i)),
             "--gemm" => a.gemm = val(&mut i).parse().unwrap_or_else(|_| usage()),
             "-h" | "--help" => usage(),
             other => {

@@ -9,7 +9,10 @@
 //! llmrt-bench --synth tinyllama|llama3-8b --type f16|q8_0|q4_0 --out DIR
 //! llmrt-bench --membw [-t 1,2]
 //! llmrt-bench --d2d [--gemm 8192]          (CUDA ceilings only)
+//! llmrt-bench --grammar json|regex|lark (-m FILE | --vocab VOCAB.gguf) [-r 5] [-n 128]
 //! ```
+//!
+//! `--grammar`: the cost of grammar-constrained decoding per token (grammar.rs).
 //!
 //! As llama-bench: `pp N` prefills N tokens into an empty cache, `tg N` runs N
 //! single-token decode steps, each test runs once to warm up and then `-r` times;
@@ -44,6 +47,7 @@
 
 mod args;
 mod gpu;
+mod grammar;
 mod membw;
 mod run;
 mod synth;
@@ -66,6 +70,10 @@ fn main() {
                 std::process::exit(1);
             }
         }
+        return;
+    }
+    if let Some(which) = &a.grammar {
+        grammar::bench(&a, which);
         return;
     }
     if a.membw && a.models.is_empty() {
