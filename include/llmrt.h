@@ -280,7 +280,11 @@ typedef struct llmrt_logit_bias {
  * Sampling parameters for `llmrt_decode_sample`, `llmrt_decode_sample_each` and
  * `llmrt_sample_logits`. Set `struct_size` to sizeof(llmrt_sampler_params), fill
  * with `llmrt_sampler_params_default`, then change what you need. Order: logit
- * bias, penalties, then temperature (0: greedy), top-k, top-p, min-p, draw.
+ * bias, penalties, then temperature (0: greedy), top-k, top-p, min-p, draw. The
+ * constrained calls (llmrt_decode_sample_constrained, llmrt_sample_logits_constrained)
+ * apply the grammar's mask between the penalties and the temperature: a token the
+ * grammar does not allow becomes -INFINITY, so greedy and the filters see only
+ * allowed tokens.
  */
 typedef struct llmrt_sampler_params {
   /**
