@@ -336,6 +336,50 @@ int main() {
             CHECK(cs[0].length() == len0, "a rejected decode_sample_each advanced a cache");
         }
         {
+            // ---- grammars (llmrt::Grammar, RAII): regex-constrained sampling, errors ----
+            static_assert(!std::is_copy_constructible<llmrt::Grammar>::value, "Grammar is move-only");
+            static_assert(std::is_nothrow_move_constructible<llmrt::Grammar>::value, "Grammar moves");
+            llmrt::Grammar first = m2.grammar(LLMRT_GRAMMAR_REGEX, "[0-9]{2}(ab|cd)");
+            llmrt::Grammar g = std::move(first);
+            CHECK(!first && g, "a moved-from Grammar is empty");
+            llmrt_sampler_params hot = llmrt::default_sampler_params();
+            hot.temperature = 1.0f;
+            hot.top_k = 0;
+            hot.top_p = 1.0f;
+            hot.min_p = 0.0f;
+            hot.seed = 11;
+            llmrt::Cache c = m2.reserve(0);
+            c.prefill_only(gprompt);
+            std::string text;
+            uint32_t tok = 3;
+            for (int i = 0; i < 16 && !g.is_done(); i++) {
+                tok = m2.decode_sample_constrained({c}, {tok}, {hot}, {&g})[0];
+                if (!llmrt_token_is_eog(m2.get(), tok)) text += m2.token_piece(tok);
+            }
+            const bool shape = text.size() == 4 && text[0] >= '0' && text[0] <= '9' && text[1] >= '0' &&
+                               text[1] <= '9' && (text.substr(2) == "ab" || text.substr(2) == "cd");
+            CHECK(g.is_done() && g.can_stop() && shape, "constrained text \"%s\"", text.c_str());
+            const uint32_t eos = m2.info().eos_token;
+            CHECK(m2.decode_sample_constrained({c}, {tok}, {hot}, {&g})[0] == eos, "done grammar: not EOS");
+            g.reset();
+            CHECK(!g.is_done() && !g.can_stop(), "reset grammar is complete");
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, g.accept(eos));
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, m2.grammar(LLMRT_GRAMMAR_JSON_SCHEMA, "{"));
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, m2.grammar(LLMRT_GRAMMAR_REGEX, "(ab"));
+            const uint32_t len = c.length();
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, m2.decode_sample_constrained({c}, {tok}, {hot}, {&g, &g}));
+            CHECK(c.length() == len, "a rejected constrained step advanced the cache");
+            // The caller-held variant draws what the step would, then accept() advances.
+            llmrt::Cache d = m2.reserve(0);
+            d.prefill_only(gprompt);
+            std::vector<float> row = d.decode(3);
+            std::vector<uint32_t> hist(gprompt.begin(), gprompt.end());
+            hist.push_back(3);
+            uint32_t t = llmrt::sample_logits_constrained(hot, g, row, hist, hist.size());
+            CHECK(t < V && text.size() > 0, "sample_logits_constrained gave %u", t);
+            g.accept(t);
+        }
+        {
             const std::string text = "Once upon a time";
             std::vector<uint32_t> ids = m2.tokenize(text, true);
             CHECK(!ids.empty() && ids[0] == m2.info().bos_token, "tokenize with BOS");

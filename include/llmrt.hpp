@@ -30,6 +30,9 @@
  * (one token as it appears inside a text: what streaming output prints). Sampling:
  * default_sampler_params(), Cache::decode_sample, Model::decode_sample,
  * Model::decode_sample_each (per-cache params), sample_logits (caller-held logits).
+ * Constrained output: Model::grammar (a JSON schema, regex or Lark grammar; one Grammar
+ * per request, RAII, move-only), Model::decode_sample_constrained, and
+ * sample_logits_constrained (caller-held logits; then Grammar::accept).
  */
 #ifndef LLMRT_HPP
 #define LLMRT_HPP
@@ -245,6 +248,68 @@ class Cache {
     llmrt_cache id_ = 0;
 };
 
+/* One request's grammar state (llmrt_grammar): made by Model::grammar, freed by its
+ * destructor. Move-only. It may outlive its Model but is used only with that model's
+ * caches; one call at a time on a Grammar. */
+class Grammar {
+  public:
+    Grammar() noexcept = default;
+    Grammar(const Grammar &) = delete;
+    Grammar &operator=(const Grammar &) = delete;
+    Grammar(Grammar &&other) noexcept : g_(std::exchange(other.g_, nullptr)) {}
+    Grammar &operator=(Grammar &&other) noexcept {
+        if (this != &other) {
+            llmrt_grammar_free(g_);
+            g_ = std::exchange(other.g_, nullptr);
+        }
+        return *this;
+    }
+    ~Grammar() { llmrt_grammar_free(g_); }
+
+    /* Compiles `source` of `kind` for `model` (llmrt_grammar_new): a bad or
+     * unsatisfiable grammar throws llmrt::Error with llguidance's message. */
+    Grammar(llmrt_model *model, llmrt_grammar_kind kind, const std::string &source) {
+        detail::check(llmrt_grammar_new(model, kind, source.c_str(), &g_), "llmrt_grammar_new");
+    }
+
+    llmrt_grammar *get() const noexcept { return g_; }
+    explicit operator bool() const noexcept { return g_ != nullptr; }
+
+    /* Advances by a token chosen outside the constrained step; a token the grammar does
+     * not allow throws and changes nothing. */
+    void accept(uint32_t token) { detail::check(llmrt_grammar_accept(g_, token), "llmrt_grammar_accept"); }
+    /* Back to the start state. */
+    void reset() { detail::check(llmrt_grammar_reset(g_), "llmrt_grammar_reset"); }
+    /* Done: only end-of-sequence can follow (a constrained step then gives EOS). */
+    bool is_done() const {
+        bool done = false;
+        detail::check(llmrt_grammar_is_done(g_, &done), "llmrt_grammar_is_done");
+        return done;
+    }
+    /* The output so far is complete (end-of-sequence is allowed now). */
+    bool can_stop() const {
+        bool stop = false;
+        detail::check(llmrt_grammar_can_stop(g_, &stop), "llmrt_grammar_can_stop");
+        return stop;
+    }
+
+  private:
+    llmrt_grammar *g_ = nullptr;
+};
+
+/* sample_logits under `grammar` (llmrt_sample_logits_constrained): logits.size() must be
+ * the model's vocabulary size. The grammar is not advanced: accept() the token. */
+inline uint32_t sample_logits_constrained(const llmrt_sampler_params &params, Grammar &grammar,
+                                          const std::vector<float> &logits,
+                                          const std::vector<uint32_t> &history, uint64_t position) {
+    uint32_t token = 0;
+    detail::check(llmrt_sample_logits_constrained(&params, grammar.get(), logits.data(), logits.size(),
+                                                  history.empty() ? nullptr : history.data(),
+                                                  history.size(), position, &token),
+                  "llmrt_sample_logits_constrained");
+    return token;
+}
+
 /* A batch for Model::decode*: references to distinct caches of one model. */
 using CacheBatch = std::vector<std::reference_wrapper<Cache>>;
 
@@ -346,6 +411,38 @@ class Model {
         detail::check(llmrt_decode_sample_each(model_, ids.size(), ids.data(), tokens.data(),
                                                ptrs.data(), next.data()),
                       "llmrt_decode_sample_each");
+        return next;
+    }
+
+    /* A grammar for one request of this model (llmrt_grammar_new). */
+    Grammar grammar(llmrt_grammar_kind kind, const std::string &source) const {
+        live();
+        return Grammar(model_, kind, source);
+    }
+
+    /* As decode_sample_each under grammars (llmrt_decode_sample_constrained): grammars[i]
+     * constrains caches[i] (nullptr: unconstrained) and is advanced by its token; a done
+     * grammar gives the model's EOS. Any failure throws and changes no cache and no
+     * grammar. */
+    std::vector<uint32_t> decode_sample_constrained(const CacheBatch &caches,
+                                                    const std::vector<uint32_t> &tokens,
+                                                    const std::vector<llmrt_sampler_params> &params,
+                                                    const std::vector<Grammar *> &grammars) {
+        const char *fn = "llmrt_decode_sample_constrained";
+        std::vector<llmrt_cache> ids = batch_ids(caches, tokens, fn);
+        if (params.size() != ids.size() || grammars.size() != ids.size())
+            detail::fail(LLMRT_INVALID_ARGUMENT, fn,
+                         std::to_string(params.size()) + " parameter sets and " +
+                             std::to_string(grammars.size()) + " grammars for " +
+                             std::to_string(ids.size()) + " caches");
+        std::vector<const llmrt_sampler_params *> ps;
+        std::vector<llmrt_grammar *> gs;
+        for (const llmrt_sampler_params &p : params) ps.push_back(&p);
+        for (Grammar *g : grammars) gs.push_back(g ? g->get() : nullptr);
+        std::vector<uint32_t> next(ids.size());
+        detail::check(llmrt_decode_sample_constrained(model_, ids.size(), ids.data(), tokens.data(),
+                                                      ps.data(), gs.data(), next.data()),
+                      fn);
         return next;
     }
 
