@@ -52,6 +52,15 @@ pub struct Factory {
     vocab: usize,
 }
 
+// A model (and so its factory) is shared by threads, and a grammar handle moves between
+// them (the C API's one-call-at-a-time rule is kept by the handle's mutex).
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    fn sent<T: Send>() {}
+    shared::<Factory>();
+    sent::<Grammar>();
+};
+
 /// The per-model slot [`Model::grammar_factory`] fills once (kept in `Model`).
 pub(crate) type FactorySlot = OnceLock<std::result::Result<Arc<Factory>, Error>>;
 
