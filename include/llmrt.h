@@ -80,6 +80,24 @@ typedef enum llmrt_backend {
 } llmrt_backend;
 
 /**
+ * How `llmrt_embed` pools a sequence's hidden states.
+ */
+typedef enum llmrt_pooling {
+  /**
+   * Every token's row: n_tokens * hidden_size floats, row-major.
+   */
+  LLMRT_POOLING_NONE = 0,
+  /**
+   * The mean of the tokens' rows: hidden_size floats.
+   */
+  LLMRT_POOLING_MEAN = 1,
+  /**
+   * The last token's row: hidden_size floats.
+   */
+  LLMRT_POOLING_LAST = 2,
+} llmrt_pooling;
+
+/**
  * A loaded model (opaque). Create with `llmrt_model_load`, destroy with
  * `llmrt_model_free`. Every function may be called from any thread; calls that
  * touch one model are serialised internally, different models run in parallel.
@@ -773,6 +791,31 @@ enum llmrt_status llmrt_stop_matcher_flush(struct llmrt_stop_matcher *matcher,
  * `matcher` is NULL or came from llmrt_stop_matcher_new and was not freed.
  */
 void llmrt_stop_matcher_free(struct llmrt_stop_matcher *matcher);
+
+/**
+ * Embeddings of `tokens` (one sequence, at most the context length): the final norm's
+ * output, the input of the LM head (transformers' `last_hidden_state`), pooled as
+ * `pooling` says and, with `normalize`, scaled to unit L2 norm (each row for
+ * LLMRT_POOLING_NONE; a zero vector stays zero). The step runs in a cache of its own,
+ * reserved and released inside the call (it needs KV blocks for n_tokens positions
+ * while it runs; LLMRT_OUT_OF_MEMORY when the pool has too few); no caller's cache
+ * changes. `*out_len` = floats written: hidden_size, or n_tokens * hidden_size for
+ * LLMRT_POOLING_NONE; when `capacity` (in floats) is smaller, LLMRT_BUFFER_TOO_SMALL
+ * with `*out_len` = floats needed, checked before any compute. `out` may be NULL with
+ * capacity 0 to ask the size.
+ *
+ * # Safety
+ * `model` is a live model; `tokens` holds `n_tokens` ids; `out` holds `capacity`
+ * writable floats (or is NULL with capacity 0); `out_len` is writable.
+ */
+enum llmrt_status llmrt_embed(const struct llmrt_model *model,
+                              const uint32_t *tokens,
+                              size_t n_tokens,
+                              llmrt_pooling pooling,
+                              bool normalize,
+                              float *out,
+                              size_t capacity,
+                              size_t *out_len);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -35,4 +35,4 @@ pub mod bench {
         crate::backend::cpu::simd::isa().name()
     }
 }
-pub use runtime::{BackendKind, LoadOptions, Model, ModelInfo};
+pub use runtime::{BackendKind, LoadOptions, Model, ModelInfo, Pooling};

@@ -684,6 +684,59 @@ impl Model {
         self.run(caches, &toks, Want::Last, Out::Greedy(next))
     }
 
+    /// Embeddings of `tokens` as one sequence: the final norm's output (the LM head's
+    /// input; transformers' `last_hidden_state`), of every token (`Pooling::None`,
+    /// `n * hidden` floats), their mean or the last token's (`hidden` floats), scaled
+    /// to unit L2 norm when `normalize` (a zero vector stays zero). Runs in a cache of
+    /// its own, reserved and released here: no cache of the caller's is touched.
+    pub fn embed(&self, tokens: &[u32], pooling: Pooling, normalize: bool) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(Error::invalid("embedding of n_tokens = 0"));
+        }
+        self.check_tokens(tokens)?;
+        let n = u32::try_from(tokens.len()).ok().filter(|&n| n <= self.info.context_length).ok_or_else(|| {
+            Error::context_full(format!(
+                "embedding of {} tokens: more than the context ({})",
+                tokens.len(),
+                self.info.context_length
+            ))
+        })?;
+        let h = self.info.hidden_size as usize;
+        let (want, rows) = match pooling {
+            Pooling::Last => (Want::Last, 1),
+            Pooling::None | Pooling::Mean => (Want::All, tokens.len()),
+        };
+        let mut rows_out = try_vec(rows.saturating_mul(h), 0f32, "the embedding's hidden states")?;
+        let cache = self.cache_reserve(n)?;
+        let r = self.run(&[cache], &[tokens], want, Out::Hidden(&mut rows_out));
+        let released = self.cache_release(cache);
+        r?;
+        released?;
+        let mut out = match pooling {
+            Pooling::None | Pooling::Last => rows_out,
+            Pooling::Mean => {
+                let mut acc = try_vec(h, 0f64, "the embedding's mean")?;
+                for row in rows_out.chunks_exact(h) {
+                    for (a, &x) in acc.iter_mut().zip(row) {
+                        *a += x as f64;
+                    }
+                }
+                acc.iter().map(|&a| (a / rows as f64) as f32).collect()
+            }
+        };
+        if normalize {
+            for row in out.chunks_exact_mut(h) {
+                let norm = row.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+                if norm > 0.0 {
+                    for x in row.iter_mut() {
+                        *x = (*x as f64 / norm) as f32;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn check_batch(&self, caches: &[u64], tokens: &[u32]) -> Result<()> {
         if caches.is_empty() {
             return Err(Error::invalid("decode with n = 0 caches"));
@@ -717,6 +770,9 @@ impl Model {
             }
             Out::Greedy(n) if want != Want::Last || n.len() != rows => {
                 return Err(Error::internal(format!("greedy step with {} slots for {rows} rows", n.len())));
+            }
+            Out::Hidden(o) if o.len() != rows * self.info.hidden_size as usize => {
+                return Err(Error::internal(format!("hidden-state step with {} floats for {rows} rows", o.len())));
             }
             _ => {}
         }
@@ -781,6 +837,16 @@ impl Model {
                     _ => {}
                 }
             }
+            Out::Hidden(dst) => {
+                let mut buf =
+                    try_vec(rows.saturating_mul(self.info.hidden_size as usize), 0f32, "the step's hidden states")?;
+                guarded(|| backend.step_hidden(&seqs, &mut buf))?;
+                self.check_files_in(file_changed)?;
+                for (&c, t) in caches.iter().zip(tokens) {
+                    kv.commit(c, t);
+                }
+                dst.copy_from_slice(&buf);
+            }
             Out::Greedy(next) => {
                 let mut ids = try_vec(rows, 0u32, "the step's token ids")?;
                 guarded(|| {
@@ -819,6 +885,17 @@ fn guarded(f: impl FnOnce() -> Result<()>) -> Result<()> {
     })
 }
 
+/// How [`Model::embed`] pools a sequence's hidden states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// Every token's row.
+    None,
+    /// The mean over the tokens.
+    Mean,
+    /// The last token's row.
+    Last,
+}
+
 /// Where a step's results go.
 enum Out<'a> {
     /// Logits rows (or none).
@@ -829,6 +906,8 @@ enum Out<'a> {
     /// one per sequence), just before the commit (the draw sees the new token in the
     /// cache's history and its position).
     Sample(&'a [SamplerParams], &'a mut [u32]),
+    /// The final norm's output of each wanted row (`hidden` floats; no LM head).
+    Hidden(&'a mut [f32]),
 }
 
 #[cfg(test)]

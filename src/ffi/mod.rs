@@ -67,6 +67,8 @@ mod text;
 pub use text::*;
 mod chat;
 pub use chat::*;
+mod embed;
+pub use embed::*;
 
 use crate::error::llmrt_status;
 use crate::runtime::{BackendKind, LoadOptions, Model};

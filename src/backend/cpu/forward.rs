@@ -15,7 +15,10 @@ use crate::Result;
 /// fallibly: a failure is `LLMRT_OUT_OF_MEMORY` naming the buffer and its size, and
 /// the step stops there (it has then written only KV positions past the committed
 /// lengths and scratch, so nothing is committed: the caller's state is unchanged).
-pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) -> Result<()> {
+///
+/// `out` receives a row per wanted token: `vocab` logits, or with `head = false` the
+/// `hidden` floats of the final norm's output (the LM head's input, embeddings).
+pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], out: &mut [f32], head: bool) -> Result<()> {
     let cfg = &be.cfg;
     let w = be.w.clone();
     let w: &Weights = &w;
@@ -132,5 +135,9 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) ->
     for (dst, &r) in sel.chunks_exact_mut(h).zip(&rows) {
         norm::rmsnorm_row(&x[r * h..(r + 1) * h], &w.output_norm, cfg.rms_eps, dst);
     }
-    mm(&w.output, &Act::new(&sel, h), logits)
+    if !head {
+        out.copy_from_slice(&sel);
+        return Ok(());
+    }
+    mm(&w.output, &Act::new(&sel, h), out)
 }
