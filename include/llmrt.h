@@ -59,6 +59,10 @@ typedef enum llmrt_status {
    * Output buffer too small; the needed size is reported.
    */
   LLMRT_BUFFER_TOO_SMALL = 10,
+  /**
+   * The abort callback stopped the step; nothing was committed.
+   */
+  LLMRT_ABORTED = 11,
 } llmrt_status;
 
 /**
@@ -335,6 +339,14 @@ typedef struct llmrt_chat_message {
   const char *role;
   const char *content;
 } llmrt_chat_message;
+
+/**
+ * A caller's "stop the step now?" function: return true to abort. Called with the
+ * `user_data` given to `llmrt_set_abort_callback`, on the thread that called the step,
+ * while the model's lock is held: it must be quick and must not call llmrt functions
+ * on the same model.
+ */
+typedef bool (*llmrt_abort_callback)(void *user_data);
 
 #ifdef __cplusplus
 extern "C" {
@@ -816,6 +828,26 @@ enum llmrt_status llmrt_embed(const struct llmrt_model *model,
                               float *out,
                               size_t capacity,
                               size_t *out_len);
+
+/**
+ * Sets the model's abort callback (NULL removes it). Every later step
+ * (llmrt_prefill, llmrt_prefill_all, the llmrt_decode family, llmrt_embed) calls it
+ * between layers on the CPU and before the launch on CUDA; when it returns true the
+ * step fails with LLMRT_ABORTED, naming where it stopped, and commits nothing (every
+ * cache as before the call). Setting waits for a step running on another thread to
+ * finish, so once this returns the previous callback is never called again and its
+ * `user_data` may be freed. To cancel a running step, make the callback see a flag
+ * (the callback is read at the step's start). One callback per model: cancelling one
+ * request of a batched step aborts the whole step (retry it without that request).
+ * `user_data` is passed through untouched.
+ *
+ * # Safety
+ * `model` is a live model; `callback` is NULL or a function safe to call from any
+ * thread with `user_data` for as long as it is set.
+ */
+enum llmrt_status llmrt_set_abort_callback(struct llmrt_model *model,
+                                           llmrt_abort_callback callback,
+                                           void *user_data);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -30,6 +30,8 @@
  * (one token as it appears inside a text: what streaming output prints). Sampling:
  * default_sampler_params(), Cache::decode_sample, Model::decode_sample,
  * Model::decode_sample_each (per-cache params), sample_logits (caller-held logits).
+ * Embeddings: Model::embed. Cancellation: Model::set_abort (a std::function polled
+ * during every step; true aborts it with LLMRT_ABORTED, nothing committed).
  */
 #ifndef LLMRT_HPP
 #define LLMRT_HPP
@@ -38,6 +40,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -255,12 +258,14 @@ class Model {
     Model(const Model &) = delete;
     Model &operator=(const Model &) = delete;
     Model(Model &&other) noexcept
-        : model_(std::exchange(other.model_, nullptr)), info_(other.info_) {}
+        : model_(std::exchange(other.model_, nullptr)), info_(other.info_),
+          abort_(std::move(other.abort_)) {}
     Model &operator=(Model &&other) noexcept {
         if (this != &other) {
             llmrt_model_free(model_);
             model_ = std::exchange(other.model_, nullptr);
             info_ = other.info_;
+            abort_ = std::move(other.abort_);
         }
         return *this;
     }
@@ -410,8 +415,51 @@ class Model {
         }
     }
 
+    /* Embeddings (llmrt_embed): the final norm's output of `tokens` as one sequence;
+     * LLMRT_POOLING_NONE gives tokens.size() * hidden_size floats (row-major), MEAN and
+     * LAST hidden_size floats; `normalize` scales each row to unit L2 norm. */
+    std::vector<float> embed(const std::vector<uint32_t> &tokens,
+                             llmrt_pooling pooling = LLMRT_POOLING_MEAN,
+                             bool normalize = true) const {
+        live();
+        size_t need = 0;
+        llmrt_status st = llmrt_embed(model_, tokens.data(), tokens.size(), pooling, normalize,
+                                      nullptr, 0, &need);
+        if (st != LLMRT_BUFFER_TOO_SMALL) detail::check(st, "llmrt_embed");
+        std::vector<float> out(need);
+        size_t len = 0;
+        detail::check(llmrt_embed(model_, tokens.data(), tokens.size(), pooling, normalize,
+                                  out.data(), out.size(), &len),
+                      "llmrt_embed");
+        out.resize(len);
+        return out;
+    }
+
+    /* Polls `should_abort` during every later step (llmrt_set_abort_callback: between
+     * layers on the CPU, on the calling thread, with the model's lock held: it must not
+     * call into this Model); returning true fails the step with LLMRT_ABORTED and
+     * commits nothing. An exception it throws aborts the step too. An empty function
+     * removes it. Waits for a step running on another thread to finish. */
+    void set_abort(std::function<bool()> should_abort) {
+        live();
+        std::unique_ptr<std::function<bool()>> next;
+        if (should_abort) next.reset(new std::function<bool()>(std::move(should_abort)));
+        detail::check(llmrt_set_abort_callback(model_, next ? &Model::abort_trampoline : nullptr,
+                                               next.get()),
+                      "llmrt_set_abort_callback");
+        abort_ = std::move(next); /* the previous one is no longer called: free it */
+    }
+
   private:
     explicit Model(llmrt_model *m) noexcept : model_(m), info_() {}
+
+    static bool abort_trampoline(void *user) noexcept {
+        try {
+            return (*static_cast<std::function<bool()> *>(user))();
+        } catch (...) {
+            return true;
+        }
+    }
 
     void live() const {
         if (model_ == nullptr)
@@ -434,6 +482,9 @@ class Model {
 
     llmrt_model *model_ = nullptr;
     llmrt_model_info info_{};
+    /* The set_abort function; declared after model_, so destroyed after ~Model freed
+     * the C model (which then no longer calls it). */
+    std::unique_ptr<std::function<bool()>> abort_;
 };
 
 } // namespace llmrt

@@ -8,6 +8,7 @@
 /// The compute seam. Public only for the CUDA kernel test binaries and
 /// `llmrt-bench` (device launchers); not a stable API.
 #[doc(hidden)]
+pub mod abort;
 pub mod backend;
 pub mod chat;
 pub mod error;

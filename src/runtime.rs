@@ -3,6 +3,7 @@
 //! leaves every cache as it was. Calls on one model are serialised by a mutex;
 //! different models run in parallel.
 
+use crate::abort::AbortHook;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Seq, Want};
 use crate::chat::ChatInfo;
@@ -225,6 +226,9 @@ pub struct Model {
     reads_files: bool,
     /// Test hook, see [`Model::debug_panic_next_step`].
     debug_panic: AtomicU8,
+    /// The caller's abort hook ([`Model::set_abort_hook`]); its own lock, so setting it
+    /// never waits for a running step (which polls the hook it started with).
+    abort: Mutex<Option<AbortHook>>,
     state: Mutex<State>,
 }
 
@@ -476,6 +480,7 @@ impl Model {
             weights,
             reads_files: kind != BackendKind::Cuda,
             debug_panic: AtomicU8::new(DebugPanic::None as u8),
+            abort: Mutex::new(None),
             state: Mutex::new(State { kv: KvManager::new(blocks, block_bytes), backend: be, file_changed: None }),
         })
     }
@@ -752,7 +757,30 @@ impl Model {
         self.check_tokens(tokens)
     }
 
-    /// Validates everything, then prepares blocks, runs the step, commits lengths.
+    /// Sets (or with `None` removes) the hook every later step polls: between layers on
+    /// the CPU, before the launch on CUDA. When it answers true the step fails with
+    /// `LLMRT_ABORTED` and commits nothing. It runs on the thread that called the step,
+    /// with the model's lock held (it must not call into this model). Setting waits for
+    /// a running step to finish: once this returns no step polls the previous hook.
+    pub fn set_abort_hook(&self, hook: Option<AbortHook>) {
+        // The model's lock orders this against steps (each reads the hook under it).
+        // (A poisoned model runs no more steps: then there is nothing to wait for.)
+        let _steps = self.lock();
+        match self.abort.lock() {
+            Ok(mut g) => *g = hook,
+            Err(p) => *p.into_inner() = hook,
+        }
+    }
+
+    fn abort_hook(&self) -> Option<AbortHook> {
+        match self.abort.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Validates everything, then prepares blocks, runs the step (polling the abort
+    /// hook read under the model's lock), commits lengths.
     fn run(&self, caches: &[u64], tokens: &[&[u32]], want: Want, out: Out<'_>) -> Result<()> {
         let v = self.info.vocab_size as usize;
         let rows: usize = match want {
@@ -761,6 +789,7 @@ impl Model {
             Want::All => tokens.iter().map(|t| t.len()).sum(),
         };
         let mut st = self.lock()?;
+        let _abort = crate::abort::install(self.abort_hook());
         for (&c, t) in caches.iter().zip(tokens) {
             st.kv.check_append(c, t.len())?;
         }

@@ -69,6 +69,8 @@ mod chat;
 pub use chat::*;
 mod embed;
 pub use embed::*;
+mod abort;
+pub use abort::*;
 
 use crate::error::llmrt_status;
 use crate::runtime::{BackendKind, LoadOptions, Model};

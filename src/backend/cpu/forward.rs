@@ -68,7 +68,9 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], out: &mut [f32], head:
         matmul::matmul(pool, weight(m), x, y)
     };
 
+    let n_layers = w.layers.len();
     for (l, lw) in w.layers.iter().enumerate() {
+        crate::abort::check(|| format!("layer {l} of {n_layers}"))?;
         // Attention block.
         norm::rmsnorm(&x, &lw.attn_norm, cfg.rms_eps, &mut xn);
         // One activation set (quantized once when a weight needs it) for Q, K and V.
@@ -131,6 +133,7 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], out: &mut [f32], head:
     if rows.is_empty() {
         return Ok(());
     }
+    crate::abort::check(|| format!("the LM head (after {n_layers} layers)"))?;
     let mut sel = try_vec(rows.len().saturating_mul(h), 0f32, "the step's final hidden states")?;
     for (dst, &r) in sel.chunks_exact_mut(h).zip(&rows) {
         norm::rmsnorm_row(&x[r * h..(r + 1) * h], &w.output_norm, cfg.rms_eps, dst);

@@ -782,6 +782,7 @@ impl CudaBackend {
             graph_cache.clear();
         }
         stream.memcpy_htod(&packed, &mut s.stage).map_err(|e| driver_err("uploading the step's arrays", e))?;
+        crate::abort::check(|| "the CUDA launch (before any layer)".into())?;
 
         if graph {
             if !self.graph_cache.contains_key(&l) {
