@@ -84,6 +84,29 @@ typedef enum llmrt_backend {
 } llmrt_backend;
 
 /**
+ * Why `llmrt_generate` stopped.
+ */
+typedef enum llmrt_stop_reason {
+  /**
+   * The model produced an end-of-generation id (the last output token; not fed to
+   * the cache, not passed to the callback).
+   */
+  LLMRT_STOP_EOG = 0,
+  /**
+   * `max_tokens` tokens were generated.
+   */
+  LLMRT_STOP_MAX_TOKENS = 1,
+  /**
+   * The token callback returned false.
+   */
+  LLMRT_STOP_CALLBACK = 2,
+  /**
+   * The cache's reserved positions are all used.
+   */
+  LLMRT_STOP_CONTEXT_FULL = 3,
+} llmrt_stop_reason;
+
+/**
  * How `llmrt_embed` pools a sequence's hidden states.
  */
 typedef enum llmrt_pooling {
@@ -347,6 +370,20 @@ typedef struct llmrt_chat_message {
  * on the same model.
  */
 typedef bool (*llmrt_abort_callback)(void *user_data);
+
+/**
+ * Called by `llmrt_generate` after each generated token that is not an
+ * end-of-generation id: the token, its text piece (`piece_len` bytes, also
+ * NUL-terminated; empty for control tokens and models without a tokenizer; a
+ * byte-fallback piece may end inside a UTF-8 character) and the caller's user_data.
+ * Return false to stop. It runs on the calling thread between steps (no lock held: it
+ * may call llmrt functions, also on this model); it must not unwind (C++: catch
+ * everything).
+ */
+typedef bool (*llmrt_token_callback)(void *user_data,
+                                     uint32_t token,
+                                     const char *piece,
+                                     size_t piece_len);
 
 #ifdef __cplusplus
 extern "C" {
@@ -848,6 +885,45 @@ enum llmrt_status llmrt_embed(const struct llmrt_model *model,
 enum llmrt_status llmrt_set_abort_callback(struct llmrt_model *model,
                                            llmrt_abort_callback callback,
                                            void *user_data);
+
+/**
+ * Generates from `cache`: feeds `prompt` (n_prompt >= 1; to continue an earlier
+ * generation pass its last token), then repeats a one-cache decode step, each next
+ * token sampled with `params` (as llmrt_decode_sample: the draw depends on the seed and
+ * the position) or, with `params` NULL, the greedy argmax (as llmrt_decode_greedy),
+ * until one of (`*out_reason`): the token is an end-of-generation id
+ * (llmrt_token_is_eog; LLMRT_STOP_EOG: it is the last output token, not fed to the
+ * cache and not passed to `on_token`), `on_token` returned false (LLMRT_STOP_CALLBACK),
+ * `max_tokens` tokens were generated (LLMRT_STOP_MAX_TOKENS), or the cache's reserved
+ * positions are used up (LLMRT_STOP_CONTEXT_FULL). The cache then holds the prompt and
+ * every generated token but the last.
+ *
+ * `out_tokens`: NULL, or room for `capacity` >= `max_tokens` ids (checked before
+ * anything runs); `*out_n` = tokens generated. Bad arguments (max_tokens = 0,
+ * n_prompt = 0, a prompt token >= vocab_size, bad params, a prompt that does not fit
+ * the cache) fail before any step. A step failing later (LLMRT_ABORTED from the abort
+ * callback, a changed model file, ...) returns its status with `*out_n` and
+ * `out_tokens` holding what was generated before it (`*out_reason` untouched); that
+ * step itself changed nothing.
+ *
+ * # Safety
+ * `model` is a live model; `prompt` holds n_prompt ids; `params` is NULL or a valid
+ * llmrt_sampler_params; `out_tokens` holds `capacity` writable ids or is NULL;
+ * `out_n` is writable; `out_reason` is NULL or writable; `on_token` is NULL or safe
+ * to call with `user_data` during the call.
+ */
+enum llmrt_status llmrt_generate(struct llmrt_model *model,
+                                 llmrt_cache cache,
+                                 const uint32_t *prompt,
+                                 size_t n_prompt,
+                                 const struct llmrt_sampler_params *params,
+                                 uint32_t max_tokens,
+                                 llmrt_token_callback on_token,
+                                 void *user_data,
+                                 uint32_t *out_tokens,
+                                 size_t capacity,
+                                 size_t *out_n,
+                                 enum llmrt_stop_reason *out_reason);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -14,6 +14,7 @@ pub mod chat;
 pub mod error;
 pub mod ffi;
 pub mod format;
+pub mod generate;
 pub mod kv;
 pub mod model;
 pub mod quant;

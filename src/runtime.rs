@@ -628,6 +628,11 @@ impl Model {
         Ok(self.lock()?.kv.get(cache)?.tokens.clone())
     }
 
+    /// Positions the cache was reserved for.
+    pub fn cache_capacity(&self, cache: u64) -> Result<u32> {
+        Ok(self.lock()?.kv.get(cache)?.capacity)
+    }
+
     pub fn cache_length(&self, cache: u64) -> Result<u32> {
         Ok(self.lock()?.kv.get(cache)?.len)
     }

@@ -71,6 +71,8 @@ mod embed;
 pub use embed::*;
 mod abort;
 pub use abort::*;
+mod generate;
+pub use generate::*;
 
 use crate::error::llmrt_status;
 use crate::runtime::{BackendKind, LoadOptions, Model};

@@ -129,7 +129,7 @@ pub unsafe extern "C" fn llmrt_sampler_params_init(params: *mut llmrt_sampler_pa
 /// `p` is non-null and points to at least `struct_size` readable bytes (and 4 for
 /// struct_size); when inside struct_size, `logit_bias` is NULL or points to
 /// `n_logit_bias` readable entries.
-unsafe fn read_params(p: *const llmrt_sampler_params) -> Result<SamplerParams> {
+pub(super) unsafe fn read_params(p: *const llmrt_sampler_params) -> Result<SamplerParams> {
     let o = read_sized!(
         p,
         llmrt_sampler_params,
