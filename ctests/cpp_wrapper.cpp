@@ -403,6 +403,43 @@ int main() {
             CHECK(logits.size() == V && c.length() == prompt.size(),
                   "prefill after removing the abort function");
             c.release();
+
+            // ---- generate: greedy equals transformers' greedy ids; pieces streamed ----
+            llmrt::Cache g = em.reserve(0);
+            std::string streamed;
+            size_t calls = 0;
+            llmrt::Generated out = g.generate(gprompt, static_cast<uint32_t>(greedy.size()), nullptr,
+                                              [&](uint32_t id, std::string_view piece) {
+                                                  calls++;
+                                                  streamed += piece;
+                                                  return !em.is_eog(id);
+                                              });
+            CHECK(out.reason == LLMRT_STOP_MAX_TOKENS && out.tokens == greedy,
+                  "generate: %zu tokens (reason %d), not transformers' greedy ids", out.tokens.size(),
+                  (int)out.reason);
+            CHECK(calls == greedy.size(), "on_token called %zu times", calls);
+            std::string pieces;
+            for (uint32_t id : out.tokens) pieces += em.token_piece(id);
+            CHECK(streamed == pieces, "streamed pieces differ from token_piece");
+            CHECK(g.length() == gprompt.size() + greedy.size() - 1, "cache holds %u positions", g.length());
+            // An exception in on_token stops the generation and reaches the caller.
+            llmrt::Cache h = em.reserve(0);
+            bool caught = false;
+            try {
+                h.generate(gprompt, 8, nullptr, [](uint32_t, std::string_view) -> bool {
+                    throw std::runtime_error("stop here");
+                });
+            } catch (const std::runtime_error &e) {
+                caught = std::string(e.what()) == "stop here";
+            }
+            CHECK(caught, "the callback's exception was not rethrown");
+            CHECK(h.length() == gprompt.size(), "cache holds %u after the exception", h.length());
+            // chat_apply with a given template (the fixture carries none).
+            std::string r = em.chat_apply({{"user", "hi"}}, true, "{{ messages[0].content }}|{{ add_generation_prompt }}");
+            CHECK(r == "hi|True", "chat_apply gave \"%s\"", r.c_str());
+            EXPECT_THROW_STATUS(LLMRT_UNSUPPORTED, em.chat_apply({{"user", "hi"}}));
+            g.release();
+            h.release();
         }
 
         check_text("llama_gqa/llama_gqa.f32.gguf", " "); // SentencePiece

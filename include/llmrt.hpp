@@ -30,7 +30,8 @@
  * (one token as it appears inside a text: what streaming output prints). Sampling:
  * default_sampler_params(), Cache::decode_sample, Model::decode_sample,
  * Model::decode_sample_each (per-cache params), sample_logits (caller-held logits).
- * Embeddings: Model::embed. Cancellation: Model::set_abort (a std::function polled
+ * Chat: Model::chat_apply (the model's template, or one given), Model::is_eog,
+ * Cache::generate (stops at end of generation, streams pieces). Embeddings: Model::embed. Cancellation: Model::set_abort (a std::function polled
  * during every step; true aborts it with LLMRT_ABORTED, nothing committed).
  */
 #ifndef LLMRT_HPP
@@ -38,6 +39,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <initializer_list>
 #include <functional>
 #include <memory>
@@ -124,6 +126,19 @@ inline uint32_t sample_logits(const llmrt_sampler_params &params, const std::vec
 }
 
 class Model;
+
+/* One chat message (llmrt_chat_message with owned strings). */
+struct ChatMessage {
+    std::string role;
+    std::string content;
+};
+
+/* What Cache::generate produced: the tokens (an end-of-generation id last when that
+ * stopped it; the cache holds every one but the last) and why it stopped. */
+struct Generated {
+    std::vector<uint32_t> tokens;
+    llmrt_stop_reason reason = LLMRT_STOP_EOG;
+};
 
 /* One KV cache (one request). Created by Model::reserve or Cache::fork. */
 class Cache {
@@ -225,6 +240,40 @@ class Cache {
         detail::check(llmrt_decode_sample(model_, 1, &id_, &token, &params, &next),
                       "llmrt_decode_sample");
         return next;
+    }
+
+    /* llmrt_generate: feeds `prompt` (at least one token; to continue, the last
+     * generated one), then generates up to max_tokens tokens, sampled with `params`
+     * (nullptr: greedy), stopping at an end-of-generation id. `on_token(id, piece)` is
+     * called for each other token and returns false to stop; an exception it throws
+     * stops the generation and is rethrown here. */
+    Generated generate(const std::vector<uint32_t> &prompt, uint32_t max_tokens,
+                       const llmrt_sampler_params *params = nullptr,
+                       std::function<bool(uint32_t, std::string_view)> on_token = {}) {
+        struct State {
+            std::function<bool(uint32_t, std::string_view)> *fn;
+            std::exception_ptr error;
+        } st{&on_token, nullptr};
+        auto trampoline = [](void *user, uint32_t token, const char *piece, size_t len) -> bool {
+            State *s = static_cast<State *>(user);
+            if (!*s->fn) return true;
+            try {
+                return (*s->fn)(token, std::string_view(piece, len));
+            } catch (...) {
+                s->error = std::current_exception();
+                return false;
+            }
+        };
+        Generated g;
+        g.tokens.resize(max_tokens);
+        size_t n = 0;
+        llmrt_status status =
+            llmrt_generate(model_, id_, prompt.data(), prompt.size(), params, max_tokens, trampoline,
+                           &st, g.tokens.data(), g.tokens.size(), &n, &g.reason);
+        g.tokens.resize(n);
+        if (st.error) std::rethrow_exception(st.error);
+        detail::check(status, "llmrt_generate");
+        return g;
     }
 
   private:
@@ -413,6 +462,34 @@ class Model {
             piece.resize(len);
             return piece;
         }
+    }
+
+    /* llmrt_chat_apply: `messages` rendered with the model's chat template (or
+     * `template_source` when not null), as transformers renders it. */
+    std::string chat_apply(const std::vector<ChatMessage> &messages, bool add_generation_prompt = true,
+                           const char *template_source = nullptr) const {
+        live();
+        std::vector<llmrt_chat_message> cm;
+        cm.reserve(messages.size());
+        for (const ChatMessage &m : messages) cm.push_back({m.role.c_str(), m.content.c_str()});
+        std::string out(256, '\0');
+        for (int attempt = 0;; attempt++) {
+            size_t len = 0;
+            llmrt_status st = llmrt_chat_apply(model_, template_source, cm.data(), cm.size(),
+                                               add_generation_prompt, &out[0], out.size(), &len);
+            if (st == LLMRT_BUFFER_TOO_SMALL && attempt == 0 && len > out.size()) {
+                out.resize(len);
+                continue;
+            }
+            detail::check(st, "llmrt_chat_apply");
+            out.resize(len);
+            return out;
+        }
+    }
+    /* Whether `token` ends a generation (llmrt_token_is_eog). */
+    bool is_eog(uint32_t token) const {
+        live();
+        return llmrt_token_is_eog(model_, token);
     }
 
     /* Embeddings (llmrt_embed): the final norm's output of `tokens` as one sequence;
