@@ -79,7 +79,8 @@ class Chat {
     void turn(const std::string &line) {
         messages_.push_back({"user", line});
         std::string prompt = model_.chat_apply(messages_, true, template_.empty() ? nullptr : template_.c_str());
-        std::vector<uint32_t> want = model_.tokenize(prompt, true);
+        // As transformers does: no BOS added (templates that need one write it).
+        std::vector<uint32_t> want = model_.tokenize(prompt, false);
         // Keep what the cache already holds of this rendering; feed the rest (at least
         // one token: generation starts from the last prompt token's step).
         size_t keep = 0;
