@@ -669,7 +669,9 @@ enum llmrt_status llmrt_sample_logits(const struct llmrt_sampler_params *params,
  * add_special): true for Llama-style models, usually false for Qwen-style ones.
  * When `capacity` is too small: LLMRT_BUFFER_TOO_SMALL with `*out_n` = the count
  * needed (`tokens` may be NULL when `capacity` is 0). Models without a tokenizer:
- * LLMRT_UNSUPPORTED.
+ * LLMRT_UNSUPPORTED. Special tokens written in the text (`<s>`, `<|im_start|>`, ...)
+ * become their ids, as llmrt_tokenize_ex with parse_special = true: for untrusted
+ * text use llmrt_tokenize_ex with parse_special = false.
  *
  * # Safety
  * `model` is a live model; `text` holds `text_len` bytes; `tokens` holds `capacity`
@@ -682,6 +684,28 @@ enum llmrt_status llmrt_tokenize(const struct llmrt_model *model,
                                  uint32_t *tokens,
                                  size_t capacity,
                                  size_t *out_n);
+
+/**
+ * llmrt_tokenize with llama.cpp's `parse_special` choice. true: control and unknown
+ * tokens written in the text (`<s>`, `</s>`, `<|im_start|>`, `<|endoftext|>`, ...)
+ * become their ids (what llmrt_tokenize does: for text the application wrote, such as
+ * a rendered chat template). false: they are tokenized as the text they are, as
+ * sentencepiece and Hugging Face tokenizers with `split_special_tokens` do: use it
+ * for untrusted text (user input), which then cannot inject control tokens.
+ * User-defined added tokens are matched either way (as llama.cpp does). Same
+ * arguments and LLMRT_BUFFER_TOO_SMALL rule as llmrt_tokenize.
+ *
+ * # Safety
+ * As llmrt_tokenize.
+ */
+enum llmrt_status llmrt_tokenize_ex(const struct llmrt_model *model,
+                                    const char *text,
+                                    size_t text_len,
+                                    bool add_bos,
+                                    bool parse_special,
+                                    uint32_t *tokens,
+                                    size_t capacity,
+                                    size_t *out_n);
 
 /**
  * Token ids -> UTF-8 bytes (not NUL-terminated). A byte-fallback token may end in

@@ -406,17 +406,22 @@ class Model {
     /* Text -> token ids. add_bos puts BOS first where the model's tokenizer asks for
      * one (Llama-style SentencePiece models; usually not byte-level BPE ones). */
     std::vector<uint32_t> tokenize(std::string_view text, bool add_bos = true) const {
+        return tokenize(text, add_bos, true);
+    }
+    /* llmrt_tokenize_ex: parse_special = false tokenizes special tokens written in the
+     * text ("<s>", "<|im_start|>") as text: use it for untrusted input. */
+    std::vector<uint32_t> tokenize(std::string_view text, bool add_bos, bool parse_special) const {
         live();
         std::vector<uint32_t> tokens(text.size() + 2);
         for (int attempt = 0;; attempt++) {
             size_t n = 0;
-            llmrt_status st = llmrt_tokenize(model_, text.data(), text.size(), add_bos,
-                                             tokens.data(), tokens.size(), &n);
+            llmrt_status st = llmrt_tokenize_ex(model_, text.data(), text.size(), add_bos, parse_special,
+                                                tokens.data(), tokens.size(), &n);
             if (st == LLMRT_BUFFER_TOO_SMALL && attempt == 0 && n > tokens.size()) {
                 tokens.resize(n);
                 continue;
             }
-            detail::check(st, "llmrt_tokenize");
+            detail::check(st, "llmrt_tokenize_ex");
             tokens.resize(n);
             return tokens;
         }

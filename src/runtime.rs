@@ -557,8 +557,14 @@ impl Model {
     /// Text -> ids. `add_bos`: prepend BOS where the tokenizer asks for one
     /// (llama.cpp's add_special), so callers can pass true for every model.
     pub fn tokenize(&self, text: &[u8], add_bos: bool) -> Result<Vec<u32>> {
+        self.tokenize_with(text, add_bos, true)
+    }
+
+    /// [`Self::tokenize`] with llama.cpp's `parse_special` choice: false tokenizes control
+    /// tokens written in the text as text (untrusted input cannot inject them).
+    pub fn tokenize_with(&self, text: &[u8], add_bos: bool, parse_special: bool) -> Result<Vec<u32>> {
         let t = self.tokenizer()?;
-        t.encode(text, add_bos && t.add_bos_default())
+        t.encode_with(text, add_bos && t.add_bos_default(), parse_special)
     }
 
     /// Ids -> text, as the tokenizer reproduces a whole text (one leading space of a
