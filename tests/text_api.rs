@@ -80,8 +80,7 @@ fn c_api_tokenize_matches_reference_ids_and_round_trips() {
                 // tokenizers' ids with it where they differ; the GGUF carries none.
                 let nfc = path.ends_with("hf") && case.get("ids_hf_nfc").is_some();
                 let key = if nfc { "ids_hf_nfc" } else { "ids" };
-                let want: Vec<u32> =
-                    case[key].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+                let want: Vec<u32> = case[key].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
                 let got = tokenize(&m, text, false).unwrap();
                 if path.ends_with("hf") && text.starts_with(' ') {
                     // HF's Metaspace adds no prefix space before a leading space, llama.cpp
