@@ -411,6 +411,81 @@ int main() {
         assigned.release();
         a.release();
 
+        // ---- embeddings against transformers (tools/make_embedding_fixtures.py) ----
+        {
+            llmrt::Model em = llmrt::Model::load(path, cpu_options());
+            const std::string mean_bytes = slurp(fixture("llama_gqa/embed_mean_norm.f32"));
+            const size_t H = em.info().hidden_size;
+            CHECK(mean_bytes.size() == H * sizeof(float), "embed_mean_norm.f32 has %zu bytes",
+                  mean_bytes.size());
+            std::vector<float> want(H);
+            std::memcpy(want.data(), mean_bytes.data(), H * sizeof(float));
+            std::vector<float> got = em.embed(prompt); /* mean, normalized */
+            double num = 0, den = 0;
+            for (size_t i = 0; i < H && i < got.size(); i++) {
+                num += (got[i] - want[i]) * (double)(got[i] - want[i]);
+                den += want[i] * (double)want[i];
+            }
+            CHECK(got.size() == H && std::sqrt(num / den) < 1e-5,
+                  "embed: %zu floats, relative L2 %.3e vs transformers", got.size(),
+                  std::sqrt(num / den));
+            CHECK(em.embed(prompt, LLMRT_POOLING_NONE, false).size() == prompt.size() * H,
+                  "embed NONE size");
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, em.embed({}));
+
+            // ---- set_abort: a std::function polled during steps ----
+            int polls = 0;
+            em.set_abort([&polls] { return ++polls > 1; });
+            llmrt::Cache c = em.reserve(0);
+            EXPECT_THROW_STATUS(LLMRT_ABORTED, c.prefill(prompt));
+            CHECK(c.length() == 0, "an aborted prefill committed %u positions", c.length());
+            CHECK(polls == 2, "abort polled %d times before stopping", polls);
+            em.set_abort([]() -> bool { throw std::runtime_error("boom"); });
+            EXPECT_THROW_STATUS(LLMRT_ABORTED, c.prefill(prompt));
+            em.set_abort(nullptr);
+            std::vector<float> logits = c.prefill(prompt);
+            CHECK(logits.size() == V && c.length() == prompt.size(),
+                  "prefill after removing the abort function");
+            c.release();
+
+            // ---- generate: greedy equals transformers' greedy ids; pieces streamed ----
+            llmrt::Cache g = em.reserve(0);
+            std::string streamed;
+            size_t calls = 0;
+            llmrt::Generated out = g.generate(gprompt, static_cast<uint32_t>(greedy.size()), nullptr,
+                                              [&](uint32_t id, std::string_view piece) {
+                                                  calls++;
+                                                  streamed += piece;
+                                                  return !em.is_eog(id);
+                                              });
+            CHECK(out.reason == LLMRT_STOP_MAX_TOKENS && out.tokens == greedy,
+                  "generate: %zu tokens (reason %d), not transformers' greedy ids", out.tokens.size(),
+                  (int)out.reason);
+            CHECK(calls == greedy.size(), "on_token called %zu times", calls);
+            std::string pieces;
+            for (uint32_t id : out.tokens) pieces += em.token_piece(id);
+            CHECK(streamed == pieces, "streamed pieces differ from token_piece");
+            CHECK(g.length() == gprompt.size() + greedy.size() - 1, "cache holds %u positions", g.length());
+            // An exception in on_token stops the generation and reaches the caller.
+            llmrt::Cache h = em.reserve(0);
+            bool caught = false;
+            try {
+                h.generate(gprompt, 8, nullptr, [](uint32_t, std::string_view) -> bool {
+                    throw std::runtime_error("stop here");
+                });
+            } catch (const std::runtime_error &e) {
+                caught = std::string(e.what()) == "stop here";
+            }
+            CHECK(caught, "the callback's exception was not rethrown");
+            CHECK(h.length() == gprompt.size(), "cache holds %u after the exception", h.length());
+            // chat_apply with a given template (the fixture carries none).
+            std::string r = em.chat_apply({{"user", "hi"}}, true, "{{ messages[0].content }}|{{ add_generation_prompt }}");
+            CHECK(r == "hi|True", "chat_apply gave \"%s\"", r.c_str());
+            EXPECT_THROW_STATUS(LLMRT_UNSUPPORTED, em.chat_apply({{"user", "hi"}}));
+            g.release();
+            h.release();
+        }
+
         check_text("llama_gqa/llama_gqa.f32.gguf", " "); // SentencePiece
         check_text("qwen2/qwen2.f32.gguf", "");          // byte-level BPE
     } catch (const llmrt::Error &e) {

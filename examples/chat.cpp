@@ -1,25 +1,32 @@
-// chat: a multi-turn loop over one KV cache with the C++ wrapper (llmrt.hpp).
+// chat: a multi-turn chat over one KV cache with the C++ wrapper (llmrt.hpp).
 //
-//   chat MODEL.gguf [-n N] [-t THREADS] [TURN ...]
+//   chat MODEL.gguf [-n N] [-t THREADS] [--temp T] [--template FILE] [TURN ...]
 //
-// Each user turn is appended to the same cache and the model answers with up to
-// N tokens (default 24; greedy, stopping at EOS). `/undo` rewinds the cache to
-// before the last turn (llmrt::Cache::truncate), `/quit` ends. Turns come from
-// the command line when given, else one per line from stdin. Turns are text
-// (Model::tokenize) and answers are streamed token by token with
-// Model::token_piece, a UTF-8 character split across tokens held back until it
-// is complete. A model without a tokenizer takes turns as token ids ("12,34 56")
-// and answers with ids.
+// Each turn renders the whole conversation with the model's chat template
+// (Model::chat_apply; --template FILE gives another Jinja template; a model without
+// one falls back to ChatML, said so at start), tokenizes it, keeps the longest prefix
+// the cache already holds (Cache::truncate) and generates the answer from the rest
+// (Cache::generate: up to N tokens, default 48, greedy or --temp T sampled, stopping
+// at the model's end-of-generation ids), streaming the pieces as they come, a UTF-8
+// character split across tokens held back until complete. `/undo` drops the last
+// exchange, `/quit` ends. Turns come from the command line when given, else one per
+// line from stdin.
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
-#include <sstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "llmrt.hpp"
 
 namespace {
+
+// ChatML, for models that carry no template (the wrapper passes it explicitly).
+const char *const kChatML =
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
 // The bytes of `s` that form complete UTF-8 characters; the rest stay in `s`.
 std::string take_complete_utf8(std::string &s) {
@@ -38,106 +45,92 @@ std::string take_complete_utf8(std::string &s) {
     return ready;
 }
 
-// Whether the model carries a tokenizer (models without one: LLMRT_UNSUPPORTED).
-bool has_tokenizer(const llmrt::Model &model) {
-    try {
-        (void)model.token_piece(0);
-        return true;
-    } catch (const llmrt::Error &e) {
-        if (e.status() == LLMRT_UNSUPPORTED) return false;
-        throw;
+// `s` with every byte that is not part of a valid UTF-8 character replaced by U+FFFD
+// (chat templates take valid UTF-8; a small model may generate stray bytes).
+std::string valid_utf8(const std::string &s) {
+    std::string out;
+    for (size_t i = 0; i < s.size();) {
+        unsigned char b = static_cast<unsigned char>(s[i]);
+        size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+        bool ok = len > 0 && i + len <= s.size();
+        for (size_t k = 1; ok && k < len; k++) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+        if (ok && len > 1) {
+            unsigned cp = b & (0x7F >> len);
+            for (size_t k = 1; k < len; k++) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+            ok = cp >= (len == 2 ? 0x80u : len == 3 ? 0x800u : 0x10000u) && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF);
+        }
+        if (ok) {
+            out.append(s, i, len);
+            i += len;
+        } else {
+            out += "\xEF\xBF\xBD";
+            i++;
+        }
     }
+    return out;
 }
 
 class Chat {
   public:
-    Chat(llmrt::Model &model, uint32_t max_reply)
-        : model_(model), cache_(model.reserve(0)), max_reply_(max_reply),
-          text_(has_tokenizer(model)) {}
+    Chat(llmrt::Model &model, std::string tmpl, uint32_t max_reply, const llmrt_sampler_params *params)
+        : model_(model), cache_(model.reserve(0)), template_(std::move(tmpl)), max_reply_(max_reply),
+          params_(params) {}
 
-    // One user turn: append it and print the answer.
     void turn(const std::string &line) {
-        std::vector<uint32_t> tokens = to_tokens(line);
-        if (tokens.empty()) return;
-        const uint32_t ctx = model_.info().context_length;
-        if (cache_.length() + pending_.size() + tokens.size() + max_reply_ + 1 > ctx) {
+        messages_.push_back({"user", line});
+        std::string prompt = model_.chat_apply(messages_, true, template_.empty() ? nullptr : template_.c_str());
+        // As transformers does: no BOS added (templates that need one write it).
+        std::vector<uint32_t> want = model_.tokenize(prompt, false);
+        // Keep what the cache already holds of this rendering; feed the rest (at least
+        // one token: generation starts from the last prompt token's step).
+        size_t keep = 0;
+        while (keep < held_.size() && keep + 1 < want.size() && held_[keep] == want[keep]) keep++;
+        if (want.size() + max_reply_ > model_.info().context_length) {
+            messages_.pop_back();
             std::cout << "[context full: /undo or restart]" << std::endl;
             return;
         }
-        undo_.push_back({cache_.length(), pending_});
-        // The last answer token was never fed to the cache: it goes first.
-        std::vector<uint32_t> feed = pending_;
-        feed.insert(feed.end(), tokens.begin(), tokens.end());
-        uint32_t cur = llmrt::argmax(cache_.prefill(feed));
-        std::string tail;
+        cache_.truncate(static_cast<uint32_t>(keep));
+        std::vector<uint32_t> feed(want.begin() + static_cast<long>(keep), want.end());
+        std::string answer, tail;
         std::cout << "> " << std::flush;
-        for (uint32_t i = 0; i < max_reply_; i++) {
-            if (cur == model_.info().eos_token) break;
-            print_token(cur, tail);
-            if (i + 1 == max_reply_) break;
-            cur = cache_.decode_greedy(cur);
-        }
-        std::cout << tail << std::endl;
-        pending_ = {cur};
+        llmrt::Generated g = cache_.generate(feed, max_reply_, params_, [&](uint32_t, std::string_view piece) {
+            answer += piece;
+            tail += piece;
+            std::cout << take_complete_utf8(tail) << std::flush;
+            return true;
+        });
+        std::cout << tail << "\n[" << g.tokens.size() << " tokens, "
+                  << (g.reason == LLMRT_STOP_EOG ? "end of generation" : g.reason == LLMRT_STOP_MAX_TOKENS ? "max tokens" : "context full")
+                  << ", kept " << keep << " of " << want.size() << " prompt tokens]" << std::endl;
+        held_ = want;
+        held_.insert(held_.end(), g.tokens.begin(), g.tokens.end());
+        held_.pop_back(); // the last generated token is not in the cache
+        messages_.push_back({"assistant", valid_utf8(answer)});
     }
 
-    // Rewinds to before the last turn.
     void undo() {
-        if (undo_.empty()) {
+        if (messages_.size() < 2) {
             std::cout << "[nothing to undo]" << std::endl;
             return;
         }
-        cache_.truncate(undo_.back().length);
-        pending_ = undo_.back().pending;
-        undo_.pop_back();
-        std::cout << "[undone: " << cache_.length() << " positions]" << std::endl;
+        messages_.resize(messages_.size() - 2);
+        std::cout << "[undone: " << messages_.size() << " messages left]" << std::endl;
     }
 
   private:
-    struct Mark {
-        uint32_t length;
-        std::vector<uint32_t> pending;
-    };
-
-    std::vector<uint32_t> to_tokens(const std::string &line) {
-        // BOS (where the tokenizer wants one) only at the start of the conversation.
-        if (text_) return model_.tokenize(line, cache_.length() == 0 && pending_.empty());
-        std::vector<uint32_t> ids;
-        std::string s = line;
-        for (char &c : s)
-            if (c == ',') c = ' ';
-        std::istringstream in(s);
-        unsigned long v;
-        while (in >> v) ids.push_back(static_cast<uint32_t>(v));
-        if (!in.eof()) {
-            std::cout << "[this model has no tokenizer: turns are token ids, \"12,34 56\"]"
-                      << std::endl;
-            return {};
-        }
-        return ids;
-    }
-
-    // Prints `token` as it appears inside the text (its leading space kept),
-    // holding back an incomplete UTF-8 tail in `tail`.
-    void print_token(uint32_t token, std::string &tail) {
-        if (!text_) {
-            std::cout << token << ' ' << std::flush;
-            return;
-        }
-        tail += model_.token_piece(token);
-        std::cout << take_complete_utf8(tail) << std::flush;
-    }
-
     llmrt::Model &model_;
     llmrt::Cache cache_;
+    std::string template_;
     uint32_t max_reply_;
-    bool text_;
-    std::vector<uint32_t> pending_;
-    std::vector<Mark> undo_;
+    const llmrt_sampler_params *params_;
+    std::vector<llmrt::ChatMessage> messages_;
+    std::vector<uint32_t> held_; // the tokens in the cache, in order
 };
 
 int usage(const char *argv0) {
-    std::fprintf(stderr, "usage: %s MODEL.gguf [-n N] [-t THREADS] [TURN ...]\n", argv0);
+    std::fprintf(stderr, "usage: %s MODEL.gguf [-n N] [-t THREADS] [--temp T] [--template FILE] [TURN ...]\n",
+                 argv0);
     return 1;
 }
 
@@ -145,7 +138,9 @@ int usage(const char *argv0) {
 
 int main(int argc, char **argv) {
     const char *path = nullptr;
-    uint32_t max_reply = 24, threads = 0;
+    const char *template_file = nullptr;
+    uint32_t max_reply = 48, threads = 0;
+    float temp = 0;
     std::vector<std::string> turns;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -154,6 +149,10 @@ int main(int argc, char **argv) {
             unsigned long v = std::strtoul(argv[++i], &end, 10);
             if (*end != '\0') return usage(argv[0]);
             (a == "-n" ? max_reply : threads) = static_cast<uint32_t>(v);
+        } else if (a == "--temp" && i + 1 < argc) {
+            temp = std::strtof(argv[++i], nullptr);
+        } else if (a == "--template" && i + 1 < argc) {
+            template_file = argv[++i];
         } else if (path == nullptr && !a.empty() && a[0] != '-') {
             path = argv[i];
         } else if (path != nullptr) {
@@ -162,15 +161,33 @@ int main(int argc, char **argv) {
             return usage(argv[0]);
         }
     }
-    if (path == nullptr) return usage(argv[0]);
+    if (path == nullptr || max_reply == 0) return usage(argv[0]);
 
     try {
         llmrt_model_options options = llmrt::default_model_options();
         options.threads = threads;
         llmrt::Model model = llmrt::Model::load(path, options);
+        std::string tmpl;
+        if (template_file != nullptr) {
+            std::ifstream in(template_file, std::ios::binary);
+            if (!in) {
+                std::fprintf(stderr, "error: cannot read %s\n", template_file);
+                return 1;
+            }
+            tmpl.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        } else {
+            try {
+                (void)model.chat_apply({{"user", "hi"}});
+            } catch (const llmrt::Error &e) {
+                std::cout << "[no chat template in the model (" << e.message() << "): using ChatML]" << std::endl;
+                tmpl = kChatML;
+            }
+        }
+        llmrt_sampler_params params = llmrt::default_sampler_params();
+        params.temperature = temp;
         std::cout << "llmrt " << llmrt::version() << " | " << model.info().architecture << " | "
                   << model.info().device_name << " | /undo, /quit" << std::endl;
-        Chat chat(model, max_reply); // destroyed (cache released) before model
+        Chat chat(model, tmpl, max_reply, &params); // destroyed (cache released) before model
         auto handle = [&](const std::string &line) {
             std::cout << "you: " << line << std::endl;
             if (line == "/undo") chat.undo();

@@ -59,6 +59,10 @@ typedef enum llmrt_status {
    * Output buffer too small; the needed size is reported.
    */
   LLMRT_BUFFER_TOO_SMALL = 10,
+  /**
+   * The abort callback stopped the step; nothing was committed.
+   */
+  LLMRT_ABORTED = 11,
 } llmrt_status;
 
 /**
@@ -78,6 +82,47 @@ typedef enum llmrt_backend {
    */
   LLMRT_BACKEND_CUDA = 2,
 } llmrt_backend;
+
+/**
+ * Why `llmrt_generate` stopped.
+ */
+typedef enum llmrt_stop_reason {
+  /**
+   * The model produced an end-of-generation id (the last output token; not fed to
+   * the cache, not passed to the callback).
+   */
+  LLMRT_STOP_EOG = 0,
+  /**
+   * `max_tokens` tokens were generated.
+   */
+  LLMRT_STOP_MAX_TOKENS = 1,
+  /**
+   * The token callback returned false.
+   */
+  LLMRT_STOP_CALLBACK = 2,
+  /**
+   * The cache's reserved positions are all used.
+   */
+  LLMRT_STOP_CONTEXT_FULL = 3,
+} llmrt_stop_reason;
+
+/**
+ * How `llmrt_embed` pools a sequence's hidden states.
+ */
+typedef enum llmrt_pooling {
+  /**
+   * Every token's row: n_tokens * hidden_size floats, row-major.
+   */
+  LLMRT_POOLING_NONE = 0,
+  /**
+   * The mean of the tokens' rows: hidden_size floats.
+   */
+  LLMRT_POOLING_MEAN = 1,
+  /**
+   * The last token's row: hidden_size floats.
+   */
+  LLMRT_POOLING_LAST = 2,
+} llmrt_pooling;
 
 /**
  * What a grammar source is (`llmrt_grammar_new`).
@@ -349,6 +394,28 @@ typedef struct llmrt_chat_message {
   const char *role;
   const char *content;
 } llmrt_chat_message;
+
+/**
+ * A caller's "stop the step now?" function: return true to abort. Called with the
+ * `user_data` given to `llmrt_set_abort_callback`, on the thread that called the step,
+ * while the model's lock is held: it must be quick and must not call llmrt functions
+ * on the same model.
+ */
+typedef bool (*llmrt_abort_callback)(void *user_data);
+
+/**
+ * Called by `llmrt_generate` after each generated token that is not an
+ * end-of-generation id: the token, its text piece (`piece_len` bytes, also
+ * NUL-terminated; empty for control tokens and models without a tokenizer; a
+ * byte-fallback piece may end inside a UTF-8 character) and the caller's user_data.
+ * Return false to stop. It runs on the calling thread between steps (no lock held: it
+ * may call llmrt functions, also on this model); it must not unwind (C++: catch
+ * everything).
+ */
+typedef bool (*llmrt_token_callback)(void *user_data,
+                                     uint32_t token,
+                                     const char *piece,
+                                     size_t piece_len);
 
 #ifdef __cplusplus
 extern "C" {
@@ -634,7 +701,9 @@ enum llmrt_status llmrt_sample_logits(const struct llmrt_sampler_params *params,
  * add_special): true for Llama-style models, usually false for Qwen-style ones.
  * When `capacity` is too small: LLMRT_BUFFER_TOO_SMALL with `*out_n` = the count
  * needed (`tokens` may be NULL when `capacity` is 0). Models without a tokenizer:
- * LLMRT_UNSUPPORTED.
+ * LLMRT_UNSUPPORTED. Special tokens written in the text (`<s>`, `<|im_start|>`, ...)
+ * become their ids, as llmrt_tokenize_ex with parse_special = true: for untrusted
+ * text use llmrt_tokenize_ex with parse_special = false.
  *
  * # Safety
  * `model` is a live model; `text` holds `text_len` bytes; `tokens` holds `capacity`
@@ -647,6 +716,28 @@ enum llmrt_status llmrt_tokenize(const struct llmrt_model *model,
                                  uint32_t *tokens,
                                  size_t capacity,
                                  size_t *out_n);
+
+/**
+ * llmrt_tokenize with llama.cpp's `parse_special` choice. true: control and unknown
+ * tokens written in the text (`<s>`, `</s>`, `<|im_start|>`, `<|endoftext|>`, ...)
+ * become their ids (what llmrt_tokenize does: for text the application wrote, such as
+ * a rendered chat template). false: they are tokenized as the text they are, as
+ * sentencepiece and Hugging Face tokenizers with `split_special_tokens` do: use it
+ * for untrusted text (user input), which then cannot inject control tokens.
+ * User-defined added tokens are matched either way (as llama.cpp does). Same
+ * arguments and LLMRT_BUFFER_TOO_SMALL rule as llmrt_tokenize.
+ *
+ * # Safety
+ * As llmrt_tokenize.
+ */
+enum llmrt_status llmrt_tokenize_ex(const struct llmrt_model *model,
+                                    const char *text,
+                                    size_t text_len,
+                                    bool add_bos,
+                                    bool parse_special,
+                                    uint32_t *tokens,
+                                    size_t capacity,
+                                    size_t *out_n);
 
 /**
  * Token ids -> UTF-8 bytes (not NUL-terminated). A byte-fallback token may end in
@@ -919,6 +1010,90 @@ enum llmrt_status llmrt_sample_logits_constrained(const struct llmrt_sampler_par
                                                   size_t n_history,
                                                   uint64_t position,
                                                   uint32_t *out_token);
+
+/**
+ * Embeddings of `tokens` (one sequence, at most the context length): the final norm's
+ * output, the input of the LM head (transformers' `last_hidden_state`), pooled as
+ * `pooling` says and, with `normalize`, scaled to unit L2 norm (each row for
+ * LLMRT_POOLING_NONE; a zero vector stays zero). The step runs in a cache of its own,
+ * reserved and released inside the call (it needs KV blocks for n_tokens positions
+ * while it runs; LLMRT_OUT_OF_MEMORY when the pool has too few); no caller's cache
+ * changes. `*out_len` = floats written: hidden_size, or n_tokens * hidden_size for
+ * LLMRT_POOLING_NONE; when `capacity` (in floats) is smaller, LLMRT_BUFFER_TOO_SMALL
+ * with `*out_len` = floats needed, checked before any compute. `out` may be NULL with
+ * capacity 0 to ask the size.
+ *
+ * # Safety
+ * `model` is a live model; `tokens` holds `n_tokens` ids; `out` holds `capacity`
+ * writable floats (or is NULL with capacity 0); `out_len` is writable.
+ */
+enum llmrt_status llmrt_embed(const struct llmrt_model *model,
+                              const uint32_t *tokens,
+                              size_t n_tokens,
+                              llmrt_pooling pooling,
+                              bool normalize,
+                              float *out,
+                              size_t capacity,
+                              size_t *out_len);
+
+/**
+ * Sets the model's abort callback (NULL removes it). Every later step
+ * (llmrt_prefill, llmrt_prefill_all, the llmrt_decode family, llmrt_embed) calls it
+ * between layers on the CPU and before the launch on CUDA; when it returns true the
+ * step fails with LLMRT_ABORTED, naming where it stopped, and commits nothing (every
+ * cache as before the call). Setting waits for a step running on another thread to
+ * finish, so once this returns the previous callback is never called again and its
+ * `user_data` may be freed. To cancel a running step, make the callback see a flag
+ * (the callback is read at the step's start). One callback per model: cancelling one
+ * request of a batched step aborts the whole step (retry it without that request).
+ * `user_data` is passed through untouched.
+ *
+ * # Safety
+ * `model` is a live model; `callback` is NULL or a function safe to call from any
+ * thread with `user_data` for as long as it is set.
+ */
+enum llmrt_status llmrt_set_abort_callback(struct llmrt_model *model,
+                                           llmrt_abort_callback callback,
+                                           void *user_data);
+
+/**
+ * Generates from `cache`: feeds `prompt` (n_prompt >= 1; to continue an earlier
+ * generation pass its last token), then repeats a one-cache decode step, each next
+ * token sampled with `params` (as llmrt_decode_sample: the draw depends on the seed and
+ * the position) or, with `params` NULL, the greedy argmax (as llmrt_decode_greedy),
+ * until one of (`*out_reason`): the token is an end-of-generation id
+ * (llmrt_token_is_eog; LLMRT_STOP_EOG: it is the last output token, not fed to the
+ * cache and not passed to `on_token`), `on_token` returned false (LLMRT_STOP_CALLBACK),
+ * `max_tokens` tokens were generated (LLMRT_STOP_MAX_TOKENS), or the cache's reserved
+ * positions are used up (LLMRT_STOP_CONTEXT_FULL). The cache then holds the prompt and
+ * every generated token but the last.
+ *
+ * `out_tokens`: NULL, or room for `capacity` >= `max_tokens` ids (checked before
+ * anything runs); `*out_n` = tokens generated. Bad arguments (max_tokens = 0,
+ * n_prompt = 0, a prompt token >= vocab_size, bad params, a prompt that does not fit
+ * the cache) fail before any step. A step failing later (LLMRT_ABORTED from the abort
+ * callback, a changed model file, ...) returns its status with `*out_n` and
+ * `out_tokens` holding what was generated before it (`*out_reason` untouched); that
+ * step itself changed nothing.
+ *
+ * # Safety
+ * `model` is a live model; `prompt` holds n_prompt ids; `params` is NULL or a valid
+ * llmrt_sampler_params; `out_tokens` holds `capacity` writable ids or is NULL;
+ * `out_n` is writable; `out_reason` is NULL or writable; `on_token` is NULL or safe
+ * to call with `user_data` during the call.
+ */
+enum llmrt_status llmrt_generate(struct llmrt_model *model,
+                                 llmrt_cache cache,
+                                 const uint32_t *prompt,
+                                 size_t n_prompt,
+                                 const struct llmrt_sampler_params *params,
+                                 uint32_t max_tokens,
+                                 llmrt_token_callback on_token,
+                                 void *user_data,
+                                 uint32_t *out_tokens,
+                                 size_t capacity,
+                                 size_t *out_n,
+                                 enum llmrt_stop_reason *out_reason);
 
 #ifdef __cplusplus
 }  // extern "C"

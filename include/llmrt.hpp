@@ -33,14 +33,19 @@
  * Constrained output: Model::grammar (a JSON schema, regex or Lark grammar; one Grammar
  * per request, RAII, move-only), Model::decode_sample_constrained, and
  * sample_logits_constrained (caller-held logits; then Grammar::accept).
+ * Chat: Model::chat_apply (the model's template, or one given), Model::is_eog,
+ * Cache::generate (stops at end of generation, streams pieces). Embeddings: Model::embed. Cancellation: Model::set_abort (a std::function polled
+ * during every step; true aborts it with LLMRT_ABORTED, nothing committed).
  */
 #ifndef LLMRT_HPP
 #define LLMRT_HPP
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <initializer_list>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -124,6 +129,19 @@ inline uint32_t sample_logits(const llmrt_sampler_params &params, const std::vec
 }
 
 class Model;
+
+/* One chat message (llmrt_chat_message with owned strings). */
+struct ChatMessage {
+    std::string role;
+    std::string content;
+};
+
+/* What Cache::generate produced: the tokens (an end-of-generation id last when that
+ * stopped it; the cache holds every one but the last) and why it stopped. */
+struct Generated {
+    std::vector<uint32_t> tokens;
+    llmrt_stop_reason reason = LLMRT_STOP_EOG;
+};
 
 /* One KV cache (one request). Created by Model::reserve or Cache::fork. */
 class Cache {
@@ -227,6 +245,40 @@ class Cache {
         return next;
     }
 
+    /* llmrt_generate: feeds `prompt` (at least one token; to continue, the last
+     * generated one), then generates up to max_tokens tokens, sampled with `params`
+     * (nullptr: greedy), stopping at an end-of-generation id. `on_token(id, piece)` is
+     * called for each other token and returns false to stop; an exception it throws
+     * stops the generation and is rethrown here. */
+    Generated generate(const std::vector<uint32_t> &prompt, uint32_t max_tokens,
+                       const llmrt_sampler_params *params = nullptr,
+                       std::function<bool(uint32_t, std::string_view)> on_token = {}) {
+        struct State {
+            std::function<bool(uint32_t, std::string_view)> *fn;
+            std::exception_ptr error;
+        } st{&on_token, nullptr};
+        auto trampoline = [](void *user, uint32_t token, const char *piece, size_t len) -> bool {
+            State *s = static_cast<State *>(user);
+            if (!*s->fn) return true;
+            try {
+                return (*s->fn)(token, std::string_view(piece, len));
+            } catch (...) {
+                s->error = std::current_exception();
+                return false;
+            }
+        };
+        Generated g;
+        g.tokens.resize(max_tokens);
+        size_t n = 0;
+        llmrt_status status =
+            llmrt_generate(model_, id_, prompt.data(), prompt.size(), params, max_tokens, trampoline,
+                           &st, g.tokens.data(), g.tokens.size(), &n, &g.reason);
+        g.tokens.resize(n);
+        if (st.error) std::rethrow_exception(st.error);
+        detail::check(status, "llmrt_generate");
+        return g;
+    }
+
   private:
     friend class Model;
     Cache(llmrt_model *model, llmrt_cache id) noexcept : model_(model), id_(id) {}
@@ -320,12 +372,14 @@ class Model {
     Model(const Model &) = delete;
     Model &operator=(const Model &) = delete;
     Model(Model &&other) noexcept
-        : model_(std::exchange(other.model_, nullptr)), info_(other.info_) {}
+        : model_(std::exchange(other.model_, nullptr)), info_(other.info_),
+          abort_(std::move(other.abort_)) {}
     Model &operator=(Model &&other) noexcept {
         if (this != &other) {
             llmrt_model_free(model_);
             model_ = std::exchange(other.model_, nullptr);
             info_ = other.info_;
+            abort_ = std::move(other.abort_);
         }
         return *this;
     }
@@ -449,17 +503,22 @@ class Model {
     /* Text -> token ids. add_bos puts BOS first where the model's tokenizer asks for
      * one (Llama-style SentencePiece models; usually not byte-level BPE ones). */
     std::vector<uint32_t> tokenize(std::string_view text, bool add_bos = true) const {
+        return tokenize(text, add_bos, true);
+    }
+    /* llmrt_tokenize_ex: parse_special = false tokenizes special tokens written in the
+     * text ("<s>", "<|im_start|>") as text: use it for untrusted input. */
+    std::vector<uint32_t> tokenize(std::string_view text, bool add_bos, bool parse_special) const {
         live();
         std::vector<uint32_t> tokens(text.size() + 2);
         for (int attempt = 0;; attempt++) {
             size_t n = 0;
-            llmrt_status st = llmrt_tokenize(model_, text.data(), text.size(), add_bos,
-                                             tokens.data(), tokens.size(), &n);
+            llmrt_status st = llmrt_tokenize_ex(model_, text.data(), text.size(), add_bos, parse_special,
+                                                tokens.data(), tokens.size(), &n);
             if (st == LLMRT_BUFFER_TOO_SMALL && attempt == 0 && n > tokens.size()) {
                 tokens.resize(n);
                 continue;
             }
-            detail::check(st, "llmrt_tokenize");
+            detail::check(st, "llmrt_tokenize_ex");
             tokens.resize(n);
             return tokens;
         }
@@ -507,8 +566,79 @@ class Model {
         }
     }
 
+    /* llmrt_chat_apply: `messages` rendered with the model's chat template (or
+     * `template_source` when not null), as transformers renders it. */
+    std::string chat_apply(const std::vector<ChatMessage> &messages, bool add_generation_prompt = true,
+                           const char *template_source = nullptr) const {
+        live();
+        std::vector<llmrt_chat_message> cm;
+        cm.reserve(messages.size());
+        for (const ChatMessage &m : messages) cm.push_back({m.role.c_str(), m.content.c_str()});
+        std::string out(256, '\0');
+        for (int attempt = 0;; attempt++) {
+            size_t len = 0;
+            llmrt_status st = llmrt_chat_apply(model_, template_source, cm.data(), cm.size(),
+                                               add_generation_prompt, &out[0], out.size(), &len);
+            if (st == LLMRT_BUFFER_TOO_SMALL && attempt == 0 && len > out.size()) {
+                out.resize(len);
+                continue;
+            }
+            detail::check(st, "llmrt_chat_apply");
+            out.resize(len);
+            return out;
+        }
+    }
+    /* Whether `token` ends a generation (llmrt_token_is_eog). */
+    bool is_eog(uint32_t token) const {
+        live();
+        return llmrt_token_is_eog(model_, token);
+    }
+
+    /* Embeddings (llmrt_embed): the final norm's output of `tokens` as one sequence;
+     * LLMRT_POOLING_NONE gives tokens.size() * hidden_size floats (row-major), MEAN and
+     * LAST hidden_size floats; `normalize` scales each row to unit L2 norm. */
+    std::vector<float> embed(const std::vector<uint32_t> &tokens,
+                             llmrt_pooling pooling = LLMRT_POOLING_MEAN,
+                             bool normalize = true) const {
+        live();
+        size_t need = 0;
+        llmrt_status st = llmrt_embed(model_, tokens.data(), tokens.size(), pooling, normalize,
+                                      nullptr, 0, &need);
+        if (st != LLMRT_BUFFER_TOO_SMALL) detail::check(st, "llmrt_embed");
+        std::vector<float> out(need);
+        size_t len = 0;
+        detail::check(llmrt_embed(model_, tokens.data(), tokens.size(), pooling, normalize,
+                                  out.data(), out.size(), &len),
+                      "llmrt_embed");
+        out.resize(len);
+        return out;
+    }
+
+    /* Polls `should_abort` during every later step (llmrt_set_abort_callback: between
+     * layers on the CPU, on the calling thread, with the model's lock held: it must not
+     * call into this Model); returning true fails the step with LLMRT_ABORTED and
+     * commits nothing. An exception it throws aborts the step too. An empty function
+     * removes it. Waits for a step running on another thread to finish. */
+    void set_abort(std::function<bool()> should_abort) {
+        live();
+        std::unique_ptr<std::function<bool()>> next;
+        if (should_abort) next.reset(new std::function<bool()>(std::move(should_abort)));
+        detail::check(llmrt_set_abort_callback(model_, next ? &Model::abort_trampoline : nullptr,
+                                               next.get()),
+                      "llmrt_set_abort_callback");
+        abort_ = std::move(next); /* the previous one is no longer called: free it */
+    }
+
   private:
     explicit Model(llmrt_model *m) noexcept : model_(m), info_() {}
+
+    static bool abort_trampoline(void *user) noexcept {
+        try {
+            return (*static_cast<std::function<bool()> *>(user))();
+        } catch (...) {
+            return true;
+        }
+    }
 
     void live() const {
         if (model_ == nullptr)
@@ -531,6 +661,9 @@ class Model {
 
     llmrt_model *model_ = nullptr;
     llmrt_model_info info_{};
+    /* The set_abort function; declared after model_, so destroyed after ~Model freed
+     * the C model (which then no longer calls it). */
+    std::unique_ptr<std::function<bool()>> abort_;
 };
 
 } // namespace llmrt

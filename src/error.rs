@@ -34,6 +34,8 @@ pub enum llmrt_status {
     LLMRT_INTERNAL = 9,
     /// Output buffer too small; the needed size is reported.
     LLMRT_BUFFER_TOO_SMALL = 10,
+    /// The abort callback stopped the step; nothing was committed.
+    LLMRT_ABORTED = 11,
 }
 
 /// Short alias used throughout the safe core.
@@ -54,7 +56,7 @@ pub struct StatusInfo {
 /// The status table, in code order (`STATUSES[c].status as u32 == c`): the one list the C
 /// strings of `llmrt_status_name`, [`llmrt_status::name`], and the tests holding the header,
 /// the Go package and docs/API.md to it come from.
-pub const STATUSES: [StatusInfo; 11] = {
+pub const STATUSES: [StatusInfo; 12] = {
     use llmrt_status::*;
     macro_rules! row {
         ($s:ident, $d:literal) => {
@@ -80,6 +82,7 @@ pub const STATUSES: [StatusInfo; 11] = {
         row!(LLMRT_DEVICE, "CUDA driver/kernel error."),
         row!(LLMRT_INTERNAL, "Caught panic or broken invariant (a bug)."),
         row!(LLMRT_BUFFER_TOO_SMALL, "Output buffer too small; the needed size is reported."),
+        row!(LLMRT_ABORTED, "The abort callback stopped the step; nothing was committed."),
     ]
 };
 
@@ -141,6 +144,7 @@ impl Error {
         device => LLMRT_DEVICE,
         internal => LLMRT_INTERNAL,
         buffer_too_small => LLMRT_BUFFER_TOO_SMALL,
+        aborted => LLMRT_ABORTED,
     }
 }
 

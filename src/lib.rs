@@ -8,12 +8,14 @@
 /// The compute seam. Public only for the CUDA kernel test binaries and
 /// `llmrt-bench` (device launchers); not a stable API.
 #[doc(hidden)]
+pub mod abort;
 pub mod backend;
 pub mod chat;
 pub mod error;
 pub mod ffi;
 pub mod format;
 pub mod grammar;
+pub mod generate;
 pub mod kv;
 pub mod model;
 pub mod quant;
@@ -36,4 +38,4 @@ pub mod bench {
         crate::backend::cpu::simd::isa().name()
     }
 }
-pub use runtime::{BackendKind, LoadOptions, Model, ModelInfo};
+pub use runtime::{BackendKind, LoadOptions, Model, ModelInfo, Pooling};

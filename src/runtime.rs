@@ -3,6 +3,7 @@
 //! leaves every cache as it was. Calls on one model are serialised by a mutex;
 //! different models run in parallel.
 
+use crate::abort::AbortHook;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Seq, Want};
 use crate::chat::ChatInfo;
@@ -227,6 +228,9 @@ pub struct Model {
     debug_panic: AtomicU8,
     /// The grammar machinery, built on first use (`crate::grammar`).
     grammar: crate::grammar::FactorySlot,
+    /// The caller's abort hook ([`Model::set_abort_hook`]); its own lock, so setting it
+    /// never waits for a running step (which polls the hook it started with).
+    abort: Mutex<Option<AbortHook>>,
     state: Mutex<State>,
 }
 
@@ -479,6 +483,7 @@ impl Model {
             reads_files: kind != BackendKind::Cuda,
             debug_panic: AtomicU8::new(DebugPanic::None as u8),
             grammar: Default::default(),
+            abort: Mutex::new(None),
             state: Mutex::new(State { kv: KvManager::new(blocks, block_bytes), backend: be, file_changed: None }),
         })
     }
@@ -564,8 +569,14 @@ impl Model {
     /// Text -> ids. `add_bos`: prepend BOS where the tokenizer asks for one
     /// (llama.cpp's add_special), so callers can pass true for every model.
     pub fn tokenize(&self, text: &[u8], add_bos: bool) -> Result<Vec<u32>> {
+        self.tokenize_with(text, add_bos, true)
+    }
+
+    /// [`Self::tokenize`] with llama.cpp's `parse_special` choice: false tokenizes control
+    /// tokens written in the text as text (untrusted input cannot inject them).
+    pub fn tokenize_with(&self, text: &[u8], add_bos: bool, parse_special: bool) -> Result<Vec<u32>> {
         let t = self.tokenizer()?;
-        t.encode(text, add_bos && t.add_bos_default())
+        t.encode_with(text, add_bos && t.add_bos_default(), parse_special)
     }
 
     /// Ids -> text, as the tokenizer reproduces a whole text (one leading space of a
@@ -650,6 +661,11 @@ impl Model {
         Ok(self.lock()?.kv.get(cache)?.tokens.clone())
     }
 
+    /// Positions the cache was reserved for.
+    pub fn cache_capacity(&self, cache: u64) -> Result<u32> {
+        Ok(self.lock()?.kv.get(cache)?.capacity)
+    }
+
     pub fn cache_length(&self, cache: u64) -> Result<u32> {
         Ok(self.lock()?.kv.get(cache)?.len)
     }
@@ -711,6 +727,59 @@ impl Model {
         self.run(caches, &toks, Want::Last, Out::Greedy(next))
     }
 
+    /// Embeddings of `tokens` as one sequence: the final norm's output (the LM head's
+    /// input; transformers' `last_hidden_state`), of every token (`Pooling::None`,
+    /// `n * hidden` floats), their mean or the last token's (`hidden` floats), scaled
+    /// to unit L2 norm when `normalize` (a zero vector stays zero). Runs in a cache of
+    /// its own, reserved and released here: no cache of the caller's is touched.
+    pub fn embed(&self, tokens: &[u32], pooling: Pooling, normalize: bool) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(Error::invalid("embedding of n_tokens = 0"));
+        }
+        self.check_tokens(tokens)?;
+        let n = u32::try_from(tokens.len()).ok().filter(|&n| n <= self.info.context_length).ok_or_else(|| {
+            Error::context_full(format!(
+                "embedding of {} tokens: more than the context ({})",
+                tokens.len(),
+                self.info.context_length
+            ))
+        })?;
+        let h = self.info.hidden_size as usize;
+        let (want, rows) = match pooling {
+            Pooling::Last => (Want::Last, 1),
+            Pooling::None | Pooling::Mean => (Want::All, tokens.len()),
+        };
+        let mut rows_out = try_vec(rows.saturating_mul(h), 0f32, "the embedding's hidden states")?;
+        let cache = self.cache_reserve(n)?;
+        let r = self.run(&[cache], &[tokens], want, Out::Hidden(&mut rows_out));
+        let released = self.cache_release(cache);
+        r?;
+        released?;
+        let mut out = match pooling {
+            Pooling::None | Pooling::Last => rows_out,
+            Pooling::Mean => {
+                let mut acc = try_vec(h, 0f64, "the embedding's mean")?;
+                for row in rows_out.chunks_exact(h) {
+                    for (a, &x) in acc.iter_mut().zip(row) {
+                        *a += x as f64;
+                    }
+                }
+                acc.iter().map(|&a| (a / rows as f64) as f32).collect()
+            }
+        };
+        if normalize {
+            for row in out.chunks_exact_mut(h) {
+                let norm = row.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+                if norm > 0.0 {
+                    for x in row.iter_mut() {
+                        *x = (*x as f64 / norm) as f32;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn check_batch(&self, caches: &[u64], tokens: &[u32]) -> Result<()> {
         if caches.is_empty() {
             return Err(Error::invalid("decode with n = 0 caches"));
@@ -726,7 +795,30 @@ impl Model {
         self.check_tokens(tokens)
     }
 
-    /// Validates everything, then prepares blocks, runs the step, commits lengths.
+    /// Sets (or with `None` removes) the hook every later step polls: between layers on
+    /// the CPU, before the launch on CUDA. When it answers true the step fails with
+    /// `LLMRT_ABORTED` and commits nothing. It runs on the thread that called the step,
+    /// with the model's lock held (it must not call into this model). Setting waits for
+    /// a running step to finish: once this returns no step polls the previous hook.
+    pub fn set_abort_hook(&self, hook: Option<AbortHook>) {
+        // The model's lock orders this against steps (each reads the hook under it).
+        // (A poisoned model runs no more steps: then there is nothing to wait for.)
+        let _steps = self.lock();
+        match self.abort.lock() {
+            Ok(mut g) => *g = hook,
+            Err(p) => *p.into_inner() = hook,
+        }
+    }
+
+    fn abort_hook(&self) -> Option<AbortHook> {
+        match self.abort.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Validates everything, then prepares blocks, runs the step (polling the abort
+    /// hook read under the model's lock), commits lengths.
     fn run(&self, caches: &[u64], tokens: &[&[u32]], want: Want, mut out: Out<'_>) -> Result<()> {
         let v = self.info.vocab_size as usize;
         let rows: usize = match want {
@@ -735,6 +827,7 @@ impl Model {
             Want::All => tokens.iter().map(|t| t.len()).sum(),
         };
         let mut st = self.lock()?;
+        let _abort = crate::abort::install(self.abort_hook());
         for (&c, t) in caches.iter().zip(tokens) {
             st.kv.check_append(c, t.len())?;
         }
@@ -744,6 +837,9 @@ impl Model {
             }
             Out::Greedy(n) if want != Want::Last || n.len() != rows => {
                 return Err(Error::internal(format!("greedy step with {} slots for {rows} rows", n.len())));
+            }
+            Out::Hidden(o) if o.len() != rows * self.info.hidden_size as usize => {
+                return Err(Error::internal(format!("hidden-state step with {} floats for {rows} rows", o.len())));
             }
             _ => {}
         }
@@ -815,6 +911,16 @@ impl Model {
                     _ => {}
                 }
             }
+            Out::Hidden(dst) => {
+                let mut buf =
+                    try_vec(rows.saturating_mul(self.info.hidden_size as usize), 0f32, "the step's hidden states")?;
+                guarded(|| backend.step_hidden(&seqs, &mut buf))?;
+                self.check_files_in(file_changed)?;
+                for (&c, t) in caches.iter().zip(tokens) {
+                    kv.commit(c, t);
+                }
+                dst.copy_from_slice(&buf);
+            }
             Out::Greedy(next) => {
                 let mut ids = try_vec(rows, 0u32, "the step's token ids")?;
                 guarded(|| {
@@ -853,6 +959,17 @@ fn guarded(f: impl FnOnce() -> Result<()>) -> Result<()> {
     })
 }
 
+/// How [`Model::embed`] pools a sequence's hidden states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// Every token's row.
+    None,
+    /// The mean over the tokens.
+    Mean,
+    /// The last token's row.
+    Last,
+}
+
 /// Where a step's results go.
 enum Out<'a> {
     /// Logits rows (or none).
@@ -863,6 +980,8 @@ enum Out<'a> {
     /// one per sequence), just before the commit (the draw sees the new token in the
     /// cache's history and its position); a hook draws instead and joins the commit.
     Sample(&'a [SamplerParams], Option<&'a mut dyn SampleHook>, &'a mut [u32]),
+    /// The final norm's output of each wanted row (`hidden` floats; no LM head).
+    Hidden(&'a mut [f32]),
 }
 
 /// A sampled step's draws made by someone else (`crate::grammar`'s constrained step).

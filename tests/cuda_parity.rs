@@ -255,6 +255,39 @@ fn logits_match_cpu_every_fixture_file() {
     assert!(n >= 13, "expected 13 fixture files (6 f32, 6 f16, 1 q8_0), found {n}");
 }
 
+/// `llmrt_embed` on CUDA against the CPU: every token's row (a prefill), the mean and
+/// the last row, and a one-token sequence (the decode path, graphed where graphs are on).
+#[test]
+fn embeddings_match_cpu() {
+    let Some(_) = devices() else { return };
+    use llmrt::ffi::llmrt_pooling::{
+        LLMRT_POOLING_LAST as LAST, LLMRT_POOLING_MEAN as MEAN, LLMRT_POOLING_NONE as NONE,
+    };
+    for f in fixtures_present() {
+        for (ty, path) in files(&f) {
+            let (c, g) = (cpu(&path), gpu(&path));
+            let h = c.info().hidden_size as usize;
+            let mut worst = 0f64;
+            for (toks, pooling, normalize) in [
+                (&f.tokens[..], NONE as u32, false),
+                (&f.tokens[..], MEAN as u32, true),
+                (&f.tokens[..], LAST as u32, false),
+                (&f.tokens[..1], LAST as u32, false),
+            ] {
+                let want = c.embed(toks, pooling, normalize).unwrap();
+                let got = g.embed(toks, pooling, normalize).unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+                assert_eq!(got.len(), want.len());
+                for (r, (a, b)) in got.chunks_exact(h).zip(want.chunks_exact(h)).enumerate() {
+                    let e = rel_l2(a, b);
+                    assert!(e < bound(ty), "{} pooling {pooling} row {r}: {e:.3e}", path.display());
+                    worst = worst.max(e);
+                }
+            }
+            println!("MAXERR llmrt_embed {:<24} {worst:.3e}", path.file_name().unwrap().to_string_lossy());
+        }
+    }
+}
+
 #[test]
 fn greedy_ids_match_cpu_f32() {
     if devices().is_none() {

@@ -76,8 +76,11 @@ fn c_api_tokenize_matches_reference_ids_and_round_trips() {
             let m = load(&path);
             for case in tk["cases"].as_array().unwrap() {
                 let text = case["text"].as_str().unwrap();
-                let want: Vec<u32> =
-                    case["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+                // The HF directory's tokenizer.json applies its normalizer (qwen2: NFC): HF
+                // tokenizers' ids with it where they differ; the GGUF carries none.
+                let nfc = path.ends_with("hf") && case.get("ids_hf_nfc").is_some();
+                let key = if nfc { "ids_hf_nfc" } else { "ids" };
+                let want: Vec<u32> = case[key].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
                 let got = tokenize(&m, text, false).unwrap();
                 if path.ends_with("hf") && text.starts_with(' ') {
                     // HF's Metaspace adds no prefix space before a leading space, llama.cpp
@@ -86,7 +89,7 @@ fn c_api_tokenize_matches_reference_ids_and_round_trips() {
                 }
                 assert_eq!(got, want, "{name} ({}) {text:?}", path.display());
                 let special = ["<s>", "</s>", "<unk>", "<|"].iter().any(|sp| text.contains(sp));
-                if !special {
+                if !special && !nfc {
                     assert_eq!(String::from_utf8(detokenize(&m, &got)).unwrap(), text, "{name} round trip");
                 }
                 checked += 1;

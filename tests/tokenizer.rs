@@ -321,7 +321,11 @@ fn corrupt_tokenizer_json_and_models_are_errors() {
             Status::LLMRT_UNSUPPORTED,
         ),
         (
-            r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"normalizer":{"type":"NFKC"},"pre_tokenizer":{"type":"ByteLevel"}}"#,
+            r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"normalizer":{"type":"Replace","pattern":{"Regex":"a+"},"content":"b"},"pre_tokenizer":{"type":"ByteLevel"}}"#,
+            Status::LLMRT_UNSUPPORTED,
+        ),
+        (
+            r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"normalizer":{"type":"Precompiled","precompiled_charsmap":""},"pre_tokenizer":{"type":"ByteLevel"}}"#,
             Status::LLMRT_UNSUPPORTED,
         ),
         (

@@ -22,6 +22,7 @@ const (
 	StatusDevice          Status = 8  // CUDA driver/kernel error.
 	StatusInternal        Status = 9  // Caught panic or broken invariant (a bug).
 	StatusBufferTooSmall  Status = 10 // Output buffer too small; the needed size is reported.
+	StatusAborted         Status = 11 // The abort callback stopped the step; nothing was committed.
 )
 
 // String is the C name, as llmrt_status_name gives it ("LLMRT_IO", ...;
@@ -73,6 +74,7 @@ var (
 	ErrDevice          = &Error{Status: StatusDevice}
 	ErrInternal        = &Error{Status: StatusInternal}
 	ErrBufferTooSmall  = &Error{Status: StatusBufferTooSmall}
+	ErrAborted         = &Error{Status: StatusAborted}
 )
 
 // ErrClosed: the Model was closed. Such errors also match ErrInvalidArgument.

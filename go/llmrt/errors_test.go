@@ -19,6 +19,7 @@ var sentinels = map[Status]error{
 	StatusDevice:          ErrDevice,
 	StatusInternal:        ErrInternal,
 	StatusBufferTooSmall:  ErrBufferTooSmall,
+	StatusAborted:         ErrAborted,
 }
 
 // Each status maps to its sentinel and no other; names are the C library's, and

@@ -114,9 +114,10 @@ const NoToken = ^uint32(0)
 
 // Model is a loaded model.
 type Model struct {
-	mu   sync.RWMutex // read: any call; write: Close
-	ptr  *C.llmrt_model
-	info Info
+	mu        sync.RWMutex // read: any call; write: Close
+	ptr       *C.llmrt_model
+	info      Info
+	abortOnce sync.Once // the abort callback for contexts, set on the first call with one
 }
 
 // call runs f on one OS thread (llmrt_last_error is per thread) and turns a

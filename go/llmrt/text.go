@@ -36,6 +36,23 @@ func (m *Model) Tokenize(text string, addBOS bool) ([]uint32, error) {
 	return tokens, nil
 }
 
+// TokenizeEx is Tokenize with llama.cpp's parse_special (llmrt_tokenize_ex):
+// parseSpecial false tokenizes special tokens written in the text ("<s>",
+// "<|im_start|>") as text, so untrusted input cannot inject them; Tokenize is
+// parseSpecial true.
+func (m *Model) TokenizeEx(text string, addBOS, parseSpecial bool) ([]uint32, error) {
+	ctext := C.CString(text) // a copy: C must not keep Go memory
+	defer C.free(unsafe.Pointer(ctext))
+	return grown(len(text)+2, func(tokens []uint32, n *C.size_t) error {
+		return m.with(func(p *C.llmrt_model) error {
+			return call(func() C.enum_llmrt_status {
+				return C.llmrt_tokenize_ex(p, ctext, C.size_t(len(text)), C.bool(addBOS), C.bool(parseSpecial),
+					tokensPtr(tokens), C.size_t(len(tokens)), n)
+			})
+		})
+	})
+}
+
 // Detokenize turns token ids into the text they stand for:
 // Detokenize(Tokenize(s, addBOS)) == s (one leading SentencePiece space is
 // dropped, control tokens give nothing). A byte-fallback token may end inside a

@@ -1,7 +1,9 @@
 package llmrt
 
 import (
+	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -136,5 +138,53 @@ func TestSample(t *testing.T) {
 	}
 	if after := must(a.Len()); after != before {
 		t.Errorf("rejected samples moved the cache from %d to %d positions", before, after)
+	}
+}
+
+// TokenizeEx against HF tokenizers (tests/fixtures/tokenizer/special.json, qwen2).
+func TestTokenizeExParseSpecial(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "tests", "fixtures", "tokenizer", "special.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Tokenizers []struct {
+			Name  string
+			Cases []struct {
+				Text     string
+				IdsParse []uint32 `json:"ids_parse"`
+				IdsText  []uint32 `json:"ids_text"`
+			}
+		}
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Load(filepath.Join("..", "..", "tests", "fixtures", "qwen2", "qwen2.f32.gguf"), &Options{Backend: BackendCPU, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	n := 0
+	for _, tk := range doc.Tokenizers {
+		if tk.Name != "qwen2" {
+			continue
+		}
+		for _, c := range tk.Cases {
+			for _, ps := range []bool{true, false} {
+				want := c.IdsText
+				if ps {
+					want = c.IdsParse
+				}
+				got, err := m.TokenizeEx(c.Text, false, ps)
+				if err != nil || !reflect.DeepEqual(got, want) {
+					t.Errorf("%q parseSpecial %v: %v %v, want %v", c.Text, ps, got, err, want)
+				}
+			}
+			n++
+		}
+	}
+	if n < 5 {
+		t.Fatalf("%d qwen2 cases", n)
 	}
 }

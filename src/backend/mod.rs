@@ -55,6 +55,9 @@ pub trait Backend: Send {
         }
         Ok(())
     }
+    /// As [`Backend::step`], but each wanted row is the final norm's output (`hidden`
+    /// floats: the LM head's input, for embeddings) and the LM head does not run.
+    fn step_hidden(&mut self, seqs: &[Seq<'_>], hidden: &mut [f32]) -> Result<()>;
     /// Rows of the logits (the vocabulary size).
     fn vocab_size(&self) -> usize;
     /// Bytes of KV storage per position of one cache (all layers, K and V).

@@ -69,6 +69,12 @@ mod chat;
 pub use chat::*;
 mod grammar;
 pub use grammar::*;
+mod embed;
+pub use embed::*;
+mod abort;
+pub use abort::*;
+mod generate;
+pub use generate::*;
 
 use crate::error::llmrt_status;
 use crate::runtime::{BackendKind, LoadOptions, Model};

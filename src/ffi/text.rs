@@ -307,7 +307,9 @@ pub unsafe extern "C" fn llmrt_sample_logits(
 /// add_special): true for Llama-style models, usually false for Qwen-style ones.
 /// When `capacity` is too small: LLMRT_BUFFER_TOO_SMALL with `*out_n` = the count
 /// needed (`tokens` may be NULL when `capacity` is 0). Models without a tokenizer:
-/// LLMRT_UNSUPPORTED.
+/// LLMRT_UNSUPPORTED. Special tokens written in the text (`<s>`, `<|im_start|>`, ...)
+/// become their ids, as llmrt_tokenize_ex with parse_special = true: for untrusted
+/// text use llmrt_tokenize_ex with parse_special = false.
 ///
 /// # Safety
 /// `model` is a live model; `text` holds `text_len` bytes; `tokens` holds `capacity`
@@ -331,6 +333,44 @@ pub unsafe extern "C" fn llmrt_tokenize(
             need_mut(tokens, "tokens")?;
         }
         let ids = m.tokenize(bytes, add_bos)?;
+        // SAFETY: the caller guarantees tokens holds capacity writable u32s (or is NULL with
+        // capacity 0) per the header contract; out_n was checked non-null above and is writable.
+        unsafe { write_items(&ids, tokens, capacity, out_n, "tokens", "tokens") }
+    })
+}
+
+/// llmrt_tokenize with llama.cpp's `parse_special` choice. true: control and unknown
+/// tokens written in the text (`<s>`, `</s>`, `<|im_start|>`, `<|endoftext|>`, ...)
+/// become their ids (what llmrt_tokenize does: for text the application wrote, such as
+/// a rendered chat template). false: they are tokenized as the text they are, as
+/// sentencepiece and Hugging Face tokenizers with `split_special_tokens` do: use it
+/// for untrusted text (user input), which then cannot inject control tokens.
+/// User-defined added tokens are matched either way (as llama.cpp does). Same
+/// arguments and LLMRT_BUFFER_TOO_SMALL rule as llmrt_tokenize.
+///
+/// # Safety
+/// As llmrt_tokenize.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn llmrt_tokenize_ex(
+    model: *const llmrt_model,
+    text: *const c_char,
+    text_len: usize,
+    add_bos: bool,
+    parse_special: bool,
+    tokens: *mut u32,
+    capacity: usize,
+    out_n: *mut usize,
+) -> llmrt_status {
+    boundary("llmrt_tokenize_ex", || {
+        let m = model_ref(model)?;
+        let out_n = need_mut(out_n, "out_n")?;
+        // SAFETY: the caller guarantees text holds text_len readable bytes per the header contract.
+        let bytes = unsafe { in_slice(text.cast::<u8>(), text_len, "text", "text_len")? };
+        if capacity > 0 {
+            need_mut(tokens, "tokens")?;
+        }
+        let ids = m.tokenize_with(bytes, add_bos, parse_special)?;
         // SAFETY: the caller guarantees tokens holds capacity writable u32s (or is NULL with
         // capacity 0) per the header contract; out_n was checked non-null above and is writable.
         unsafe { write_items(&ids, tokens, capacity, out_n, "tokens", "tokens") }

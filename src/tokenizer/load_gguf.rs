@@ -138,6 +138,7 @@ impl Tokenizer {
                 unk,
                 add_bos,
                 specials: None,
+                normalizer: Vec::new(),
             },
             src,
         )

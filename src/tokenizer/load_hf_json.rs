@@ -6,6 +6,8 @@ use super::pretok::{self, Pre};
 use super::{bad, split_merge, Model, Parts, Prefix, TokType, Tokenizer};
 use crate::error::{Error, Result};
 
+use super::normalize::Norm;
+
 impl Tokenizer {
     /// From a Hugging Face `tokenizer.json` (+ optional `tokenizer_config.json` for
     /// `add_bos_token`, `bos_token`, `eos_token`). Supported: model `BPE` with a byte-level
@@ -137,16 +139,38 @@ impl Tokenizer {
             }
             Some(_) => vec![norm],
         };
+        // The SentencePiece-style pair (Prepend "▁", Replace " " -> "▁") is the model's own
+        // space handling (`legacy_prefix`, `replace_space`); every other step is applied to
+        // the text (normalize.rs).
         let mut replace_space = false;
+        let mut normalizer = Vec::new();
         for nz in norm_list {
-            match nz.get("type").and_then(J::as_str).unwrap_or("") {
-                "NFC" => {}
-                "Prepend" if nz.get("prepend").and_then(J::as_str) == Some("▁") => legacy_prefix = true,
+            let s = |k: &str| nz.get(k).and_then(J::as_str);
+            let flag = |k: &str| nz.get(k).and_then(J::as_bool).unwrap_or(true);
+            match s("type").unwrap_or("") {
+                "NFC" => normalizer.push(Norm::Nfc),
+                "NFD" => normalizer.push(Norm::Nfd),
+                "NFKC" => normalizer.push(Norm::Nfkc),
+                "NFKD" => normalizer.push(Norm::Nfkd),
+                "Lowercase" => normalizer.push(Norm::Lowercase),
+                "Strip" => normalizer.push(Norm::Strip { left: flag("strip_left"), right: flag("strip_right") }),
+                "Prepend" if s("prepend") == Some("▁") && normalizer.is_empty() => legacy_prefix = true,
+                "Prepend" => match s("prepend") {
+                    Some(p) => normalizer.push(Norm::Prepend(p.to_string())),
+                    None => return Err(bad(src, format!("Prepend normalizer without a prepend string ({nz})"))),
+                },
                 "Replace"
                     if nz.get("pattern").and_then(|p| p.get("String")).and_then(J::as_str) == Some(" ")
-                        && nz.get("content").and_then(J::as_str) == Some("▁") =>
+                        && s("content") == Some("▁")
+                        && normalizer.is_empty() =>
                 {
                     replace_space = true
+                }
+                "Replace" => {
+                    match (nz.get("pattern").and_then(|p| p.get("String")).and_then(J::as_str), s("content")) {
+                        (Some(from), Some(to)) => normalizer.push(Norm::Replace { from: from.into(), to: to.into() }),
+                        _ => return Err(unsup(format!("Replace normalizer other than string -> string ({nz})"))),
+                    }
                 }
                 t => return Err(unsup(format!("normalizer {t:?} ({nz})"))),
             }
@@ -259,6 +283,7 @@ impl Tokenizer {
                 unk,
                 add_bos,
                 specials: Some(specials),
+                normalizer,
             },
             src,
         )

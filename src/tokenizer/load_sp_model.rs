@@ -79,6 +79,7 @@ impl Tokenizer {
                 unk: opt(unk),
                 add_bos: true,
                 specials: None,
+                normalizer: Vec::new(),
             },
             src,
         )

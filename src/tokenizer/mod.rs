@@ -40,6 +40,7 @@ mod bpe;
 mod load_gguf;
 mod load_hf_json;
 mod load_sp_model;
+mod normalize;
 mod pretok;
 mod protobuf;
 mod spm;
@@ -115,6 +116,8 @@ pub struct Tokenizer {
     eos: Option<u32>,
     unk: Option<u32>,
     add_bos: bool,
+    /// tokenizer.json normalizer steps (empty for GGUF and sentencepiece models).
+    normalizer: Vec<normalize::Norm>,
 }
 
 /// `LLMRT_OUT_OF_MEMORY` for a tokenizer buffer of `elems` values of `T` named `what`.
@@ -170,6 +173,8 @@ struct Parts {
     add_bos: bool,
     /// Ids matched in text; None: by type (control, user-defined, unknown).
     specials: Option<Vec<u32>>,
+    /// tokenizer.json normalizer steps for the text between special tokens.
+    normalizer: Vec<normalize::Norm>,
 }
 
 impl Tokenizer {
@@ -249,6 +254,7 @@ impl Tokenizer {
             eos: p.eos,
             unk: p.unk,
             add_bos: p.add_bos,
+            normalizer: p.normalizer,
         })
     }
 
@@ -322,7 +328,12 @@ impl Tokenizer {
                         Prefix::Always => prev_special,
                         Prefix::First => start == 0,
                     } && !(self.prefix_unless_space && t.starts_with(' '));
-                    self.encode_fragment(t, pre, &mut out)?;
+                    if self.normalizer.is_empty() {
+                        self.encode_fragment(t, pre, &mut out)?;
+                    } else {
+                        let t = normalize::apply(&self.normalizer, t);
+                        self.encode_fragment(&t, pre, &mut out)?;
+                    }
                     prev_special = false;
                 }
             }

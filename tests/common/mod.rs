@@ -102,6 +102,26 @@ impl M {
         // SAFETY: filled in by the llmrt_*_default (or get_info) call just above.
         unsafe { info.assume_init() }
     }
+    /// `llmrt_embed`, asking the size first (NULL, capacity 0) as a C caller would.
+    pub fn embed(&self, toks: &[u32], pooling: u32, normalize: bool) -> Result<Vec<f32>, (Status, String)> {
+        let mut need = 0usize;
+        let null = std::ptr::null_mut();
+        // SAFETY: a live model; toks a live slice; NULL output with capacity 0; need a local.
+        let s = unsafe { llmrt_embed(self.ptr, toks.as_ptr(), toks.len(), pooling, normalize, null, 0, &mut need) };
+        if s != Status::LLMRT_BUFFER_TOO_SMALL {
+            return Err((s, last_error()));
+        }
+        let mut out = vec![f32::NAN; need];
+        let mut len = 0usize;
+        let p = out.as_mut_ptr();
+        // SAFETY: as above, out holds `need` writable floats.
+        let s = unsafe { llmrt_embed(self.ptr, toks.as_ptr(), toks.len(), pooling, normalize, p, need, &mut len) };
+        if s != Status::LLMRT_OK {
+            return Err((s, last_error()));
+        }
+        assert_eq!(len, need, "floats written vs the size asked");
+        Ok(out)
+    }
     pub fn reserve(&self, positions: u32) -> u64 {
         let mut c = 0;
         // SAFETY: a live model (freed only on drop); every array is a live local of the length passed (NULL only with length 0).

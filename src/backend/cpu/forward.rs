@@ -15,7 +15,10 @@ use crate::Result;
 /// fallibly: a failure is `LLMRT_OUT_OF_MEMORY` naming the buffer and its size, and
 /// the step stops there (it has then written only KV positions past the committed
 /// lengths and scratch, so nothing is committed: the caller's state is unchanged).
-pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) -> Result<()> {
+///
+/// `out` receives a row per wanted token: `vocab` logits, or with `head = false` the
+/// `hidden` floats of the final norm's output (the LM head's input, embeddings).
+pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], out: &mut [f32], head: bool) -> Result<()> {
     let cfg = &be.cfg;
     let w = be.w.clone();
     let w: &Weights = &w;
@@ -65,7 +68,9 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) ->
         matmul::matmul(pool, weight(m), x, y)
     };
 
+    let n_layers = w.layers.len();
     for (l, lw) in w.layers.iter().enumerate() {
+        crate::abort::check(|| format!("layer {l} of {n_layers}"))?;
         // Attention block.
         norm::rmsnorm(&x, &lw.attn_norm, cfg.rms_eps, &mut xn);
         // One activation set (quantized once when a weight needs it) for Q, K and V.
@@ -128,9 +133,14 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], logits: &mut [f32]) ->
     if rows.is_empty() {
         return Ok(());
     }
+    crate::abort::check(|| format!("the LM head (after {n_layers} layers)"))?;
     let mut sel = try_vec(rows.len().saturating_mul(h), 0f32, "the step's final hidden states")?;
     for (dst, &r) in sel.chunks_exact_mut(h).zip(&rows) {
         norm::rmsnorm_row(&x[r * h..(r + 1) * h], &w.output_norm, cfg.rms_eps, dst);
     }
-    mm(&w.output, &Act::new(&sel, h), logits)
+    if !head {
+        out.copy_from_slice(&sel);
+        return Ok(());
+    }
+    mm(&w.output, &Act::new(&sel, h), out)
 }

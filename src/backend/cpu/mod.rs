@@ -119,15 +119,9 @@ impl CpuBackend {
     }
 }
 
-impl Backend for CpuBackend {
-    fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
-        for c in copies {
-            self.kv.copy(c.src, c.dst)?;
-        }
-        Ok(())
-    }
-
-    fn step(&mut self, seqs: &[Seq<'_>], logits: &mut [f32]) -> Result<()> {
+impl CpuBackend {
+    /// A step with rows of logits (`head`) or of final hidden states.
+    fn run(&mut self, seqs: &[Seq<'_>], out: &mut [f32], head: bool) -> Result<()> {
         self.ensure_pool()?;
         let wanted: usize = seqs
             .iter()
@@ -137,11 +131,12 @@ impl Backend for CpuBackend {
                 Want::All => s.tokens.len(),
             })
             .sum();
-        if logits.len() != wanted * self.cfg.vocab_size {
+        let width = if head { self.cfg.vocab_size } else { self.cfg.hidden };
+        if out.len() != wanted * width {
             return Err(Error::internal(format!(
-                "logits buffer holds {} floats, step wants {}",
-                logits.len(),
-                wanted * self.cfg.vocab_size
+                "output buffer holds {} floats, step wants {}",
+                out.len(),
+                wanted * width
             )));
         }
         for s in seqs {
@@ -151,7 +146,24 @@ impl Backend for CpuBackend {
                 self.kv.ensure(b)?;
             }
         }
-        forward::step(self, seqs, logits)
+        forward::step(self, seqs, out, head)
+    }
+}
+
+impl Backend for CpuBackend {
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
+        for c in copies {
+            self.kv.copy(c.src, c.dst)?;
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, seqs: &[Seq<'_>], logits: &mut [f32]) -> Result<()> {
+        self.run(seqs, logits, true)
+    }
+
+    fn step_hidden(&mut self, seqs: &[Seq<'_>], hidden: &mut [f32]) -> Result<()> {
+        self.run(seqs, hidden, false)
     }
 
     /// The default greedy step, with the step's logits allocated fallibly (a batch

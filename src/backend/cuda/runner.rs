@@ -88,6 +88,9 @@ struct Launch {
     n_tiles: usize,
     /// Argmax of the wanted rows into `Scratch::next`.
     greedy: bool,
+    /// Run the LM head (false: the wanted rows' final norm output in `Scratch::seln`
+    /// is the result, for embeddings).
+    head: bool,
 }
 
 /// One array of a step's host plan, as packed into `Scratch::stage` (u32 words; cos
@@ -731,7 +734,7 @@ impl CudaBackend {
     /// The host builds the step's arrays and uploads them packed into one buffer (one
     /// host-to-device copy); everything else is device work, [`Self::launch_step`],
     /// replayed from a CUDA graph for decode steps on the GEMV path (when graphs are on).
-    fn forward(&mut self, seqs: &[Seq<'_>], greedy: bool) -> Result<usize> {
+    fn forward(&mut self, seqs: &[Seq<'_>], greedy: bool, head: bool) -> Result<usize> {
         let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         if n == 0 {
             return Ok(0);
@@ -761,7 +764,7 @@ impl CudaBackend {
         // Tiled attention for prefill steps.
         let n_tiles =
             if !decode && fast.prefill_attn && Ops::prefill_attention_fits(shape) { plan.tiles.len() / 2 } else { 0 };
-        let l = Launch { n, nr, n_seqs: seqs.len(), max_blocks: plan.max_blocks, gemm, split, n_tiles, greedy };
+        let l = Launch { n, nr, n_seqs: seqs.len(), max_blocks: plan.max_blocks, gemm, split, n_tiles, greedy, head };
 
         // Scratch for this launch shape; a regrown buffer invalidates the captured graphs.
         let CudaBackend { ctx, info, stream, cfg, s, graph_cache, .. } = self;
@@ -779,6 +782,7 @@ impl CudaBackend {
             graph_cache.clear();
         }
         stream.memcpy_htod(&packed, &mut s.stage).map_err(|e| driver_err("uploading the step's arrays", e))?;
+        crate::abort::check(|| "the CUDA launch (before any layer)".into())?;
 
         if graph {
             if !self.graph_cache.contains_key(&l) {
@@ -839,7 +843,7 @@ impl CudaBackend {
         let eps = cfg.rms_eps;
         let shape = AttnShape { n_heads: cfg.n_heads, n_kv_heads: cfg.n_kv_heads, head_dim: hd };
         let neox = cfg.arch.rope_style == RopeStyle::Neox;
-        let Launch { n, nr, n_seqs, max_blocks, gemm, split, n_tiles, greedy } = l;
+        let Launch { n, nr, n_seqs, max_blocks, gemm, split, n_tiles, greedy, head } = l;
         let path = if gemm { MatmulPath::Auto } else { MatmulPath::Gemv };
         let CudaBackend { stream, ops, token_embd, layers, output_norm, output, kv, s, .. } = self;
         let fast = ops.fast_paths();
@@ -949,8 +953,11 @@ impl CudaBackend {
         if nr > 0 {
             ops.gather_rows(&s.x, &s.rows, nr, h, &mut s.sel)?;
             ops.rmsnorm(RmsNorm { w: output_norm, eps }, &s.sel, nr, h, &mut s.seln)?;
-            let head = output.as_ref().unwrap_or(token_embd);
-            ops.matmul(head, &s.seln, nr, &mut s.logits, path)?;
+            if !head {
+                return Ok(());
+            }
+            let lm_head = output.as_ref().unwrap_or(token_embd);
+            ops.matmul(lm_head, &s.seln, nr, &mut s.logits, path)?;
             if greedy {
                 ops.argmax(&s.logits, nr, vocab, &mut s.argmax_part, &mut s.next)?;
             }
@@ -1047,7 +1054,7 @@ impl Backend for CudaBackend {
         }
         guarded("CUDA step", || {
             self.bind()?;
-            let nr = self.forward(seqs, false)?;
+            let nr = self.forward(seqs, false, true)?;
             if nr != wanted {
                 return Err(Error::internal(format!("step produced {nr} logits rows, {wanted} wanted")));
             }
@@ -1059,13 +1066,37 @@ impl Backend for CudaBackend {
         })
     }
 
+    fn step_hidden(&mut self, seqs: &[Seq<'_>], hidden: &mut [f32]) -> Result<()> {
+        let h = self.cfg.hidden;
+        let wanted = Self::wanted_rows(seqs);
+        if hidden.len() != wanted * h {
+            return Err(Error::internal(format!(
+                "hidden-state buffer holds {} floats, step wants {}",
+                hidden.len(),
+                wanted * h
+            )));
+        }
+        guarded("CUDA hidden-state step", || {
+            self.bind()?;
+            let nr = self.forward(seqs, false, false)?;
+            if nr != wanted {
+                return Err(Error::internal(format!("step produced {nr} hidden rows, {wanted} wanted")));
+            }
+            if nr > 0 {
+                let view = self.s.seln.slice(0..nr * h);
+                self.stream.memcpy_dtoh(&view, hidden).map_err(|e| driver_err("downloading hidden states", e))?;
+            }
+            self.sync("running the CUDA hidden-state step")
+        })
+    }
+
     fn step_greedy(&mut self, seqs: &[Seq<'_>], next: &mut [u32]) -> Result<()> {
         if next.len() != seqs.len() || seqs.iter().any(|s| s.want != Want::Last) {
             return Err(Error::internal("greedy step: one Want::Last row per sequence expected"));
         }
         guarded("CUDA greedy step", || {
             self.bind()?;
-            let nr = self.forward(seqs, true)?;
+            let nr = self.forward(seqs, true, true)?;
             if nr != next.len() {
                 return Err(Error::internal(format!("step produced {nr} rows, {} wanted", next.len())));
             }
