@@ -67,6 +67,8 @@ mod text;
 pub use text::*;
 mod chat;
 pub use chat::*;
+mod state;
+pub use state::*;
 
 use crate::error::llmrt_status;
 use crate::runtime::{BackendKind, LoadOptions, Model};
