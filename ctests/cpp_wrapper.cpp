@@ -406,6 +406,27 @@ int main() {
                   m2.token_piece(m2.info().bos_token).c_str());
             CHECK(m2.token_piece(m2.info().eos_token).empty(), "EOS has a piece");
         }
+        {
+            // Saved states: a loaded cache continues bit for bit; damaged ones throw.
+            llmrt::Cache src = m2.reserve(32);
+            src.prefill_only({1, 45, 96, 17, 211, 15, 197});
+            std::vector<uint8_t> state = src.save();
+            CHECK(state.size() == 52 + 4 * 7 + 7 * m2.info().kv_bytes_per_position,
+                  "state of %zu bytes", state.size());
+            llmrt::Cache back = m2.load_cache(state);
+            CHECK(back.length() == 7, "loaded length %u", back.length());
+            std::vector<float> x = src.decode(42), y = back.decode(42);
+            CHECK(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0,
+                  "logits after the load differ");
+            CHECK(back.save().size() == state.size() + 4 + m2.info().kv_bytes_per_position,
+                  "the state grows by one position");
+            std::vector<uint8_t> cut(state.begin(), state.end() - 1);
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, m2.load_cache(cut));
+            std::vector<uint8_t> flipped = state;
+            flipped[100] ^= 1;
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, m2.load_cache(flipped));
+            EXPECT_THROW_STATUS(LLMRT_INVALID_ARGUMENT, m2.load_cache(state, 6));
+        }
         // Caches go before their Model: m2 was declared last, so it would be
         // destroyed first; release them explicitly.
         assigned.release();

@@ -4,7 +4,8 @@
 The gguf_structured seeds are `arbitrary` encodings of fuzz/src/structured.rs's Plan,
 written below (keep them in step with that file's enums). The tiny model GGUFs in
 corpus/gguf/ (tiny_*.gguf) are base models of that target, written by running it on
-those seeds with LLMRT_FUZZ_DUMP (`--dump` does that after a `cargo fuzz build`)."""
+those seeds with LLMRT_FUZZ_DUMP (`--dump` does that after a `cargo fuzz build`), as are the
+cache_state seeds (valid saved states of that target's tiny model)."""
 import os, shutil, struct, subprocess, sys
 
 F = "tests/fixtures"
@@ -135,6 +136,31 @@ SEEDS = {
     "wide_llama_notok_down_one_block_short": plan("llama", "notok", 1, ("file", "Q4_K_S"), 0,
                                                   edits=retype(11, "Q6_K", "short")),
 }
+# chat_template: the smaller real templates of tests/fixtures/chat, and hand-written ones
+# that only the renderer's limits stop (loops, recursion, growth) or that fail.
+T = f"{F}/chat/templates"
+shutil.rmtree(f"{C}/chat_template", ignore_errors=True)
+for name in sorted(os.listdir(T)):
+    size = os.path.getsize(f"{T}/{name}")
+    if name.endswith(".jinja") and (size <= 2600 or name in (
+            "Qwen-Qwen3-0.6B.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja",
+            "mistralai-Mistral-Nemo-Instruct-2407.jinja", "google-gemma-2-2b-it.jinja")):
+        out("chat_template", name, read(f"{T}/{name}"))
+HAND = {
+    "long_loop.jinja": "{% for i in range(1000000000) %}{{ i }}{% endfor %}",
+    "nested_loops.jinja": "{% for m in messages %}{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}{% endfor %}",
+    "recursive_macro.jinja": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+    "string_growth.jinja": "{% set s = namespace(v='ab') %}{% for i in range(64) %}{% set s.v = s.v ~ s.v %}{% endfor %}{{ s.v|length }}",
+    "string_repeat.jinja": "{{ 'x' * 1000000000 }}",
+    "raise.jinja": "{% if messages|length > 2 %}{{ raise_exception('too many: ' ~ messages|length) }}{% endif %}",
+    "tojson_strftime.jinja": "{{ messages|tojson }}{{ strftime_now('%Y-%m-%d %H:%M:%S %A %B %j') }}{{ bos_token }}",
+    "methods.jinja": "{% for m in messages %}{{ m.role.upper() }}:{{ m.content.strip().split(' ')|join('|') }}{{ m.items()|list|length }}{% endfor %}{% if add_generation_prompt %}<gen>{% endif %}",
+    "generation.jinja": "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% else %}{{ m.content }}{% endif %}{{ eos_token }}{% endfor %}",
+    "loop_controls.jinja": "{% for m in messages %}{% if loop.index > 3 %}{% break %}{% endif %}{% if m.role == 'system' %}{% continue %}{% endif %}{{ loop.previtem.role if loop.previtem else '' }}{{ m.content }}{% endfor %}",
+}
+for name, text in HAND.items():
+    out("chat_template", name, text.encode())
+
 shutil.rmtree(f"{C}/gguf_structured", ignore_errors=True)
 for name, data in SEEDS.items():
     out("gguf_structured", name, data)
@@ -147,6 +173,13 @@ DUMPS = {"small_llama_spm_f32": "tiny_llama_spm_f32.gguf", "small_qwen2_gpt2_f16
          "small_qwen3_notok_q4_1_q5_0_q5_1": "tiny_qwen3_notok_q4_1_q5_0_q5_1.gguf",
          "wide_qwen3_notok_q2_k_tied": "tiny_wide_qwen3_notok_q2_k_tied.gguf"}
 if "--dump" in sys.argv:
+    # cache_state: valid saved states of the target's tiny model, each behind a mode byte.
+    shutil.rmtree(f"{C}/cache_state", ignore_errors=True)
+    exe = "fuzz/target/x86_64-unknown-linux-gnu/release/cache_state"
+    env = dict(os.environ, LLMRT_FUZZ_DUMP=f"{C}/cache_state")
+    empty = "fuzz/target/empty-input"
+    open(empty, "wb").close()
+    subprocess.run([exe, empty], env=env, check=True, capture_output=True)
     exe = "fuzz/target/x86_64-unknown-linux-gnu/release/gguf_structured"
     for f in os.listdir(f"{C}/gguf"):
         if f.startswith("tiny_"):

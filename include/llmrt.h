@@ -1095,6 +1095,51 @@ enum llmrt_status llmrt_generate(struct llmrt_model *model,
                                  size_t *out_n,
                                  enum llmrt_stop_reason *out_reason);
 
+/**
+ * Saves a cache's state: its KV, its tokens (the history the sampler's penalties
+ * read) and its capacity, as bytes that `llmrt_cache_load` turns back into a cache
+ * (on this model, or on another load of the same model file on the same kind of
+ * backend; a process may save and another load). The format (docs/API.md): a magic
+ * "LLMRTKV\0", a format version, the KV element type (f32 on the CPU, f16 on CUDA),
+ * a fingerprint of the model and its geometry, the tokens, the KV by position, and a
+ * CRC-32 of everything. Its size is 52 + 4 * length + length * kv_bytes_per_position
+ * bytes (llmrt_model_info). The usual LLMRT_BUFFER_TOO_SMALL rule: when `capacity` is
+ * too small (`out` may be NULL with capacity 0), `*out_len` = the bytes needed and
+ * nothing is written; else `*out_len` = the bytes written. The cache is not changed.
+ * Unknown cache: LLMRT_UNKNOWN_CACHE.
+ *
+ * # Safety
+ * `model` is a live model; `out` holds `capacity` writable bytes (or is NULL with
+ * capacity 0); `out_len` is writable.
+ */
+enum llmrt_status llmrt_cache_save(const struct llmrt_model *model,
+                                   llmrt_cache cache,
+                                   uint8_t *out,
+                                   size_t capacity,
+                                   size_t *out_len);
+
+/**
+ * A new cache holding the positions of a state from `llmrt_cache_save`: the next
+ * step on it gives the same logits, bit for bit, as on the saved cache, and sampling
+ * penalties see the same history. It reserves `positions` positions like
+ * llmrt_cache_reserve (0 = the capacity the saved cache had; fewer than the state's
+ * length: LLMRT_INVALID_ARGUMENT), into any free KV blocks. Past the context length:
+ * LLMRT_CONTEXT_FULL; pool exhausted: LLMRT_OUT_OF_MEMORY. A state that is not for
+ * this model (other weights, types or hyperparameters, or the other backend's KV
+ * type), truncated, corrupt (checksum), or of another format version:
+ * LLMRT_INVALID_ARGUMENT with a message naming the byte offset and the field. On any
+ * error no cache is created, no KV block is taken and `*out_cache` is untouched. The
+ * bytes are only read during the call.
+ *
+ * # Safety
+ * `model` is a live model; `data` holds `len` readable bytes; `out_cache` is writable.
+ */
+enum llmrt_status llmrt_cache_load(struct llmrt_model *model,
+                                   const uint8_t *data,
+                                   size_t len,
+                                   uint32_t positions,
+                                   llmrt_cache *out_cache);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

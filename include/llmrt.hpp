@@ -199,6 +199,23 @@ class Cache {
         return Cache(model_, out);
     }
 
+    /* The cache's saved state (llmrt_cache_save): its KV, tokens and capacity as bytes
+     * that Model::load_cache turns back into a cache. The cache is not changed. */
+    std::vector<uint8_t> save() const {
+        std::vector<uint8_t> state;
+        for (;;) {
+            size_t n = 0;
+            llmrt_status st = llmrt_cache_save(model_, id_, state.data(), state.size(), &n);
+            if (st == LLMRT_BUFFER_TOO_SMALL && n > state.size()) {
+                state.resize(n); /* again: the cache may have grown on another thread */
+                continue;
+            }
+            detail::check(st, "llmrt_cache_save");
+            state.resize(n);
+            return state;
+        }
+    }
+
     /* Appends tokens as one prefill; logits_out: NULL or vocab_size floats. */
     void prefill(const uint32_t *tokens, size_t n, float *logits_out) {
         detail::check(llmrt_prefill(model_, id_, tokens, n, logits_out), "llmrt_prefill");
@@ -415,6 +432,19 @@ class Model {
         llmrt_cache id = 0;
         detail::check(llmrt_cache_reserve(model_, positions, &id), "llmrt_cache_reserve");
         return Cache(model_, id);
+    }
+
+    /* A new cache from a saved state (llmrt_cache_load): `positions` reserved, 0 = the
+     * saved cache's capacity. Another model's, a damaged or another version's state
+     * throws LLMRT_INVALID_ARGUMENT naming the offset; nothing is reserved then. */
+    Cache load_cache(const uint8_t *state, size_t len, uint32_t positions = 0) {
+        live();
+        llmrt_cache id = 0;
+        detail::check(llmrt_cache_load(model_, state, len, positions, &id), "llmrt_cache_load");
+        return Cache(model_, id);
+    }
+    Cache load_cache(const std::vector<uint8_t> &state, uint32_t positions = 0) {
+        return load_cache(state.data(), state.size(), positions);
     }
 
     /* One step for several caches: appends tokens[i] to caches[i]. Returns

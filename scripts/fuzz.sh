@@ -24,7 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_TARGETS=(gguf gguf_structured safetensors hf_config tokenizer_json sentencepiece_model tokenizer_gguf)
+ALL_TARGETS=(gguf gguf_structured safetensors hf_config tokenizer_json sentencepiece_model tokenizer_gguf cache_state chat_template)
 max_len() {
   case "$1" in
     gguf) echo 262144 ;;
@@ -34,6 +34,8 @@ max_len() {
     tokenizer_json) echo 32768 ;;
     sentencepiece_model) echo 8192 ;;
     tokenizer_gguf) echo 32768 ;;
+    cache_state) echo 8192 ;;
+    chat_template) echo 16384 ;;
     *) echo "unknown target $1" >&2; exit 2 ;;
   esac
 }

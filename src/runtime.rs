@@ -231,6 +231,8 @@ pub struct Model {
     /// The caller's abort hook ([`Model::set_abort_hook`]); its own lock, so setting it
     /// never waits for a running step (which polls the hook it started with).
     abort: Mutex<Option<AbortHook>>,
+    /// What a saved cache state must match (`crate::kv::state`).
+    state_geometry: crate::kv::state::Geometry,
     state: Mutex<State>,
 }
 
@@ -409,6 +411,7 @@ impl Model {
         report: &mut dyn FnMut(f32),
     ) -> Result<Model> {
         let weights = Arc::new(weights);
+        let fingerprint = crate::kv::state::model_fingerprint(&cfg, &weights);
         if let Ok(t) = &tokenizer {
             if t.vocab_size() > cfg.vocab_size {
                 return Err(Error::bad_model(format!(
@@ -473,9 +476,18 @@ impl Model {
             architecture: cfg.arch.name.clone(),
             device_name: be.device_name(),
         };
+        let state_geometry = crate::kv::state::Geometry {
+            fingerprint,
+            dtype: be.kv_dtype(),
+            n_layers: info.n_layers,
+            n_kv_heads: info.n_kv_heads,
+            head_dim: info.head_dim,
+            vocab_size: info.vocab_size,
+        };
         report(1.0);
         fork_gate::install();
         Ok(Model {
+            state_geometry,
             info,
             tokenizer,
             chat,
@@ -676,6 +688,94 @@ impl Model {
 
     pub fn cache_fork(&self, source: u64) -> Result<u64> {
         self.lock()?.kv.fork(source)
+    }
+
+    /// Bytes of cache `cache`'s saved state now (see [`Self::cache_save_into`]).
+    pub fn cache_state_size(&self, cache: u64) -> Result<usize> {
+        let st = self.lock()?;
+        self.state_size_of(st.kv.get(cache)?.len)
+    }
+
+    fn state_size_of(&self, len: u32) -> Result<usize> {
+        self.state_geometry.state_bytes(len).ok_or_else(|| {
+            Error::out_of_memory(format!("the saved state of {len} positions is larger than the address space"))
+        })
+    }
+
+    /// Saves cache `cache` (its KV, its tokens: the penalties' history, its capacity)
+    /// into `out` in the format of `crate::kv::state`, and returns the state's size. When
+    /// `out` is shorter, nothing is written and only the size is returned (compare it
+    /// with `out.len()`). The cache is not changed.
+    pub fn cache_save_into(&self, cache: u64, out: &mut [u8]) -> Result<usize> {
+        let mut st = self.lock()?;
+        let State { kv, backend, .. } = &mut *st;
+        let s = kv.get(cache)?;
+        let n = self.state_size_of(s.len)?;
+        if out.len() < n {
+            return Ok(n);
+        }
+        let out = &mut out[..n];
+        crate::kv::state::write_header(&self.state_geometry, s.capacity, &s.tokens, out);
+        let at = crate::kv::state::Geometry::kv_offset(s.len);
+        let body = n - crate::kv::state::CHECKSUM_BYTES;
+        guarded(|| backend.read_kv(&s.blocks, s.len as usize, &mut out[at..body]))?;
+        crate::kv::state::seal(out);
+        Ok(n)
+    }
+
+    /// [`Self::cache_save_into`] into a new buffer (allocated fallibly).
+    pub fn cache_save(&self, cache: u64) -> Result<Vec<u8>> {
+        loop {
+            let n = self.cache_state_size(cache)?;
+            let mut buf = try_vec(n, 0u8, "the saved cache state")?;
+            // The cache may have grown on another thread meanwhile: then again.
+            let got = self.cache_save_into(cache, &mut buf)?;
+            if got <= n {
+                buf.truncate(got);
+                return Ok(buf);
+            }
+        }
+    }
+
+    /// A new cache holding the positions of a saved state (from [`Self::cache_save`] on
+    /// this model, or on another load of the same model file with the same backend kind).
+    /// It reserves `positions` positions as [`Self::cache_reserve`] does, 0 = the saved
+    /// cache's capacity (fewer than the state's length: `LLMRT_INVALID_ARGUMENT`). A state
+    /// that does not match this model, is truncated, corrupt or of another format version
+    /// is `LLMRT_INVALID_ARGUMENT` naming the offset and the field; then, as on every
+    /// error, no cache is created and no block is taken.
+    pub fn cache_load(&self, data: &[u8], positions: u32) -> Result<u64> {
+        let p = crate::kv::state::parse(&self.state_geometry, data)?;
+        let len = p.tokens.len() as u32;
+        let capacity = if positions == 0 { p.capacity } else { positions };
+        if capacity < len {
+            return Err(Error::invalid(format!(
+                "positions = {positions} is less than the {len} positions the state holds"
+            )));
+        }
+        if len > self.info.context_length {
+            return Err(Error::context_full(format!(
+                "the state holds {len} positions; this model's context length is {}",
+                self.info.context_length
+            )));
+        }
+        let mut st = self.lock()?;
+        let State { kv, backend, .. } = &mut *st;
+        let id = kv.create_filled(capacity, self.info.context_length, p.tokens)?;
+        let blocks = try_collect(kv.get(id)?.blocks.iter().copied(), "the loaded cache's block table")
+            .and_then(|b| guarded(|| backend.write_kv(&b, len as usize, p.kv)));
+        if let Err(e) = blocks {
+            kv.release(id)?;
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// The KV pool's bookkeeping: (blocks booked by live caches, blocks holding data,
+    /// blocks in the pool). Test hook (the promise that a failed call takes no block).
+    #[doc(hidden)]
+    pub fn kv_usage(&self) -> (usize, usize, usize) {
+        self.lock().map(|st| (st.kv.reserved_blocks(), st.kv.blocks_in_use(), st.kv.total_blocks())).unwrap_or_default()
     }
 
     /// Live caches (for tests and diagnostics).

@@ -1,8 +1,9 @@
 //! Small pieces more than one layer needs: the argmax every greedy path takes
 //! (first index on ties), fallible buffers for step scratch ([`try_vec`],
 //! [`try_collect`]: an allocation failure is `LLMRT_OUT_OF_MEMORY` naming the
-//! buffer and its size, never an abort), and the seeded xorshift generator behind
-//! synthetic models and every test's random inputs.
+//! buffer and its size, never an abort), the seeded xorshift generator behind
+//! synthetic models and every test's random inputs, and two small checksums
+//! ([`crc32`], [`Fnv1a64`]) for saved cache states.
 
 use crate::{Error, Result};
 
@@ -45,6 +46,102 @@ pub fn argmax(x: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// CRC-32 (IEEE 802.3: reflected polynomial 0xEDB88320, initial value and final xor
+/// 0xFFFFFFFF; `crc32(b"123456789") == 0xCBF43926`), slicing by 8 bytes. Detects every
+/// error burst of up to 32 bits, so every single-bit flip. The checksum of saved cache states.
+pub fn crc32(data: &[u8]) -> u32 {
+    crc32_update(0, data)
+}
+
+/// [`crc32`] continued: `crc32_update(crc32(a), b) == crc32(a ++ b)`.
+pub fn crc32_update(crc: u32, data: &[u8]) -> u32 {
+    let t = &CRC32_TABLES;
+    let mut c = !crc;
+    let mut chunks = data.chunks_exact(8);
+    for ch in &mut chunks {
+        let lo = c ^ u32::from_le_bytes([ch[0], ch[1], ch[2], ch[3]]);
+        let hi = u32::from_le_bytes([ch[4], ch[5], ch[6], ch[7]]);
+        c = t[7][(lo & 0xFF) as usize]
+            ^ t[6][((lo >> 8) & 0xFF) as usize]
+            ^ t[5][((lo >> 16) & 0xFF) as usize]
+            ^ t[4][(lo >> 24) as usize]
+            ^ t[3][(hi & 0xFF) as usize]
+            ^ t[2][((hi >> 8) & 0xFF) as usize]
+            ^ t[1][((hi >> 16) & 0xFF) as usize]
+            ^ t[0][(hi >> 24) as usize];
+    }
+    for &b in chunks.remainder() {
+        c = t[0][((c ^ b as u32) & 0xFF) as usize] ^ (c >> 8);
+    }
+    !c
+}
+
+/// `CRC32_TABLES[k][b]`: the CRC register after byte `b` followed by `k` zero bytes.
+static CRC32_TABLES: [[u32; 256]; 8] = {
+    let mut t = [[0u32; 256]; 8];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+            k += 1;
+        }
+        t[0][i] = c;
+        i += 1;
+    }
+    let mut k = 1;
+    while k < 8 {
+        let mut i = 0;
+        while i < 256 {
+            let p = t[k - 1][i];
+            t[k][i] = t[0][(p & 0xFF) as usize] ^ (p >> 8);
+            i += 1;
+        }
+        k += 1;
+    }
+    t
+};
+
+/// FNV-1a, 64 bits (offset basis 0xcbf29ce484222325, prime 0x100000001b3): a cheap
+/// identity hash (a model's fingerprint in saved cache states), not a cryptographic one.
+#[derive(Clone, Copy, Debug)]
+pub struct Fnv1a64(u64);
+
+impl Default for Fnv1a64 {
+    fn default() -> Self {
+        Fnv1a64::new()
+    }
+}
+
+impl Fnv1a64 {
+    pub const fn new() -> Fnv1a64 {
+        Fnv1a64(0xcbf2_9ce4_8422_2325)
+    }
+
+    /// Feeds `bytes`.
+    pub fn bytes(&mut self, bytes: &[u8]) -> &mut Self {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        self
+    }
+
+    /// Feeds `v` as 8 little-endian bytes.
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.bytes(&v.to_le_bytes())
+    }
+
+    /// Feeds a string's length, then its bytes (so `("ab", "c")` and `("a", "bc")` differ).
+    pub fn str(&mut self, s: &str) -> &mut Self {
+        self.u64(s.len() as u64).bytes(s.as_bytes())
+    }
+
+    pub fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 /// xorshift64*: a deterministic generator for synthetic weights and test inputs
@@ -131,5 +228,35 @@ mod tests {
         let e = try_vec(usize::MAX / 2, 0f32, "the test's buffer").unwrap_err();
         assert_eq!(e.status, crate::Status::LLMRT_OUT_OF_MEMORY);
         assert!(e.message.contains("the test's buffer") && e.message.contains("bytes"), "{}", e.message);
+    }
+
+    #[test]
+    fn crc32_and_fnv1a64_match_their_check_values() {
+        // The catalogued check values of CRC-32/ISO-HDLC and FNV-1a 64.
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+        assert_eq!(crc32(b""), 0);
+        assert_eq!(crc32(b"a"), 0xE8B7_BE43);
+        assert_eq!(Fnv1a64::new().finish(), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(Fnv1a64::new().bytes(b"a").finish(), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(Fnv1a64::new().bytes(b"foobar").finish(), 0x8594_4171_f739_67e8);
+        // Slicing by 8 equals the bytewise update at every split and length.
+        let data: Vec<u8> = (0..300u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let bytewise = |d: &[u8]| {
+            let mut c = !0u32;
+            for &b in d {
+                c ^= b as u32;
+                for _ in 0..8 {
+                    c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+                }
+            }
+            !c
+        };
+        for n in [0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 299, 300] {
+            assert_eq!(crc32(&data[..n]), bytewise(&data[..n]), "length {n}");
+            for split in [0, 1, 5, n / 2, n] {
+                let split = split.min(n);
+                assert_eq!(crc32_update(crc32(&data[..split]), &data[split..n]), crc32(&data[..n]), "{n} at {split}");
+            }
+        }
     }
 }

@@ -480,6 +480,118 @@ fn fork_then_diverge_equals_independent_caches() {
     }
 }
 
+/// `llmrt_cache_save` of cache `c` (the size asked first, as the header's rule says).
+fn save_state(m: &M, c: u64) -> Vec<u8> {
+    let mut need = 0usize;
+    // SAFETY: a live model; NULL with capacity 0; a local out_len.
+    let s = unsafe { llmrt::ffi::llmrt_cache_save(m.ptr, c, std::ptr::null_mut(), 0, &mut need) };
+    assert_eq!(s, Status::LLMRT_BUFFER_TOO_SMALL, "{}", last_error());
+    let mut buf = vec![0u8; need];
+    let mut got = 0usize;
+    // SAFETY: buf holds need writable bytes; a local out_len.
+    let s = unsafe { llmrt::ffi::llmrt_cache_save(m.ptr, c, buf.as_mut_ptr(), need, &mut got) };
+    assert_eq!((s, got), (Status::LLMRT_OK, need), "{}", last_error());
+    buf
+}
+
+/// `llmrt_cache_load` of a state (0 positions: the saved capacity).
+fn load_state(m: &M, state: &[u8]) -> Result<u64, (Status, String)> {
+    let mut c = 0u64;
+    // SAFETY: state holds state.len() readable bytes; a local out_cache.
+    let s = unsafe { llmrt::ffi::llmrt_cache_load(m.ptr, state.as_ptr(), state.len(), 0, &mut c) };
+    if s == Status::LLMRT_OK {
+        Ok(c)
+    } else {
+        Err((s, last_error()))
+    }
+}
+
+/// Saved states on the device (KV downloaded, uploaded into other blocks): the next
+/// logits of a loaded cache equal the saved cache's bit for bit, after copy-on-write
+/// forks, truncation, and the original's release; the CPU's f32 states and the device's
+/// f16 ones do not cross; damaged states are refused with nothing taken from the pool.
+#[test]
+fn saved_state_round_trips_bit_for_bit() {
+    if devices().is_none() {
+        return;
+    }
+    for (f, ty) in cache_models() {
+        let m = gpu(&f.gguf(ty));
+        let toks = &f.tokens;
+        let kvpp = m.info().kv_bytes_per_position as usize;
+        let a = m.reserve(64);
+        m.prefill(a, &toks[..21]);
+        let fork = m.fork(a);
+        m.prefill(fork, &toks[2..5]);
+        assert_eq!(m.truncate(a, 9), Status::LLMRT_OK);
+        m.prefill(a, &toks[11..13]);
+        for (c, n, what) in [(a, 11usize, "truncated"), (fork, 24, "fork")] {
+            let state = save_state(&m, c);
+            assert_eq!(state.len(), 52 + 4 * n + n * kvpp, "{} {ty} {what}: size", f.name);
+            let b = load_state(&m, &state).unwrap_or_else(|e| panic!("{} {ty} {what}: {e:?}", f.name));
+            assert_eq!(m.len(b), n as u32);
+            assert_eq!(save_state(&m, b), state, "{} {ty} {what}: the loaded cache saves the same bytes", f.name);
+            let mut t = toks[1];
+            for step in 0..3 {
+                let (x, y) = (m.decode(&[c], &[t]), m.decode(&[b], &[t]));
+                let xb: Vec<u32> = x.iter().map(|v| v.to_bits()).collect();
+                let yb: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(xb, yb, "{} {ty} {what}: step {step} after the load", f.name);
+                t = argmax(&x);
+            }
+            assert_eq!(m.release(b), Status::LLMRT_OK);
+        }
+        // After the original's release and its blocks' reuse.
+        let state = save_state(&m, a);
+        let probe = m.fork(a);
+        let want = m.decode(&[probe], &[toks[6]]);
+        for c in [a, probe, fork] {
+            assert_eq!(m.release(c), Status::LLMRT_OK);
+        }
+        let other = m.reserve(64);
+        m.prefill(other, &toks[..24]);
+        let b = load_state(&m, &state).unwrap();
+        assert_eq!(m.decode(&[b], &[toks[6]]), want, "{} {ty}: loaded after the release", f.name);
+        // The CPU's state is refused by the device and the device's by the CPU.
+        let host = cpu(&f.gguf(ty));
+        let hc = host.reserve(16);
+        host.prefill(hc, &toks[..4]);
+        let (s, e) = load_state(&m, &save_state(&host, hc)).unwrap_err();
+        assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
+        assert!(e.contains("offset 12: the state holds f32 (CPU backend) KV"), "{e}");
+        let (s, e) = load_state(&host, &state).unwrap_err();
+        assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
+        assert!(e.contains("offset 12: the state holds f16 (CUDA backend) KV"), "{e}");
+        println!("{:<16} {ty:<5} saved state round trip on the device: bit for bit", f.name);
+    }
+    // Damaged device states: every truncation of a 2-position state, a bit flip in
+    // every 7th byte; refused, the pool unchanged (the Rust API shows the pool).
+    let path = cache_models()[0].0.gguf("f32");
+    let opts = llmrt::LoadOptions { backend: llmrt::BackendKind::Cuda, kv_cache_bytes: KV_BYTES, ..Default::default() };
+    let m = llmrt::Model::load(&path, opts).unwrap();
+    let c = m.cache_reserve(16).unwrap();
+    m.prefill(c, &[3, 4], None, false).unwrap();
+    let state = m.cache_save(c).unwrap();
+    let before = (m.kv_usage(), m.cache_ids().len());
+    let mut cases: Vec<Vec<u8>> = (0..state.len()).map(|n| state[..n].to_vec()).collect();
+    for byte in (0..state.len()).step_by(7) {
+        let mut s = state.clone();
+        s[byte] ^= 1 << (byte % 8);
+        cases.push(s);
+    }
+    for s in &cases {
+        let e = m.cache_load(s, 0).expect_err("a damaged state loaded");
+        assert_eq!(e.status, Status::LLMRT_INVALID_ARGUMENT, "{}", e.message);
+        assert!(e.message.contains("offset ") || e.message.contains("shorter than"), "{}", e.message);
+    }
+    assert_eq!((m.kv_usage(), m.cache_ids().len()), before, "a refused load changed the pool");
+    let b = m.cache_load(&state, 0).unwrap();
+    let (mut x, mut y) = (vec![0f32; 384], vec![0f32; 384]);
+    m.decode(&[c], &[5], Some(&mut x)).unwrap();
+    m.decode(&[b], &[5], Some(&mut y)).unwrap();
+    assert_eq!(x, y);
+}
+
 #[test]
 fn truncate_then_reprefill_equals_fresh_cache() {
     if devices().is_none() {

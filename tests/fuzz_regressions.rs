@@ -82,6 +82,116 @@ fn tokenizer_gguf_regressions() {
     replay("tokenizer_gguf", harness::tokenizer_gguf);
 }
 
+#[test]
+fn cache_state_regressions() {
+    replay("cache_state", harness::cache_state);
+}
+
+#[test]
+fn chat_template_regressions() {
+    replay("chat_template", harness::chat_template);
+}
+
+/// The committed `cache_state` seeds are valid states of the target's tiny model (so a
+/// change of the format or of the model fingerprint shows here, and the seeds are
+/// regenerated: `python3 fuzz/make_corpus.py --dump`), and so are the ones the harness
+/// makes now; a damaged seed is refused with the pool unchanged (the harness checks).
+#[test]
+fn cache_state_seeds_load() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/cache_state");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let p = e.unwrap().path();
+        let data = std::fs::read(&p).unwrap();
+        harness::cache_state(&data).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let mut cut = data.clone();
+        cut.pop();
+        assert_eq!(harness::cache_state(&cut).unwrap_err().status, Status::LLMRT_INVALID_ARGUMENT);
+        n += 1;
+    }
+    assert!(n >= 7, "{n} seeds in {}", dir.display());
+    for (name, data) in harness::state_seeds() {
+        harness::cache_state(&data).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // Mode 1 reseals the checksum: a flipped KV byte then loads (and saves back).
+        let mut flipped = data.clone();
+        let at = flipped.len() - 5;
+        flipped[at] ^= 0x20;
+        flipped[0] = 1;
+        let loaded = harness::cache_state(&flipped);
+        assert_eq!(loaded.is_ok(), name != "len0_cap0", "{name}: {loaded:?}");
+    }
+}
+
+/// The chat template harness renders the real templates its seeds start from, and the
+/// hand-written runaway ones stop with an error in bounded time.
+#[test]
+fn chat_template_seeds_render_or_stop() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/chat_template");
+    let mut ok = 0;
+    for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        let t = std::time::Instant::now();
+        let r = harness::chat_template(&std::fs::read(&p).unwrap());
+        assert!(t.elapsed().as_secs() < 10, "{name}: {:?}", t.elapsed());
+        let runaway = ["long_loop", "nested_loops", "recursive_macro", "string_growth", "string_repeat", "raise"];
+        if runaway.iter().any(|r| name.starts_with(r)) {
+            assert!(r.is_err(), "{name} rendered");
+        } else if r.is_ok() {
+            ok += 1;
+        }
+    }
+    assert!(ok >= 10, "only {ok} seed templates rendered");
+}
+
+/// KNOWN GAP (found while seeding `chat_template`, not by the fuzzer): minijinja 3.1.0
+/// charges no fuel for `list + list` (it is lazy) and, once 33 such sums are nested,
+/// copies the whole sum into a new list, also uncharged. A template that doubles a list
+/// 40 times (`{% set ns.v = ns.v + ns.v %}`) therefore runs for minutes and allocates
+/// without bound (9.7 GB after 9 minutes here) instead of running out of fuel: a model
+/// file's chat template can hang or OOM the process. minijinja has no hook for the
+/// operator; the fix belongs upstream (or in a check of the template before rendering).
+/// Ignored until then: `cargo test --release --test fuzz_regressions -- --ignored`
+/// runs the render in a child process capped at 2 GiB and 20 s, and fails while the
+/// gap is open.
+#[test]
+#[ignore]
+fn known_gap_chat_template_list_doubling_is_not_fuel_bounded() {
+    const SRC: &str = "{% set ns = namespace(v=['ab']) %}{% for i in range(40) %}{% set ns.v = ns.v + ns.v %}{% endfor %}{{ ns.v|length }}";
+    if std::env::var_os("LLMRT_GAP_CHILD").is_some() {
+        let lim = libc::rlimit { rlim_cur: 2 << 30, rlim_max: 2 << 30 };
+        // SAFETY: setrlimit with a valid struct; lowers this child's own address-space limit.
+        unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) };
+        let r = harness::chat_template(SRC.as_bytes());
+        assert!(r.is_err(), "rendered");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut child = std::process::Command::new(exe)
+        .args(["--exact", "known_gap_chat_template_list_doubling_is_not_fuel_bounded", "--ignored", "--nocapture"])
+        .env("LLMRT_GAP_CHILD", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if t.elapsed().as_secs() >= 20 {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the render did not stop with an error within 20 s and 2 GiB: {status:?}"
+    );
+}
+
 const ARCHS: [tiny::Arch; 3] = [tiny::Arch::Llama, tiny::Arch::Qwen2, tiny::Arch::Qwen3];
 const TOKS: [tiny::TokKind; 5] = [
     tiny::TokKind::Spm,

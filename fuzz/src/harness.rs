@@ -5,10 +5,11 @@
 //! Shared by the cargo-fuzz targets (`fuzz/fuzz_targets/*.rs`, through the
 //! `llmrt_fuzz` crate) and by the main crate's `tests/fuzz_regressions.rs`
 //! (included with `#[path]`), so a reproducer is replayed through exactly the code
-//! the fuzzer ran. Only llmrt and std are used here.
+//! the fuzzer ran. Only llmrt, std and the tiny model (`crate::tiny`, included next
+//! to this file in both crates) are used here.
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use llmrt::format::gguf::Gguf;
 use llmrt::format::safetensors::SafeTensors;
@@ -195,4 +196,147 @@ pub fn steps(m: &Model) -> Result<()> {
     m.cache_release(f)?;
     m.cache_release(c)?;
     Ok(())
+}
+
+/// The model `cache_state` loads states into: the small llama of [`crate::tiny`]
+/// (one layer, 2 KV heads of 8, context 64, F32), no tokenizer, a pool of 12 blocks
+/// (192 positions: three full contexts), built once per process.
+pub fn state_model() -> &'static Model {
+    static M: OnceLock<Model> = OnceLock::new();
+    M.get_or_init(|| {
+        use crate::tiny::{Arch, Spec, TokKind};
+        let spec = Spec::tiny(Arch::Llama, TokKind::None, llmrt::quant::DType::F32, false, 17);
+        let probe = Model::load_gguf_bytes(
+            spec.to_bytes(),
+            "state.gguf",
+            LoadOptions { backend: BackendKind::Cpu, threads: 1, ..Default::default() },
+        )
+        .expect("the tiny state model loads");
+        let kv = probe.info().kv_bytes_per_position * 16 * 12;
+        drop(probe);
+        let opts = LoadOptions { backend: BackendKind::Cpu, threads: 1, kv_cache_bytes: kv, ..Default::default() };
+        Model::load_gguf_bytes(spec.to_bytes(), "state.gguf", opts).expect("the tiny state model loads")
+    })
+}
+
+/// Valid states of [`state_model`] (the `cache_state` seeds, each behind a mode byte
+/// of 0): caches of 0, 1, 3, 16, 17 and 40 positions, capacities from the length to the
+/// whole context, one made by fork + truncate + append.
+pub fn state_seeds() -> Vec<(String, Vec<u8>)> {
+    let _serial = STATE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let m = state_model();
+    let v = m.info().vocab_size;
+    let mut out = Vec::new();
+    for (len, cap) in [(0u32, 0u32), (1, 1), (3, 64), (16, 16), (17, 32), (40, 64)] {
+        let c = m.cache_reserve(cap).expect("seed cache");
+        if len > 0 {
+            let toks: Vec<u32> = (0..len).map(|i| (i * 7 + 3) % v).collect();
+            m.prefill(c, &toks, None, false).expect("seed prefill");
+        }
+        let mut s = vec![0u8];
+        s.extend(m.cache_save(c).expect("seed save"));
+        out.push((format!("len{len}_cap{cap}"), s));
+        m.cache_release(c).expect("seed release");
+    }
+    let a = m.cache_reserve(48).expect("seed cache");
+    m.prefill(a, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], None, false)
+        .expect("prefill");
+    let f = m.cache_fork(a).expect("fork");
+    m.cache_truncate(f, 5).expect("truncate");
+    m.prefill(f, &[30, 31, 32], None, false).expect("prefill");
+    let mut s = vec![0u8];
+    s.extend(m.cache_save(f).expect("seed save"));
+    out.push(("fork_truncate_len8_cap48".to_string(), s));
+    m.cache_release(f).expect("release");
+    m.cache_release(a).expect("release");
+    out
+}
+
+/// Serialises the users of [`state_model`] (the regression tests run in threads), so
+/// the pool checks of [`cache_state`] see only their own call.
+static STATE_LOCK: Mutex<()> = Mutex::new(());
+
+/// `cache_state`: `data[1..]` loaded as a saved cache state into [`state_model`].
+/// `data[0]` is a mode byte: odd = first replace the state's last 4 bytes by the CRC-32
+/// of the bytes before them (so the fuzzer also reaches what is checked after the
+/// checksum: the tokens, the pool, the KV copy, a step over arbitrary KV values). A
+/// refused state must change nothing (no cache, no block); a loaded one must save back
+/// to the same bytes, take one step (or be full) and release every block it took.
+pub fn cache_state(data: &[u8]) -> Result<()> {
+    let _serial = STATE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let m = state_model();
+    let Some((&mode, rest)) = data.split_first() else {
+        return Err(llmrt::Error::invalid("no mode byte"));
+    };
+    let mut state = rest.to_vec();
+    if mode & 1 == 1 && state.len() >= 4 {
+        let n = state.len() - 4;
+        let c = llmrt::util::crc32(&state[..n]);
+        state[n..].copy_from_slice(&c.to_le_bytes());
+    }
+    let before = (m.kv_usage(), m.cache_ids().len());
+    let c = match m.cache_load(&state, 0) {
+        Ok(c) => c,
+        Err(e) => {
+            assert_eq!((m.kv_usage(), m.cache_ids().len()), before, "a refused load changed the pool: {e}");
+            assert!(
+                matches!(
+                    e.status,
+                    Status::LLMRT_INVALID_ARGUMENT | Status::LLMRT_CONTEXT_FULL | Status::LLMRT_OUT_OF_MEMORY
+                ),
+                "unexpected refusal: {e}"
+            );
+            return Err(e);
+        }
+    };
+    let back = m.cache_save(c).expect("saving a loaded cache");
+    assert_eq!(back, state, "a loaded state saves back to other bytes");
+    let len = m.cache_length(c).expect("length");
+    assert_eq!(m.cache_tokens(c).expect("tokens").len(), len as usize);
+    let mut row = vec![0f32; m.info().vocab_size as usize];
+    match m.decode(&[c], &[len % m.info().vocab_size], Some(&mut row)) {
+        Ok(()) => {}
+        Err(e) => assert_eq!(e.status, Status::LLMRT_CONTEXT_FULL, "a step on a loaded cache failed: {e}"),
+    }
+    m.cache_release(c).expect("release");
+    assert_eq!((m.kv_usage(), m.cache_ids().len()), before, "a loaded cache's release left blocks behind");
+    Ok(())
+}
+
+/// Messages every fuzzed chat template is rendered over: system, user, assistant,
+/// user, with markup look-alikes and multi-byte UTF-8.
+const CHAT_MESSAGES: [(&str, &str); 4] = [
+    ("system", "You are terse. <|im_start|>{{ not a tag }}"),
+    ("user", "Hello! caf\u{e9} \u{65e5}\u{672c} \u{1F600}"),
+    ("assistant", "Hi.</s>"),
+    ("user", "{% raw %}x{% endraw %} and \\n newline\n"),
+];
+
+/// `chat_template`: `data` (lossily UTF-8) as a chat template source, rendered over
+/// [`CHAT_MESSAGES`] with and without the generation prompt at a fixed date. Any
+/// `Err` is fine; minijinja's fuel and recursion limits must stop every loop (a hang
+/// is the fuzzer's timeout), and the output stays under the renderer's cap.
+pub fn chat_template(data: &[u8]) -> Result<()> {
+    use llmrt::chat::{render, DateTime, Message, RenderOptions};
+    let source = String::from_utf8_lossy(data);
+    let msgs: Vec<Message<'_>> = CHAT_MESSAGES.iter().map(|&(role, content)| Message { role, content }).collect();
+    let mut first = Ok(());
+    for add_generation_prompt in [false, true] {
+        let opts = RenderOptions {
+            add_generation_prompt,
+            bos_token: "<s>",
+            eos_token: "</s>",
+            now: Some(DateTime::from_unix(1_700_000_000)),
+        };
+        match render(&source, &msgs, &opts) {
+            Ok(out) => assert!(out.len() <= llmrt::chat::template::MAX_OUTPUT),
+            Err(e) => {
+                assert_eq!(e.status, Status::LLMRT_INVALID_ARGUMENT, "{e}");
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+    }
+    first
 }

@@ -7,6 +7,7 @@
 pub(crate) mod cpu;
 pub mod cuda;
 
+use crate::kv::state::KvDtype;
 use crate::kv::{BlockCopy, BlockId};
 use crate::Result;
 
@@ -58,6 +59,17 @@ pub trait Backend: Send {
     /// As [`Backend::step`], but each wanted row is the final norm's output (`hidden`
     /// floats: the LM head's input, for embeddings) and the LM head does not run.
     fn step_hidden(&mut self, seqs: &[Seq<'_>], hidden: &mut [f32]) -> Result<()>;
+    /// The element type of the KV storage (what a saved cache state holds).
+    fn kv_dtype(&self) -> KvDtype;
+    /// Copies positions `0..len` of the cache whose block table is `blocks` into `out`
+    /// (`kv::state::Geometry::kv_bytes(len)` bytes) in the saved-state layout: for each
+    /// layer, K then V, for each position, one row of `kv_dim` little-endian elements of
+    /// [`Backend::kv_dtype`] (see `kv::state`).
+    fn read_kv(&mut self, blocks: &[BlockId], len: usize, out: &mut [u8]) -> Result<()>;
+    /// The reverse of [`Backend::read_kv`]: writes `data` into positions `0..len` of
+    /// `blocks` (blocks no other cache holds). Slots past `len` of the last block may be
+    /// overwritten (they hold no position).
+    fn write_kv(&mut self, blocks: &[BlockId], len: usize, data: &[u8]) -> Result<()>;
     /// Rows of the logits (the vocabulary size).
     fn vocab_size(&self) -> usize;
     /// Bytes of KV storage per position of one cache (all layers, K and V).

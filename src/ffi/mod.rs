@@ -75,6 +75,8 @@ mod abort;
 pub use abort::*;
 mod generate;
 pub use generate::*;
+mod state;
+pub use state::*;
 
 use crate::error::llmrt_status;
 use crate::runtime::{BackendKind, LoadOptions, Model};

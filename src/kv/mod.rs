@@ -15,6 +15,10 @@
 //!
 //! The storage behind a block id belongs to the backend; this module only says
 //! which block ids a step writes and which copies it must do first.
+//!
+//! `state.rs`: a cache's saved state (KV and token history as bytes, and back).
+
+pub mod state;
 
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -136,6 +140,44 @@ impl KvManager {
         }
         self.reserved_blocks += need;
         Ok(())
+    }
+
+    /// A new cache of `capacity` positions already holding `tokens` (a loaded state):
+    /// books the capacity as [`Self::reserve`] does and hands out the blocks of
+    /// `tokens.len()` positions, unshared. The backend then writes their contents; when
+    /// it cannot, [`Self::release`] undoes this. On an error nothing changed.
+    pub fn create_filled(&mut self, capacity: u32, context: u32, tokens: Vec<u32>) -> Result<u64> {
+        if capacity > context {
+            return Err(Error::context_full(format!(
+                "cannot reserve {capacity} positions: the context length is {context}"
+            )));
+        }
+        if tokens.len() > capacity as usize {
+            return Err(Error::invalid(format!(
+                "{} positions do not fit in a cache of {capacity} positions",
+                tokens.len()
+            )));
+        }
+        let need = blocks_for(capacity);
+        let n = blocks_for(tokens.len() as u32);
+        let mut blocks = crate::util::try_with_capacity(n, "the loaded cache's block table")?;
+        self.book(need, capacity)?;
+        for _ in 0..n {
+            match self.alloc() {
+                Ok(b) => blocks.push(b),
+                Err(e) => {
+                    for b in blocks {
+                        self.unref(b);
+                    }
+                    self.reserved_blocks -= need;
+                    return Err(e);
+                }
+            }
+        }
+        let id = NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed);
+        let len = tokens.len() as u32;
+        self.caches.insert(id, CacheState { capacity, len, blocks, tokens, reserved_blocks: need });
+        Ok(id)
     }
 
     /// Releases cache `id` and its blocks.
@@ -365,6 +407,27 @@ mod tests {
         kv.release(b).unwrap();
         assert_eq!(kv.blocks_in_use(), 0);
         assert_eq!(kv.reserved_blocks(), 0);
+    }
+
+    #[test]
+    fn create_filled_books_capacity_and_hands_out_the_held_blocks() {
+        let mut kv = KvManager::new(6, 1);
+        let a = kv.reserve(16, 64).unwrap();
+        kv.prepare_append(a, 16).unwrap();
+        kv.commit(a, &[1; 16]);
+        let b = kv.create_filled(40, 64, vec![5; 17]).unwrap(); // 3 blocks booked, 2 held
+        let s = kv.get(b).unwrap();
+        assert_eq!((s.len, s.capacity, s.blocks.len(), s.tokens.len()), (17, 40, 2, 17));
+        assert!(!s.blocks.contains(&kv.get(a).unwrap().blocks[0]));
+        assert_eq!((kv.reserved_blocks(), kv.blocks_in_use()), (4, 3));
+        // Past the budget, past the context, more tokens than capacity: nothing changes.
+        assert_eq!(kv.create_filled(48, 64, vec![]).unwrap_err().status, crate::Status::LLMRT_OUT_OF_MEMORY);
+        assert_eq!(kv.create_filled(65, 64, vec![]).unwrap_err().status, crate::Status::LLMRT_CONTEXT_FULL);
+        assert_eq!(kv.create_filled(1, 64, vec![1, 2]).unwrap_err().status, crate::Status::LLMRT_INVALID_ARGUMENT);
+        assert_eq!((kv.reserved_blocks(), kv.blocks_in_use()), (4, 3));
+        kv.release(b).unwrap();
+        kv.release(a).unwrap();
+        assert_eq!((kv.reserved_blocks(), kv.blocks_in_use()), (0, 0));
     }
 
     #[test]

@@ -35,6 +35,56 @@ impl KvStore {
         Ok(())
     }
 
+    /// Positions `0..len` of the blocks `blocks` into `out` in the saved-state layout
+    /// (`crate::kv::state`: layer, K|V, position; f32 little-endian).
+    pub(crate) fn read_positions(&self, blocks: &[BlockId], len: usize, out: &mut [u8]) -> Result<()> {
+        let d = self.kv_dim;
+        crate::kv::state::check_section(self.n_layers, d, 4, blocks, len, out.len())?;
+        for (bi, &b) in blocks.iter().enumerate().take(len.div_ceil(BLOCK_POSITIONS)) {
+            let start = bi * BLOCK_POSITIONS;
+            let n = (len - start).min(BLOCK_POSITIONS);
+            let data = self.blocks.get(b as usize).and_then(Option::as_ref).ok_or_else(|| {
+                Error::internal(format!("KV state save: block {b} (position {start}) has no storage"))
+            })?;
+            for layer in 0..self.n_layers {
+                for v in 0..2 {
+                    let o = self.offset(layer, v, 0);
+                    let at = crate::kv::state::kv_index(layer, v, len, start, d) * 4;
+                    for (dst, x) in out[at..at + n * d * 4].chunks_exact_mut(4).zip(&data[o..o + n * d]) {
+                        dst.copy_from_slice(&x.to_le_bytes());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The reverse of [`Self::read_positions`]: storage is made for every block first
+    /// (`LLMRT_OUT_OF_MEMORY` naming it), then the rows are written.
+    pub(crate) fn write_positions(&mut self, blocks: &[BlockId], len: usize, data: &[u8]) -> Result<()> {
+        let d = self.kv_dim;
+        crate::kv::state::check_section(self.n_layers, d, 4, blocks, len, data.len())?;
+        let used = &blocks[..len.div_ceil(BLOCK_POSITIONS)];
+        for &b in used {
+            self.ensure(b)?;
+        }
+        for (bi, &b) in used.iter().enumerate() {
+            let start = bi * BLOCK_POSITIONS;
+            let n = (len - start).min(BLOCK_POSITIONS);
+            for layer in 0..self.n_layers {
+                for v in 0..2 {
+                    let o = self.offset(layer, v, 0);
+                    let at = crate::kv::state::kv_index(layer, v, len, start, d) * 4;
+                    let dst = &mut self.blocks[b as usize].as_mut().expect("ensured above")[o..o + n * d];
+                    for (x, src) in dst.iter_mut().zip(data[at..at + n * d * 4].chunks_exact(4)) {
+                        *x = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn block_elems(&self) -> usize {
         self.n_layers * 2 * BLOCK_POSITIONS * self.kv_dim
     }

@@ -185,6 +185,18 @@ impl Backend for CpuBackend {
         (self.cfg.n_layers * 2 * self.cfg.kv_dim() * 4) as u64
     }
 
+    fn kv_dtype(&self) -> crate::kv::state::KvDtype {
+        crate::kv::state::KvDtype::F32
+    }
+
+    fn read_kv(&mut self, blocks: &[crate::kv::BlockId], len: usize, out: &mut [u8]) -> Result<()> {
+        self.kv.read_positions(blocks, len, out)
+    }
+
+    fn write_kv(&mut self, blocks: &[crate::kv::BlockId], len: usize, data: &[u8]) -> Result<()> {
+        self.kv.write_positions(blocks, len, data)
+    }
+
     fn vocab_size(&self) -> usize {
         self.cfg.vocab_size
     }

@@ -1110,6 +1110,89 @@ impl Backend for CudaBackend {
         kv_bytes_per_position(&self.cfg)
     }
 
+    fn kv_dtype(&self) -> crate::kv::state::KvDtype {
+        crate::kv::state::KvDtype::F16
+    }
+
+    /// One block at a time: a device-to-host copy of the whole block into a host
+    /// buffer (allocated fallibly), a synchronisation, then its rows into `out`.
+    fn read_kv(&mut self, blocks: &[crate::kv::BlockId], len: usize, out: &mut [u8]) -> Result<()> {
+        let d = self.kv.kv_dim;
+        let n_layers = self.kv.n_layers;
+        crate::kv::state::check_section(n_layers, d, 2, blocks, len, out.len())?;
+        let be = self.kv.block_elems();
+        let mut host = crate::util::try_vec(be, half::f16::ZERO, "a host copy of one KV block")?;
+        guarded("CUDA KV state download", || {
+            self.bind()?;
+            for (bi, &b) in blocks.iter().enumerate().take(len.div_ceil(BLOCK_POSITIONS)) {
+                let b = b as usize;
+                if b >= self.kv.n_blocks {
+                    return Err(Error::internal(format!(
+                        "KV state save: block {b} outside the pool of {}",
+                        self.kv.n_blocks
+                    )));
+                }
+                let view = self.kv.data.slice(b * be..(b + 1) * be);
+                self.stream.memcpy_dtoh(&view, host.as_mut_slice()).map_err(|e| {
+                    driver_err(&format!("downloading KV block {b} (cuMemcpyDtoHAsync, {} bytes)", be * 2), e)
+                })?;
+                self.sync("downloading a KV block")?;
+                let start = bi * BLOCK_POSITIONS;
+                let n = (len - start).min(BLOCK_POSITIONS);
+                for layer in 0..n_layers {
+                    for v in 0..2 {
+                        let o = (layer * 2 + v) * BLOCK_POSITIONS * d;
+                        let at = crate::kv::state::kv_index(layer, v, len, start, d) * 2;
+                        for (dst, x) in out[at..at + n * d * 2].chunks_exact_mut(2).zip(&host[o..o + n * d]) {
+                            dst.copy_from_slice(&x.to_bits().to_le_bytes());
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// One block at a time: its rows (zeros in the slots past `len`) into a host
+    /// buffer, a host-to-device copy of the whole block, a synchronisation.
+    fn write_kv(&mut self, blocks: &[crate::kv::BlockId], len: usize, data: &[u8]) -> Result<()> {
+        let d = self.kv.kv_dim;
+        let n_layers = self.kv.n_layers;
+        crate::kv::state::check_section(n_layers, d, 2, blocks, len, data.len())?;
+        let be = self.kv.block_elems();
+        let mut host = crate::util::try_vec(be, half::f16::ZERO, "a host copy of one KV block")?;
+        guarded("CUDA KV state upload", || {
+            self.bind()?;
+            for (bi, &b) in blocks.iter().enumerate().take(len.div_ceil(BLOCK_POSITIONS)) {
+                let b = b as usize;
+                if b >= self.kv.n_blocks {
+                    return Err(Error::internal(format!(
+                        "KV state load: block {b} outside the pool of {}",
+                        self.kv.n_blocks
+                    )));
+                }
+                let start = bi * BLOCK_POSITIONS;
+                let n = (len - start).min(BLOCK_POSITIONS);
+                host.fill(half::f16::ZERO);
+                for layer in 0..n_layers {
+                    for v in 0..2 {
+                        let o = (layer * 2 + v) * BLOCK_POSITIONS * d;
+                        let at = crate::kv::state::kv_index(layer, v, len, start, d) * 2;
+                        for (x, src) in host[o..o + n * d].iter_mut().zip(data[at..at + n * d * 2].chunks_exact(2)) {
+                            *x = half::f16::from_bits(u16::from_le_bytes([src[0], src[1]]));
+                        }
+                    }
+                }
+                let mut view = self.kv.data.slice_mut(b * be..(b + 1) * be);
+                self.stream.memcpy_htod(host.as_slice(), &mut view).map_err(|e| {
+                    driver_err(&format!("uploading KV block {b} (cuMemcpyHtoDAsync, {} bytes)", be * 2), e)
+                })?;
+                self.sync("uploading a KV block")?;
+            }
+            Ok(())
+        })
+    }
+
     fn vocab_size(&self) -> usize {
         self.cfg.vocab_size
     }

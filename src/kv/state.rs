@@ -1,0 +1,442 @@
+//! A cache's saved state: its KV and its token history as bytes, and back
+//! (`llmrt_cache_save` / `llmrt_cache_load`, `Model::cache_save` / `cache_load`).
+//!
+//! Format version 1, every integer little-endian:
+//!
+//! | offset | size | field |
+//! |---:|---:|---|
+//! | 0 | 8 | magic `LLMRTKV\0` |
+//! | 8 | 4 | format version (1) |
+//! | 12 | 4 | KV element type: 1 = f32 (the CPU backend), 2 = f16 (CUDA) |
+//! | 16 | 8 | model fingerprint ([`model_fingerprint`]) |
+//! | 24 | 4 | layers |
+//! | 28 | 4 | KV heads |
+//! | 32 | 4 | head dimension |
+//! | 36 | 4 | vocabulary size |
+//! | 40 | 4 | capacity: positions the saved cache had reserved |
+//! | 44 | 4 | length `n`: positions it held |
+//! | 48 | 4 n | the token at each position (the sampler's penalty history) |
+//! | 48 + 4 n | L 2 n D e | KV: for each layer, K then V, for each position, `D` = heads x head dim values of `e` bytes |
+//! | end - 4 | 4 | CRC-32 ([`crate::util::crc32`]) of every byte before it |
+//!
+//! The KV section is laid out by position, not by block: a state does not depend on
+//! the block size or on which physical blocks the cache happened to hold, and loads
+//! into any free blocks. It is tied to the model (fingerprint, geometry) and to the KV
+//! element type (a CPU state does not load on CUDA, nor the reverse).
+//!
+//! [`parse`] checks, in this order: the length against the fixed part, the magic, the
+//! version, the element type, the geometry, the fingerprint, the length and capacity
+//! fields against the buffer's length, the checksum, then every token against the
+//! vocabulary. Each failure is `LLMRT_INVALID_ARGUMENT` naming the offset and the
+//! field; nothing is allocated from a field before it was checked against the model
+//! and against the buffer's length.
+
+use crate::model::weights::{Matrix, Weights};
+use crate::model::{Config, RopeStyle};
+use crate::util::{crc32, try_with_capacity, Fnv1a64};
+use crate::{Error, Result};
+
+/// The first 8 bytes of every state.
+pub const MAGIC: [u8; 8] = *b"LLMRTKV\0";
+/// The format version this library writes and reads.
+pub const VERSION: u32 = 1;
+/// Bytes before the tokens.
+pub const HEADER_BYTES: usize = 48;
+/// The trailing checksum.
+pub const CHECKSUM_BYTES: usize = 4;
+
+/// Offsets of the header fields.
+const OFF_VERSION: usize = 8;
+const OFF_DTYPE: usize = 12;
+const OFF_FINGERPRINT: usize = 16;
+const OFF_LAYERS: usize = 24;
+const OFF_KV_HEADS: usize = 28;
+const OFF_HEAD_DIM: usize = 32;
+const OFF_VOCAB: usize = 36;
+const OFF_CAPACITY: usize = 40;
+const OFF_LENGTH: usize = 44;
+
+/// The element type of a backend's KV storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvDtype {
+    F32,
+    F16,
+}
+
+impl KvDtype {
+    /// Its code in a state's header.
+    pub fn code(self) -> u32 {
+        match self {
+            KvDtype::F32 => 1,
+            KvDtype::F16 => 2,
+        }
+    }
+
+    fn from_code(c: u32) -> Option<KvDtype> {
+        match c {
+            1 => Some(KvDtype::F32),
+            2 => Some(KvDtype::F16),
+            _ => None,
+        }
+    }
+
+    /// Bytes of one element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32 (CPU backend)",
+            KvDtype::F16 => "f16 (CUDA backend)",
+        }
+    }
+}
+
+/// What a state must match: the loaded model's side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub fingerprint: u64,
+    pub dtype: KvDtype,
+    pub n_layers: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    pub vocab_size: u32,
+}
+
+impl Geometry {
+    /// Values of one K (or V) row of one position.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads as usize * self.head_dim as usize
+    }
+
+    /// Bytes of the KV section of `len` positions (None past `usize`).
+    pub fn kv_bytes(&self, len: u32) -> Option<usize> {
+        (self.n_layers as usize)
+            .checked_mul(2)?
+            .checked_mul(len as usize)?
+            .checked_mul(self.kv_dim())?
+            .checked_mul(self.dtype.bytes())
+    }
+
+    /// Bytes of a whole state of `len` positions (None past `usize`).
+    pub fn state_bytes(&self, len: u32) -> Option<usize> {
+        (len as usize).checked_mul(4)?.checked_add(HEADER_BYTES + CHECKSUM_BYTES)?.checked_add(self.kv_bytes(len)?)
+    }
+
+    /// Where the KV section of a state of `len` positions starts.
+    pub fn kv_offset(len: u32) -> usize {
+        HEADER_BYTES + 4 * len as usize
+    }
+}
+
+/// The element index, in the KV section of a state of `len` positions, of position
+/// `pos` of layer `layer`'s K (`v = 0`) or V (`v = 1`) rows of `kv_dim` values.
+pub fn kv_index(layer: usize, v: usize, len: usize, pos: usize, kv_dim: usize) -> usize {
+    ((layer * 2 + v) * len + pos) * kv_dim
+}
+
+/// Checks a KV section's size and block table for `len` positions (backends call it
+/// before they copy): `LLMRT_INTERNAL`, a caller's bug, when they do not match.
+pub fn check_section(
+    n_layers: usize,
+    kv_dim: usize,
+    elem: usize,
+    blocks: &[crate::kv::BlockId],
+    len: usize,
+    bytes: usize,
+) -> Result<()> {
+    let want = n_layers.checked_mul(2 * kv_dim * elem).and_then(|v| v.checked_mul(len));
+    if want != Some(bytes) || blocks.len() < len.div_ceil(crate::kv::BLOCK_POSITIONS) {
+        return Err(Error::internal(format!(
+            "KV state copy: {bytes} bytes and {} blocks for {len} positions of {n_layers} layers x {kv_dim} x {elem} \
+             bytes",
+            blocks.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Writes the header and the tokens of a state into the start of `out` (at least
+/// `HEADER_BYTES + 4 * tokens.len()` bytes); the KV section follows, then [`seal`].
+pub fn write_header(g: &Geometry, capacity: u32, tokens: &[u32], out: &mut [u8]) {
+    out[..8].copy_from_slice(&MAGIC);
+    let put = |out: &mut [u8], off: usize, v: u32| out[off..off + 4].copy_from_slice(&v.to_le_bytes());
+    put(out, OFF_VERSION, VERSION);
+    put(out, OFF_DTYPE, g.dtype.code());
+    out[OFF_FINGERPRINT..OFF_FINGERPRINT + 8].copy_from_slice(&g.fingerprint.to_le_bytes());
+    put(out, OFF_LAYERS, g.n_layers);
+    put(out, OFF_KV_HEADS, g.n_kv_heads);
+    put(out, OFF_HEAD_DIM, g.head_dim);
+    put(out, OFF_VOCAB, g.vocab_size);
+    put(out, OFF_CAPACITY, capacity);
+    put(out, OFF_LENGTH, tokens.len() as u32);
+    for (d, t) in out[HEADER_BYTES..HEADER_BYTES + 4 * tokens.len()].chunks_exact_mut(4).zip(tokens) {
+        d.copy_from_slice(&t.to_le_bytes());
+    }
+}
+
+/// Writes the checksum into the last 4 bytes of a whole state.
+pub fn seal(state: &mut [u8]) {
+    let n = state.len() - CHECKSUM_BYTES;
+    let c = crc32(&state[..n]);
+    state[n..].copy_from_slice(&c.to_le_bytes());
+}
+
+/// A checked state: its fields and views of its sections.
+#[derive(Debug)]
+pub struct Parsed<'a> {
+    /// Positions the saved cache had reserved (>= `tokens.len()`).
+    pub capacity: u32,
+    /// The token at each position, each below the vocabulary size.
+    pub tokens: Vec<u32>,
+    /// The KV section (`Geometry::kv_bytes(len)` bytes).
+    pub kv: &'a [u8],
+}
+
+fn u32_at(d: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes([d[off], d[off + 1], d[off + 2], d[off + 3]])
+}
+
+/// Checks a state against the model `g` and its own length and checksum (see the
+/// module comment for the order); `LLMRT_INVALID_ARGUMENT` naming the offset and the
+/// field at fault.
+pub fn parse<'a>(g: &Geometry, data: &'a [u8]) -> Result<Parsed<'a>> {
+    let bad = |m: String| Err(Error::invalid(format!("cache state: {m}")));
+    let fixed = HEADER_BYTES + CHECKSUM_BYTES;
+    if data.len() < fixed {
+        return bad(format!(
+            "{} bytes, shorter than the {fixed} bytes of a state's header ({HEADER_BYTES}) and checksum \
+             ({CHECKSUM_BYTES}): truncated, or not a state",
+            data.len()
+        ));
+    }
+    if data[..8] != MAGIC {
+        return bad(format!("offset 0: magic {:02x?} is not \"LLMRTKV\\0\": not an llmrt cache state", &data[..8]));
+    }
+    let version = u32_at(data, OFF_VERSION);
+    if version != VERSION {
+        return bad(format!(
+            "offset {OFF_VERSION}: format version {version}; this library reads version {VERSION} only"
+        ));
+    }
+    let code = u32_at(data, OFF_DTYPE);
+    let Some(dtype) = KvDtype::from_code(code) else {
+        return bad(format!("offset {OFF_DTYPE}: KV element type {code} is not 1 (f32) or 2 (f16)"));
+    };
+    if dtype != g.dtype {
+        return bad(format!(
+            "offset {OFF_DTYPE}: the state holds {} KV, this model keeps {} KV (load it on the backend that saved it)",
+            dtype.name(),
+            g.dtype.name()
+        ));
+    }
+    for (off, what, want) in [
+        (OFF_LAYERS, "layers", g.n_layers),
+        (OFF_KV_HEADS, "KV heads", g.n_kv_heads),
+        (OFF_HEAD_DIM, "head dimension", g.head_dim),
+        (OFF_VOCAB, "vocabulary size", g.vocab_size),
+    ] {
+        let got = u32_at(data, off);
+        if got != want {
+            return bad(format!("offset {off}: {what} {got}, this model has {want}: another model's state"));
+        }
+    }
+    let mut fp = [0u8; 8];
+    fp.copy_from_slice(&data[OFF_FINGERPRINT..OFF_FINGERPRINT + 8]);
+    let fp = u64::from_le_bytes(fp);
+    if fp != g.fingerprint {
+        return bad(format!(
+            "offset {OFF_FINGERPRINT}: model fingerprint {fp:016x}, this model's is {:016x}: another model's \
+             state (other weights, types or hyperparameters)",
+            g.fingerprint
+        ));
+    }
+    let capacity = u32_at(data, OFF_CAPACITY);
+    let len = u32_at(data, OFF_LENGTH);
+    if capacity < len {
+        return bad(format!("offset {OFF_CAPACITY}: capacity {capacity} is below the length {len} (offset 44)"));
+    }
+    let need = g.state_bytes(len);
+    if need != Some(data.len()) {
+        let need = need.map_or_else(|| "more than the address space".to_string(), |n| format!("{n} bytes"));
+        return bad(format!(
+            "offset {OFF_LENGTH}: length {len} positions needs {need} ({HEADER_BYTES} header + 4 per token + \
+             {} per position of KV + {CHECKSUM_BYTES} checksum); the state has {} bytes (truncated or corrupt)",
+            g.kv_bytes(1).unwrap_or(0),
+            data.len()
+        ));
+    }
+    let body = data.len() - CHECKSUM_BYTES;
+    let stored = u32_at(data, body);
+    let computed = crc32(&data[..body]);
+    if stored != computed {
+        return bad(format!(
+            "offset {body}: checksum {stored:08x} differs from the CRC-32 {computed:08x} of bytes 0..{body}: the \
+             state is corrupt"
+        ));
+    }
+    let kv_at = Geometry::kv_offset(len);
+    // len * 4 <= data.len(): the allocation is bounded by the caller's buffer.
+    let mut tokens = try_with_capacity(len as usize, "the state's token history")?;
+    for (i, c) in data[HEADER_BYTES..kv_at].chunks_exact(4).enumerate() {
+        let t = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        if t >= g.vocab_size {
+            return bad(format!(
+                "offset {}: token {t} at position {i} is outside the vocabulary (size {})",
+                HEADER_BYTES + 4 * i,
+                g.vocab_size
+            ));
+        }
+        tokens.push(t);
+    }
+    Ok(Parsed { capacity, tokens, kv: &data[kv_at..body] })
+}
+
+/// Bytes of a matrix the fingerprint reads: all of it up to 3 windows, else windows at
+/// its start, middle and end.
+const WINDOW: usize = 4096;
+
+/// The model fingerprint of a state: FNV-1a 64 over what makes a cache's KV mean the
+/// same thing. It covers the architecture's options (name, RoPE pairing, Q/K/V biases,
+/// Q/K norms), the hyperparameters the forward pass uses (vocabulary, hidden size,
+/// layers, heads, KV heads, head dimension, FFN size, RMSNorm epsilon, RoPE base and
+/// linear factor), every norm and bias vector and the RoPE frequency divisors in full,
+/// and of every weight matrix its type, shape and bytes: all of a matrix of up to 12 KiB,
+/// else 4 KiB at its start, its middle and its end. Not covered: tensor names, the
+/// tokenizer, chat template and other metadata, the context length and load options;
+/// two models that differ only inside the unread parts of large matrices share a
+/// fingerprint (cheap by design: a few pages per matrix, read once at load).
+pub fn model_fingerprint(cfg: &Config, w: &Weights) -> u64 {
+    let mut h = Fnv1a64::new();
+    h.str("llmrt model fingerprint 1");
+    let a = &cfg.arch;
+    h.str(&a.name);
+    h.u64(match a.rope_style {
+        RopeStyle::Adjacent => 0,
+        RopeStyle::Neox => 1,
+    });
+    h.u64(a.qkv_bias as u64).u64(a.qk_norm as u64);
+    for v in [cfg.vocab_size, cfg.hidden, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn] {
+        h.u64(v as u64);
+    }
+    for v in [cfg.rms_eps, cfg.rope_theta, cfg.rope_linear_factor] {
+        h.u64(v.to_bits() as u64);
+    }
+    let vector = |h: &mut Fnv1a64, v: Option<&Vec<f32>>| {
+        match v {
+            None => h.u64(u64::MAX),
+            Some(v) => {
+                h.u64(v.len() as u64);
+                for x in v {
+                    h.bytes(&x.to_bits().to_le_bytes());
+                }
+                h
+            }
+        };
+    };
+    let matrix = |h: &mut Fnv1a64, m: &Matrix| {
+        h.str(m.dtype.name()).u64(m.rows as u64).u64(m.cols as u64);
+        let b = m.bytes(w);
+        if b.len() <= 3 * WINDOW {
+            h.bytes(b);
+        } else {
+            let mid = b.len() / 2 - WINDOW / 2;
+            h.bytes(&b[..WINDOW]).bytes(&b[mid..mid + WINDOW]).bytes(&b[b.len() - WINDOW..]);
+        }
+    };
+    matrix(&mut h, &w.token_embd);
+    for l in &w.layers {
+        vector(&mut h, Some(&l.attn_norm));
+        for m in [&l.wq, &l.wk, &l.wv, &l.wo] {
+            matrix(&mut h, m);
+        }
+        for v in [&l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm] {
+            vector(&mut h, v.as_ref());
+        }
+        vector(&mut h, Some(&l.ffn_norm));
+        for m in [&l.w_gate, &l.w_up, &l.w_down] {
+            matrix(&mut h, m);
+        }
+    }
+    vector(&mut h, Some(&w.output_norm));
+    matrix(&mut h, &w.output);
+    vector(&mut h, w.rope_freqs.as_ref());
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geo() -> Geometry {
+        Geometry { fingerprint: 0x1234, dtype: KvDtype::F32, n_layers: 2, n_kv_heads: 1, head_dim: 2, vocab_size: 10 }
+    }
+
+    fn state(g: &Geometry, capacity: u32, tokens: &[u32]) -> Vec<u8> {
+        let n = g.state_bytes(tokens.len() as u32).unwrap();
+        let mut s = vec![0u8; n];
+        write_header(g, capacity, tokens, &mut s);
+        let kv = Geometry::kv_offset(tokens.len() as u32);
+        for (i, b) in s[kv..n - 4].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        seal(&mut s);
+        s
+    }
+
+    #[test]
+    fn a_written_state_parses_back() {
+        let g = geo();
+        let s = state(&g, 8, &[3, 1, 4]);
+        assert_eq!(s.len(), 48 + 12 + 2 * 2 * 3 * 2 * 4 + 4);
+        let p = parse(&g, &s).unwrap();
+        assert_eq!((p.capacity, p.tokens.as_slice()), (8, &[3u32, 1, 4][..]));
+        assert_eq!(p.kv.len(), 96);
+        assert_eq!(p.kv[5], 5);
+        let empty = state(&g, 0, &[]);
+        assert!(parse(&g, &empty).unwrap().tokens.is_empty());
+    }
+
+    #[test]
+    fn every_field_is_checked_and_named() {
+        let g = geo();
+        let s = state(&g, 8, &[3, 1, 4]);
+        let err = |s: &[u8]| parse(&g, s).unwrap_err();
+        let with = |off: usize, v: u32| {
+            let mut t = s.clone();
+            t[off..off + 4].copy_from_slice(&v.to_le_bytes());
+            seal(&mut t);
+            t
+        };
+        for (bytes, want) in [
+            (with(8, 2), "offset 8: format version 2"),
+            (with(12, 2), "offset 12: the state holds f16"),
+            (with(12, 7), "offset 12: KV element type 7"),
+            (with(24, 3), "offset 24: layers 3"),
+            (with(28, 2), "offset 28: KV heads 2"),
+            (with(32, 4), "offset 32: head dimension 4"),
+            (with(36, 11), "offset 36: vocabulary size 11"),
+            (with(16, 0x1235), "offset 16: model fingerprint 0000000000001235"),
+            (with(40, 2), "offset 40: capacity 2 is below the length 3"),
+            (with(44, 2), "offset 44: length 2 positions needs"),
+            (with(44, u32::MAX), "offset 40: capacity 8 is below the length 4294967295"),
+            (with(48 + 4, 10), "offset 52: token 10 at position 1"),
+        ] {
+            let e = err(&bytes);
+            assert_eq!(e.status, crate::Status::LLMRT_INVALID_ARGUMENT);
+            assert!(e.message.contains(want), "want {want:?}: {}", e.message);
+        }
+        let mut t = s.clone();
+        t[0] = b'X';
+        assert!(err(&t).message.contains("offset 0: magic"));
+        let mut t = s.clone();
+        t[70] ^= 4;
+        assert!(err(&t).message.contains(&format!("offset {}: checksum", s.len() - 4)), "{}", err(&t).message);
+        assert!(err(&s[..51]).message.contains("51 bytes, shorter than the 52"));
+        assert!(err(&s[..s.len() - 1]).message.contains("offset 44: length 3"));
+    }
+}
