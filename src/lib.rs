@@ -15,6 +15,7 @@ pub mod ffi;
 pub mod format;
 pub mod kv;
 pub mod model;
+pub mod perplexity;
 pub mod quant;
 pub mod runtime;
 pub mod sample;

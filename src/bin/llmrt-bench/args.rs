@@ -9,7 +9,8 @@ pub(crate) fn usage() -> ! {
          \x20                  [-b N,..] [-d N,..] [--ttft N,..] [-r N] [-o md|json] [--kv-bytes N] [--membw] [--d2d] [--gemm N] [--json FILE]\n\
          \x20      llmrt-bench --synth tinyllama|llama3-8b --type f16|q8_0|q4_0 --out DIR\n\
          \x20      llmrt-bench --membw [-t N,..]\n\
-         \x20      llmrt-bench --d2d [--gemm N]"
+         \x20      llmrt-bench --d2d [--gemm N]\n\
+         \x20      llmrt-bench --perplexity FILE -m FILE[,...] [-c N] [-t N] [--backend cpu|cuda]"
     );
     std::process::exit(2)
 }
@@ -37,6 +38,8 @@ pub(crate) struct Args {
     pub(crate) d2d: bool,
     pub(crate) gemm: usize,
     pub(crate) json_file: Option<PathBuf>,
+    pub(crate) perplexity: Option<PathBuf>,
+    pub(crate) ctx: usize,
 }
 
 pub(crate) fn parse() -> Args {
@@ -60,6 +63,8 @@ pub(crate) fn parse() -> Args {
         d2d: false,
         gemm: 0,
         json_file: None,
+        perplexity: None,
+        ctx: 0,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -93,6 +98,8 @@ pub(crate) fn parse() -> Args {
             "--d2d" => a.d2d = true,
             "--json" => a.json_file = Some(PathBuf::from(val(&mut i))),
             "--gemm" => a.gemm = val(&mut i).parse().unwrap_or_else(|_| usage()),
+            "--perplexity" => a.perplexity = Some(PathBuf::from(val(&mut i))),
+            "-c" | "--ctx-size" => a.ctx = val(&mut i).parse().unwrap_or_else(|_| usage()),
             "-h" | "--help" => usage(),
             other => {
                 eprintln!("unknown argument {other}");

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""llama.cpp's perplexity of the demo model (models/pystdlib/) over its held-out text:
+writes models/pystdlib/perplexity.json, which tests/demo_model.rs holds llmrt to.
+
+    python3 tools/demo_perplexity_reference.py [--bin /work/llama-build-noamx/bin] [--threads 2]
+
+Needs only the Python standard library and two tools built from the llama.cpp of the
+llama-cpp-python 0.3.36 source package (vendor/llama.cpp; cmake Release, GGML_NATIVE=ON;
+targets llama-perplexity and llama-tokenize).
+
+For each committed file (F16, Q8_0, Q4_K_M):
+    llama-perplexity -m FILE -f heldout/textwrap.py.txt -c 256 -b 256 -t T --no-escape
+and once, for the token ids it evaluates:
+    llama-tokenize -m pystdlib.f16.gguf -f heldout/textwrap.py.txt --ids --no-escape --log-disable
+`--no-escape`: by default llama.cpp's common argument parser turns the escape sequences
+of a -f text (`\\n`, `\\t`, `\\\\`, quotes) into the characters they name, which would change
+Python source full of string literals; with it both tools see the file's bytes (less one
+trailing newline, which -f always drops), the text llmrt's perplexity reads.
+"""
+import argparse
+import datetime
+import json
+import platform
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DIR = ROOT / "models" / "pystdlib"
+TEXT = DIR / "heldout" / "textwrap.py.txt"
+N_CTX = 256
+FILES = {"F16": "pystdlib.f16.gguf", "Q8_0": "pystdlib.q8_0.gguf", "Q4_K_M": "pystdlib.q4_k_m.gguf"}
+
+
+def run(cmd):
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{cmd[0]} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return r.stdout + r.stderr
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", type=Path, default=Path("/work/llama-build-noamx/bin"))
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+
+    out = run([a.bin / "llama-tokenize", "-m", DIR / FILES["F16"], "-f", TEXT, "--ids", "--no-escape",
+               "--log-disable"])
+    ids = json.loads(re.search(r"^\[[0-9, ]*\]$", out, re.M).group(0))
+    version = run([a.bin / "llama-perplexity", "--version"])
+    m = re.search(r"version: (\d+) \((\w+)\)", version)
+    ref = {
+        "text": str(TEXT.relative_to(DIR)),
+        "n_ctx": N_CTX,
+        "method": "llama-perplexity default mode: chunks of n_ctx, BOS first in each, second half scored",
+        "command": f"llama-perplexity -m FILE -f {TEXT.relative_to(ROOT)} -c {N_CTX} -b {N_CTX} -t {a.threads} "
+                   "--no-escape",
+        "llama_cpp": f"build {m.group(1)} ({m.group(2)}), llama-cpp-python 0.3.36 vendor/llama.cpp" if m else version,
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "date": datetime.date.today().isoformat(),
+        "tokens": ids,
+        "files": {},
+    }
+    for ty, name in FILES.items():
+        out = run([a.bin / "llama-perplexity", "-m", DIR / name, "-f", TEXT, "-c", N_CTX, "-b", N_CTX,
+                   "-t", a.threads, "--no-escape"])
+        fin = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", out)
+        chunks = re.search(r"calculating perplexity over (\d+) chunks", out)
+        ntok = re.search(r"tokenizes to only (\d+)", out)
+        if not fin or not chunks or ntok:
+            raise SystemExit(f"unexpected llama-perplexity output for {name}:\n{out}")
+        ref["files"][ty] = {"file": name, "ppl": float(fin.group(1)), "ppl_err": float(fin.group(2)),
+                            "chunks": int(chunks.group(1))}
+        print(f"{ty:7} {name}: PPL = {fin.group(1)} +/- {fin.group(2)} over {chunks.group(1)} chunks")
+    text = json.dumps(ref, indent=1)
+    # the id list on one line
+    text = re.sub(r'"tokens": \[[^\]]*\]', lambda _: '"tokens": ' + json.dumps(ids), text)
+    (DIR / "perplexity.json").write_text(text + "\n")
+    print(f"{len(ids)} tokens; wrote {DIR / 'perplexity.json'}")
+
+
+if __name__ == "__main__":
+    main()
