@@ -2,9 +2,10 @@
 //! library) against llama.cpp on the same files:
 //! - llmrt's tokenization of the held-out text equals llama.cpp's (`llama-tokenize`), id for id;
 //! - llmrt's perplexity over it (`llmrt::perplexity`, llama-perplexity's method) is within
-//!   1% of `llama-perplexity`'s for each committed file (F16, Q8_0, Q4_K_M);
+//!   1% of `llama-perplexity`'s for each committed file (F16, Q8_0, Q4_K_M), after every
+//!   chunk as well as at the end, and within 0.1% for F16;
 //! - and the model is trained: its perplexity is far below the vocabulary size (an
-//!   untrained one scores about the vocabulary size).
+//!   untrained one scores about the vocabulary size: 3287 at initialisation).
 //!
 //! The reference values come from tools/demo_perplexity_reference.py (models/pystdlib/perplexity.json).
 use llmrt::perplexity::{perplexity_of_file_text, perplexity_of_text};
@@ -53,9 +54,21 @@ fn perplexity_within_1_percent_of_llama_cpp() {
             100.0 * (got.ppl - want) / want
         ));
         assert!(rel <= 0.01, "{ty}: perplexity {:.4}, llama.cpp {want:.4}: {:.2}% apart", got.ppl, 100.0 * rel);
+        // The same weights in F16 leave only activation rounding between the two: they
+        // agree to about 1e-5 here, so 0.1% still catches a slip of method (scoring 16 more
+        // tokens per chunk moved the result by 0.8%).
+        if ty == "F16" {
+            assert!(rel <= 0.001, "F16: perplexity {:.4}, llama.cpp {want:.4}: {:.3}% apart", got.ppl, 100.0 * rel);
+        }
+        // The running value after each chunk (llama-perplexity's `[i]` line).
+        let per: Vec<f64> = f["per_chunk"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        assert_eq!(per.len(), got.per_chunk.len(), "{ty}: chunks");
+        for (i, (g, w)) in got.per_chunk.iter().zip(&per).enumerate() {
+            assert!((g - w).abs() / w <= 0.01, "{ty}: after chunk {}: {g:.4}, llama.cpp {w:.4}", i + 1);
+        }
         let vocab = m.info().vocab_size as f64;
         assert!(
-            got.ppl < vocab / 50.0,
+            got.ppl < vocab / 20.0,
             "{ty}: perplexity {:.1} is not that of a trained model (vocab {vocab})",
             got.ppl
         );

@@ -88,12 +88,16 @@ def main():
                 break
         if not fin or not chunks:
             raise SystemExit(f"unexpected llama-perplexity output for {name}:\n{out}")
+        per_chunk = [float(v) for _, v in re.findall(r"\[(\d+)\]([0-9.]+),", out)]
+        if len(per_chunk) != int(chunks.group(1)):
+            raise SystemExit(f"{name}: {len(per_chunk)} running values for {chunks.group(1)} chunks:\n{out}")
         ref["files"][ty] = {"file": name, "ppl": float(fin.group(1)), "ppl_err": float(fin.group(2)),
-                            "chunks": int(chunks.group(1))}
+                            "chunks": int(chunks.group(1)), "per_chunk": per_chunk}
         print(f"{ty:7} {name}: PPL = {fin.group(1)} +/- {fin.group(2)} over {chunks.group(1)} chunks")
     js = json.dumps(ref, indent=1)
     # the id list on one line
     js = re.sub(r'"tokens": \[[^\]]*\]', lambda _: '"tokens": ' + json.dumps(ids), js)
+    js = re.sub(r'"per_chunk": \[[^\]]*\]', lambda m: '"per_chunk": ' + json.dumps(json.loads(m.group(0)[13:])), js)
     (d / "perplexity.json").write_text(js + "\n")
     print(f"{len(ids)} tokens; wrote {d / 'perplexity.json'}")
 
