@@ -18,19 +18,24 @@ Steps:
    regex, no prefix space), VOCAB tokens, `<|endoftext|>` (id 0) as BOS, EOS and file
    separator; BOS is added in front of every text;
 2. the token stream: `<|endoftext|>` + file, for every file in order;
-3. LlamaForCausalLM (SHAPE below) trained with AdamW on windows of CTX tokens drawn from
-   the stream by a seeded generator; the first token of each window is replaced by BOS,
-   as llama-perplexity does for each chunk (so that is what the model expects at position 0);
-4. save_pretrained (float32 safetensors) + tokenizer files into WORK/hf;
+3. a llama (SHAPE below; LlamaForCausalLM's computation with q/k/v and gate/up fused, under
+   torch.compile) trained with AdamW for STEPS steps of BATCH windows of CTX tokens drawn
+   from the stream by a seeded generator; the first token of each window is replaced by
+   BOS, as llama-perplexity does for each chunk (so that is what the model expects at
+   position 0);
+4. the weights split back into a LlamaForCausalLM (its logits checked equal), the held-out
+   files' perplexity, save_pretrained (float32 safetensors) + tokenizer files into WORK/hf;
 5. llama.cpp's convert_hf_to_gguf.py --outtype f16 (from the llama-cpp-python 0.3.36 source
    package; LLAMA_CPP_DIR), which does not know this new tokenizer's pre-tokenizer hash:
-   the wrapper answers "gpt-2" (llama.cpp's name for it) for that one NotImplementedError, which is the truth (the
-   tokenizer's pre-tokenizer is exactly GPT-2's ByteLevel split);
+   the wrapper answers "gpt-2" (llama.cpp's name for it) for that one NotImplementedError,
+   which is the truth (the tokenizer's pre-tokenizer is exactly GPT-2's ByteLevel split);
 6. llama-quantize (LLAMA_QUANTIZE) F16 -> Q8_0 and Q4_K_M;
 7. OUT/train_log.json: the figures the README quotes.
 
 Needs torch, transformers, tokenizers, safetensors, numpy (and the converter's gguf-py,
-which it takes from LLAMA_CPP_DIR/gguf-py).
+which it takes from LLAMA_CPP_DIR/gguf-py) and a C++ compiler (torch.compile). Cost: about
+1500 CPU-seconds of training at 2 threads (12 minutes on an idle 2-core machine);
+`--time-steps N` times N steps and stops, `--no-compile --steps 2` smoke-tests the pipeline.
 """
 import argparse
 import hashlib
