@@ -1,7 +1,8 @@
 # llmrt: build the Rust library, check the committed C header, run the C tests
 # (plain and under valgrind), and the demo. `make help` lists the targets.
 #
-# Variables: MODEL (demo model), DEMO_ARGS (extra generate arguments),
+# Variables: MODEL (demo model; default the committed models/pystdlib Q8_0), DEMO_ARGS
+# (generate arguments; default, for that model, a Python prompt), DEMO_PROMPT,
 # VALGRIND=OFF (skip the memcheck half of `make ctest` and `make valgrind-rust`),
 # VALGRIND_RUST_TESTS (the Rust test binaries `make valgrind-rust` runs), CARGO_TARGET_DIR,
 # PREFIX / DESTDIR (`make install`), GO (the go command).
@@ -23,8 +24,15 @@ LIBDIR    := $(TARGET)/release
 LIB       := $(LIBDIR)/libllmrt.so
 BUILD_CTEST ?= build-ctest
 VALGRIND  ?= ON
-MODEL     ?= tests/fixtures/llama_gqa/llama_gqa.f32.gguf
-DEMO_ARGS ?=
+# The demo model: a small llama trained here on CPython's standard library
+# (models/pystdlib/README.md; tools/train_demo_model.py made it). `make demo` says what it
+# is first, then completes DEMO_PROMPT with it (greedy, repeat penalty 1.1). Another MODEL
+# runs with DEMO_ARGS alone.
+DEMO_MODEL  := models/pystdlib/pystdlib.q8_0.gguf
+DEMO_ABOUT  := model: pystdlib (Q8_0), a 5.2M-parameter llama (4 layers, hidden 256, 8/4 heads, vocab 4096, context 256) trained on CPU on the .py files of the CPython 3.11 standard library; it writes Python-looking code (models/pystdlib/README.md)
+DEMO_PROMPT ?= def fibonacci(n):
+MODEL     ?= $(DEMO_MODEL)
+DEMO_ARGS ?= $(if $(filter $(DEMO_MODEL),$(MODEL)),-p '$(DEMO_PROMPT)' -n 96 --repeat-penalty 1.1)
 GENERATE  := $(TARGET)/examples/generate
 
 PREFIX    ?= /usr/local
@@ -83,6 +91,7 @@ $(GENERATE): examples/generate.c include/llmrt.h $(LIB)
 # (scripts/cuda-emu.mk) unless CUDA_EMU=0 (then on the machine's own driver).
 demo: build
 	$(MAKE) --no-print-directory $(GENERATE)
+	@$(if $(filter $(DEMO_MODEL),$(MODEL)),echo '$(DEMO_ABOUT)',:)
 ifeq ($(BACKEND)$(CUDA_EMU),cuda)
 	$(MAKE) --no-print-directory cuda-emu-libs
 	LD_LIBRARY_PATH=$(CUDA_EMU_LIB) $(GENERATE) $(MODEL) --backend cuda $(DEMO_ARGS)

@@ -18,6 +18,7 @@ pub mod generate;
 pub mod grammar;
 pub mod kv;
 pub mod model;
+pub mod perplexity;
 pub mod quant;
 pub mod runtime;
 pub mod sample;

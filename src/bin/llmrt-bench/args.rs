@@ -10,7 +10,8 @@ pub(crate) fn usage() -> ! {
          \x20      llmrt-bench --synth tinyllama|llama3-8b --type f16|q8_0|q4_0 --out DIR\n\
          \x20      llmrt-bench --membw [-t N,..]\n\
          \x20      llmrt-bench --d2d [--gemm N]\n\
-         \x20      llmrt-bench --grammar json|regex|lark (-m FILE | --vocab VOCAB.gguf) [-r N] [-n N] [-t N]"
+         \x20      llmrt-bench --grammar json|regex|lark (-m FILE | --vocab VOCAB.gguf) [-r N] [-n N] [-t N]\n\
+         \x20      llmrt-bench --perplexity FILE -m FILE[,...] [-c N] [-t N] [--backend cpu|cuda]"
     );
     std::process::exit(2)
 }
@@ -42,6 +43,8 @@ pub(crate) struct Args {
     pub(crate) grammar: Option<String>,
     /// `--vocab FILE`: the tokenizer of that GGUF on a tiny random model (with --grammar).
     pub(crate) vocab: Option<String>,
+    pub(crate) perplexity: Option<PathBuf>,
+    pub(crate) ctx: usize,
 }
 
 pub(crate) fn parse() -> Args {
@@ -67,6 +70,8 @@ pub(crate) fn parse() -> Args {
         json_file: None,
         grammar: None,
         vocab: None,
+        perplexity: None,
+        ctx: 0,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -102,6 +107,8 @@ pub(crate) fn parse() -> Args {
             "--grammar" => a.grammar = Some(val(&mut i)),
             "--vocab" => a.vocab = Some(val(&mut i)),
             "--gemm" => a.gemm = val(&mut i).parse().unwrap_or_else(|_| usage()),
+            "--perplexity" => a.perplexity = Some(PathBuf::from(val(&mut i))),
+            "-c" | "--ctx-size" => a.ctx = val(&mut i).parse().unwrap_or_else(|_| usage()),
             "-h" | "--help" => usage(),
             other => {
                 eprintln!("unknown argument {other}");

@@ -10,6 +10,7 @@
 //! llmrt-bench --membw [-t 1,2]
 //! llmrt-bench --d2d [--gemm 8192]          (CUDA ceilings only)
 //! llmrt-bench --grammar json|regex|lark (-m FILE | --vocab VOCAB.gguf) [-r 5] [-n 128]
+//! llmrt-bench --perplexity FILE -m FILE[,...] [-c N] [-t N] [--backend cpu|cuda]
 //! ```
 //!
 //! `--grammar`: the cost of grammar-constrained decoding per token (grammar.rs).
@@ -36,6 +37,10 @@
 //! warm-ups); with it, each pp row gains its FLOP rate and the % of that. Optional: it
 //! prints `cuBLAS: <path of the libcublas loaded>`, or `cuBLAS: not loaded (<reason>)`
 //! and goes on without that ceiling.
+//! `--perplexity FILE`: each model's perplexity over the text FILE by llama-perplexity's
+//! method (`llmrt::perplexity`: chunks of `-c N` tokens, default the model's context,
+//! the second half of each scored), printed as llama-perplexity prints it (`-t`: its first
+//! value).
 //! `--json FILE` also writes the JSON records to FILE (with `-o md` on stdout).
 //! `--membw` with `-m` (CPU): each tg row gains its bytes bound from the read
 //! bandwidth probed with the row's thread count before every repetition and after
@@ -49,6 +54,7 @@ mod args;
 mod gpu;
 mod grammar;
 mod membw;
+mod ppl;
 mod run;
 mod synth;
 
@@ -81,6 +87,14 @@ fn main() {
             let (bw, [four, one]) = membw(t, 5);
             println!("read bandwidth, {t} thread(s): {bw:.2} GB/s (4 streams {four:.2}, 1 stream + prefetch {one:.2})");
         }
+        return;
+    }
+    if let Some(file) = &a.perplexity {
+        if a.models.is_empty() {
+            usage();
+        }
+        let (backend, threads) = (a.backend, a.threads[0] as u32);
+        ppl::perplexity(file, &a.models, a.ctx, || LoadOptions { backend, threads, ..Default::default() });
         return;
     }
     let md = a.output == "md";
