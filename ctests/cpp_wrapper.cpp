@@ -503,6 +503,23 @@ int main() {
             std::string r = em.chat_apply({{"user", "hi"}}, true, "{{ messages[0].content }}|{{ add_generation_prompt }}");
             CHECK(r == "hi|True", "chat_apply gave \"%s\"", r.c_str());
             EXPECT_THROW_STATUS(LLMRT_UNSUPPORTED, em.chat_apply({{"user", "hi"}}));
+            EXPECT_THROW_STATUS(LLMRT_UNSUPPORTED, em.chat_template());
+            std::vector<uint32_t> eog = em.eog_tokens();
+            CHECK(eog.size() == 1 && eog[0] == em.info().eos_token && em.is_eog(eog[0]),
+                  "eog_tokens: %zu ids", eog.size());
+            // The stop matcher over pieces split inside a stop string and a character.
+            llmrt::StopMatcher sm({"END", "\xc3\xa9t\xc3\xa9"});
+            std::string shown;
+            int hit = -2;
+            for (const char *p : {"Sum", "mer E", "N", "D and more"}) shown += sm.feed(p, &hit);
+            CHECK(shown == "Summer " && hit == 0, "stop matcher showed \"%s\", hit %d", shown.c_str(), hit);
+            CHECK(sm.flush().empty(), "flush after a match gave text");
+            llmrt::StopMatcher sm2({"END"});
+            std::string s2 = sm2.feed("caf\xc3", &hit);
+            s2 += sm2.feed("\xa9 E", &hit);
+            CHECK(hit == -1 && s2 == "caf\xc3\xa9 ", "held back: \"%s\"", s2.c_str());
+            s2 += sm2.flush();
+            CHECK(s2 == "caf\xc3\xa9 E", "after flush: \"%s\"", s2.c_str());
             g.release();
             h.release();
         }

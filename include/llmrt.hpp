@@ -33,7 +33,8 @@
  * Constrained output: Model::grammar (a JSON schema, regex or Lark grammar; one Grammar
  * per request, RAII, move-only), Model::decode_sample_constrained, and
  * sample_logits_constrained (caller-held logits; then Grammar::accept).
- * Chat: Model::chat_apply (the model's template, or one given), Model::is_eog,
+ * Chat: Model::chat_apply (the model's template, or one given), Model::chat_template,
+ * Model::is_eog, Model::eog_tokens, StopMatcher (streamed stop strings),
  * Cache::generate (stops at end of generation, streams pieces). Embeddings: Model::embed. Cancellation: Model::set_abort (a std::function polled
  * during every step; true aborts it with LLMRT_ABORTED, nothing committed).
  */
@@ -379,6 +380,67 @@ inline uint32_t sample_logits_constrained(const llmrt_sampler_params &params, Gr
     return token;
 }
 
+/* A streaming stop-string matcher (llmrt_stop_matcher): feed() each generated piece and
+ * show what it returns; it holds back text that may begin a stop string and never shows
+ * part of one. Move-only; freed by its destructor. */
+class StopMatcher {
+  public:
+    explicit StopMatcher(const std::vector<std::string> &stops) {
+        std::vector<const char *> p;
+        p.reserve(stops.size());
+        for (const std::string &s : stops) p.push_back(s.c_str());
+        detail::check(llmrt_stop_matcher_new(p.data(), p.size(), &m_), "llmrt_stop_matcher_new");
+    }
+    StopMatcher(const StopMatcher &) = delete;
+    StopMatcher &operator=(const StopMatcher &) = delete;
+    StopMatcher(StopMatcher &&other) noexcept : m_(std::exchange(other.m_, nullptr)) {}
+    StopMatcher &operator=(StopMatcher &&other) noexcept {
+        if (this != &other) {
+            llmrt_stop_matcher_free(m_);
+            m_ = std::exchange(other.m_, nullptr);
+        }
+        return *this;
+    }
+    ~StopMatcher() { llmrt_stop_matcher_free(m_); }
+
+    /* The text now safe to show; `stop` (when not null) gets the index of the stop string
+     * that matched, or -1. Once one matched the generation is over. */
+    std::string feed(std::string_view piece, int *stop = nullptr) {
+        std::string out(piece.size() + 64, '\0');
+        for (int attempt = 0;; attempt++) {
+            size_t len = 0;
+            uint32_t hit = UINT32_MAX;
+            llmrt_status st = llmrt_stop_matcher_feed(m_, piece.data(), piece.size(), &out[0], out.size(), &len, &hit);
+            if (st == LLMRT_BUFFER_TOO_SMALL && attempt == 0 && len > out.size()) {
+                out.resize(len);
+                continue;
+            }
+            detail::check(st, "llmrt_stop_matcher_feed");
+            out.resize(len);
+            if (stop) *stop = hit == UINT32_MAX ? -1 : static_cast<int>(hit);
+            return out;
+        }
+    }
+    /* End of generation: the text still held back (nothing once a stop string matched). */
+    std::string flush() {
+        std::string out(64, '\0');
+        for (int attempt = 0;; attempt++) {
+            size_t len = 0;
+            llmrt_status st = llmrt_stop_matcher_flush(m_, &out[0], out.size(), &len);
+            if (st == LLMRT_BUFFER_TOO_SMALL && attempt == 0 && len > out.size()) {
+                out.resize(len);
+                continue;
+            }
+            detail::check(st, "llmrt_stop_matcher_flush");
+            out.resize(len);
+            return out;
+        }
+    }
+
+  private:
+    llmrt_stop_matcher *m_ = nullptr;
+};
+
 /* A batch for Model::decode*: references to distinct caches of one model. */
 using CacheBatch = std::vector<std::reference_wrapper<Cache>>;
 
@@ -616,6 +678,39 @@ class Model {
             detail::check(st, "llmrt_chat_apply");
             out.resize(len);
             return out;
+        }
+    }
+    /* The model's own chat template source (llmrt_chat_template); throws
+     * LLMRT_UNSUPPORTED when it carries none. */
+    std::string chat_template() const {
+        live();
+        std::string out(1024, '\0');
+        for (int attempt = 0;; attempt++) {
+            size_t len = 0;
+            llmrt_status st = llmrt_chat_template(model_, &out[0], out.size(), &len);
+            if (st == LLMRT_BUFFER_TOO_SMALL && attempt == 0 && len > out.size()) {
+                out.resize(len);
+                continue;
+            }
+            detail::check(st, "llmrt_chat_template");
+            out.resize(len);
+            return out;
+        }
+    }
+    /* The end-of-generation ids, ascending (llmrt_eog_tokens). */
+    std::vector<uint32_t> eog_tokens() const {
+        live();
+        std::vector<uint32_t> ids(16);
+        for (int attempt = 0;; attempt++) {
+            size_t n = 0;
+            llmrt_status st = llmrt_eog_tokens(model_, ids.data(), ids.size(), &n);
+            if (st == LLMRT_BUFFER_TOO_SMALL && attempt == 0 && n > ids.size()) {
+                ids.resize(n);
+                continue;
+            }
+            detail::check(st, "llmrt_eog_tokens");
+            ids.resize(n);
+            return ids;
         }
     }
     /* Whether `token` ends a generation (llmrt_token_is_eog). */
