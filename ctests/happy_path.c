@@ -232,6 +232,10 @@ int main(void) {
     llmrt_model_free(m);
 
     check_progress(model_path);
+    /* A quantized file: the CPU backend repacks its matrices after binding. */
+    char *q8_path = fixture_path("llama_gqa/llama_gqa.q8_0.gguf");
+    check_progress(q8_path);
+    free(q8_path);
 
     free(check);
     free(one_c);
