@@ -1,10 +1,9 @@
 //! Grammar-constrained decoding entry points (`crate::grammar`, llguidance).
 
-use super::text::{in_slice, read_params};
+use super::text::{in_slice, read_param_list, read_params};
 use super::{batch, boundary, llmrt_cache, llmrt_model, model_ref, need, need_mut};
 use crate::error::llmrt_status;
 use crate::grammar::{Grammar, Kind};
-use crate::sample::SamplerParams;
 use crate::{Error, Result};
 use std::ffi::{c_char, CStr};
 use std::sync::{Mutex, MutexGuard, TryLockError};
@@ -201,19 +200,9 @@ pub unsafe extern "C" fn llmrt_decode_sample_constrained(
         need(grammars, "grammars")?;
         let next = need_mut(next_tokens, "next_tokens")?;
         let (c, t) = batch(n, caches, tokens)?;
-        // SAFETY: params checked non-null; the caller guarantees n readable pointers
-        // (n <= MAX_BATCH, checked in batch).
-        let ptrs = unsafe { in_slice(params, n, "params", "n")? };
-        let mut ps = crate::util::try_with_capacity::<SamplerParams>(n, "the step's sampler parameters")?;
-        for (i, &p) in ptrs.iter().enumerate() {
-            if p.is_null() {
-                return Err(Error::invalid(format!("params[{i}] is NULL")));
-            }
-            // SAFETY: non-null; the caller guarantees a valid llmrt_sampler_params of at least
-            // its struct_size bytes (and its logit_bias list) per the header contract.
-            let r = unsafe { read_params(p) };
-            ps.push(r.map_err(|e| Error::new(e.status, format!("params[{i}]: {}", e.message)))?);
-        }
+        // SAFETY: params checked non-null; the caller guarantees n readable pointers to valid
+        // llmrt_sampler_params (n <= MAX_BATCH, checked in batch).
+        let ps = unsafe { read_param_list(params, n)? };
         // SAFETY: grammars checked non-null; the caller guarantees n readable entries.
         let gptrs = unsafe { in_slice(grammars, n, "grammars", "n")? };
         let mut guards = crate::util::try_with_capacity::<Option<MutexGuard<'_, Grammar>>>(n, "the step's grammars")?;

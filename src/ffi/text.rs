@@ -133,6 +133,30 @@ pub unsafe extern "C" fn llmrt_sampler_params_init(params: *mut llmrt_sampler_pa
 /// `p` is non-null and points to at least `struct_size` readable bytes (and 4 for
 /// struct_size); when inside struct_size, `logit_bias` is NULL or points to
 /// `n_logit_bias` readable entries.
+/// The `n` parameter sets of a per-cache batch (`params[i]` a pointer, each with its own
+/// struct_size); a NULL entry or a bad set is an error naming `params[i]`.
+///
+/// # Safety
+/// `params` is non-null and holds `n` readable pointers, each NULL or to a valid
+/// llmrt_sampler_params of at least its struct_size bytes (and its logit_bias list).
+pub(super) unsafe fn read_param_list(
+    params: *const *const llmrt_sampler_params,
+    n: usize,
+) -> Result<Vec<SamplerParams>> {
+    // SAFETY: per this function's contract.
+    let ptrs = unsafe { in_slice(params, n, "params", "n")? };
+    let mut ps = crate::util::try_with_capacity::<SamplerParams>(n, "the step's sampler parameters")?;
+    for (i, &p) in ptrs.iter().enumerate() {
+        if p.is_null() {
+            return Err(Error::invalid(format!("params[{i}] is NULL")));
+        }
+        // SAFETY: non-null; valid per this function's contract.
+        let r = unsafe { read_params(p) };
+        ps.push(r.map_err(|e| Error::new(e.status, format!("params[{i}]: {}", e.message)))?);
+    }
+    Ok(ps)
+}
+
 pub(super) unsafe fn read_params(p: *const llmrt_sampler_params) -> Result<SamplerParams> {
     let o = read_sized!(
         p,
@@ -235,19 +259,9 @@ pub unsafe extern "C" fn llmrt_decode_sample_each(
         need(params, "params")?;
         let next = need_mut(next_tokens, "next_tokens")?;
         let (c, t) = batch(n, caches, tokens)?;
-        // SAFETY: params checked non-null; the caller guarantees n readable pointers
-        // (n <= MAX_BATCH, checked in batch).
-        let ptrs = unsafe { in_slice(params, n, "params", "n")? };
-        let mut ps = crate::util::try_with_capacity::<SamplerParams>(n, "the step's sampler parameters")?;
-        for (i, &p) in ptrs.iter().enumerate() {
-            if p.is_null() {
-                return Err(Error::invalid(format!("params[{i}] is NULL")));
-            }
-            // SAFETY: non-null; the caller guarantees a valid llmrt_sampler_params of at least
-            // its struct_size bytes (and its logit_bias list) per the header contract.
-            let r = unsafe { read_params(p) };
-            ps.push(r.map_err(|e| Error::new(e.status, format!("params[{i}]: {}", e.message)))?);
-        }
+        // SAFETY: params checked non-null; the caller guarantees n readable pointers to valid
+        // llmrt_sampler_params (n <= MAX_BATCH, checked in batch).
+        let ps = unsafe { read_param_list(params, n)? };
         let mut ids = crate::util::try_vec(n, 0u32, "the step's token ids")?;
         m.decode_sample_each(c, t, &ps, &mut ids)?;
         // SAFETY: next_tokens checked non-null above; the caller guarantees n writable u32s
