@@ -176,12 +176,8 @@ func SampleLogitsConstrained(params SamplerParams, g *Grammar, logits []float32,
 	free := params.cParams(&p)
 	defer free()
 	var out C.uint32_t
-	var lp *C.float
-	if len(logits) > 0 {
-		lp = (*C.float)(unsafe.Pointer(&logits[0]))
-	}
 	err := g.with(func(gp *C.llmrt_grammar) C.enum_llmrt_status {
-		return C.llmrt_sample_logits_constrained(&p, gp, lp, C.size_t(len(logits)), tokensPtr(history),
+		return C.llmrt_sample_logits_constrained(&p, gp, floatsPtr(logits), C.size_t(len(logits)), tokensPtr(history),
 			C.size_t(len(history)), C.uint64_t(position), &out)
 	})
 	runtime.KeepAlive(logits)

@@ -236,12 +236,8 @@ func SampleLogits(params SamplerParams, logits []float32, history []uint32, posi
 	free := params.cParams(&p)
 	defer free()
 	var out C.uint32_t
-	var lp *C.float
-	if len(logits) > 0 {
-		lp = (*C.float)(unsafe.Pointer(&logits[0]))
-	}
 	err := call(func() C.enum_llmrt_status {
-		return C.llmrt_sample_logits(&p, lp, C.size_t(len(logits)), tokensPtr(history), C.size_t(len(history)),
+		return C.llmrt_sample_logits(&p, floatsPtr(logits), C.size_t(len(logits)), tokensPtr(history), C.size_t(len(history)),
 			C.uint64_t(position), &out)
 	})
 	runtime.KeepAlive(logits)
