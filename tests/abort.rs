@@ -30,14 +30,7 @@ fn set(m: &M, p: Option<&Probe>) {
 }
 
 fn sample(m: &M, caches: &[u64], toks: &[u32], seed: u64) -> Result<Vec<u32>, Status> {
-    let mut p = std::mem::MaybeUninit::<llmrt_sampler_params>::uninit();
-    // SAFETY: struct_size set first, then the default fills the whole struct.
-    unsafe {
-        (*p.as_mut_ptr()).struct_size = std::mem::size_of::<llmrt_sampler_params>() as u32;
-        llmrt_sampler_params_default(p.as_mut_ptr());
-    }
-    // SAFETY: filled just above.
-    let mut p = unsafe { p.assume_init() };
+    let mut p = default_sampler_params();
     p.temperature = 0.9;
     p.seed = seed;
     let mut next = vec![0u32; caches.len()];

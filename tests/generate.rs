@@ -66,14 +66,7 @@ fn generate(m: &M, c: u64, prompt: &[u32], p: Option<&llmrt_sampler_params>, max
 }
 
 fn params(seed: u64) -> llmrt_sampler_params {
-    let mut p = std::mem::MaybeUninit::<llmrt_sampler_params>::uninit();
-    // SAFETY: struct_size set first, then the default fills the whole struct.
-    unsafe {
-        (*p.as_mut_ptr()).struct_size = std::mem::size_of::<llmrt_sampler_params>() as u32;
-        llmrt_sampler_params_default(p.as_mut_ptr());
-    }
-    // SAFETY: filled just above.
-    let mut p = unsafe { p.assume_init() };
+    let mut p = default_sampler_params();
     p.temperature = 1.0;
     p.seed = seed;
     p

@@ -84,11 +84,7 @@ impl G {
 }
 
 fn params(seed: u64) -> llmrt_sampler_params {
-    let mut p = std::mem::MaybeUninit::<llmrt_sampler_params>::uninit();
-    // SAFETY: a pointer to a local MaybeUninit of the right type, written in full.
-    unsafe { llmrt_sampler_params_default(p.as_mut_ptr()) };
-    // SAFETY: filled in just above.
-    let mut p = unsafe { p.assume_init() };
+    let mut p = default_sampler_params();
     // The whole masked distribution: every allowed token can be drawn.
     p.temperature = 1.0;
     p.top_k = 0;

@@ -11,11 +11,7 @@ use llmrt::ffi::*;
 use llmrt::Status;
 
 fn defaults() -> llmrt_sampler_params {
-    let mut p = std::mem::MaybeUninit::<llmrt_sampler_params>::uninit();
-    // SAFETY: a pointer to a local MaybeUninit of the right type, written in full.
-    unsafe { llmrt_sampler_params_default(p.as_mut_ptr()) };
-    // SAFETY: filled in by llmrt_sampler_params_default just above.
-    unsafe { p.assume_init() }
+    default_sampler_params()
 }
 
 fn model() -> (M, Vec<u32>) {

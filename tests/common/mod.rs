@@ -26,6 +26,15 @@ pub fn last_error() -> String {
     unsafe { CStr::from_ptr(llmrt_last_error()) }.to_string_lossy().into_owned()
 }
 
+/// The library's default sampler parameters (`llmrt_sampler_params_default`).
+pub fn default_sampler_params() -> llmrt_sampler_params {
+    let mut p = std::mem::MaybeUninit::<llmrt_sampler_params>::uninit();
+    // SAFETY: a pointer to a local MaybeUninit of the right type, written in full.
+    unsafe { llmrt_sampler_params_default(p.as_mut_ptr()) };
+    // SAFETY: filled in by llmrt_sampler_params_default just above.
+    unsafe { p.assume_init() }
+}
+
 /// Panics with the status and message unless `s` is OK.
 pub fn ok(s: Status, what: &str) {
     assert_eq!(s, Status::LLMRT_OK, "{what}: {}", last_error());
