@@ -316,8 +316,21 @@ const CHAT_MESSAGES: [(&str, &str); 4] = [
 /// [`CHAT_MESSAGES`] with and without the generation prompt at a fixed date. Any
 /// `Err` is fine; minijinja's fuel and recursion limits must stop every loop (a hang
 /// is the fuzzer's timeout), and the output stays under the renderer's cap.
+/// Work budget of a fuzzed render: 1/50 of the library's `FUEL`, still about 50 times what
+/// the largest real template of the seeds takes over the four messages (the regression
+/// test renders them all through this function), so a mutation that loops until the fuel
+/// runs out costs milliseconds and the campaign reaches its 10 million executions.
+pub const CHAT_FUZZ_FUEL: u64 = llmrt::chat::template::FUEL / 50;
+
 pub fn chat_template(data: &[u8]) -> Result<()> {
-    use llmrt::chat::{render, DateTime, Message, RenderOptions};
+    chat_template_with_fuel(data, CHAT_FUZZ_FUEL)
+}
+
+/// [`chat_template`] with any work budget (the regression test compares the fuzz budget's
+/// outcomes with the library's own `FUEL`).
+pub fn chat_template_with_fuel(data: &[u8], fuel: u64) -> Result<()> {
+    use llmrt::chat::template::render_with_fuel as render_fueled;
+    use llmrt::chat::{DateTime, Message, RenderOptions};
     let source = String::from_utf8_lossy(data);
     let msgs: Vec<Message<'_>> = CHAT_MESSAGES.iter().map(|&(role, content)| Message { role, content }).collect();
     let mut first = Ok(());
@@ -328,7 +341,7 @@ pub fn chat_template(data: &[u8]) -> Result<()> {
             eos_token: "</s>",
             now: Some(DateTime::from_unix(1_700_000_000)),
         };
-        match render(&source, &msgs, &opts) {
+        match render_fueled(&source, &msgs, &opts, fuel) {
             Ok(out) => assert!(out.len() <= llmrt::chat::template::MAX_OUTPUT),
             Err(e) => {
                 assert_eq!(e.status, Status::LLMRT_INVALID_ARGUMENT, "{e}");

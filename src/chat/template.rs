@@ -185,9 +185,16 @@ const NAME: &str = "chat template";
 /// fails while rendering (including `raise_exception`) is LLMRT_INVALID_ARGUMENT with a
 /// message naming the template line and minijinja's (or the template's own) reason.
 pub fn render(source: &str, messages: &[Message<'_>], opts: &RenderOptions<'_>) -> Result<String> {
+    render_with_fuel(source, messages, opts, FUEL)
+}
+
+/// [`render`] with another work budget than [`FUEL`]: the same parser, filters and limits
+/// otherwise. The fuzz harness renders with a small budget so that a runaway mutation
+/// stops in milliseconds, not half a second, and the campaign reaches its executions.
+pub fn render_with_fuel(source: &str, messages: &[Message<'_>], opts: &RenderOptions<'_>, fuel: u64) -> Result<String> {
     let source = rewrite_generation_tags(source);
     let now = opts.now.unwrap_or_else(DateTime::now_utc);
-    let env = environment(now);
+    let env = environment(now, fuel);
     let tmpl = env.template_from_named_str(NAME, &source).map_err(template_error)?;
     let msgs: Vec<Value> = messages
         .iter()
@@ -211,7 +218,7 @@ pub fn render(source: &str, messages: &[Message<'_>], opts: &RenderOptions<'_>) 
     Ok(out)
 }
 
-fn environment(now: DateTime) -> Environment<'static> {
+fn environment(now: DateTime, fuel: u64) -> Environment<'static> {
     let mut env = Environment::new();
     let syntax = minijinja::syntax::SyntaxConfig::builder()
         .trim_blocks(true)
@@ -221,7 +228,7 @@ fn environment(now: DateTime) -> Environment<'static> {
         .unwrap_or_default();
     env.set_syntax(syntax);
     env.set_auto_escape_callback(|_| AutoEscape::None);
-    env.set_fuel(Some(FUEL));
+    env.set_fuel(Some(fuel));
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_filter("tojson", tojson);
     // jinja2's select/reject/selectattr/rejectattr/map give nothing for a falsy input (they
