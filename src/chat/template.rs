@@ -193,6 +193,7 @@ pub fn render(source: &str, messages: &[Message<'_>], opts: &RenderOptions<'_>) 
 /// stops in milliseconds, not half a second, and the campaign reaches its executions.
 pub fn render_with_fuel(source: &str, messages: &[Message<'_>], opts: &RenderOptions<'_>, fuel: u64) -> Result<String> {
     let source = rewrite_generation_tags(source);
+    let source = guard_namespace_sets(&source);
     let now = opts.now.unwrap_or_else(DateTime::now_utc);
     let env = environment(now, fuel);
     let tmpl = env.template_from_named_str(NAME, &source).map_err(template_error)?;
@@ -253,7 +254,150 @@ fn environment(now: DateTime, fuel: u64) -> Environment<'static> {
         Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
     });
     env.add_function("strftime_now", move |fmt: String| now.strftime(&fmt));
+    env.add_function(NS_GUARD, namespace_free);
     env
+}
+
+/// The function [`guard_namespace_sets`] wraps around the value of every
+/// `{% set ns.attr = ... %}`.
+const NS_GUARD: &str = "__llmrt_namespace_free";
+
+/// Most values [`namespace_free`] walks (lists, maps and their items) before it gives up.
+const NS_GUARD_NODES: usize = 1 << 20;
+
+/// The value of a `{% set ns.attr = value %}`, refused when it is or holds a namespace.
+/// minijinja 3.1.0 recurses without end when it prints, hashes or sorts a namespace that
+/// holds itself (a stack overflow kills the process); a namespace can only come to hold
+/// itself through such an assignment (lists and maps are immutable; a namespace made by
+/// `namespace(...)` is new, so nothing holds it yet). Refusing namespaces inside namespace
+/// attributes keeps every namespace acyclic; real templates store strings, numbers, lists
+/// and maps there. The walk is bounded ([`NS_GUARD_NODES`]).
+fn namespace_free(value: Value) -> std::result::Result<Value, minijinja::Error> {
+    let is_namespace = |v: &Value| v.as_object().is_some_and(|o| o.type_name().ends_with("Namespace"));
+    let mut stack = vec![value.clone()];
+    let mut seen = 0usize;
+    while let Some(v) = stack.pop() {
+        if is_namespace(&v) {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                "a namespace attribute may not hold a namespace (one holding itself would make rendering recurse without end)",
+            ));
+        }
+        seen += 1;
+        if seen > NS_GUARD_NODES {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("the value assigned to a namespace attribute has more than {NS_GUARD_NODES} items"),
+            ));
+        }
+        match v.kind() {
+            minijinja::value::ValueKind::Seq => {
+                if let Ok(items) = v.try_iter() {
+                    stack.extend(items);
+                }
+            }
+            minijinja::value::ValueKind::Map => {
+                if let Ok(keys) = v.try_iter() {
+                    for k in keys {
+                        if let Ok(item) = v.get_item(&k) {
+                            stack.push(item);
+                        }
+                        stack.push(k);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(value)
+}
+
+/// Every `{% set a.b = expr %}` (a namespace attribute target, alone or in a target list)
+/// rewritten to `{% set a.b = __llmrt_namespace_free((expr)) %}` ([`namespace_free`]),
+/// inside the same tag: whitespace-control marks, trimming and line numbers stay as
+/// written. Tags are found outside `{# #}` comments and `{% raw %}` blocks, and a tag's end
+/// outside string literals, as minijinja's lexer finds them. Block sets (`{% set a.b %}`
+/// ... `{% endset %}`) assign strings and are left alone.
+fn guard_namespace_sets(src: &str) -> std::borrow::Cow<'_, str> {
+    if !src.contains("set") {
+        return std::borrow::Cow::Borrowed(src);
+    }
+    let b = src.as_bytes();
+    let mut out = String::with_capacity(src.len() + 64);
+    let mut last = 0;
+    let mut i = 0;
+    let find = |from: usize, pat: &str| src.get(from..).and_then(|t| t.find(pat)).map(|o| from + o);
+    while i + 1 < b.len() {
+        if b[i] == b'{' && b[i + 1] == b'#' {
+            i = find(i + 2, "#}").map_or(b.len(), |e| e + 2);
+            continue;
+        }
+        if !(b[i] == b'{' && b[i + 1] == b'%') {
+            i += 1;
+            continue;
+        }
+        let mut j = i + 2;
+        if j < b.len() && (b[j] == b'-' || b[j] == b'+') {
+            j += 1;
+        }
+        while j < b.len() && b[j].is_ascii_whitespace() {
+            j += 1;
+        }
+        let word_end = (j..b.len()).find(|&k| !(b[k].is_ascii_alphanumeric() || b[k] == b'_')).unwrap_or(b.len());
+        let word = &src[j..word_end];
+        if word == "raw" {
+            // Up to the end of the matching {% endraw %} tag.
+            i = find(word_end, "endraw").and_then(|e| find(e, "%}")).map_or(b.len(), |e| e + 2);
+            continue;
+        }
+        // The tag's end, outside string literals.
+        let mut k = word_end;
+        let mut quote = 0u8;
+        let mut end = None;
+        while k < b.len() {
+            let c = b[k];
+            if quote != 0 {
+                if c == b'\\' {
+                    k += 1;
+                } else if c == quote {
+                    quote = 0;
+                }
+            } else if c == b'"' || c == b'\'' {
+                quote = c;
+            } else if c == b'%' && k + 1 < b.len() && b[k + 1] == b'}' {
+                end = Some(k);
+                break;
+            }
+            k += 1;
+        }
+        let Some(close) = end else { break };
+        if word == "set" {
+            // Targets: names, dots, commas, parentheses; then a single `=`.
+            let mut t = word_end;
+            while t < close && (b[t].is_ascii_alphanumeric() || b"_., \t\r\n()".contains(&b[t])) {
+                t += 1;
+            }
+            let assigns = t < close && b[t] == b'=' && b.get(t + 1) != Some(&b'=');
+            if assigns && src[word_end..t].contains('.') {
+                let mut rhs_end = close;
+                if rhs_end > t + 1 && (b[rhs_end - 1] == b'-' || b[rhs_end - 1] == b'+') {
+                    rhs_end -= 1;
+                }
+                out.push_str(&src[last..t + 1]);
+                out.push_str(NS_GUARD);
+                out.push_str("((");
+                out.push_str(&src[t + 1..rhs_end]);
+                out.push_str("))");
+                last = rhs_end;
+            }
+        }
+        i = close + 2;
+    }
+    if last == 0 {
+        return std::borrow::Cow::Borrowed(src);
+    }
+    out.push_str(&src[last..]);
+    std::borrow::Cow::Owned(out)
 }
 
 /// Python's None where a template may iterate it (`tools`, `documents`): minijinja iterates
@@ -638,6 +782,35 @@ mod tests {
         assert!(e.message.contains("recursion"), "{}", e.message);
         let e = render("{{ messages | nosuchfilter }}", &m, &opts()).unwrap_err();
         assert!(e.message.contains("nosuchfilter") || e.message.contains("unknown filter"), "{}", e.message);
+    }
+
+    /// A namespace may not come to hold itself (minijinja recursed without end printing it:
+    /// a stack overflow, found by the chat_template fuzz target); every other namespace
+    /// assignment renders as before, whitespace control, strings holding `%}`, comments,
+    /// raw blocks and block sets included.
+    #[test]
+    fn chat_namespace_sets_are_guarded_and_unchanged() {
+        let m = [Message { role: "user", content: "hi" }];
+        for t in [
+            "{% set ns = namespace() %}{% set ns.a = ns %}{{ ns }}",
+            "{% set ns = namespace() %}{% set ns.a = [ns] %}{{ ns.a }}",
+            "{% set ns = namespace() %}{%- set ns.a = {'k': [1, ns]} -%}{{ {ns: 1} }}",
+            "{% set a = namespace() %}{% set b = namespace(x=a) %}{% set a.y = b %}{{ a }}",
+            "{% set ns = namespace() %}{% set ns.a, z = (ns, 1) %}{{ ns|string }}",
+        ] {
+            let e = render(t, &m, &opts()).unwrap_err();
+            assert!(e.message.contains("may not hold a namespace"), "{t}: {}", e.message);
+        }
+        for (t, want) in [
+            ("{% set ns = namespace(n=0) %}{% for x in [1, 2] %}{%- set ns.n = ns.n + x -%}\n {% endfor %}{{ ns.n }}", "3"),
+            ("{% set ns = namespace(s='') %}{% set ns.s = 'a%}b' ~ \"'%}\" %}{{ ns.s }}", "a%}b'%}"),
+            ("{# {% set ns.a = 1 %} #}{% raw %}{% set ns.a = ns %}{% endraw %}", "{% set ns.a = ns %}"),
+            ("{% set ns = namespace() %}{% set ns.t %}x{{ 1 }}{% endset %}{{ ns.t }}", "x1"),
+            ("{% set ns = namespace(v=[]) %}{% set ns.v = ns.v + [messages[0]] %}{{ ns.v[0].role }}", "user"),
+            ("{% set ns = namespace(a=1) %}\n  {% set ns.a = 2 %}\n{{ ns.a }}", "2"),
+        ] {
+            assert_eq!(render(t, &m, &opts()).unwrap(), want, "{t}");
+        }
     }
 
     #[test]
