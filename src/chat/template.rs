@@ -254,7 +254,9 @@ fn environment(now: DateTime, fuel: u64) -> Environment<'static> {
         Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
     });
     env.add_function("strftime_now", move |fmt: String| now.strftime(&fmt));
-    env.add_function(NS_GUARD, namespace_free);
+    // One walk budget for the whole render (the walks are not charged to the fuel).
+    let budget = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(NS_GUARD_NODES));
+    env.add_function(NS_GUARD, move |v: Value| namespace_free(v, &budget));
     env
 }
 
@@ -262,8 +264,11 @@ fn environment(now: DateTime, fuel: u64) -> Environment<'static> {
 /// `{% set ns.attr = ... %}`.
 const NS_GUARD: &str = "__llmrt_namespace_free";
 
-/// Most values [`namespace_free`] walks (lists, maps and their items) before it gives up.
-const NS_GUARD_NODES: usize = 1 << 20;
+/// Most values [`namespace_free`] walks (lists, maps and their items) in one render, all
+/// its calls together, before it refuses: assigning a growing list to a namespace attribute
+/// in a loop walks the list each time, and the walks are not charged to the fuel. Real
+/// templates walk a few thousand.
+const NS_GUARD_NODES: usize = 1 << 22;
 
 /// The value of a `{% set ns.attr = value %}`, refused when it is or holds a namespace.
 /// minijinja 3.1.0 recurses without end when it prints, hashes or sorts a namespace that
@@ -271,11 +276,14 @@ const NS_GUARD_NODES: usize = 1 << 20;
 /// itself through such an assignment (lists and maps are immutable; a namespace made by
 /// `namespace(...)` is new, so nothing holds it yet). Refusing namespaces inside namespace
 /// attributes keeps every namespace acyclic; real templates store strings, numbers, lists
-/// and maps there. The walk is bounded ([`NS_GUARD_NODES`]).
-fn namespace_free(value: Value) -> std::result::Result<Value, minijinja::Error> {
+/// and maps there. The walks of a render share `budget` ([`NS_GUARD_NODES`]).
+fn namespace_free(
+    value: Value,
+    budget: &std::sync::atomic::AtomicUsize,
+) -> std::result::Result<Value, minijinja::Error> {
+    use std::sync::atomic::Ordering::Relaxed;
     let is_namespace = |v: &Value| v.as_object().is_some_and(|o| o.type_name().ends_with("Namespace"));
     let mut stack = vec![value.clone()];
-    let mut seen = 0usize;
     while let Some(v) = stack.pop() {
         if is_namespace(&v) {
             return Err(minijinja::Error::new(
@@ -283,11 +291,13 @@ fn namespace_free(value: Value) -> std::result::Result<Value, minijinja::Error> 
                 "a namespace attribute may not hold a namespace (one holding itself would make rendering recurse without end)",
             ));
         }
-        seen += 1;
-        if seen > NS_GUARD_NODES {
+        if budget.fetch_update(Relaxed, Relaxed, |left| left.checked_sub(1)).is_err() {
             return Err(minijinja::Error::new(
                 ErrorKind::InvalidOperation,
-                format!("the value assigned to a namespace attribute has more than {NS_GUARD_NODES} items"),
+                format!(
+                    "the values assigned to namespace attributes hold more than {NS_GUARD_NODES} items in all \
+                     (each assignment walks its value)"
+                ),
             ));
         }
         match v.kind() {
@@ -811,6 +821,14 @@ mod tests {
         ] {
             assert_eq!(render(t, &m, &opts()).unwrap(), want, "{t}");
         }
+        // A list assigned again and again as it grows: the walks share one budget, so the
+        // render stops with an error instead of walking quadratically.
+        let t =
+            "{% set ns = namespace(v=range(3000)|list) %}{% for i in range(3000) %}{% set ns.v = ns.v %}{% endfor %}";
+        let start = std::time::Instant::now();
+        let e = render(t, &m, &opts()).unwrap_err();
+        assert!(e.message.contains("namespace attributes hold more than"), "{}", e.message);
+        assert!(start.elapsed().as_secs() < 5, "{:?}", start.elapsed());
     }
 
     #[test]
