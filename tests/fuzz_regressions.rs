@@ -171,7 +171,7 @@ fn known_gap_chat_template_list_doubling_is_not_fuel_bounded() {
 /// (SIGSEGV): a namespace that held itself (`{% set ns.a = ns %}`, or a list holding it)
 /// made minijinja 3.1.0 recurse without end when the value was printed, stringified,
 /// hashed as a map key or sorted: a stack overflow, which killed the process. Every
-/// `{% set ns.x = ... %}` is now guarded (src/chat/template.rs, `guard_namespace_sets`):
+/// `{% set ns.x = ... %}` is now guarded (src/chat/template.rs, `rewrite_tags`):
 /// each of these must fail with an error. Rendered in a child process (2 GiB, 20 s) so
 /// that a regression fails this test instead of killing the test binary.
 #[test]

@@ -192,8 +192,7 @@ pub fn render(source: &str, messages: &[Message<'_>], opts: &RenderOptions<'_>) 
 /// otherwise. The fuzz harness renders with a small budget so that a runaway mutation
 /// stops in milliseconds, not half a second, and the campaign reaches its executions.
 pub fn render_with_fuel(source: &str, messages: &[Message<'_>], opts: &RenderOptions<'_>, fuel: u64) -> Result<String> {
-    let source = rewrite_generation_tags(source);
-    let source = guard_namespace_sets(&source);
+    let source = rewrite_tags(source);
     let now = opts.now.unwrap_or_else(DateTime::now_utc);
     let env = environment(now, fuel);
     let tmpl = env.template_from_named_str(NAME, &source).map_err(template_error)?;
@@ -260,7 +259,7 @@ fn environment(now: DateTime, fuel: u64) -> Environment<'static> {
     env
 }
 
-/// The function [`guard_namespace_sets`] wraps around the value of every
+/// The function [`rewrite_tags`] wraps around the value of every
 /// `{% set ns.attr = ... %}`.
 const NS_GUARD: &str = "__llmrt_namespace_free";
 
@@ -322,14 +321,19 @@ fn namespace_free(
     Ok(value)
 }
 
-/// Every `{% set a.b = expr %}` (a namespace attribute target, alone or in a target list)
-/// rewritten to `{% set a.b = __llmrt_namespace_free((expr)) %}` ([`namespace_free`]),
-/// inside the same tag: whitespace-control marks, trimming and line numbers stay as
-/// written. Tags are found outside `{# #}` comments and `{% raw %}` blocks, and a tag's end
-/// outside string literals, as minijinja's lexer finds them. Block sets (`{% set a.b %}`
-/// ... `{% endset %}`) assign strings and are left alone.
-fn guard_namespace_sets(src: &str) -> std::borrow::Cow<'_, str> {
-    if !src.contains("set") {
+/// The source as minijinja runs it, two rewrites made inside their own tags so that
+/// whitespace-control marks, trimming and line numbers stay as written:
+/// - `{% generation %}` / `{% endgeneration %}` (transformers' AssistantTracker tag, which
+///   renders its body) become `{% if true %}` / `{% endif %}`;
+/// - every `{% set a.b = expr %}` (a namespace attribute target, alone or in a target list)
+///   becomes `{% set a.b = __llmrt_namespace_free((expr)) %}` ([`namespace_free`]). Block
+///   sets (`{% set a.b %}` ... `{% endset %}`) assign strings and are left alone.
+///
+/// Tags are found as minijinja's lexer finds them, in one pass: outside `{# #}` comments,
+/// `{% raw %}` blocks and `{{ }}` expressions, a tag or expression ending at the first
+/// `%}` / `}}` outside string literals and brackets ([`block_end`]).
+fn rewrite_tags(src: &str) -> std::borrow::Cow<'_, str> {
+    if !src.contains("set") && !src.contains("generation") {
         return std::borrow::Cow::Borrowed(src);
     }
     let b = src.as_bytes();
@@ -338,14 +342,22 @@ fn guard_namespace_sets(src: &str) -> std::borrow::Cow<'_, str> {
     let mut i = 0;
     let find = |from: usize, pat: &str| src.get(from..).and_then(|t| t.find(pat)).map(|o| from + o);
     while i + 1 < b.len() {
-        if b[i] == b'{' && b[i + 1] == b'#' {
-            i = find(i + 2, "#}").map_or(b.len(), |e| e + 2);
-            continue;
-        }
-        if !(b[i] == b'{' && b[i + 1] == b'%') {
+        if b[i] != b'{' {
             i += 1;
             continue;
         }
+        let closer = match b[i + 1] {
+            b'#' => {
+                i = find(i + 2, "#}").map_or(b.len(), |e| e + 2);
+                continue;
+            }
+            b'{' => b'}',
+            b'%' => b'%',
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
         let mut j = i + 2;
         if j < b.len() && (b[j] == b'-' || b[j] == b'+') {
             j += 1;
@@ -354,52 +366,41 @@ fn guard_namespace_sets(src: &str) -> std::borrow::Cow<'_, str> {
             j += 1;
         }
         let word_end = (j..b.len()).find(|&k| !(b[k].is_ascii_alphanumeric() || b[k] == b'_')).unwrap_or(b.len());
-        let word = &src[j..word_end];
+        let word = if closer == b'%' { &src[j..word_end] } else { "" };
         if word == "raw" {
             // Up to the end of the matching {% endraw %} tag.
             i = find(word_end, "endraw").and_then(|e| find(e, "%}")).map_or(b.len(), |e| e + 2);
             continue;
         }
-        // The tag's end, outside string literals.
-        let mut k = word_end;
-        let mut quote = 0u8;
-        let mut end = None;
-        while k < b.len() {
-            let c = b[k];
-            if quote != 0 {
-                if c == b'\\' {
-                    k += 1;
-                } else if c == quote {
-                    quote = 0;
-                }
-            } else if c == b'"' || c == b'\'' {
-                quote = c;
-            } else if c == b'%' && k + 1 < b.len() && b[k + 1] == b'}' {
-                end = Some(k);
-                break;
-            }
-            k += 1;
+        let Some(close) = block_end(b, word_end, closer) else { break };
+        // The tag's body before its closing whitespace-control mark.
+        let mut body_end = close;
+        if body_end > word_end && (b[body_end - 1] == b'-' || b[body_end - 1] == b'+') {
+            body_end -= 1;
         }
-        let Some(close) = end else { break };
-        if word == "set" {
-            // Targets: names, dots, commas, parentheses; then a single `=`.
-            let mut t = word_end;
-            while t < close && (b[t].is_ascii_alphanumeric() || b"_., \t\r\n()".contains(&b[t])) {
-                t += 1;
+        match word {
+            "generation" | "endgeneration" if src[word_end..body_end].trim_ascii().is_empty() => {
+                out.push_str(&src[last..j]);
+                out.push_str(if word == "generation" { "if true" } else { "endif" });
+                last = word_end;
             }
-            let assigns = t < close && b[t] == b'=' && b.get(t + 1) != Some(&b'=');
-            if assigns && src[word_end..t].contains('.') {
-                let mut rhs_end = close;
-                if rhs_end > t + 1 && (b[rhs_end - 1] == b'-' || b[rhs_end - 1] == b'+') {
-                    rhs_end -= 1;
+            "set" => {
+                // Targets: names, dots, commas, parentheses; then a single `=`.
+                let mut t = word_end;
+                while t < close && (b[t].is_ascii_alphanumeric() || b"_., \t\r\n()".contains(&b[t])) {
+                    t += 1;
                 }
-                out.push_str(&src[last..t + 1]);
-                out.push_str(NS_GUARD);
-                out.push_str("((");
-                out.push_str(&src[t + 1..rhs_end]);
-                out.push_str("))");
-                last = rhs_end;
+                let assigns = t < body_end && b[t] == b'=' && b.get(t + 1) != Some(&b'=');
+                if assigns && src[word_end..t].contains('.') {
+                    out.push_str(&src[last..t + 1]);
+                    out.push_str(NS_GUARD);
+                    out.push_str("((");
+                    out.push_str(&src[t + 1..body_end]);
+                    out.push_str("))");
+                    last = body_end;
+                }
             }
+            _ => {}
         }
         i = close + 2;
     }
@@ -408,6 +409,36 @@ fn guard_namespace_sets(src: &str) -> std::borrow::Cow<'_, str> {
     }
     out.push_str(&src[last..]);
     std::borrow::Cow::Owned(out)
+}
+
+/// Where the tag or expression whose body starts at `from` ends: the first `closer` + `}`
+/// (`%}` or `}}`) outside string literals (with their backslash escapes) and outside
+/// `()`, `[]` and `{}`, as minijinja's lexer ends it; `None` when it never does.
+fn block_end(b: &[u8], from: usize, closer: u8) -> Option<usize> {
+    let mut depth = 0isize;
+    let mut quote = 0u8;
+    let mut k = from;
+    while k < b.len() {
+        let c = b[k];
+        if quote != 0 {
+            if c == b'\\' {
+                k += 1;
+            } else if c == quote {
+                quote = 0;
+            }
+        } else if depth == 0 && c == closer && b.get(k + 1) == Some(&b'}') {
+            return Some(k);
+        } else {
+            match c {
+                b'"' | b'\'' => quote = c,
+                b'(' | b'[' | b'{' => depth += 1,
+                b')' | b']' | b'}' => depth -= 1,
+                _ => {}
+            }
+        }
+        k += 1;
+    }
+    None
 }
 
 /// Python's None where a template may iterate it (`tools`, `documents`): minijinja iterates
@@ -457,57 +488,6 @@ fn template_error(e: minijinja::Error) -> Error {
         src = s.source();
     }
     Error::invalid(msg)
-}
-
-/// `{% generation %}` / `{% endgeneration %}` (transformers' AssistantTracker tag, which
-/// renders its body) rewritten to `{% if true %}` / `{% endif %}`, whitespace-control marks
-/// and line breaks kept, so lines and trimming stay as written.
-fn rewrite_generation_tags(src: &str) -> std::borrow::Cow<'_, str> {
-    if !src.contains("generation") {
-        return std::borrow::Cow::Borrowed(src);
-    }
-    let b = src.as_bytes();
-    let mut out = String::with_capacity(src.len());
-    let mut last = 0;
-    let mut i = 0;
-    while let Some(off) = src[i..].find("{%") {
-        let start = i + off;
-        let mut j = start + 2;
-        if j < b.len() && (b[j] == b'-' || b[j] == b'+') {
-            j += 1;
-        }
-        let ws1 = j;
-        while j < b.len() && b[j].is_ascii_whitespace() {
-            j += 1;
-        }
-        let (word, repl) = if src[j..].starts_with("endgeneration") {
-            ("endgeneration", "endif")
-        } else if src[j..].starts_with("generation") {
-            ("generation", "if true")
-        } else {
-            i = start + 2;
-            continue;
-        };
-        let k = j + word.len();
-        let mut e = k;
-        while e < b.len() && b[e].is_ascii_whitespace() {
-            e += 1;
-        }
-        if e < b.len() && (b[e] == b'-' || b[e] == b'+') {
-            e += 1;
-        }
-        if !src[e..].starts_with("%}") {
-            i = start + 2;
-            continue;
-        }
-        out.push_str(&src[last..ws1]);
-        out.push_str(&src[ws1..j]);
-        out.push_str(repl);
-        last = k;
-        i = e + 2;
-    }
-    out.push_str(&src[last..]);
-    std::borrow::Cow::Owned(out)
 }
 
 /// transformers' `tojson`: `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
@@ -807,6 +787,9 @@ mod tests {
             "{% set ns = namespace() %}{%- set ns.a = {'k': [1, ns]} -%}{{ {ns: 1} }}",
             "{% set a = namespace() %}{% set b = namespace(x=a) %}{% set a.y = b %}{{ a }}",
             "{% set ns = namespace() %}{% set ns.a, z = (ns, 1) %}{{ ns|string }}",
+            // Expressions whose brackets or strings hold `}}` do not hide the tag after them.
+            "{% set ns = namespace() %}{{ {'a': {'b': 1}}['a']['b'] }}{{ '}}' }}{% set ns.a = ns %}{{ ns }}",
+            "{% set ns = namespace() %}{% set ns.a = ns if {'k': '%}'} -%}{{ ns }}",
         ] {
             let e = render(t, &m, &opts()).unwrap_err();
             assert!(e.message.contains("may not hold a namespace"), "{t}: {}", e.message);
@@ -818,6 +801,10 @@ mod tests {
             ("{% set ns = namespace() %}{% set ns.t %}x{{ 1 }}{% endset %}{{ ns.t }}", "x1"),
             ("{% set ns = namespace(v=[]) %}{% set ns.v = ns.v + [messages[0]] %}{{ ns.v[0].role }}", "user"),
             ("{% set ns = namespace(a=1) %}\n  {% set ns.a = 2 %}\n{{ ns.a }}", "2"),
+            // Tag-like text in strings, expressions and raw blocks is text.
+            ("{{ '{% set ns.a = 1 %}' }}|{{ \"{% generation %}\" }}", "{% set ns.a = 1 %}|{% generation %}"),
+            ("{% raw %}{% generation %}{% endraw %}{% generation %}x{% endgeneration %}", "{% generation %}x"),
+            ("{% set generation = 1 %}{{ generation }}{% set ns = namespace(g=[]) %}{% set ns.g = [generation] %}{{ ns.g }}", "1[1]"),
         ] {
             assert_eq!(render(t, &m, &opts()).unwrap(), want, "{t}");
         }
