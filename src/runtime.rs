@@ -414,6 +414,10 @@ impl Model {
         kv_cache_bytes: u64,
         report: &mut dyn FnMut(f32),
     ) -> Result<Model> {
+        let context = if max_context == 0 { cfg.context_length } else { cfg.context_length.min(max_context as usize) };
+        let context = context.min(u32::MAX as usize - BLOCK_POSITIONS) as u32;
+        let mut weights = weights;
+        weights.select_rope(&cfg, context as usize);
         let weights = Arc::new(weights);
         let fingerprint = crate::kv::state::model_fingerprint(&cfg, &weights);
         if let Ok(t) = &tokenizer {
@@ -426,8 +430,6 @@ impl Model {
                 )));
             }
         }
-        let context = if max_context == 0 { cfg.context_length } else { cfg.context_length.min(max_context as usize) };
-        let context = context.min(u32::MAX as usize - BLOCK_POSITIONS) as u32;
         let (be, blocks): (Box<dyn Backend>, usize) = match kind {
             BackendKind::Cuda => {
                 let be = crate::backend::cuda::runner::CudaBackend::new(

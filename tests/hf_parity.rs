@@ -61,7 +61,7 @@ fn hf_logits_match_transformers() {
             rounded += 1;
         }
     }
-    assert_eq!((f32_dirs, rounded, sharded), (2, 4, 1), "(f32, rounded, sharded) hf/ directories");
+    assert_eq!((f32_dirs, rounded, sharded), (2, 5, 1), "(f32, rounded, sharded) hf/ directories");
 }
 
 #[test]
@@ -322,4 +322,37 @@ fn info_reports_hf_config() {
     assert_eq!(i.n_kv_heads as u64, cfg["num_key_value_heads"].as_u64().unwrap());
     assert_eq!(i.context_length, 256);
     assert_eq!(i.vocab_size as usize, f.vocab);
+}
+
+#[test]
+fn phi3_longrope_config_errors_are_named() {
+    let f = fixture("phi3");
+    for (tag, edit, want) in [
+        (
+            "short",
+            serde_json::json!({"short_factor": [1.0, 2.0]}),
+            "short_factor has 2 entries, expected head_dim / 2 = 8",
+        ),
+        ("neg", serde_json::json!({"long_factor": [1.0, 1.0, 1.0, -1.0, 1.0, 1.0, 1.0, 1.0]}), "long_factor[3] = -1.0"),
+        ("partial", serde_json::json!({"partial_rotary_factor": 0.5}), "partial_rotary_factor 0.5 is not supported"),
+    ] {
+        let s = Scratch::copy_of(&f, tag);
+        let mut c = s.config();
+        for (k, v) in edit.as_object().unwrap() {
+            c["rope_parameters"][k] = v.clone();
+        }
+        s.set_config(&c);
+        let (st, msg) = load_err(&s.0);
+        let status = if tag == "partial" { Status::LLMRT_UNSUPPORTED } else { Status::LLMRT_BAD_MODEL };
+        assert_eq!(st, status, "{tag}: {msg}");
+        assert!(msg.contains(want) && msg.contains("config.json"), "{tag}: {msg}");
+    }
+    // The fused matrices are checked as one tensor, named.
+    let s = Scratch::copy_of(&f, "fused");
+    let mut c = s.config();
+    c["intermediate_size"] = serde_json::json!(96);
+    s.set_config(&c);
+    let (st, msg) = load_err(&s.0);
+    assert_eq!(st, Status::LLMRT_BAD_MODEL, "{msg}");
+    assert!(msg.contains("gate_up_proj"), "{msg}");
 }

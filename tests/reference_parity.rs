@@ -29,7 +29,7 @@ fn check_logits_against(f: &Fixture, ty: &str, reference: &[f32], what: &str, bo
 
 fn fixtures_present() -> Vec<Fixture> {
     let all = Fixture::all();
-    assert!(all.len() >= 6, "expected the 6 committed fixtures under tests/fixtures, found {}", all.len());
+    assert!(all.len() >= 7, "expected the 7 committed fixtures under tests/fixtures, found {}", all.len());
     all
 }
 
@@ -124,4 +124,39 @@ fn stories260k_greedy_matches_llama2c() {
         got.push(m.decode_greedy(&[c], &[*got.last().unwrap()])[0]);
     }
     assert_eq!(got, want, "stories260K greedy ids differ from llama2.c's run.c");
+}
+
+/// Phi-3's LongRoPE: run with a context past the original (the fixture's 256 against 4) the
+/// long factors rotate (the f32 test above, against transformers over 24 tokens); run with a
+/// context within it, the short ones, against transformers' logits of the first 4 tokens
+/// alone (which it rotates by the short factors). GGUF and HF directory both.
+#[test]
+fn phi3_longrope_short_factors_within_the_original_context() {
+    let f = Fixture::all().into_iter().find(|f| f.name == "phi3").expect("the phi3 fixture");
+    let n = f.json["checks"]["short_context_tokens"].as_u64().unwrap() as usize;
+    let want = read_f32(&f.dir.join(f.json["checks"]["short_context_logits_file"].as_str().unwrap()));
+    assert_eq!(want.len(), n * f.vocab);
+    for path in [f.gguf("f32"), f.dir.join("hf")] {
+        let bound = if path.ends_with("hf") { 1e-2 } else { 1e-4 };
+        let opts = llmrt::LoadOptions { threads: 1, max_context: n as u32, ..Default::default() };
+        let m = llmrt::Model::load(&path, opts).unwrap();
+        assert_eq!(m.info().context_length as usize, n);
+        let c = m.cache_reserve(0).unwrap();
+        let mut got = vec![f32::NAN; n * f.vocab];
+        m.prefill(c, &f.tokens[..n], Some(&mut got), true).unwrap();
+        for (t, (g, w)) in got.chunks_exact(f.vocab).zip(want.chunks_exact(f.vocab)).enumerate() {
+            let e = rel_l2(g, w);
+            assert!(e < bound, "{} row {t}: relative L2 {e:.3e} >= {bound:.0e} (short factors)", path.display());
+        }
+        // The long factors (the default context) give other logits for the same tokens.
+        let long = load(&path);
+        let lc = long.reserve(0);
+        let l = long.prefill_all(lc, &f.tokens[..n]);
+        let moved = rel_l2(&l, &got);
+        assert!(moved > 1e-3, "{}: long and short factors agree ({moved:.3e})", path.display());
+        println!(
+            "phi3 {}: short factors within the original context, long otherwise (they differ by {moved:.3e})",
+            path.display()
+        );
+    }
 }

@@ -105,6 +105,18 @@ MODELS = [
                   tie_word_embeddings=False, rms_norm_eps=1e-6, use_sliding_window=False,
                   attention_bias=False, bos_token_id=0, eos_token_id=0,
                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # Phi-3: fused qkv_proj / gate_up_proj, LongRoPE. original_max_position_embeddings 4 is
+    # below every sequence made here (prompt 8), so transformers rotates by the long factors
+    # at every step, as llmrt (and llama.cpp) do for a context (256) past the original; the
+    # attention factor is sqrt(1 + ln(256 / 4) / ln 4) = 2.
+    dict(name="phi3", cls="Phi3ForCausalLM", tok="spm", gguf_arch="phi3", hf_dtype="float16",
+         cfg=dict(vocab_size=352, num_attention_heads=4, num_key_value_heads=2,
+                  tie_word_embeddings=False, rms_norm_eps=1e-5, sliding_window=None, pad_token_id=None,
+                  original_max_position_embeddings=4,
+                  rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                   "original_max_position_embeddings": 4,
+                                   "short_factor": [1.0, 1.02, 1.05, 1.1, 1.2, 1.4, 1.7, 2.0],
+                                   "long_factor": [1.0, 1.3, 1.9, 2.8, 4.1, 6.0, 8.5, 12.0]})),
 ]
 
 # Qwen2's pre-tokenizer split regex (what tokenizer.ggml.pre = "qwen2" means in llama.cpp).
@@ -327,7 +339,7 @@ def rmsnorm(x, w, eps):
 
 
 def np_forward(fields, ts, tokens, rope_style=None, ignore_rope_freqs=False):
-    """Plain float64 forward over GGUF tensors (arch llama / qwen2 / qwen3)."""
+    """Plain float64 forward over GGUF tensors (arch llama / qwen2 / qwen3 / phi3)."""
     arch = fields["general.architecture"]
     g = lambda k, d=None: fields.get(f"{arch}.{k}", d)
     n_embd = int(g("embedding_length"))
@@ -346,8 +358,14 @@ def np_forward(fields, ts, tokens, rope_style=None, ignore_rope_freqs=False):
     inv = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
     if "rope_freqs.weight" in ts and not ignore_rope_freqs:
         inv = inv / ts["rope_freqs.weight"].reshape(-1)
+    mscale = 1.0
+    if "rope_factors_long.weight" in ts and not ignore_rope_freqs:
+        # LongRoPE as llama.cpp runs it: long factors for a context past the original.
+        long_ctx = int(g("context_length")) > int(g("rope.scaling.original_context_length"))
+        inv = inv / ts["rope_factors_long.weight" if long_ctx else "rope_factors_short.weight"].reshape(-1)
+        mscale = float(g("rope.scaling.attn_factor", 1.0))
     ang = pos[:, None] * inv[None, :]  # [T, hd/2]
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    cos, sin = mscale * np.cos(ang)[:, None, :], mscale * np.sin(ang)[:, None, :]
 
     def rope(x):  # x [T, H, hd]
         if rope_style == "adjacent":
@@ -364,9 +382,13 @@ def np_forward(fields, ts, tokens, rope_style=None, ignore_rope_freqs=False):
     for i in range(n_layer):
         p = f"blk.{i}."
         h = rmsnorm(x, ts[p + "attn_norm.weight"], eps)
-        q = h @ ts[p + "attn_q.weight"].T
-        k = h @ ts[p + "attn_k.weight"].T
-        v = h @ ts[p + "attn_v.weight"].T
+        if p + "attn_qkv.weight" in ts:  # phi3: one matrix, rows Q | K | V
+            qkv = h @ ts[p + "attn_qkv.weight"].T
+            q, k, v = np.split(qkv, [n_head * hd, (n_head + n_kv) * hd], axis=-1)
+        else:
+            q = h @ ts[p + "attn_q.weight"].T
+            k = h @ ts[p + "attn_k.weight"].T
+            v = h @ ts[p + "attn_v.weight"].T
         if p + "attn_q.bias" in ts:
             q, k, v = q + ts[p + "attn_q.bias"], k + ts[p + "attn_k.bias"], v + ts[p + "attn_v.bias"]
         q, k, v = q.reshape(T, n_head, hd), k.reshape(T, n_kv, hd), v.reshape(T, n_kv, hd)
@@ -383,8 +405,11 @@ def np_forward(fields, ts, tokens, rope_style=None, ignore_rope_freqs=False):
             o[:, hh, :] = s @ v[:, hh // grp, :]
         x = x + o.reshape(T, n_head * hd) @ ts[p + "attn_output.weight"].T
         h = rmsnorm(x, ts[p + "ffn_norm.weight"], eps)
-        gt = h @ ts[p + "ffn_gate.weight"].T
-        up = h @ ts[p + "ffn_up.weight"].T
+        if p + "ffn_gate.weight" in ts:
+            gt = h @ ts[p + "ffn_gate.weight"].T
+            up = h @ ts[p + "ffn_up.weight"].T
+        else:  # phi3: ffn_up holds gate | up
+            gt, up = np.split(h @ ts[p + "ffn_up.weight"].T, 2, axis=-1)
         x = x + (gt / (1 + np.exp(-gt)) * up) @ ts[p + "ffn_down.weight"].T
     x = rmsnorm(x, ts["output_norm.weight"], eps)
     w_out = ts.get("output.weight", ts["token_embd.weight"])
@@ -609,6 +634,31 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
                 extra["ignoring_rope_freqs_max_abs_logit_change"] = d
                 log(f"      ignoring rope_freqs.weight: max abs diff {d:.3g}; "
                     f"rope_freqs = {ts['rope_freqs.weight'].reshape(-1).tolist()}")
+            if "rope_factors_long.weight" in ts:
+                d = float(np.max(np.abs(np_forward(fields, ts, tokens, ignore_rope_freqs=True) - logits)))
+                extra["ignoring_longrope_max_abs_logit_change"] = d
+                log(f"      ignoring LongRoPE (factors and attention factor): max abs diff {d:.3g}")
+                assert d > 0.05, "LongRoPE has no visible effect"
+                # The short factors (a context within the original) move the logits too.
+                short = dict(fields, **{"phi3.context_length": 4})
+                d = float(np.max(np.abs(np_forward(short, ts, tokens) - logits)))
+                extra["short_factors_max_abs_logit_change"] = d
+                log(f"      short factors instead of long: max abs diff {d:.3g}")
+                assert d > 0.05, "the long factors have no visible effect"
+
+    rp = spec["cfg"]["rope_parameters"]
+    if rp.get("rope_type") == "longrope":
+        # Within the original context transformers rotates by the short factors: its logits
+        # of the first `orig` tokens alone, for llmrt run with a context of `orig`.
+        orig = rp["original_max_position_embeddings"]
+        short = hf_logits(model, tokens[:orig])
+        short.astype("<f4").tofile(odir / "logits.short.f32")
+        extra["short_context_logits_file"] = "logits.short.f32"
+        extra["short_context_tokens"] = orig
+        d = float(np.max(np.abs(short - logits[:orig])))
+        extra["short_context_vs_long_max_abs_logit_change"] = d
+        log(f"  transformers over the first {orig} tokens (short factors): logits move by {d:.3g}")
+        assert d > 0.05, "short and long factors agree on the first tokens"
 
     hf_info = write_hf_fixture(model, spec, hf_dir, odir, tokens, logits)
 

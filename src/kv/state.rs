@@ -326,6 +326,10 @@ pub fn model_fingerprint(cfg: &Config, w: &Weights) -> u64 {
     for v in [cfg.rms_eps, cfg.rope_theta, cfg.rope_linear_factor] {
         h.u64(v.to_bits() as u64);
     }
+    // Newer options only when they are used, so fingerprints of earlier models stay.
+    if a.fused_gate_up || cfg.rope_attn_factor != 1.0 {
+        h.u64(a.fused_gate_up as u64).u64(cfg.rope_attn_factor.to_bits() as u64);
+    }
     let vector = |h: &mut Fnv1a64, v: Option<&Vec<f32>>| {
         match v {
             None => h.u64(u64::MAX),

@@ -1,7 +1,8 @@
 //! Hugging Face model directories: `config.json` plus safetensors weights (one
 //! `model.safetensors`, or shards listed by `model.safetensors.index.json`).
 //!
-//! Architectures (`model_type`): llama, mistral, qwen2, qwen3. HF Llama/Mistral
+//! Architectures (`model_type`): llama, mistral, qwen2, qwen3, phi3 (fused `qkv_proj` and
+//! `gate_up_proj`, bound as row views of them). HF Llama/Mistral
 //! weights are not permuted the way llama.cpp's converter permutes them, so every
 //! HF model uses the half-split ("neox") RoPE pairing.
 //!
@@ -17,12 +18,16 @@
 //! `type`); `rope_parameters` wins when both are present. RoPE types: `default`,
 //! `linear` (`factor`), `llama3` (`factor`, `low_freq_factor`,
 //! `high_freq_factor`, `original_max_position_embeddings`: turned into the
-//! per-frequency divisors llama.cpp's converter stores as `rope_freqs.weight`);
-//! any other type is LLMRT_UNSUPPORTED. `hidden_act` must be `silu`;
+//! per-frequency divisors llama.cpp's converter stores as `rope_freqs.weight`),
+//! `longrope` / `su` (`short_factor`, `long_factor`, `original_max_position_embeddings`
+//! there or at the top level, optional `factor` and `attention_factor`, as transformers'
+//! `_compute_longrope_parameters` reads them; the long factors are used when the model runs
+//! with a context longer than the original, as llama.cpp chooses); any other type is LLMRT_UNSUPPORTED. `hidden_act` must be `silu`;
 //! `attention_bias` / `mlp_bias` true and `partial_rotary_factor` != 1 are
 //! unsupported (qwen2 always has Q/K/V biases, qwen3 has Q/K norms).
 //!
-//! Not applied: `sliding_window` (Mistral, Qwen `use_sliding_window`). Attention
+//! Not applied: `sliding_window` (Mistral, Phi-3, Qwen `use_sliding_window`; llama.cpp
+//! disables Phi-3's too). Attention
 //! is full causal attention; that equals sliding-window attention as long as a
 //! sequence is no longer than the window (4096 for Mistral 7B v0.1).
 
@@ -49,6 +54,8 @@ pub struct HfConfig {
     pub config: Config,
     /// Llama-3 RoPE scaling as per-frequency divisors (`rope_freqs.weight` in GGUF).
     pub rope_freqs: Option<Vec<f32>>,
+    /// LongRoPE's (long, short) per-frequency divisors.
+    pub rope_long_short: Option<(Vec<f32>, Vec<f32>)>,
     /// `tie_word_embeddings`: the LM head is the embedding table.
     pub tied: bool,
 }
@@ -73,7 +80,7 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
     };
     let arch = ArchOptions::for_hf(model_type).ok_or_else(|| {
         Error::unsupported(format!(
-            "{file}: model_type '{model_type}' is not supported (supported: llama, mistral, qwen2, qwen3)"
+            "{file}: model_type '{model_type}' is not supported (supported: llama, mistral, qwen2, qwen3, phi3)"
         ))
     })?;
     let k = Keys { c, file };
@@ -110,6 +117,7 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
     let default_ctx = match model_type {
         "llama" => 2048,
         "mistral" => 4096 * 32,
+        "phi3" => 4096,
         _ => 32768,
     };
     let context_length = k.opt_usize("max_position_embeddings")?.unwrap_or(default_ctx);
@@ -164,6 +172,9 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
     }
     let mut rope_linear_factor = 1.0f32;
     let mut rope_freqs = None;
+    let mut rope_long_short = None;
+    let mut rope_original_context = None;
+    let mut rope_attn_factor = 1.0f32;
     if let Some(r) = rope {
         let rk = Keys { c: r, file };
         let ty = r.get("rope_type").or_else(|| r.get("type")).and_then(|v| v.as_str()).unwrap_or("default");
@@ -177,8 +188,66 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
             }
             Ok(v)
         };
+        if let Some(p) = rk.opt_f64_named("partial_rotary_factor", &format!("{rope_key}.partial_rotary_factor"))? {
+            if p != 1.0 {
+                return Err(Error::unsupported(format!(
+                    "{file}: {rope_key}.partial_rotary_factor {p} is not supported"
+                )));
+            }
+        }
         match ty {
             "default" => {}
+            "longrope" | "su" => {
+                let factors = |name: &str| -> Result<Vec<f32>> {
+                    let full = format!("{rope_key}.{name}");
+                    let a = match r.get(name) {
+                        Some(Value::Array(a)) => a,
+                        Some(_) => return Err(Error::bad_model(format!("{file}: {full} is not a list"))),
+                        None => {
+                            return Err(Error::bad_model(format!(
+                                "{file}: {full} is missing (needed by rope_type {ty})"
+                            )))
+                        }
+                    };
+                    if a.len() != head_dim / 2 {
+                        return Err(Error::bad_model(format!(
+                            "{file}: {full} has {} entries, expected head_dim / 2 = {}",
+                            a.len(),
+                            head_dim / 2
+                        )));
+                    }
+                    a.iter()
+                        .enumerate()
+                        .map(|(i, v)| match v.as_f64() {
+                            Some(x) if x.is_finite() && x > 0.0 => Ok(x as f32),
+                            _ => Err(Error::bad_model(format!("{file}: {full}[{i}] = {v} is not a positive number"))),
+                        })
+                        .collect()
+                };
+                let long = factors("long_factor")?;
+                let short = factors("short_factor")?;
+                let orig = match rk.opt_usize("original_max_position_embeddings")? {
+                    Some(o) => o,
+                    None => k.opt_usize("original_max_position_embeddings")?.unwrap_or(context_length),
+                };
+                // transformers: the factor is max / original unless given; the attention
+                // factor sqrt(1 + ln(factor) / ln(original)) unless given (1 for factor <= 1).
+                let f = match rk.opt_f64_named("factor", &format!("{rope_key}.factor"))? {
+                    Some(f) => f,
+                    None => context_length as f64 / orig as f64,
+                };
+                let attn = match rk.opt_f64_named("attention_factor", &format!("{rope_key}.attention_factor"))? {
+                    Some(a) => a,
+                    None if f <= 1.0 => 1.0,
+                    None => (1.0 + f.ln() / (orig as f64).ln()).sqrt(),
+                };
+                if !(attn.is_finite() && attn > 0.0) {
+                    return Err(Error::bad_model(format!("{file}: the LongRoPE attention factor {attn} is invalid")));
+                }
+                rope_attn_factor = attn as f32;
+                rope_original_context = Some(orig);
+                rope_long_short = Some((long, short));
+            }
             "linear" => rope_linear_factor = factor("factor")? as f32,
             "llama3" => {
                 let f = factor("factor")?;
@@ -215,6 +284,8 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
         rms_eps: rms_eps as f32,
         rope_theta: rope_theta as f32,
         rope_linear_factor,
+        rope_original_context,
+        rope_attn_factor,
         bos_token,
         eos_token,
     };
@@ -223,7 +294,7 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
         Some(Value::Bool(b)) => *b,
         Some(v) => return Err(Error::bad_model(format!("{file}: key tie_word_embeddings = {v} is not a boolean"))),
     };
-    Ok(HfConfig { config: cfg, rope_freqs, tied })
+    Ok(HfConfig { config: cfg, rope_freqs, rope_long_short, tied })
 }
 
 /// Llama-3 RoPE scaling as per-frequency divisors of `theta^(-2i/d)`, computed
@@ -307,6 +378,8 @@ fn hf_name(role: &str) -> String {
         let hf = match what {
             "attn_norm.weight" => "input_layernorm.weight",
             "attn_q.weight" => "self_attn.q_proj.weight",
+            "attn_qkv.weight" => "self_attn.qkv_proj.weight",
+            "ffn_gate_up.weight" => "mlp.gate_up_proj.weight",
             "attn_k.weight" => "self_attn.k_proj.weight",
             "attn_v.weight" => "self_attn.v_proj.weight",
             "attn_output.weight" => "self_attn.o_proj.weight",
@@ -342,7 +415,7 @@ impl TensorSource for HfSource<'_> {
     fn get(&self, role: &str) -> Result<Option<TensorRef<'_>>> {
         // Tied models use the embeddings as the LM head (as transformers does, even
         // when a checkpoint also stores lm_head.weight); no rope_freqs tensor in HF.
-        if (self.tied && role == "output.weight") || role == "rope_freqs.weight" {
+        if (self.tied && role == "output.weight") || role.starts_with("rope_f") {
             return Ok(None);
         }
         let name = hf_name(role);
@@ -380,7 +453,7 @@ impl TensorSource for HfSource<'_> {
 
 /// Loads a Hugging Face model directory: its config and its bound weights.
 pub fn load(dir: &Path, progress: &mut dyn FnMut(f32)) -> Result<(Config, Weights)> {
-    let HfConfig { config: cfg, rope_freqs, tied } = load_config(dir)?;
+    let HfConfig { config: cfg, rope_freqs, rope_long_short, tied } = load_config(dir)?;
     progress(0.05);
     let ck = Checkpoint::open_dir(dir)?;
     progress(0.1);
@@ -390,7 +463,7 @@ pub fn load(dir: &Path, progress: &mut dyn FnMut(f32)) -> Result<(Config, Weight
         config: format!("from {}", dir.join(CONFIG_FILE).display()),
         tied,
     };
-    let parts = Weights::bind_parts(&src, &cfg, rope_freqs, &mut |f| progress(0.1 + 0.9 * f))?;
+    let parts = Weights::bind_parts(&src, &cfg, rope_freqs, rope_long_short, &mut |f| progress(0.1 + 0.9 * f))?;
     let files: Vec<Arc<dyn WeightFile>> = ck.files.iter().map(|f| f.clone() as Arc<dyn WeightFile>).collect();
     Ok((cfg, parts.with_files(files)))
 }

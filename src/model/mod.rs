@@ -29,6 +29,9 @@ pub struct ArchOptions {
     pub qkv_bias: bool,
     /// Per-head RMSNorm of Q and K before RoPE (qwen3).
     pub qk_norm: bool,
+    /// The feed-forward gate and up projections are one matrix of `2 * ffn` rows, gate
+    /// first (phi3: GGUF `ffn_up`, HF `gate_up_proj`). Bound as two row views of it.
+    pub fused_gate_up: bool,
 }
 
 impl ArchOptions {
@@ -37,10 +40,10 @@ impl ArchOptions {
         let (rope_style, qkv_bias, qk_norm) = match arch {
             "llama" | "mistral" => (RopeStyle::Adjacent, false, false),
             "qwen2" => (RopeStyle::Neox, true, false),
-            "qwen3" => (RopeStyle::Neox, false, true),
+            "qwen3" | "phi3" => (RopeStyle::Neox, false, arch == "qwen3"),
             _ => return None,
         };
-        Some(ArchOptions { name: arch.to_string(), rope_style, qkv_bias, qk_norm })
+        Some(ArchOptions { name: arch.to_string(), rope_style, qkv_bias, qk_norm, fused_gate_up: arch == "phi3" })
     }
 }
 
@@ -49,12 +52,18 @@ impl ArchOptions {
     /// permuted, so every one of them takes the half-split ("neox") RoPE.
     pub fn for_hf(model_type: &str) -> Option<ArchOptions> {
         let (qkv_bias, qk_norm) = match model_type {
-            "llama" | "mistral" => (false, false),
+            "llama" | "mistral" | "phi3" => (false, false),
             "qwen2" => (true, false),
             "qwen3" => (false, true),
             _ => return None,
         };
-        Some(ArchOptions { name: model_type.to_string(), rope_style: RopeStyle::Neox, qkv_bias, qk_norm })
+        Some(ArchOptions {
+            name: model_type.to_string(),
+            rope_style: RopeStyle::Neox,
+            qkv_bias,
+            qk_norm,
+            fused_gate_up: model_type == "phi3",
+        })
     }
 }
 
@@ -74,6 +83,12 @@ pub struct Config {
     pub rope_theta: f32,
     /// Linear RoPE scaling factor (positions divided by it); 1 when absent.
     pub rope_linear_factor: f32,
+    /// LongRoPE (phi3): the context the model was trained at. A model run with a longer
+    /// context rotates by the long factors, else by the short ones (as llama.cpp chooses
+    /// by its context size; [`weights::Weights::select_rope`]).
+    pub rope_original_context: Option<usize>,
+    /// LongRoPE's attention factor: RoPE's cos and sin are multiplied by it (1 otherwise).
+    pub rope_attn_factor: f32,
     pub bos_token: Option<u32>,
     pub eos_token: Option<u32>,
 }
@@ -114,7 +129,7 @@ impl Config {
             .to_string();
         let arch = ArchOptions::for_gguf(&arch_name).ok_or_else(|| {
             Error::unsupported(format!(
-                "{file}: architecture '{arch_name}' is not supported (supported: llama, mistral, qwen2, qwen3)"
+                "{file}: architecture '{arch_name}' is not supported (supported: llama, mistral, qwen2, qwen3, phi3)"
             ))
         })?;
         let key = |k: &str| format!("{arch_name}.{k}");
@@ -201,6 +216,22 @@ impl Config {
                 return Err(Error::unsupported(format!("{file}: RoPE scaling type '{other}' is not supported")))
             }
         }
+        // LongRoPE (phi3): factors as tensors (rope_factors_long/short.weight, checked when
+        // bound), the attention factor and the original context as metadata.
+        let rope_attn_factor = g.get_f32(&key("rope.scaling.attn_factor"))?.unwrap_or(1.0);
+        if !(rope_attn_factor.is_finite() && rope_attn_factor > 0.0) {
+            return Err(Error::bad_model(format!("{file}: rope.scaling.attn_factor {rope_attn_factor} is invalid")));
+        }
+        let rope_original_context = match g.get_u64(&key("rope.scaling.original_context_length"))? {
+            None => None,
+            Some(v) if v > 0 && v <= u32::MAX as u64 => Some(v as usize),
+            Some(v) => {
+                return Err(Error::bad_model(format!(
+                    "{file}: {} = {v} is out of range",
+                    key("rope.scaling.original_context_length")
+                )))
+            }
+        };
         let tok = |k: &str| -> Result<Option<u32>> { g.get_u32(k) };
         let bos_token = tok("tokenizer.ggml.bos_token_id")?;
         let eos_token = tok("tokenizer.ggml.eos_token_id")?;
@@ -237,6 +268,8 @@ impl Config {
             rms_eps,
             rope_theta,
             rope_linear_factor,
+            rope_original_context,
+            rope_attn_factor,
             bos_token,
             eos_token,
         })
@@ -244,12 +277,14 @@ impl Config {
 }
 
 /// The RoPE cos/sin of position `pos` for each of `inv_freq` (`Config::rope_inv_freq`):
-/// the angle `pos * f` in f64, rounded once to f32. Both backends take their tables
-/// from here, so they rotate by the same numbers.
-pub(crate) fn rope_angles(pos: usize, inv_freq: &[f64], cos: &mut [f32], sin: &mut [f32]) {
+/// the angle `pos * f` in f64, its cos and sin times `mscale` (`Config::rope_attn_factor`,
+/// 1 but for LongRoPE) rounded once to f32. Both backends take their tables from here, so
+/// they rotate by the same numbers.
+pub(crate) fn rope_angles(pos: usize, inv_freq: &[f64], mscale: f32, cos: &mut [f32], sin: &mut [f32]) {
+    let m = mscale as f64;
     for ((f, c), s) in inv_freq.iter().zip(cos.iter_mut()).zip(sin.iter_mut()) {
         let a = pos as f64 * f;
-        *c = a.cos() as f32;
-        *s = a.sin() as f32;
+        *c = (a.cos() * m) as f32;
+        *s = (a.sin() * m) as f32;
     }
 }

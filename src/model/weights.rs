@@ -71,8 +71,13 @@ pub struct Weights {
     pub output_norm: Vec<f32>,
     /// The LM head; the embedding table when the model ties them.
     pub output: Matrix,
-    /// Llama-3 RoPE scaling: per-frequency divisors (`rope_freqs.weight`).
+    /// Llama-3 RoPE scaling: per-frequency divisors (`rope_freqs.weight`); for LongRoPE
+    /// the long or the short factors, as [`Weights::select_rope`] chose.
     pub rope_freqs: Option<Vec<f32>>,
+    /// LongRoPE (phi3): the long and the short per-frequency divisors
+    /// (`rope_factors_long.weight`, `rope_factors_short.weight`; HF `long_factor`,
+    /// `short_factor`).
+    pub rope_long_short: Option<(Vec<f32>, Vec<f32>)>,
     /// Bytes of weights as stored.
     pub bytes: u64,
 }
@@ -81,6 +86,25 @@ impl Weights {
     /// The whole of mapped file `i`.
     pub fn file_bytes(&self, i: usize) -> &[u8] {
         self.files[i].bytes()
+    }
+
+    /// LongRoPE: rotates by the long factors when the model runs with a context longer than
+    /// the one it was trained at (`cfg.rope_original_context`), else by the short ones, as
+    /// llama.cpp chooses by its context size. Nothing to do for other models.
+    pub fn select_rope(&mut self, cfg: &Config, context: usize) {
+        if let Some((long, short)) = &self.rope_long_short {
+            let long_ctx = cfg.rope_original_context.is_some_and(|orig| context > orig);
+            self.rope_freqs = Some(if long_ctx { long.clone() } else { short.clone() });
+        }
+    }
+}
+
+/// The GGUF name of a binder role: the roles are GGUF names but for phi3's fused
+/// feed-forward matrix, which GGUF calls `ffn_up` (2 x ffn rows, gate first).
+fn gguf_name(role: &str) -> std::borrow::Cow<'_, str> {
+    match role.strip_suffix("ffn_gate_up.weight") {
+        Some(prefix) => format!("{prefix}ffn_up.weight").into(),
+        None => role.into(),
     }
 }
 
@@ -123,7 +147,7 @@ struct GgufSource<'a>(&'a Gguf);
 
 impl TensorSource for GgufSource<'_> {
     fn get(&self, role: &str) -> Result<Option<TensorRef<'_>>> {
-        let Some(t) = self.0.tensor(role) else { return Ok(None) };
+        let Some(t) = self.0.tensor(&gguf_name(role)) else { return Ok(None) };
         let dtype = gguf_dtype(self.0, t)?;
         Ok(Some(TensorRef {
             name: t.name.clone(),
@@ -135,7 +159,7 @@ impl TensorSource for GgufSource<'_> {
         }))
     }
     fn stored_name(&self, role: &str) -> String {
-        role.to_string()
+        gguf_name(role).into_owned()
     }
     fn location(&self, _role: &str) -> String {
         self.0.path.display().to_string()
@@ -213,6 +237,35 @@ impl<'a> Binder<'a> {
         Ok(Matrix { name: t.name, dtype, rows, cols, file: t.file, offset: t.offset, row_bytes })
     }
 
+    /// A matrix stored as `parts` stacked along its rows (fused Q/K/V, fused gate/up): each
+    /// part a row view of it, named `<tensor> rows a..b`, no bytes copied.
+    fn fused<const N: usize>(&mut self, role: &str, cols: usize, parts: [usize; N]) -> Result<[Matrix; N]> {
+        let m = self.matrix(role, cols, parts.iter().sum())?;
+        Ok(std::array::from_fn(|i| {
+            let start: usize = parts[..i].iter().sum();
+            Matrix {
+                name: format!("{} rows {start}..{}", m.name, start + parts[i]),
+                rows: parts[i],
+                offset: m.offset + start * m.row_bytes,
+                ..m.clone()
+            }
+        }))
+    }
+
+    /// Per-frequency RoPE divisors (`rope_freqs.weight`, LongRoPE's factors): positive.
+    fn divisors(&mut self, role: &str, n: usize) -> Result<Option<Vec<f32>>> {
+        let Some(v) = self.opt_vector(role, n)? else { return Ok(None) };
+        if let Some(i) = v.iter().position(|&d| d.is_nan() || d <= 0.0) {
+            return Err(Error::bad_model(format!(
+                "{}: {}[{i}] = {} is not positive",
+                self.src.location(role),
+                self.src.stored_name(role),
+                v[i]
+            )));
+        }
+        Ok(Some(v))
+    }
+
     fn vector(&mut self, role: &str, n: usize) -> Result<Vec<f32>> {
         let t = self.info(role)?;
         if t.ne.len() != 1 || t.ne[0] as usize != n {
@@ -259,17 +312,19 @@ impl Weights {
             gguf_dtype(&file, t)?;
         }
         let src = GgufSource(&file);
-        let parts = Self::bind_parts(&src, cfg, None, progress)?;
+        let parts = Self::bind_parts(&src, cfg, None, None, progress)?;
         let files: Vec<Arc<dyn WeightFile>> = vec![file.clone()];
         Ok(parts.with_files(files))
     }
 
     /// Binds the roles of `src` (see [`TensorSource`]). `rope_freqs` given here
-    /// (computed from a config) replaces a `rope_freqs.weight` tensor.
+    /// (computed from a config) replaces a `rope_freqs.weight` tensor, and `long_short`
+    /// (LongRoPE's factors from a config) `rope_factors_long/short.weight`.
     pub(crate) fn bind_parts(
         src: &dyn TensorSource,
         cfg: &Config,
         rope_freqs: Option<Vec<f32>>,
+        long_short: Option<(Vec<f32>, Vec<f32>)>,
         progress: &mut dyn FnMut(f32),
     ) -> Result<Parts> {
         let mut b = Binder { src, bytes: 0 };
@@ -281,27 +336,59 @@ impl Weights {
         } else {
             token_embd.clone()
         };
+        let half = cfg.head_dim / 2;
         let rope_freqs = match rope_freqs {
             Some(r) => Some(r),
-            None => b.opt_vector("rope_freqs.weight", cfg.head_dim / 2)?,
+            None => b.divisors("rope_freqs.weight", half)?,
         };
-        if let Some(rf) = &rope_freqs {
-            if let Some(i) = rf.iter().position(|&d| d.is_nan() || d <= 0.0) {
-                return Err(Error::bad_model(format!(
-                    "{}: rope_freqs.weight[{i}] = {} is not positive",
-                    src.location("rope_freqs.weight"),
-                    rf[i]
-                )));
+        let rope_long_short = match long_short {
+            Some(ls) => Some(ls),
+            None => {
+                match (b.divisors("rope_factors_long.weight", half)?, b.divisors("rope_factors_short.weight", half)?) {
+                    (Some(l), Some(s)) => Some((l, s)),
+                    (None, None) => None,
+                    (l, _) => {
+                        let missing =
+                            if l.is_none() { "rope_factors_long.weight" } else { "rope_factors_short.weight" };
+                        return Err(Error::bad_model(format!(
+                            "{}: tensor {missing} is missing (LongRoPE needs both factor sets)",
+                            src.location(missing)
+                        )));
+                    }
+                }
             }
+        };
+        if rope_long_short.is_some() && rope_freqs.is_some() {
+            return Err(Error::bad_model(format!(
+                "{}: both rope_freqs.weight and LongRoPE factors are present",
+                src.location("rope_freqs.weight")
+            )));
         }
         let mut layers = Vec::with_capacity(cfg.n_layers.min(4096));
         for l in 0..cfg.n_layers {
             let n = |s: &str| format!("blk.{l}.{s}");
+            // Q, K and V as three matrices, or one fused (phi3) bound as row views.
+            let (wq, wk, wv) = if src.get(&n("attn_qkv.weight"))?.is_some() {
+                let [wq, wk, wv] = b.fused(&n("attn_qkv.weight"), h, [q, kv, kv])?;
+                (wq, wk, wv)
+            } else {
+                (
+                    b.matrix(&n("attn_q.weight"), h, q)?,
+                    b.matrix(&n("attn_k.weight"), h, kv)?,
+                    b.matrix(&n("attn_v.weight"), h, kv)?,
+                )
+            };
+            let (w_gate, w_up) = if cfg.arch.fused_gate_up {
+                let [g, u] = b.fused(&n("ffn_gate_up.weight"), h, [f, f])?;
+                (g, u)
+            } else {
+                (b.matrix(&n("ffn_gate.weight"), h, f)?, b.matrix(&n("ffn_up.weight"), h, f)?)
+            };
             let layer = Layer {
                 attn_norm: b.vector(&n("attn_norm.weight"), h)?,
-                wq: b.matrix(&n("attn_q.weight"), h, q)?,
-                wk: b.matrix(&n("attn_k.weight"), h, kv)?,
-                wv: b.matrix(&n("attn_v.weight"), h, kv)?,
+                wq,
+                wk,
+                wv,
                 wo: b.matrix(&n("attn_output.weight"), q, h)?,
                 bq: if cfg.arch.qkv_bias { Some(b.vector(&n("attn_q.bias"), q)?) } else { None },
                 bk: if cfg.arch.qkv_bias { Some(b.vector(&n("attn_k.bias"), kv)?) } else { None },
@@ -309,14 +396,14 @@ impl Weights {
                 q_norm: if cfg.arch.qk_norm { Some(b.vector(&n("attn_q_norm.weight"), cfg.head_dim)?) } else { None },
                 k_norm: if cfg.arch.qk_norm { Some(b.vector(&n("attn_k_norm.weight"), cfg.head_dim)?) } else { None },
                 ffn_norm: b.vector(&n("ffn_norm.weight"), h)?,
-                w_gate: b.matrix(&n("ffn_gate.weight"), h, f)?,
-                w_up: b.matrix(&n("ffn_up.weight"), h, f)?,
+                w_gate,
+                w_up,
                 w_down: b.matrix(&n("ffn_down.weight"), f, h)?,
             };
             layers.push(layer);
             progress((l + 1) as f32 / cfg.n_layers as f32);
         }
-        Ok(Parts { token_embd, layers, output_norm, output, rope_freqs, bytes: b.bytes })
+        Ok(Parts { token_embd, layers, output_norm, output, rope_freqs, rope_long_short, bytes: b.bytes })
     }
 }
 
@@ -327,12 +414,13 @@ pub(crate) struct Parts {
     output_norm: Vec<f32>,
     output: Matrix,
     rope_freqs: Option<Vec<f32>>,
+    rope_long_short: Option<(Vec<f32>, Vec<f32>)>,
     bytes: u64,
 }
 
 impl Parts {
     pub(crate) fn with_files(self, files: Vec<Arc<dyn WeightFile>>) -> Weights {
-        let Parts { token_embd, layers, output_norm, output, rope_freqs, bytes } = self;
-        Weights { files, token_embd, layers, output_norm, output, rope_freqs, bytes }
+        let Parts { token_embd, layers, output_norm, output, rope_freqs, rope_long_short, bytes } = self;
+        Weights { files, token_embd, layers, output_norm, output, rope_freqs, rope_long_short, bytes }
     }
 }

@@ -42,7 +42,7 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], out: &mut [f32], head:
     let half = hd / 2;
     let mut cos = buf(half, "the step's RoPE cosines")?;
     let mut sin = buf(half, "the step's RoPE sines")?;
-    rope::angles(toks.iter().map(|t| t.pos), &be.inv_freq, &mut cos, &mut sin);
+    rope::angles(toks.iter().map(|t| t.pos), &be.inv_freq, cfg.rope_attn_factor, &mut cos, &mut sin);
     let neox = cfg.arch.rope_style == crate::model::RopeStyle::Neox;
     let heads = attention::Heads { n_heads: cfg.n_heads, n_kv_heads: cfg.n_kv_heads, head_dim: hd };
 

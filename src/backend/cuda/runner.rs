@@ -481,7 +481,13 @@ impl Plan {
     }
 
     /// The arrays of `seqs`; the block tables are padded to a multiple of `bucket` columns.
-    fn build(seqs: &[Seq<'_>], inv_freq: &[f64], n_blocks: usize, vocab: usize, bucket: usize) -> Result<Plan> {
+    fn build(
+        seqs: &[Seq<'_>],
+        (inv_freq, mscale): (&[f64], f32),
+        n_blocks: usize,
+        vocab: usize,
+        bucket: usize,
+    ) -> Result<Plan> {
         let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         let half = inv_freq.len();
         let max_blocks =
@@ -536,7 +542,7 @@ impl Plan {
                 p.slots.push(s.blocks[pos / BLOCK_POSITIONS] * BLOCK_POSITIONS as u32 + (pos % BLOCK_POSITIONS) as u32);
                 // The CPU's tables: the angle in f64, rounded once.
                 let r = t * half..(t + 1) * half;
-                crate::model::rope_angles(pos, inv_freq, &mut p.cos[r.clone()], &mut p.sin[r]);
+                crate::model::rope_angles(pos, inv_freq, mscale, &mut p.cos[r.clone()], &mut p.sin[r]);
             }
             match s.want {
                 Want::Nothing => {}
@@ -753,7 +759,7 @@ impl CudaBackend {
         // Graphed steps pad the block tables to a bucket of GRAPH_BLOCK_BUCKET blocks so
         // that one graph serves many context lengths.
         let bucket = if graph { GRAPH_BLOCK_BUCKET } else { 1 };
-        let plan = Plan::build(seqs, &self.inv_freq, self.kv.n_blocks, vocab, bucket)?;
+        let plan = Plan::build(seqs, (&self.inv_freq, self.cfg.rope_attn_factor), self.kv.n_blocks, vocab, bucket)?;
         let nr = plan.rows.len();
         // Split-KV attention for decode steps (prefill keeps one block per token and head).
         let split = if decode && fast.splitkv && shape.n_heads / shape.n_kv_heads <= SPLIT_MAX_GROUP {
@@ -1233,7 +1239,7 @@ mod tests {
             Seq { tokens: &b, start: 0, blocks: &[2], want: Want::Last },
             Seq { tokens: &c, start: 31, blocks: &[0, 1, 5, 7], want: Want::Nothing },
         ];
-        let p = Plan::build(&seqs, &inv, 16, 10, 1).unwrap();
+        let p = Plan::build(&seqs, (&inv, 1.0), 16, 10, 1).unwrap();
         assert_eq!(p.ids, [5, 6, 7, 9, 1, 2]);
         assert_eq!(p.seq, [0, 0, 0, 1, 2, 2]);
         assert_eq!(p.pos, [15, 16, 17, 0, 31, 32]);
@@ -1262,24 +1268,24 @@ mod tests {
             Seq { tokens: &b, start: 3, blocks: &blocks, want: Want::Last },
             Seq { tokens: &long, start: 5, blocks: &blocks, want: Want::Last },
         ];
-        assert_eq!(Plan::build(&two, &inv, 16, 64, 1).unwrap().tiles, [0, 1, 1, 16, 17, 16, 33, 8]);
+        assert_eq!(Plan::build(&two, (&inv, 1.0), 16, 64, 1).unwrap().tiles, [0, 1, 1, 16, 17, 16, 33, 8]);
         assert_eq!(&w[..6], &p.ids[..]);
         assert_eq!(&w[24..33], &p.block_tables[..]);
         assert_eq!(&w[33..37], &p.rows[..]);
         assert_eq!(w[37 + 2 * 2 + 1], p.cos[2 * 2 + 1].to_bits());
         assert_eq!(w[37 + 12 + 5 * 2], p.sin[5 * 2].to_bits());
         // A bucket of 8 pads the tables to 8 columns with zeros.
-        let pb = Plan::build(&seqs, &inv, 16, 10, 8).unwrap();
+        let pb = Plan::build(&seqs, (&inv, 1.0), 16, 10, 8).unwrap();
         assert_eq!(pb.max_blocks, 8);
         assert_eq!(&pb.block_tables[..8], &[3, 4, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&pb.block_tables[16..19], &[0, 1, 5]);
 
         let short = [Seq { tokens: &a, start: 15, blocks: &[3], want: Want::Last }];
-        assert_eq!(Plan::build(&short, &inv, 16, 10, 1).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+        assert_eq!(Plan::build(&short, (&inv, 1.0), 16, 10, 1).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
         let outside = [Seq { tokens: &b, start: 0, blocks: &[16], want: Want::Last }];
-        assert_eq!(Plan::build(&outside, &inv, 16, 10, 1).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+        assert_eq!(Plan::build(&outside, (&inv, 1.0), 16, 10, 1).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
         let bad_token = [Seq { tokens: &[10], start: 0, blocks: &[0], want: Want::Last }];
-        assert_eq!(Plan::build(&bad_token, &inv, 16, 10, 1).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+        assert_eq!(Plan::build(&bad_token, (&inv, 1.0), 16, 10, 1).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
     }
 
     #[test]

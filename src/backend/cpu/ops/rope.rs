@@ -10,11 +10,17 @@
 
 /// `cos` / `sin` (`inv_freq.len()` values per position) of the angles
 /// `pos * inv_freq[i]` for each position of `positions`.
-pub(crate) fn angles(positions: impl Iterator<Item = usize>, inv_freq: &[f64], cos: &mut [f32], sin: &mut [f32]) {
+pub(crate) fn angles(
+    positions: impl Iterator<Item = usize>,
+    inv_freq: &[f64],
+    mscale: f32,
+    cos: &mut [f32],
+    sin: &mut [f32],
+) {
     let half = inv_freq.len();
     for (t, pos) in positions.enumerate() {
         let r = t * half..(t + 1) * half;
-        crate::model::rope_angles(pos, inv_freq, &mut cos[r.clone()], &mut sin[r]);
+        crate::model::rope_angles(pos, inv_freq, mscale, &mut cos[r.clone()], &mut sin[r]);
     }
 }
 
