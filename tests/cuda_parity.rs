@@ -47,8 +47,8 @@ fn gpu(path: &Path) -> M {
 fn fixtures_present() -> Vec<Fixture> {
     let all = Fixture::all();
     assert!(
-        all.len() >= 6,
-        "expected the 6 fixtures under {} (set LLMRT_FIXTURES), found {}",
+        all.len() >= 7,
+        "expected the 7 fixtures under {} (set LLMRT_FIXTURES), found {}",
         fixtures().display(),
         all.len()
     );
