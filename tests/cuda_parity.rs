@@ -45,7 +45,9 @@ fn gpu(path: &Path) -> M {
 }
 
 fn fixtures_present() -> Vec<Fixture> {
-    let all = Fixture::all();
+    // gemma2 / gemma3: the CUDA backend refuses them (LLMRT_UNSUPPORTED) until its
+    // kernels have the scale, soft caps, windows, GeGLU and post-norms.
+    let all: Vec<Fixture> = Fixture::all().into_iter().filter(|f| !f.name.starts_with("gemma")).collect();
     assert!(
         all.len() >= 7,
         "expected the 7 fixtures under {} (set LLMRT_FIXTURES), found {}",

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 fn fixtures_present() -> Vec<Fixture> {
     let all: Vec<Fixture> = Fixture::all().into_iter().filter(|f| f.dir.join("hf/config.json").exists()).collect();
-    assert!(all.len() >= 6, "expected 6 fixtures with an hf/ directory, found {}", all.len());
+    assert!(all.len() >= 8, "expected 8 fixtures with an hf/ directory, found {}", all.len());
     all
 }
 
@@ -61,7 +61,7 @@ fn hf_logits_match_transformers() {
             rounded += 1;
         }
     }
-    assert_eq!((f32_dirs, rounded, sharded), (2, 5, 1), "(f32, rounded, sharded) hf/ directories");
+    assert_eq!((f32_dirs, rounded, sharded), (3, 6, 1), "(f32, rounded, sharded) hf/ directories");
 }
 
 #[test]
@@ -78,7 +78,7 @@ fn hf_f32_greedy_ids_match_transformers() {
         assert_eq!(got, want, "{}: hf/ greedy ids differ from transformers", f.name);
         n += 1;
     }
-    assert_eq!(n, 2);
+    assert_eq!(n, 3);
 }
 
 /// The same model from its HF directory (unpermuted Q/K, neox RoPE, llama3
@@ -100,7 +100,7 @@ fn hf_f32_equals_gguf_f32() {
         );
         n += 1;
     }
-    assert_eq!(n, 2);
+    assert_eq!(n, 3);
 }
 
 /// A scratch copy of a fixture's hf/ directory.
@@ -355,4 +355,80 @@ fn phi3_longrope_config_errors_are_named() {
     let (st, msg) = load_err(&s.0);
     assert_eq!(st, Status::LLMRT_BAD_MODEL, "{msg}");
     assert!(msg.contains("gate_up_proj"), "{msg}");
+}
+
+/// gemma2's `query_pre_attn_scalar` (HF only: GGUF files have no key for it, see
+/// model::gemma_gguf_attn_scale): the fixture's equals head_dim (as llama.cpp assumes);
+/// 24 instead must give transformers' logits for 24 (logits.qpas24.f32, same weights).
+#[test]
+fn gemma2_query_pre_attn_scalar_from_config() {
+    let f = fixture("gemma2");
+    assert_eq!(hf_dtype(&f), "float32");
+    let qc = &f.json["checks"]["qpas_check"];
+    let reference = read_f32(&f.dir.join(qc["logits_file"].as_str().unwrap()));
+    let s = Scratch::copy_of(&f, "qpas");
+    let mut c = s.config();
+    assert_eq!(c["query_pre_attn_scalar"], c["head_dim"]);
+    c["query_pre_attn_scalar"] = qc["query_pre_attn_scalar"].clone();
+    s.set_config(&c);
+    let got = prefill_all(&s.0, &f.tokens, f.vocab);
+    check(&f, &got, &reference, "transformers with query_pre_attn_scalar 24", 1e-4);
+    assert!(worst_row(&got, &f.logits, f.vocab) > 1e-2);
+}
+
+/// gemma3_text's RoPE and layer pattern in each spelling config.json may use:
+/// transformers 5 (`rope_parameters` per layer type, `layer_types`) and the Hub's
+/// older one (`rope_theta`, `rope_local_base_freq`, `sliding_window_pattern`) give the
+/// same logits; swapping the two bases changes them.
+#[test]
+fn gemma3_rope_and_pattern_spellings() {
+    let f = fixture("gemma3");
+    let base = prefill_all(&hf_dir(&f), &f.tokens, f.vocab);
+    let s = Scratch::copy_of(&f, "hub");
+    let mut c = s.config();
+    let obj = c.as_object_mut().unwrap();
+    assert_eq!(obj["rope_local_base_freq"], 10000.0);
+    obj.remove("rope_parameters");
+    obj.remove("layer_types");
+    obj.remove("_sliding_window_pattern");
+    obj.insert("sliding_window_pattern".into(), serde_json::json!(6));
+    s.set_config(&c);
+    assert_eq!(prefill_all(&s.0, &f.tokens, f.vocab), base, "Hub-style keys give other logits");
+
+    // The default pattern (no layer_types, no sliding_window_pattern) is 6 as well.
+    let mut c = s.config();
+    c.as_object_mut().unwrap().remove("sliding_window_pattern");
+    s.set_config(&c);
+    assert_eq!(prefill_all(&s.0, &f.tokens, f.vocab), base, "the default pattern is not 5 local : 1 global");
+
+    let s = Scratch::copy_of(&f, "swap");
+    let mut c = s.config();
+    c["rope_parameters"]["sliding_attention"]["rope_theta"] = serde_json::json!(1000000.0);
+    s.set_config(&c);
+    let e = worst_row(&prefill_all(&s.0, &f.tokens, f.vocab), &base, f.vocab);
+    assert!(e > 1e-2, "the local RoPE base changed the logits by only {e:.3e}");
+}
+
+/// Gemma's options that config.json can refuse: another activation, bidirectional
+/// attention, an unknown layer type.
+#[test]
+fn gemma_unsupported_options_are_named() {
+    let f = fixture("gemma2");
+    for (key, value, what) in [
+        ("hidden_activation", serde_json::json!("relu"), "hidden_activation"),
+        ("use_bidirectional_attention", serde_json::json!(true), "use_bidirectional_attention"),
+        (
+            "layer_types",
+            serde_json::json!(["sliding_attention", "chunked_attention", "full_attention"]),
+            "layer_types[1]",
+        ),
+    ] {
+        let s = Scratch::copy_of(&f, "unsup");
+        let mut c = s.config();
+        c[key] = value;
+        s.set_config(&c);
+        let (st, msg) = load_err(&s.0);
+        assert_eq!(st, Status::LLMRT_UNSUPPORTED, "{msg}");
+        assert!(msg.contains(what) && msg.contains("config.json"), "{msg}");
+    }
 }

@@ -105,6 +105,26 @@ MODELS = [
                   tie_word_embeddings=False, rms_norm_eps=1e-6, use_sliding_window=False,
                   attention_bias=False, bos_token_id=0, eos_token_id=0,
                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # Gemma 2: 3 layers (sliding, global, sliding: even layers slide), window 8 under 32-token
+    # sequences, both soft caps small enough to move the logits (checks: *_off_* in reference.json).
+    # query_pre_attn_scalar = head_dim, the scale llama.cpp derives for GGUF (no key holds it).
+    dict(name="gemma2", cls="Gemma2ForCausalLM", tok="spm", gguf_arch="gemma2", hf_dtype="float32",
+         n_tokens=32, norm_offset=True, emb_std=0.1, post_norm_scale=8.0,
+         cfg=dict(vocab_size=384, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=32, query_pre_attn_scalar=32, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                  hidden_activation="gelu_pytorch_tanh", sliding_window=8, attn_logit_softcapping=5.0,
+                  final_logit_softcapping=3.0,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+         qpas_check=24),
+    # Gemma 3 (text): 6 layers, the default 5:1 pattern (layers 0-4 local, 5 global), local RoPE
+    # base 10000 vs global 1e6, per-head Q/K norms, no attention soft cap, a final soft cap.
+    dict(name="gemma3", cls="Gemma3ForCausalLM", cfg_cls="Gemma3TextConfig", tok="spm", gguf_arch="gemma3",
+         hf_dtype="float16", n_tokens=32, norm_offset=True, emb_std=0.1, post_norm_scale=8.0,  # bf16: 1.3e-2 row L2
+         cfg=dict(vocab_size=352, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, query_pre_attn_scalar=16, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                  hidden_activation="gelu_pytorch_tanh", sliding_window=8, final_logit_softcapping=3.0,
+                  rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
     # Phi-3: fused qkv_proj / gate_up_proj, LongRoPE. original_max_position_embeddings 4 is
     # below every sequence made here (prompt 8), so transformers rotates by the long factors
     # at every step, as llmrt (and llama.cpp) do for a context (256) past the original; the
@@ -118,6 +138,10 @@ MODELS = [
                                    "short_factor": [1.0, 1.02, 1.05, 1.1, 1.2, 1.4, 1.7, 2.0],
                                    "long_factor": [1.0, 1.3, 1.9, 2.8, 4.1, 6.0, 8.5, 12.0]})),
 ]
+
+# The Mistral window check (--window-check): the committed mistral fixture's model rebuilt from its
+# seed with sliding_window = WINDOW_CHECK, run on the fixture's tokens (24 > 8).
+WINDOW_CHECK = 8
 
 # Qwen2's pre-tokenizer split regex (what tokenizer.ggml.pre = "qwen2" means in llama.cpp).
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -243,14 +267,15 @@ def make_bpe(hf_dir: Path, vocab: int, corpus: list[str]):
 
 
 # ----------------------------------------------------------------------------- HF models
-def build_model(spec: dict, seed: int, rope_override=None):
+def build_model(spec: dict, seed: int, rope_override=None, cfg_override=None):
     import torch
     import transformers
     cls = getattr(transformers, spec["cls"])
-    cfg_cls = getattr(transformers, spec["cls"].replace("ForCausalLM", "Config"))
+    cfg_cls = getattr(transformers, spec.get("cfg_cls", spec["cls"].replace("ForCausalLM", "Config")))
     kw = dict(COMMON, **spec["cfg"])
     if rope_override is not None:
         kw["rope_parameters"] = rope_override
+    kw.update(cfg_override or {})
     cfg = cfg_cls(**kw)
     torch.manual_seed(seed)
     model = cls(cfg)
@@ -261,7 +286,14 @@ def build_model(spec: dict, seed: int, rope_override=None):
             if name.endswith("embed_tokens.weight"):
                 p.copy_(torch.randn(p.shape, generator=g) * emb_std)
             elif "norm" in name:  # input/post_attention layernorm, final norm, q_norm, k_norm
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+                # Gemma's RMSNorm multiplies by (1 + weight): the same effective weights.
+                eff = 1.0 + 0.1 * torch.randn(p.shape, generator=g)
+                # Gemma's post-attention / post-FFN norms set how much each block adds to the
+                # residual stream: post_norm_scale times larger keeps the tied head from
+                # predicting the input token over and over.
+                if "post_attention_layernorm" in name or "post_feedforward_layernorm" in name:
+                    eff = spec.get("post_norm_scale", 1.0) * eff
+                p.copy_(eff - 1.0 if spec.get("norm_offset") else eff)
             elif name.endswith(".bias"):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
             elif name.endswith(".weight") and p.dim() == 2:
@@ -338,16 +370,26 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def np_forward(fields, ts, tokens, rope_style=None, ignore_rope_freqs=False):
-    """Plain float64 forward over GGUF tensors (arch llama / qwen2 / qwen3 / phi3)."""
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def np_forward(fields, ts, tokens, rope_style=None, ignore_rope_freqs=False, window=None, knock=()):
+    """Plain float64 forward over GGUF tensors (arch llama / qwen2 / qwen3 / gemma2 / gemma3 / phi3), with
+    llama.cpp's reading of the keys (gemma: layer pattern 2 / 6 unless
+    attention.sliding_window_pattern says otherwise, attention scale 1/sqrt(head_dim) or, for the 27B
+    shapes (46 / 62 layers), 1/sqrt(n_embd / n_head), local RoPE base rope.freq_base_swa else 10000).
+    `window` forces a sliding window on every layer (the Mistral check); `knock` turns features off
+    to measure what they do: "window", "attn_softcap", "final_softcap", "local_rope"."""
     arch = fields["general.architecture"]
     g = lambda k, d=None: fields.get(f"{arch}.{k}", d)
+    gemma = arch in ("gemma2", "gemma3")
     n_embd = int(g("embedding_length"))
     n_layer = int(g("block_count"))
     n_head = int(g("attention.head_count"))
     n_kv = int(g("attention.head_count_kv"))
     eps = float(g("attention.layer_norm_rms_epsilon"))
-    theta = float(g("rope.freq_base"))
+    theta = float(g("rope.freq_base", 10000.0))
     hd = int(g("attention.key_length", n_embd // n_head))
     n_rot = int(g("rope.dimension_count", hd))
     assert n_rot == hd
@@ -355,19 +397,54 @@ def np_forward(fields, ts, tokens, rope_style=None, ignore_rope_freqs=False):
         rope_style = "adjacent" if arch == "llama" else "neox"
     T = len(tokens)
     pos = np.arange(T, dtype=np.float64)
-    inv = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
-    if "rope_freqs.weight" in ts and not ignore_rope_freqs:
-        inv = inv / ts["rope_freqs.weight"].reshape(-1)
+
+    def tables(base, freqs=None, mscale=1.0):
+        inv = base ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+        if freqs is not None:
+            inv = inv / freqs
+        ang = pos[:, None] * inv[None, :]  # [T, hd/2]
+        return mscale * np.cos(ang)[:, None, :], mscale * np.sin(ang)[:, None, :]
+
+    freqs = None
     mscale = 1.0
+    if "rope_freqs.weight" in ts and not ignore_rope_freqs:
+        freqs = ts["rope_freqs.weight"].reshape(-1)
     if "rope_factors_long.weight" in ts and not ignore_rope_freqs:
         # LongRoPE as llama.cpp runs it: long factors for a context past the original.
         long_ctx = int(g("context_length")) > int(g("rope.scaling.original_context_length"))
-        inv = inv / ts["rope_factors_long.weight" if long_ctx else "rope_factors_short.weight"].reshape(-1)
+        freqs = ts["rope_factors_long.weight" if long_ctx else "rope_factors_short.weight"].reshape(-1)
         mscale = float(g("rope.scaling.attn_factor", 1.0))
-    ang = pos[:, None] * inv[None, :]  # [T, hd/2]
-    cos, sin = mscale * np.cos(ang)[:, None, :], mscale * np.sin(ang)[:, None, :]
+    rope_global = tables(theta, freqs, mscale)
+    rope_local = rope_global
+    swa = [window is not None] * n_layer
+    n_swa = window
+    attn_cap = final_cap = None
+    scale = 1.0 / math.sqrt(hd)
+    if gemma:
+        pattern = int(g("attention.sliding_window_pattern", 2 if arch == "gemma2" else 6))
+        n_swa = int(g("attention.sliding_window", 4096 if arch == "gemma2" else 0))
+        swa = [n_swa > 0 and (il % pattern < pattern - 1) for il in range(n_layer)]
+        if arch == "gemma2":
+            attn_cap = float(g("attn_logit_softcapping", 50.0))
+            final_cap = float(g("final_logit_softcapping", 30.0))
+            local_theta = float(g("rope.freq_base_swa", theta))
+        else:
+            final_cap = g("final_logit_softcapping")
+            final_cap = float(final_cap) if final_cap else None
+            local_theta = float(g("rope.freq_base_swa", 10000.0))
+        if "local_rope" not in knock:
+            rope_local = tables(local_theta)
+        big = n_layer == (46 if arch == "gemma2" else 62)
+        scale = 1.0 / math.sqrt(n_embd // n_head) if big else 1.0 / math.sqrt(hd)
+    if "window" in knock:
+        swa = [False] * n_layer
+    if "attn_softcap" in knock:
+        attn_cap = None
+    if "final_softcap" in knock:
+        final_cap = None
 
-    def rope(x):  # x [T, H, hd]
+    def rope(x, cs):  # x [T, H, hd]
+        cos, sin = cs
         if rope_style == "adjacent":
             a, b = x[..., 0::2], x[..., 1::2]
             out = np.empty_like(x)
@@ -378,9 +455,14 @@ def np_forward(fields, ts, tokens, rope_style=None, ignore_rope_freqs=False):
         return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
 
     x = ts["token_embd.weight"][tokens]
-    mask = np.triu(np.full((T, T), -np.inf), 1)
+    if gemma:
+        x = x * math.sqrt(n_embd)
+    qi, ki = np.arange(T)[:, None], np.arange(T)[None, :]
+    causal = np.where(ki <= qi, 0.0, -np.inf)
+    windowed = np.where((ki <= qi) & (ki > qi - (n_swa or 0)), 0.0, -np.inf)
     for i in range(n_layer):
         p = f"blk.{i}."
+        mask = windowed if swa[i] else causal
         h = rmsnorm(x, ts[p + "attn_norm.weight"], eps)
         if p + "attn_qkv.weight" in ts:  # phi3: one matrix, rows Q | K | V
             qkv = h @ ts[p + "attn_qkv.weight"].T
@@ -395,25 +477,43 @@ def np_forward(fields, ts, tokens, rope_style=None, ignore_rope_freqs=False):
         if p + "attn_q_norm.weight" in ts:
             q = rmsnorm(q, ts[p + "attn_q_norm.weight"], eps)
             k = rmsnorm(k, ts[p + "attn_k_norm.weight"], eps)
-        q, k = rope(q), rope(k)
+        cs = rope_local if swa[i] else rope_global
+        q, k = rope(q, cs), rope(k, cs)
         grp = n_head // n_kv
         o = np.empty((T, n_head, hd))
         for hh in range(n_head):
-            s = q[:, hh, :] @ k[:, hh // grp, :].T / math.sqrt(hd) + mask
+            s = q[:, hh, :] @ k[:, hh // grp, :].T * scale
+            if attn_cap is not None:
+                s = attn_cap * np.tanh(s / attn_cap)
+            s = s + mask
             s = np.exp(s - s.max(-1, keepdims=True))
             s /= s.sum(-1, keepdims=True)
             o[:, hh, :] = s @ v[:, hh // grp, :]
-        x = x + o.reshape(T, n_head * hd) @ ts[p + "attn_output.weight"].T
+        a = o.reshape(T, n_head * hd) @ ts[p + "attn_output.weight"].T
+        if gemma:
+            a = rmsnorm(a, ts[p + "post_attention_norm.weight"], eps)
+        x = x + a
         h = rmsnorm(x, ts[p + "ffn_norm.weight"], eps)
         if p + "ffn_gate.weight" in ts:
             gt = h @ ts[p + "ffn_gate.weight"].T
             up = h @ ts[p + "ffn_up.weight"].T
         else:  # phi3: ffn_up holds gate | up
             gt, up = np.split(h @ ts[p + "ffn_up.weight"].T, 2, axis=-1)
-        x = x + (gt / (1 + np.exp(-gt)) * up) @ ts[p + "ffn_down.weight"].T
+        act = gelu_tanh(gt) if gemma else gt / (1 + np.exp(-gt))
+        f = (act * up) @ ts[p + "ffn_down.weight"].T
+        if gemma:
+            f = rmsnorm(f, ts[p + "post_ffw_norm.weight"], eps)
+        x = x + f
     x = rmsnorm(x, ts["output_norm.weight"], eps)
     w_out = ts.get("output.weight", ts["token_embd.weight"])
-    return x @ w_out.T
+    out = x @ w_out.T
+    if final_cap is not None:
+        out = final_cap * np.tanh(out / final_cap)
+    return out
+
+
+def rel_l2_rows(a, b):
+    return float(max(np.linalg.norm(x - y) / np.linalg.norm(y) for x, y in zip(a, b)))
 
 
 def rel_err(a, b):
@@ -509,10 +609,13 @@ def hf_config_summary(model) -> dict:
     keys = ["architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
             "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
             "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings", "attention_bias",
-            "sliding_window", "use_sliding_window", "hidden_act", "rope_parameters"]
+            "sliding_window", "use_sliding_window", "hidden_act", "rope_parameters",
+            "hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+            "layer_types"]
     d = {k: getattr(c, k) for k in keys if hasattr(c, k)}
     d["architectures"] = [type(model).__name__]
     rp = dict(c.rope_parameters or {})
+    rp = rp.get("full_attention", rp)
     d["rope_theta"] = rp.get("rope_theta")
     if rp.get("rope_type", "default") != "default":
         d["rope_scaling"] = {k: v for k, v in rp.items() if k != "rope_theta"}
@@ -541,7 +644,7 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
     while True:
         model = build_model(spec, seed).double()
         rng = np.random.default_rng(seed + 7)
-        tokens = [int(t) for t in rng.integers(0, vocab, N_TOKENS)]
+        tokens = [int(t) for t in rng.integers(0, vocab, spec.get("n_tokens", N_TOKENS))]
         prompt = [int(t) for t in rng.integers(0, vocab, N_PROMPT)]
         logits = hf_logits(model, tokens)
         gen, margins = hf_greedy(model, prompt, N_GEN)
@@ -576,7 +679,12 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
     cfg_path = hf_dir / "config.json"
     cfg = json.loads(cfg_path.read_text())
     rp = cfg.get("rope_parameters") or {}
-    cfg["rope_theta"] = rp.get("rope_theta")  # Hub style, next to transformers-5 rope_parameters
+    if "full_attention" in rp:  # per layer type (gemma3): Hub style is rope_theta + rope_local_base_freq
+        cfg["rope_theta"] = rp["full_attention"]["rope_theta"]
+        cfg["rope_local_base_freq"] = rp["sliding_attention"]["rope_theta"]
+        rp = rp["full_attention"]
+    else:
+        cfg["rope_theta"] = rp.get("rope_theta")  # Hub style, next to transformers-5 rope_parameters
     if rp.get("rope_type", "default") != "default":
         cfg["rope_scaling"] = {k: v for k, v in rp.items() if k != "rope_theta"}
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
@@ -629,6 +737,16 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
             d = float(np.max(np.abs(np_forward(fields, ts, tokens, rope_style=wrong) - logits)))
             extra["wrong_rope_pairing_max_abs_logit_change"] = d
             log(f"      same with the wrong RoPE pairing ({wrong}): max abs diff {d:.3g}")
+            if arch in ("gemma2", "gemma3"):
+                # What each Gemma feature does to the logits (numpy, the forward verified above).
+                feats = ["window", "final_softcap"] + (["attn_softcap"] if arch == "gemma2" else ["local_rope"])
+                for feat in feats:
+                    kl = np_forward(fields, ts, tokens, knock=(feat,))
+                    d = rel_l2_rows(kl, logits)
+                    extra[f"{feat}_off_worst_row_rel_l2"] = d
+                    extra[f"{feat}_off_max_abs_logit_change"] = float(np.max(np.abs(kl - logits)))
+                    log(f"      without {feat}: worst row rel L2 {d:.3g}")
+                    assert d > 1e-2, f"{name}: {feat} does not change the logits measurably ({d})"
             if "rope_freqs.weight" in ts:
                 d = float(np.max(np.abs(np_forward(fields, ts, tokens, ignore_rope_freqs=True) - logits)))
                 extra["ignoring_rope_freqs_max_abs_logit_change"] = d
@@ -661,6 +779,18 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
         assert d > 0.05, "short and long factors agree on the first tokens"
 
     hf_info = write_hf_fixture(model, spec, hf_dir, odir, tokens, logits)
+    if spec.get("qpas_check"):
+        # HF-only: query_pre_attn_scalar != head_dim (GGUF has no key for it). Same weights.
+        qv = spec["qpas_check"]
+        alt = build_model(spec, seed, cfg_override={"query_pre_attn_scalar": qv})
+        alt.load_state_dict(model.state_dict())
+        al = hf_logits(alt.double(), tokens)
+        fn = f"logits.qpas{qv}.f32"
+        al.astype("<f4").tofile(odir / fn)
+        extra["qpas_check"] = {"query_pre_attn_scalar": qv, "logits_file": fn,
+                               "worst_row_rel_l2_vs_logits": rel_l2_rows(al, logits)}
+        log(f"  query_pre_attn_scalar {qv}: {fn}, moves the logits by {extra['qpas_check']}")
+        assert extra["qpas_check"]["worst_row_rel_l2_vs_logits"] > 1e-2
 
     logits.astype("<f4").tofile(odir / "logits.f32")
     ref = {
@@ -668,7 +798,7 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
         "architecture": spec["gguf_arch"],
         "hf_class": spec["cls"],
         "vocab_size": vocab,
-        "n_tokens": N_TOKENS,
+        "n_tokens": len(tokens),
         "tokens": tokens,
         "logits_file": "logits.f32",
         "logits_layout": "little-endian float32, [n_tokens, vocab_size] row-major, all positions, "
@@ -689,6 +819,48 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
     }
     (odir / "reference.json").write_text(json.dumps(ref, indent=2) + "\n")
     report[name] = {"ref": ref, "descs": descs}
+
+
+# ----------------------------------------------------------------------------- Mistral window
+def window_check(out: Path, conv: Path, vers: dict, command: str):
+    """<out>/mistral/logits.window8.f32 (+ .hf_bf16): the mistral fixture's model, rebuilt from the
+    seed in its reference.json, with sliding_window = WINDOW_CHECK; window_check.json says how much
+    the window moves the logits. The rest of the fixture is left as it is."""
+    import copy
+    import torch
+    idx, spec = next((i, m) for i, m in enumerate(MODELS) if m["name"] == "mistral")
+    odir = out / "mistral"
+    ref = json.loads((odir / "reference.json").read_text())
+    tokens = ref["tokens"]
+    base = build_model(spec, ref["seed"]).double()
+    bl = hf_logits(base, tokens)
+    committed = np.fromfile(odir / "logits.f32", dtype="<f4").reshape(bl.shape)
+    same = rel_l2_rows(bl, committed)
+    assert same < 1e-6, f"rebuilt mistral model differs from the committed logits ({same})"
+    win = build_model(spec, ref["seed"], cfg_override={"sliding_window": WINDOW_CHECK})
+    win.load_state_dict(base.state_dict())
+    win.double()
+    wl = hf_logits(win, tokens)
+    fields, ts = load_gguf_f64(odir / "mistral.f32.gguf")
+    e = rel_err(np_forward(fields, ts, tokens, window=WINDOW_CHECK), wl)
+    assert e < REL_TOL, f"numpy windowed forward does not match transformers ({e})"
+    rounded = copy.deepcopy(win)
+    with torch.no_grad():
+        for p in rounded.parameters():
+            p.copy_(p.to(torch.bfloat16).to(torch.float64))
+    rl = hf_logits(rounded, tokens)
+    files = {"logits": f"logits.window{WINDOW_CHECK}.f32", "hf_bf16": f"logits.window{WINDOW_CHECK}.hf_bf16.f32"}
+    wl.astype("<f4").tofile(odir / files["logits"])
+    rl.astype("<f4").tofile(odir / files["hf_bf16"])
+    info = {"sliding_window": WINDOW_CHECK, "tokens": "reference.json:tokens", "n_tokens": len(tokens),
+            "files": files, "convention": "transformers: query at p attends keys k with p - W < k <= p",
+            "window_vs_full_worst_row_rel_l2": rel_l2_rows(wl, bl),
+            "window_vs_full_max_abs_logit_change": float(np.max(np.abs(wl - bl))),
+            "numpy_vs_hf_rel_err_f32_gguf_window": e, "rebuilt_vs_committed_worst_row_rel_l2": same,
+            "seed": ref["seed"], "versions": vers, "command": command}
+    assert info["window_vs_full_worst_row_rel_l2"] > 1e-2
+    (odir / "window_check.json").write_text(json.dumps(info, indent=2) + "\n")
+    log(f"mistral window {WINDOW_CHECK}: {info}")
 
 
 # ----------------------------------------------------------------------------- README
@@ -809,6 +981,8 @@ def main():
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--models", default=",".join(m["name"] for m in MODELS))
+    ap.add_argument("--window-check", action="store_true",
+                    help="only (re)make the mistral sliding-window check files (see window_check)")
     args = ap.parse_args()
     command = "python3 tools/make_fixtures.py " + " ".join(sys.argv[1:])
     wanted = args.models.split(",")
@@ -820,6 +994,9 @@ def main():
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     vers = versions(conv)
     log(json.dumps(vers, indent=2))
+    if args.window_check:
+        window_check(args.out, conv, vers, command)
+        return
     report = {}
     for i, spec in enumerate(MODELS):
         if spec["name"] in wanted:

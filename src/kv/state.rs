@@ -330,6 +330,27 @@ pub fn model_fingerprint(cfg: &Config, w: &Weights) -> u64 {
     if a.fused_gate_up || cfg.rope_attn_factor != 1.0 {
         h.u64(a.fused_gate_up as u64).u64(cfg.rope_attn_factor.to_bits() as u64);
     }
+    // The options added with gemma2 / gemma3 and the sliding window, hashed only where
+    // a model has one (the fingerprints of the other models stay what they were).
+    if a.ffn_act != crate::model::FfnAct::Silu || a.post_norms || a.norm_plus_one {
+        h.str("gemma").u64(a.ffn_act as u64).u64(a.post_norms as u64).u64(a.norm_plus_one as u64);
+    }
+    let default_scale = 1.0 / (cfg.head_dim as f32).sqrt();
+    if cfg.embed_scale != 1.0 || cfg.attn_scale != default_scale || cfg.attn_softcap != 0.0 || cfg.final_softcap != 0.0
+    {
+        for v in [cfg.embed_scale, cfg.attn_scale, cfg.attn_softcap, cfg.final_softcap] {
+            h.u64(v.to_bits() as u64);
+        }
+    }
+    if cfg.sliding_window.is_some() {
+        h.str("sliding window");
+        for l in 0..w.layers.len() {
+            h.u64(cfg.window(l).map_or(u64::MAX, |w| w as u64)).u64(cfg.local_rope(l) as u64);
+        }
+        if let Some(r) = cfg.sliding_window.as_ref().and_then(|s| s.rope) {
+            h.u64(r.theta.to_bits() as u64).u64(r.linear_factor.to_bits() as u64);
+        }
+    }
     let vector = |h: &mut Fnv1a64, v: Option<&Vec<f32>>| {
         match v {
             None => h.u64(u64::MAX),
@@ -360,6 +381,9 @@ pub fn model_fingerprint(cfg: &Config, w: &Weights) -> u64 {
         }
         for v in [&l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm] {
             vector(&mut h, v.as_ref());
+        }
+        for v in [&l.post_attn_norm, &l.post_ffn_norm].into_iter().flatten() {
+            vector(&mut h, Some(v));
         }
         vector(&mut h, Some(&l.ffn_norm));
         for m in [&l.w_gate, &l.w_up, &l.w_down] {

@@ -1,16 +1,16 @@
 //! Hugging Face model directories: `config.json` plus safetensors weights (one
 //! `model.safetensors`, or shards listed by `model.safetensors.index.json`).
 //!
-//! Architectures (`model_type`): llama, mistral, qwen2, qwen3, phi3 (fused `qkv_proj` and
-//! `gate_up_proj`, bound as row views of them). HF Llama/Mistral
-//! weights are not permuted the way llama.cpp's converter permutes them, so every
-//! HF model uses the half-split ("neox") RoPE pairing.
+//! Architectures (`model_type`): llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3
+//! (fused `qkv_proj` and `gate_up_proj`, bound as row views of them).
+//! HF weights are not permuted the way llama.cpp's converter permutes Llama/Mistral's,
+//! so every HF model uses the half-split ("neox") RoPE pairing.
 //!
 //! config.json keys read (transformers' defaults where a key may be absent):
 //! `hidden_size`, `num_hidden_layers`, `num_attention_heads`, `intermediate_size`,
 //! `vocab_size` (required); `num_key_value_heads` (= heads), `head_dim`
 //! (= hidden / heads; `null` too), `max_position_embeddings` (per model type),
-//! `rms_norm_eps` (1e-6), `tie_word_embeddings` (false), `bos_token_id` /
+//! `rms_norm_eps` (1e-6), `tie_word_embeddings` (false; gemma: true), `bos_token_id` /
 //! `eos_token_id` (an integer or a list: the first entry is taken, since the C
 //! API reports one id; `null` = none; every entry ends generation, `crate::chat::eog`); RoPE from transformers 5's
 //! `rope_parameters` (`rope_theta`, `rope_type` and its parameters) or the Hub
@@ -22,14 +22,29 @@
 //! `longrope` / `su` (`short_factor`, `long_factor`, `original_max_position_embeddings`
 //! there or at the top level, optional `factor` and `attention_factor`, as transformers'
 //! `_compute_longrope_parameters` reads them; the long factors are used when the model runs
-//! with a context longer than the original, as llama.cpp chooses); any other type is LLMRT_UNSUPPORTED. `hidden_act` must be `silu`;
+//! with a context longer than the original, as llama.cpp chooses); any other type is LLMRT_UNSUPPORTED. `hidden_act` must be `silu` (gemma:
+//! `hidden_activation` must be `gelu_pytorch_tanh`);
 //! `attention_bias` / `mlp_bias` true and `partial_rotary_factor` != 1 are
-//! unsupported (qwen2 always has Q/K/V biases, qwen3 has Q/K norms).
+//! unsupported (qwen2 always has Q/K/V biases, qwen3 and gemma3 have Q/K norms).
 //!
-//! Not applied: `sliding_window` (Mistral, Phi-3, Qwen `use_sliding_window`; llama.cpp
-//! disables Phi-3's too). Attention
-//! is full causal attention; that equals sliding-window attention as long as a
-//! sequence is no longer than the window (4096 for Mistral 7B v0.1).
+//! Gemma (gemma2, gemma3_text): RMSNorm weights are stored as `w - 1` (1 is added
+//! at binding); four norms per layer (`input_layernorm`, `post_attention_layernorm`
+//! of the attention output, `pre_feedforward_layernorm`, `post_feedforward_layernorm`);
+//! embeddings times `sqrt(hidden_size)` rounded to the embeddings' dtype;
+//! `query_pre_attn_scalar` (256) sets the attention scale to its `-1/2` power;
+//! `attn_logit_softcapping` (gemma2: 50) and `final_logit_softcapping` (gemma2: 30;
+//! `null`: none); `use_bidirectional_attention` true is unsupported. gemma3_text's
+//! `rope_parameters` are per layer type (`full_attention`, `sliding_attention`), or
+//! Hub style `rope_theta` (1e6) / `rope_scaling` (global layers) and
+//! `rope_local_base_freq` (10000, local layers).
+//!
+//! Sliding windows (see `model::SlidingWindow`): Mistral's `sliding_window` on every
+//! layer; gemma's `sliding_window` (4096) on the layers `layer_types` marks
+//! `sliding_attention`, else gemma2's even layers and gemma3's
+//! `sliding_window_pattern` (6: five local layers, then a global one). Not applied:
+//! Qwen's `sliding_window` (transformers' Qwen2 windows depend on
+//! `use_sliding_window` and `max_window_layers`; full attention is used).
+//! Phi-3's `sliding_window` is not applied either (llama.cpp disables it too).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -80,7 +95,8 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
     };
     let arch = ArchOptions::for_hf(model_type).ok_or_else(|| {
         Error::unsupported(format!(
-            "{file}: model_type '{model_type}' is not supported (supported: llama, mistral, qwen2, qwen3, phi3)"
+            "{file}: model_type '{model_type}' is not supported (supported: llama, mistral, qwen2, qwen3, \
+             gemma2, gemma3_text, phi3)"
         ))
     })?;
     let k = Keys { c, file };
@@ -114,10 +130,13 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
             "{file}: head_dim {head_dim} is larger than the {MAX_HEAD_DIM} supported"
         )));
     }
+    let gemma = arch.is_gemma();
     let default_ctx = match model_type {
         "llama" => 2048,
         "mistral" => 4096 * 32,
         "phi3" => 4096,
+        "gemma2" => 8192,
+        "gemma3_text" => 131072,
         _ => 32768,
     };
     let context_length = k.opt_usize("max_position_embeddings")?.unwrap_or(default_ctx);
@@ -125,10 +144,18 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
     if !(rms_eps.is_finite() && rms_eps >= 0.0) {
         return Err(Error::bad_model(format!("{file}: rms_norm_eps {rms_eps} is invalid")));
     }
-    if let Some(act) = c.get("hidden_act").and_then(|v| v.as_str()) {
-        if act != "silu" {
-            return Err(Error::unsupported(format!("{file}: hidden_act '{act}' is not supported (silu is)")));
+    // Gemma's MLP reads `hidden_activation` (transformers' Gemma2/3 configs), the
+    // others `hidden_act`.
+    let (act_key, want_act) = if gemma { ("hidden_activation", "gelu_pytorch_tanh") } else { ("hidden_act", "silu") };
+    if let Some(act) = c.get(act_key).and_then(|v| v.as_str()) {
+        if act != want_act {
+            return Err(Error::unsupported(format!(
+                "{file}: {act_key} '{act}' is not supported for model_type {model_type} ({want_act} is)"
+            )));
         }
+    }
+    if c.get("use_bidirectional_attention").and_then(|v| v.as_bool()) == Some(true) {
+        return Err(Error::unsupported(format!("{file}: use_bidirectional_attention = true is not supported")));
     }
     for key in ["attention_bias", "mlp_bias"] {
         if c.get(key).and_then(|v| v.as_bool()) == Some(true) && !(key == "attention_bias" && model_type == "qwen2") {
@@ -144,28 +171,34 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
     }
 
     // RoPE: transformers-5 rope_parameters, else Hub-style rope_theta / rope_scaling.
-    let params = match c.get("rope_parameters") {
-        Some(Value::Object(m)) => Some(m),
-        Some(Value::Null) | None => None,
-        Some(_) => return Err(Error::bad_model(format!("{file}: key rope_parameters is not an object"))),
-    };
+    // gemma3_text's rope_parameters are per layer type: `full_attention` is the global
+    // RoPE (read as any other model's), `sliding_attention` the local layers' one.
+    let mut params = object(c.get("rope_parameters"), "rope_parameters", file)?;
+    let mut params_name = "rope_parameters";
+    let mut local_params = None;
+    if let Some(p) = params.filter(|p| p.contains_key("full_attention") || p.contains_key("sliding_attention")) {
+        local_params = object(p.get("sliding_attention"), "rope_parameters.sliding_attention", file)?;
+        params = object(p.get("full_attention"), "rope_parameters.full_attention", file)?;
+        params_name = "rope_parameters.full_attention";
+    }
     let scaling = match c.get("rope_scaling") {
         Some(Value::Object(m)) => Some(m),
         Some(Value::Null) | None => None,
         Some(_) => return Err(Error::bad_model(format!("{file}: key rope_scaling is not an object"))),
     };
     let (rope_key, rope) = match (params, scaling) {
-        (Some(p), _) => ("rope_parameters", Some(p)),
+        (Some(p), _) => (params_name, Some(p)),
         (None, Some(s)) => ("rope_scaling", Some(s)),
         (None, None) => ("rope_scaling", None),
     };
     let theta_from_params = match params {
-        Some(p) => Keys { c: p, file }.opt_f64_named("rope_theta", "rope_parameters.rope_theta")?,
+        Some(p) => Keys { c: p, file }.opt_f64_named("rope_theta", &format!("{params_name}.rope_theta"))?,
         None => None,
     };
+    let default_theta = if model_type == "gemma3_text" { 1_000_000.0 } else { 10000.0 };
     let rope_theta = match theta_from_params {
         Some(t) => t,
-        None => k.opt_f64("rope_theta")?.unwrap_or(10000.0),
+        None => k.opt_f64("rope_theta")?.unwrap_or(default_theta),
     };
     if !(rope_theta.is_finite() && rope_theta > 0.0) {
         return Err(Error::bad_model(format!("{file}: rope_theta {rope_theta} is invalid")));
@@ -271,6 +304,19 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
 
     let bos_token = k.token("bos_token_id", vocab_size)?;
     let eos_token = k.token("eos_token_id", vocab_size)?;
+    let local_rope = if model_type == "gemma3_text" { Some(local_rope(&k, local_params)?) } else { None };
+    let sliding_window = sliding_window(&k, model_type, n_layers, local_rope)?;
+    // Gemma's scale and caps (transformers' defaults when a key is absent; null: none).
+    let (attn_scale, attn_softcap, final_softcap) = if gemma {
+        let q = k.opt_f64("query_pre_attn_scalar")?.unwrap_or(256.0);
+        if !(q.is_finite() && q > 0.0) {
+            return Err(Error::bad_model(format!("{file}: query_pre_attn_scalar {q} is invalid")));
+        }
+        let (a, f) = if model_type == "gemma2" { (50.0, 30.0) } else { (0.0, 0.0) };
+        (q.powf(-0.5) as f32, k.softcap("attn_logit_softcapping", a)?, k.softcap("final_logit_softcapping", f)?)
+    } else {
+        (1.0 / (head_dim as f32).sqrt(), 0.0, 0.0)
+    };
     let cfg = Config {
         arch,
         vocab_size,
@@ -288,13 +334,119 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
         rope_attn_factor,
         bos_token,
         eos_token,
+        // Rounded to the checkpoint's type when the weights are bound (`load`).
+        embed_scale: if gemma { super::gemma_embed_scale(hidden, None) } else { 1.0 },
+        attn_scale,
+        attn_softcap,
+        final_softcap,
+        sliding_window,
     };
     let tied = match c.get("tie_word_embeddings") {
-        None | Some(Value::Null) => false,
+        // transformers' Gemma configs default to tied embeddings.
+        None | Some(Value::Null) => gemma,
         Some(Value::Bool(b)) => *b,
         Some(v) => return Err(Error::bad_model(format!("{file}: key tie_word_embeddings = {v} is not a boolean"))),
     };
     Ok(HfConfig { config: cfg, rope_freqs, rope_long_short, tied })
+}
+
+/// A JSON object or null / absent (`None`); anything else is an error naming `name`.
+fn object<'a>(v: Option<&'a Value>, name: &str, file: &str) -> Result<Option<&'a Map<String, Value>>> {
+    match v {
+        Some(Value::Object(m)) => Ok(Some(m)),
+        Some(Value::Null) | None => Ok(None),
+        Some(_) => Err(Error::bad_model(format!("{file}: key {name} is not an object"))),
+    }
+}
+
+/// gemma3_text's local RoPE: `rope_parameters.sliding_attention` (transformers 5),
+/// else the Hub-style `rope_local_base_freq`; base 10000 when neither says
+/// (transformers' default), type `default` or `linear`.
+fn local_rope(k: &Keys<'_>, local: Option<&Map<String, Value>>) -> Result<super::LocalRope> {
+    let file = k.file;
+    let (theta, ty, factor) = match local {
+        Some(m) => {
+            let lk = Keys { c: m, file };
+            let theta = lk.opt_f64_named("rope_theta", "rope_parameters.sliding_attention.rope_theta")?;
+            let ty = m.get("rope_type").and_then(|v| v.as_str()).unwrap_or("default").to_string();
+            (theta, ty, lk.opt_f64_named("factor", "rope_parameters.sliding_attention.factor")?)
+        }
+        None => (k.opt_f64("rope_local_base_freq")?, "default".to_string(), None),
+    };
+    let theta = theta.unwrap_or(10000.0);
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(Error::bad_model(format!("{file}: local rope_theta {theta} is invalid")));
+    }
+    let linear_factor = match (ty.as_str(), factor) {
+        ("default", _) => 1.0,
+        ("linear", Some(f)) if f.is_finite() && f > 0.0 => f,
+        ("linear", _) => {
+            return Err(Error::bad_model(format!(
+                "{file}: rope_parameters.sliding_attention.factor is missing or invalid (rope_type linear)"
+            )))
+        }
+        (other, _) => {
+            return Err(Error::unsupported(format!(
+                "{file}: rope_parameters.sliding_attention.rope_type '{other}' is not supported (default, linear are)"
+            )))
+        }
+    };
+    Ok(super::LocalRope { theta: theta as f32, linear_factor: linear_factor as f32 })
+}
+
+/// The sliding window of config.json: Mistral's `sliding_window` on every layer
+/// (null or absent: none); gemma2 / gemma3_text: `sliding_window` (4096 when absent)
+/// on the layers `layer_types` marks `sliding_attention`, or when there is no
+/// `layer_types` gemma2's even layers / gemma3's pattern (`sliding_window_pattern`,
+/// 6: every sixth layer is global), as transformers fills `layer_types`. Others
+/// (llama, qwen2, qwen3): none.
+fn sliding_window(
+    k: &Keys<'_>,
+    model_type: &str,
+    n_layers: usize,
+    rope: Option<super::LocalRope>,
+) -> Result<Option<super::SlidingWindow>> {
+    use super::{SlidingWindow, SwaLayers};
+    let file = k.file;
+    let gemma = matches!(model_type, "gemma2" | "gemma3_text");
+    if !(gemma || model_type == "mistral") {
+        return Ok(None);
+    }
+    let window = match (k.c.get("sliding_window"), gemma) {
+        (None, true) => 4096,
+        (None | Some(Value::Null), _) => return Ok(None),
+        (Some(_), _) => k.req_usize("sliding_window")?,
+    };
+    if !gemma {
+        return Ok(Some(SlidingWindow { window, layers: SwaLayers::All, rope: None }));
+    }
+    let layers = match k.c.get("layer_types") {
+        Some(Value::Array(a)) => {
+            if a.len() != n_layers {
+                return Err(Error::bad_model(format!(
+                    "{file}: layer_types has {} entries for {n_layers} layers",
+                    a.len()
+                )));
+            }
+            let mut flags = Vec::with_capacity(a.len());
+            for (i, t) in a.iter().enumerate() {
+                flags.push(match t.as_str() {
+                    Some("sliding_attention") => true,
+                    Some("full_attention") => false,
+                    _ => {
+                        return Err(Error::unsupported(format!(
+                            "{file}: layer_types[{i}] = {t} is not supported (sliding_attention, full_attention are)"
+                        )))
+                    }
+                });
+            }
+            SwaLayers::List(flags)
+        }
+        None | Some(Value::Null) if model_type == "gemma2" => SwaLayers::Pattern(2),
+        None | Some(Value::Null) => SwaLayers::Pattern(k.opt_usize("sliding_window_pattern")?.unwrap_or(6)),
+        Some(v) => return Err(Error::bad_model(format!("{file}: key layer_types = {v} is not a list"))),
+    };
+    Ok(Some(SlidingWindow { window, layers, rope }))
 }
 
 /// Llama-3 RoPE scaling as per-frequency divisors of `theta^(-2i/d)`, computed
@@ -351,6 +503,17 @@ impl Keys<'_> {
                 .ok_or_else(|| Error::bad_model(format!("{}: key {shown} = {v} is not a number", self.file))),
         }
     }
+    /// A soft cap: a number > 0, or null (none: 0); `default` when absent.
+    fn softcap(&self, key: &str, default: f32) -> Result<f32> {
+        match self.c.get(key) {
+            None => Ok(default),
+            Some(Value::Null) => Ok(0.0),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() && x > 0.0 => Ok(x as f32),
+                _ => Err(Error::bad_model(format!("{}: key {key} = {v} is not a positive number", self.file))),
+            },
+        }
+    }
     /// An int, a list of ints (the first is taken) or null.
     fn token(&self, key: &str, vocab: usize) -> Result<Option<u32>> {
         let v = match self.c.get(key) {
@@ -371,8 +534,9 @@ impl Keys<'_> {
     }
 }
 
-/// HF tensor names for the binder's GGUF-style roles.
-fn hf_name(role: &str) -> String {
+/// HF tensor names for the binder's GGUF-style roles (`gemma`: Gemma's four norms
+/// per layer, whose `post_attention_layernorm` is the attention output's norm).
+fn hf_name(role: &str, gemma: bool) -> String {
     if let Some(rest) = role.strip_prefix("blk.") {
         let (l, what) = rest.split_once('.').unwrap_or((rest, ""));
         let hf = match what {
@@ -388,7 +552,10 @@ fn hf_name(role: &str) -> String {
             "attn_v.bias" => "self_attn.v_proj.bias",
             "attn_q_norm.weight" => "self_attn.q_norm.weight",
             "attn_k_norm.weight" => "self_attn.k_norm.weight",
+            "ffn_norm.weight" if gemma => "pre_feedforward_layernorm.weight",
             "ffn_norm.weight" => "post_attention_layernorm.weight",
+            "post_attention_norm.weight" if gemma => "post_attention_layernorm.weight",
+            "post_ffw_norm.weight" if gemma => "post_feedforward_layernorm.weight",
             "ffn_gate.weight" => "mlp.gate_proj.weight",
             "ffn_up.weight" => "mlp.up_proj.weight",
             "ffn_down.weight" => "mlp.down_proj.weight",
@@ -409,6 +576,7 @@ struct HfSource<'a> {
     dir: String,
     config: String,
     tied: bool,
+    gemma: bool,
 }
 
 impl TensorSource for HfSource<'_> {
@@ -418,7 +586,7 @@ impl TensorSource for HfSource<'_> {
         if (self.tied && role == "output.weight") || role.starts_with("rope_f") {
             return Ok(None);
         }
-        let name = hf_name(role);
+        let name = hf_name(role, self.gemma);
         let Some((fi, t)) = self.ck.tensor(&name) else { return Ok(None) };
         let f: &SafeTensors = &self.ck.files[fi];
         Ok(Some(TensorRef {
@@ -431,10 +599,10 @@ impl TensorSource for HfSource<'_> {
         }))
     }
     fn stored_name(&self, role: &str) -> String {
-        hf_name(role)
+        hf_name(role, self.gemma)
     }
     fn location(&self, role: &str) -> String {
-        match self.ck.tensor(&hf_name(role)) {
+        match self.ck.tensor(&hf_name(role, self.gemma)) {
             Some((fi, _)) => self.ck.files[fi].path.display().to_string(),
             None => self.dir.clone(),
         }
@@ -462,7 +630,14 @@ pub fn load(dir: &Path, progress: &mut dyn FnMut(f32)) -> Result<(Config, Weight
         dir: dir.display().to_string(),
         config: format!("from {}", dir.join(CONFIG_FILE).display()),
         tied,
+        gemma: cfg.arch.is_gemma(),
     };
+    let mut cfg = cfg;
+    if cfg.arch.is_gemma() {
+        // transformers multiplies by the normalizer cast to the embeddings' dtype.
+        let dtype = src.get("token_embd.weight")?.map(|t| t.dtype);
+        cfg.embed_scale = super::gemma_embed_scale(cfg.hidden, dtype);
+    }
     let parts = Weights::bind_parts(&src, &cfg, rope_freqs, rope_long_short, &mut |f| progress(0.1 + 0.9 * f))?;
     let files: Vec<Arc<dyn WeightFile>> = ck.files.iter().map(|f| f.clone() as Arc<dyn WeightFile>).collect();
     Ok((cfg, parts.with_files(files)))
@@ -527,5 +702,73 @@ mod tests {
         assert_eq!(e.status, crate::Status::LLMRT_UNSUPPORTED);
         let e = config_from_json(br#"{"model_type": "llama"}"#, "config.json").unwrap_err();
         assert!(e.message.contains("hidden_size") && e.message.contains("missing"), "{}", e.message);
+    }
+
+    /// Gemma's defaults as transformers fills them, and each option read.
+    #[test]
+    fn gemma_options_and_defaults() {
+        let (c, _) = cfg(r#""model_type": "gemma2", "head_dim": 32"#).unwrap();
+        assert_eq!(c.arch.ffn_act, super::super::FfnAct::GeluTanh);
+        assert!(c.arch.post_norms && c.arch.norm_plus_one && !c.arch.qk_norm);
+        assert_eq!((c.attn_softcap, c.final_softcap, c.attn_scale), (50.0, 30.0, 1.0 / 16.0));
+        assert_eq!(c.embed_scale, 8.0);
+        // Even layers slide (window 4096 by default), odd ones are global.
+        assert_eq!((c.window(0), c.window(1), c.window(2)), (Some(4096), None, Some(4096)));
+        assert!(!c.local_rope(0) && c.rope_inv_freq_local().is_none());
+        let h = config_from_json(format!("{{ {BASE}, \"model_type\": \"gemma2\" }}").as_bytes(), "c.json").unwrap();
+        assert!(h.tied, "gemma ties the embeddings unless config.json says otherwise");
+
+        let (c, _) = cfg(r#""model_type": "gemma2", "attn_logit_softcapping": null, "final_logit_softcapping": 7.5,
+            "query_pre_attn_scalar": 144, "sliding_window": 8, "layer_types": ["full_attention", "sliding_attention"]"#)
+        .unwrap();
+        assert_eq!((c.attn_softcap, c.final_softcap, c.attn_scale), (0.0, 7.5, 1.0 / 12.0));
+        assert_eq!((c.window(0), c.window(1)), (None, Some(8)));
+
+        // gemma3_text: 5 local : 1 global, a local base of its own (10000 by default), no caps.
+        let (c, _) = cfg(r#""model_type": "gemma3_text", "num_hidden_layers": 7, "head_dim": 16"#).unwrap();
+        assert!(c.arch.qk_norm && c.arch.post_norms);
+        assert_eq!((c.attn_softcap, c.final_softcap, c.rope_theta), (0.0, 0.0, 1e6));
+        let w: Vec<bool> = (0..7).map(|l| c.window(l).is_some()).collect();
+        assert_eq!(w, [true, true, true, true, true, false, true]);
+        assert!(c.local_rope(0) && !c.local_rope(5));
+        let local = c.rope_inv_freq_local().unwrap();
+        assert_eq!(local[1], 1.0 / 10000f64.powf(2.0 / 16.0));
+        let (c, _) = cfg(r#""model_type": "gemma3_text", "sliding_window_pattern": 2, "rope_local_base_freq": 5e4,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0}"#)
+        .unwrap();
+        assert_eq!((c.window(0), c.window(1), c.rope_linear_factor), (Some(4096), None, 8.0));
+        let r = c.sliding_window.as_ref().unwrap().rope.unwrap();
+        assert_eq!((r.theta, r.linear_factor), (5e4, 1.0), "rope_scaling is the global layers' only");
+
+        // Mistral: every layer, or none for null.
+        let (c, _) = cfg(r#""model_type": "mistral", "sliding_window": 4096"#).unwrap();
+        assert_eq!((c.window(0), c.window(1)), (Some(4096), Some(4096)));
+        let (c, _) = cfg(r#""model_type": "mistral", "sliding_window": null"#).unwrap();
+        assert_eq!(c.window(0), None);
+        let (c, _) = cfg(r#""model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": false"#).unwrap();
+        assert_eq!(c.window(0), None);
+
+        let e = cfg(r#""model_type": "gemma2", "layer_types": ["sliding_attention"]"#).unwrap_err();
+        assert!(e.message.contains("layer_types has 1 entries for 2 layers"), "{}", e.message);
+        let e = cfg(r#""model_type": "gemma3", "head_dim": 16"#).unwrap_err();
+        assert_eq!(e.status, crate::Status::LLMRT_UNSUPPORTED);
+    }
+
+    /// The embedding scale is rounded to the checkpoint's type (transformers casts the
+    /// normalizer to the weights' dtype); llama.cpp's 27B attention-scale rule.
+    #[test]
+    fn gemma_scale_roundings() {
+        use super::super::{gemma_embed_scale, gemma_gguf_attn_scale};
+        use crate::quant::DType;
+        assert_eq!(gemma_embed_scale(3584, None), 3584f32.sqrt());
+        assert_eq!(gemma_embed_scale(3584, Some(DType::BF16)), 59.75);
+        assert_eq!(gemma_embed_scale(3584, Some(DType::F16)), half::f16::from_f32(3584f32.sqrt()).to_f32());
+        assert_eq!(gemma_embed_scale(2304, Some(DType::BF16)), 48.0);
+        // gemma2 27B: 46 layers, n_embd 4608, 32 heads, head_dim 128: 1 / sqrt(144).
+        assert_eq!(gemma_gguf_attn_scale("gemma2", 46, 4608, 32, 128), 1.0 / 12.0);
+        assert_eq!(gemma_gguf_attn_scale("gemma2", 42, 3584, 16, 256), 1.0 / 16.0);
+        // gemma3 27B: 62 layers, n_embd 5376, 32 heads: 1 / sqrt(168); 46 layers is not its rule.
+        assert_eq!(gemma_gguf_attn_scale("gemma3", 62, 5376, 32, 128), 1.0 / 168f32.sqrt());
+        assert_eq!(gemma_gguf_attn_scale("gemma3", 46, 5376, 32, 128), 1.0 / 128f32.sqrt());
     }
 }

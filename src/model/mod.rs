@@ -19,6 +19,15 @@ pub enum RopeStyle {
     Neox,
 }
 
+/// The activation of the gated feed-forward block `down(act(gate(x)) * up(x))`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnAct {
+    /// SiLU: SwiGLU (llama, mistral, qwen).
+    Silu,
+    /// GELU, tanh approximation (`gelu_pytorch_tanh`): GeGLU (gemma2, gemma3).
+    GeluTanh,
+}
+
 /// The options that make one forward pass a given architecture.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ArchOptions {
@@ -27,23 +36,56 @@ pub struct ArchOptions {
     pub rope_style: RopeStyle,
     /// Q, K and V projections carry biases (qwen2).
     pub qkv_bias: bool,
-    /// Per-head RMSNorm of Q and K before RoPE (qwen3).
+    /// Per-head RMSNorm of Q and K before RoPE (qwen3, gemma3).
     pub qk_norm: bool,
+    pub ffn_act: FfnAct,
+    /// RMSNorm of the attention output and of the feed-forward output, each before
+    /// its residual add (gemma2, gemma3: `post_attention_norm`, `post_ffw_norm`).
+    pub post_norms: bool,
+    /// The checkpoint stores every RMSNorm weight as `w - 1` (Hugging Face Gemma
+    /// computes `x * (1 + w)`): 1 is added when the weights are bound. llama.cpp's
+    /// converter adds it itself, so GGUF Gemma files do not need it.
+    pub norm_plus_one: bool,
     /// The feed-forward gate and up projections are one matrix of `2 * ffn` rows, gate
     /// first (phi3: GGUF `ffn_up`, HF `gate_up_proj`). Bound as two row views of it.
     pub fused_gate_up: bool,
 }
 
+/// The option rows of the architectures, by the name each format gives them.
+fn arch_row(name: &str, rope_style: RopeStyle, hf: bool) -> Option<ArchOptions> {
+    let gemma = matches!(name, "gemma2" | "gemma3" | "gemma3_text");
+    let (qkv_bias, qk_norm) = match name {
+        "llama" | "mistral" | "gemma2" | "phi3" => (false, false),
+        "qwen2" => (true, false),
+        "qwen3" | "gemma3" | "gemma3_text" => (false, true),
+        _ => return None,
+    };
+    Some(ArchOptions {
+        name: name.to_string(),
+        rope_style,
+        qkv_bias,
+        qk_norm,
+        ffn_act: if gemma { FfnAct::GeluTanh } else { FfnAct::Silu },
+        post_norms: gemma,
+        norm_plus_one: gemma && hf,
+        fused_gate_up: name == "phi3",
+    })
+}
+
 impl ArchOptions {
     /// The row for a GGUF `general.architecture` value.
     pub fn for_gguf(arch: &str) -> Option<ArchOptions> {
-        let (rope_style, qkv_bias, qk_norm) = match arch {
-            "llama" | "mistral" => (RopeStyle::Adjacent, false, false),
-            "qwen2" => (RopeStyle::Neox, true, false),
-            "qwen3" | "phi3" => (RopeStyle::Neox, false, arch == "qwen3"),
+        let rope_style = match arch {
+            "llama" | "mistral" => RopeStyle::Adjacent,
+            "qwen2" | "qwen3" | "gemma2" | "gemma3" | "phi3" => RopeStyle::Neox,
             _ => return None,
         };
-        Some(ArchOptions { name: arch.to_string(), rope_style, qkv_bias, qk_norm, fused_gate_up: arch == "phi3" })
+        arch_row(arch, rope_style, false)
+    }
+
+    /// Whether this is Gemma 2 or Gemma 3 (from either format).
+    pub fn is_gemma(&self) -> bool {
+        self.post_norms
     }
 }
 
@@ -51,20 +93,44 @@ impl ArchOptions {
     /// The row for a Hugging Face config.json `model_type`. HF weights are not
     /// permuted, so every one of them takes the half-split ("neox") RoPE.
     pub fn for_hf(model_type: &str) -> Option<ArchOptions> {
-        let (qkv_bias, qk_norm) = match model_type {
-            "llama" | "mistral" | "phi3" => (false, false),
-            "qwen2" => (true, false),
-            "qwen3" => (false, true),
-            _ => return None,
-        };
-        Some(ArchOptions {
-            name: model_type.to_string(),
-            rope_style: RopeStyle::Neox,
-            qkv_bias,
-            qk_norm,
-            fused_gate_up: model_type == "phi3",
-        })
+        if model_type == "gemma3" || model_type == "gemma" {
+            return None; // multimodal gemma3 / Gemma 1: not supported (gemma3_text is)
+        }
+        arch_row(model_type, RopeStyle::Neox, true)
     }
+}
+
+/// Which layers attend through the sliding window.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SwaLayers {
+    /// Every layer (Mistral's `sliding_window`).
+    All,
+    /// Layer `l` slides when `l % n < n - 1` (llama.cpp's `set_swa_pattern`;
+    /// transformers' `(l + 1) % n != 0`): gemma2 n = 2 (even layers), gemma3 n = 6
+    /// (five local layers, then one global).
+    Pattern(usize),
+    /// One flag per layer (HF `layer_types`, GGUF `attention.sliding_window_pattern` as an array).
+    List(Vec<bool>),
+}
+
+/// Sliding-window attention: on a windowed layer a query at position `p` attends
+/// to the keys at positions `p - window < k <= p` (transformers' mask
+/// `kv_idx > q_idx - sliding_window`; llama.cpp's `LLAMA_SWA_TYPE_STANDARD`, which
+/// masks `p - k >= window`, is the same).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlidingWindow {
+    pub window: usize,
+    pub layers: SwaLayers,
+    /// The RoPE of the windowed layers when it is not the global one (gemma3: its
+    /// own base, `rope.freq_base_swa` / `rope_local_base_freq`, and no scaling).
+    pub rope: Option<LocalRope>,
+}
+
+/// A RoPE base and linear factor of its own (gemma3's local layers).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LocalRope {
+    pub theta: f32,
+    pub linear_factor: f32,
 }
 
 /// Hyperparameters.
@@ -91,6 +157,44 @@ pub struct Config {
     pub rope_attn_factor: f32,
     pub bos_token: Option<u32>,
     pub eos_token: Option<u32>,
+    /// The embeddings are multiplied by this (gemma: sqrt(hidden), see
+    /// [`gemma_embed_scale`]); 1 otherwise.
+    pub embed_scale: f32,
+    /// The scale of the attention scores: `1 / sqrt(head_dim)` unless the model
+    /// says otherwise (gemma: `query_pre_attn_scalar`, or llama.cpp's rule for GGUF).
+    pub attn_scale: f32,
+    /// Soft cap of the attention scores, `c * tanh(s / c)` after the scale (gemma2); 0: none.
+    pub attn_softcap: f32,
+    /// Soft cap of the final logits (gemma2, gemma3 when configured); 0: none.
+    pub final_softcap: f32,
+    /// Sliding-window attention, on the layers it names; `None`: every layer attends
+    /// to the whole cache.
+    pub sliding_window: Option<SlidingWindow>,
+}
+
+/// The gemma embedding scale `sqrt(hidden)`, rounded as each source rounds it:
+/// llama.cpp computes `sqrtf(n_embd)` in f32; transformers' normalizer is a float32
+/// tensor cast to the weights' dtype before the multiply (`embed_scale.to(weight.dtype)`),
+/// so a bfloat16 or float16 checkpoint scales by `sqrt(hidden)` rounded to that type
+/// (hidden 3584: 59.866 in f32, 59.75 in bf16).
+pub fn gemma_embed_scale(hidden: usize, dtype: Option<crate::quant::DType>) -> f32 {
+    use crate::quant::DType;
+    let s = (hidden as f32).sqrt();
+    match dtype {
+        Some(DType::BF16) => half::bf16::from_f32(s).to_f32(),
+        Some(DType::F16) => half::f16::from_f32(s).to_f32(),
+        _ => s,
+    }
+}
+
+/// llama.cpp's attention scale for GGUF gemma2 / gemma3 (no key holds HF's
+/// `query_pre_attn_scalar`): `1 / sqrt(n_embd / n_head)` (integer division) for the
+/// 27B models, recognised by their layer count (gemma2: 46, gemma3: 62), else
+/// `1 / sqrt(head_dim)` (llama-model.cpp, after gemma_pytorch's config).
+pub fn gemma_gguf_attn_scale(arch: &str, n_layers: usize, hidden: usize, n_heads: usize, head_dim: usize) -> f32 {
+    let big = n_layers == if arch == "gemma2" { 46 } else { 62 };
+    let d = if big { hidden / n_heads } else { head_dim };
+    1.0 / (d as f32).sqrt()
 }
 
 impl Config {
@@ -101,6 +205,34 @@ impl Config {
     /// Width of all key (or value) heads together.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+
+    /// The sliding window of layer `l`, `None` for a layer that sees the whole cache.
+    pub fn window(&self, l: usize) -> Option<usize> {
+        let s = self.sliding_window.as_ref()?;
+        let slides = match &s.layers {
+            SwaLayers::All => true,
+            SwaLayers::Pattern(n) => *n == 0 || l % n < n - 1,
+            SwaLayers::List(v) => v.get(l).copied().unwrap_or(false),
+        };
+        slides.then_some(s.window)
+    }
+
+    /// Whether layer `l` takes the local RoPE ([`Self::rope_inv_freq_local`]).
+    pub fn local_rope(&self, l: usize) -> bool {
+        self.window(l).is_some() && self.sliding_window.as_ref().is_some_and(|s| s.rope.is_some())
+    }
+
+    /// The RoPE inverse frequencies of the windowed layers when they have their own
+    /// (gemma3), else `None` (every layer takes [`Self::rope_inv_freq`]).
+    pub fn rope_inv_freq_local(&self) -> Option<Vec<f64>> {
+        let r = self.sliding_window.as_ref()?.rope?;
+        let hd = self.head_dim;
+        Some(
+            (0..hd / 2)
+                .map(|i| 1.0 / (r.theta as f64).powf(2.0 * i as f64 / hd as f64) / r.linear_factor as f64)
+                .collect(),
+        )
     }
 
     /// RoPE inverse frequencies (`head_dim / 2` of them, in f64), with the
@@ -129,7 +261,8 @@ impl Config {
             .to_string();
         let arch = ArchOptions::for_gguf(&arch_name).ok_or_else(|| {
             Error::unsupported(format!(
-                "{file}: architecture '{arch_name}' is not supported (supported: llama, mistral, qwen2, qwen3, phi3)"
+                "{file}: architecture '{arch_name}' is not supported (supported: llama, mistral, qwen2, qwen3, \
+                 gemma2, gemma3, phi3)"
             ))
         })?;
         let key = |k: &str| format!("{arch_name}.{k}");
@@ -255,6 +388,22 @@ impl Config {
                 }
             }
         }
+        let gemma = arch.is_gemma();
+        let softcap = |k: &str, default: f32| -> Result<f32> {
+            let v = g.get_f32(&key(k))?.unwrap_or(default);
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(Error::bad_model(format!("{file}: {} = {v} is invalid", key(k))));
+            }
+            Ok(v)
+        };
+        // llama.cpp's defaults: gemma2 always caps (50 / 30 when the keys are absent);
+        // gemma3 has no attention cap and caps the logits only when the key is there.
+        let (attn_softcap, final_softcap) = match arch_name.as_str() {
+            "gemma2" => (softcap("attn_logit_softcapping", 50.0)?, softcap("final_logit_softcapping", 30.0)?),
+            "gemma3" => (0.0, softcap("final_logit_softcapping", 0.0)?),
+            _ => (0.0, 0.0),
+        };
+        let sliding_window = gguf_sliding_window(g, &arch_name, n_layers, rope_linear_factor, &file)?;
         Ok(Config {
             arch,
             vocab_size,
@@ -272,8 +421,88 @@ impl Config {
             rope_attn_factor,
             bos_token,
             eos_token,
+            embed_scale: if gemma { gemma_embed_scale(hidden, None) } else { 1.0 },
+            attn_scale: if gemma {
+                gemma_gguf_attn_scale(&arch_name, n_layers, hidden, n_heads, head_dim)
+            } else {
+                1.0 / (head_dim as f32).sqrt()
+            },
+            attn_softcap,
+            final_softcap,
+            sliding_window,
         })
     }
+}
+
+/// The sliding window of a GGUF file, read as llama.cpp reads it for gemma2 (window
+/// `attention.sliding_window`, 4096 when absent; pattern 2; local RoPE base
+/// `rope.freq_base_swa`, else the global one) and gemma3 (windowed only when
+/// `attention.sliding_window` > 0; pattern 6; local base `rope.freq_base_swa`, else
+/// 10000; no linear scaling on local layers); `attention.sliding_window_pattern`
+/// (a period, or an array of per-layer flags) overrides the pattern. llama / mistral:
+/// `attention.sliding_window`, when present and > 0, applies to every layer (llama.cpp
+/// ignores it for these architectures; transformers applies Mistral's on every layer).
+/// qwen2 / qwen3: not read (transformers' Qwen window depends on `use_sliding_window`).
+fn gguf_sliding_window(
+    g: &Gguf,
+    arch: &str,
+    n_layers: usize,
+    rope_linear_factor: f32,
+    file: &str,
+) -> Result<Option<SlidingWindow>> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let wkey = key("attention.sliding_window");
+    let window = match (arch, g.get_u64(&wkey)?) {
+        ("gemma2", None) => 4096,
+        ("gemma2" | "gemma3" | "llama" | "mistral", Some(w)) => w,
+        _ => return Ok(None),
+    };
+    if window == 0 {
+        return Ok(None);
+    }
+    let window = usize::try_from(window)
+        .ok()
+        .filter(|&w| w <= u32::MAX as usize)
+        .ok_or_else(|| Error::bad_model(format!("{file}: {wkey} = {window} is out of range")))?;
+    if !matches!(arch, "gemma2" | "gemma3") {
+        return Ok(Some(SlidingWindow { window, layers: SwaLayers::All, rope: None }));
+    }
+    let pkey = key("attention.sliding_window_pattern");
+    let layers = match g.get(&pkey) {
+        None => SwaLayers::Pattern(if arch == "gemma2" { 2 } else { 6 }),
+        Some(crate::format::gguf::ValueRef::Array(a)) => {
+            if a.len() != n_layers {
+                return Err(Error::bad_model(format!("{file}: {pkey} has {} entries for {n_layers} layers", a.len())));
+            }
+            let mut flags = Vec::with_capacity(a.len().min(1 << 16));
+            for v in a.iter() {
+                match v {
+                    crate::format::gguf::ValueRef::Bool(b) => flags.push(b),
+                    other => {
+                        return Err(Error::bad_model(format!(
+                            "{file}: {pkey} holds {}, expected BOOL entries",
+                            other.describe()
+                        )))
+                    }
+                }
+            }
+            SwaLayers::List(flags)
+        }
+        Some(_) => g.get_u32(&pkey)?.map_or(SwaLayers::All, |n| SwaLayers::Pattern(n as usize)),
+    };
+    let base_swa = g.get_f32(&key("rope.freq_base_swa"))?;
+    if let Some(t) = base_swa {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(Error::bad_model(format!("{file}: {} = {t} is invalid", key("rope.freq_base_swa"))));
+        }
+    }
+    let rope = match (arch, base_swa) {
+        ("gemma3", t) => Some(LocalRope { theta: t.unwrap_or(10000.0), linear_factor: 1.0 }),
+        // gemma2: the global scaling applies to the local layers too (llama.cpp).
+        (_, Some(t)) => Some(LocalRope { theta: t, linear_factor: rope_linear_factor }),
+        (_, None) => None,
+    };
+    Ok(Some(SlidingWindow { window, layers, rope }))
 }
 
 /// The RoPE cos/sin of position `pos` for each of `inv_freq` (`Config::rope_inv_freq`):

@@ -57,6 +57,9 @@ pub struct Layer {
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
+    /// Norms of the attention output and of the feed-forward output (gemma2/3).
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub post_ffn_norm: Option<Vec<f32>>,
     pub w_gate: Matrix,
     pub w_up: Matrix,
     pub w_down: Matrix,
@@ -329,8 +332,18 @@ impl Weights {
     ) -> Result<Parts> {
         let mut b = Binder { src, bytes: 0 };
         let (h, q, kv, f, v) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn, cfg.vocab_size);
+        // An RMSNorm weight, with the 1 Hugging Face Gemma leaves out added (in f32, as
+        // transformers' `1.0 + weight.float()`).
+        let plus_one = cfg.arch.norm_plus_one;
+        let norm = |b: &mut Binder<'_>, role: &str, n: usize| -> Result<Vec<f32>> {
+            let mut w = b.vector(role, n)?;
+            if plus_one {
+                w.iter_mut().for_each(|x| *x += 1.0);
+            }
+            Ok(w)
+        };
         let token_embd = b.matrix("token_embd.weight", h, v)?;
-        let output_norm = b.vector("output_norm.weight", h)?;
+        let output_norm = norm(&mut b, "output_norm.weight", h)?;
         let output = if src.output_required() || src.get("output.weight")?.is_some() {
             b.matrix("output.weight", h, v)?
         } else {
@@ -384,8 +397,9 @@ impl Weights {
             } else {
                 (b.matrix(&n("ffn_gate.weight"), h, f)?, b.matrix(&n("ffn_up.weight"), h, f)?)
             };
+            let post = cfg.arch.post_norms;
             let layer = Layer {
-                attn_norm: b.vector(&n("attn_norm.weight"), h)?,
+                attn_norm: norm(&mut b, &n("attn_norm.weight"), h)?,
                 wq,
                 wk,
                 wv,
@@ -393,9 +407,19 @@ impl Weights {
                 bq: if cfg.arch.qkv_bias { Some(b.vector(&n("attn_q.bias"), q)?) } else { None },
                 bk: if cfg.arch.qkv_bias { Some(b.vector(&n("attn_k.bias"), kv)?) } else { None },
                 bv: if cfg.arch.qkv_bias { Some(b.vector(&n("attn_v.bias"), kv)?) } else { None },
-                q_norm: if cfg.arch.qk_norm { Some(b.vector(&n("attn_q_norm.weight"), cfg.head_dim)?) } else { None },
-                k_norm: if cfg.arch.qk_norm { Some(b.vector(&n("attn_k_norm.weight"), cfg.head_dim)?) } else { None },
-                ffn_norm: b.vector(&n("ffn_norm.weight"), h)?,
+                q_norm: if cfg.arch.qk_norm {
+                    Some(norm(&mut b, &n("attn_q_norm.weight"), cfg.head_dim)?)
+                } else {
+                    None
+                },
+                k_norm: if cfg.arch.qk_norm {
+                    Some(norm(&mut b, &n("attn_k_norm.weight"), cfg.head_dim)?)
+                } else {
+                    None
+                },
+                ffn_norm: norm(&mut b, &n("ffn_norm.weight"), h)?,
+                post_attn_norm: if post { Some(norm(&mut b, &n("post_attention_norm.weight"), h)?) } else { None },
+                post_ffn_norm: if post { Some(norm(&mut b, &n("post_ffw_norm.weight"), h)?) } else { None },
                 w_gate,
                 w_up,
                 w_down: b.matrix(&n("ffn_down.weight"), f, h)?,

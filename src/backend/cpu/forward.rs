@@ -1,13 +1,16 @@
 //! The forward pass, top to bottom, for one step of many sequences. The
 //! architectures differ only by the named options in `cfg.arch` (biases, Q/K
-//! norm, RoPE layout) and by optional tensors (tied output, RoPE divisors).
+//! norm, RoPE layout, the FFN's activation, post-norms) and `cfg` (embedding
+//! scale, attention scale and soft cap, sliding windows and their RoPE, final
+//! soft cap), and by optional tensors (tied output, RoPE divisors).
 
-use super::ops::attention::{self, Tok};
+use super::ops::attention::{self, Scores, Tok};
 use super::ops::matmul::{self, Act, Weight};
 use super::ops::{elementwise, embed, norm, rope};
 use super::CpuBackend;
 use crate::backend::{Seq, Want};
 use crate::model::weights::{Matrix, Weights};
+use crate::model::FfnAct;
 use crate::util::{try_vec, try_with_capacity};
 use crate::Result;
 
@@ -37,12 +40,24 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], out: &mut [f32], head:
     let emb = &w.token_embd;
     let ids = seqs.iter().flat_map(|s| s.tokens.iter().copied());
     embed::embed(emb.dtype, emb.bytes(w), emb.row_bytes, h, ids, &mut x);
+    if cfg.embed_scale != 1.0 {
+        elementwise::scale(&mut x, cfg.embed_scale);
+    }
 
-    // RoPE angles per token.
+    // RoPE angles per token (and those of the windowed layers when they have their own).
     let half = hd / 2;
     let mut cos = buf(half, "the step's RoPE cosines")?;
     let mut sin = buf(half, "the step's RoPE sines")?;
     rope::angles(toks.iter().map(|t| t.pos), &be.inv_freq, cfg.rope_attn_factor, &mut cos, &mut sin);
+    let local = match &be.inv_freq_local {
+        Some(f) => {
+            let mut c = buf(half, "the step's local RoPE cosines")?;
+            let mut s = buf(half, "the step's local RoPE sines")?;
+            rope::angles(toks.iter().map(|t| t.pos), f, cfg.rope_attn_factor, &mut c, &mut s);
+            Some((c, s))
+        }
+        None => None,
+    };
     let neox = cfg.arch.rope_style == crate::model::RopeStyle::Neox;
     let heads = attention::Heads { n_heads: cfg.n_heads, n_kv_heads: cfg.n_kv_heads, head_dim: hd };
 
@@ -91,24 +106,32 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], out: &mut [f32], head:
             norm::rmsnorm_heads(&mut q, hd, qn, cfg.rms_eps);
             norm::rmsnorm_heads(&mut k, hd, kn, cfg.rms_eps);
         }
+        let (cos_l, sin_l) = match &local {
+            Some((c, s)) if cfg.local_rope(l) => (c, s),
+            _ => (&cos, &sin),
+        };
         for t in 0..n {
-            let (c, s) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
+            let (c, s) = (&cos_l[t * half..(t + 1) * half], &sin_l[t * half..(t + 1) * half]);
             rope::rope(&mut q[t * qd..(t + 1) * qd], hd, c, s, neox);
             rope::rope(&mut k[t * kvd..(t + 1) * kvd], hd, c, s, neox);
         }
         attention::kv_write(&mut be.kv, seqs, &toks, l, &k, &v);
-        attention::attention(pool, &be.kv, heads, seqs, &toks, l, &q, &mut att);
+        let sc = Scores { scale: cfg.attn_scale, softcap: cfg.attn_softcap, window: cfg.window(l) };
+        attention::attention(pool, &be.kv, heads, sc, seqs, &toks, l, &q, &mut att);
         mm(&lw.wo, &Act::new(&att, qd), &mut proj)?;
-        elementwise::add_in_place(&mut x, &proj);
+        residual_add(&mut x, &proj, lw.post_attn_norm.as_deref(), cfg.rms_eps, &mut xn);
 
-        // Feed-forward block (SwiGLU).
+        // Feed-forward block (SwiGLU, or GeGLU).
         norm::rmsnorm(&x, &lw.ffn_norm, cfg.rms_eps, &mut xn);
         let xa = Act::new(&xn, h);
         matmul::matmul_many(pool, &[weight(&lw.w_gate), weight(&lw.w_up)], &xa, &mut [&mut gate, &mut up])?;
         drop(xa);
-        elementwise::swiglu_par(pool, &mut gate, &up);
+        match cfg.arch.ffn_act {
+            FfnAct::Silu => elementwise::swiglu_par(pool, &mut gate, &up),
+            FfnAct::GeluTanh => elementwise::geglu_par(pool, &mut gate, &up),
+        }
         mm(&lw.w_down, &Act::new(&gate, cfg.ffn), &mut proj)?;
-        elementwise::add_in_place(&mut x, &proj);
+        residual_add(&mut x, &proj, lw.post_ffn_norm.as_deref(), cfg.rms_eps, &mut xn);
     }
 
     // Final norm and LM head, only for the rows wanted.
@@ -142,5 +165,21 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], out: &mut [f32], head:
         out.copy_from_slice(&sel);
         return Ok(());
     }
-    mm(&w.output, &Act::new(&sel, h), out)
+    mm(&w.output, &Act::new(&sel, h), out)?;
+    if cfg.final_softcap > 0.0 {
+        elementwise::softcap(out, cfg.final_softcap);
+    }
+    Ok(())
+}
+
+/// `x += y`, or with a post-norm (gemma) `x += rmsnorm(y) * w`, `scratch` holding
+/// the normed rows.
+fn residual_add(x: &mut [f32], y: &[f32], post_norm: Option<&[f32]>, eps: f32, scratch: &mut [f32]) {
+    match post_norm {
+        Some(pw) => {
+            norm::rmsnorm(y, pw, eps, scratch);
+            elementwise::add_in_place(x, scratch);
+        }
+        None => elementwise::add_in_place(x, y),
+    }
 }

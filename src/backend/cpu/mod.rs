@@ -35,6 +35,8 @@ pub struct CpuBackend {
     kv: KvStore,
     /// RoPE inverse frequencies (`head_dim / 2`), scaling applied.
     inv_freq: Vec<f64>,
+    /// Those of the windowed layers when they have their own RoPE (gemma3).
+    inv_freq_local: Option<Vec<f64>>,
     /// Q8_0 / Q4_0 matrices repacked for the block-order kernels, keyed by
     /// (file, offset) (empty where the kernel set reads rows as stored).
     packed: HashMap<(usize, usize), Pack>,
@@ -48,6 +50,7 @@ impl CpuBackend {
     /// `progress` gets the fraction of the repacking done.
     pub fn new(cfg: Config, w: Arc<Weights>, threads: usize, progress: &mut dyn FnMut(f32)) -> Result<CpuBackend> {
         let inv_freq = cfg.rope_inv_freq(w.rope_freqs.as_deref());
+        let inv_freq_local = cfg.rope_inv_freq_local();
         let kv = KvStore::new(cfg.n_layers, cfg.kv_dim());
         let threads = threads.max(1);
         let mut packed = HashMap::new();
@@ -92,7 +95,7 @@ impl CpuBackend {
             }
         }
         let pool = pool::Pool::start(threads)?;
-        Ok(CpuBackend { cfg, w, threads, pool, kv, inv_freq, packed, loaded_in: pool::process_id() })
+        Ok(CpuBackend { cfg, w, threads, pool, kv, inv_freq, inv_freq_local, packed, loaded_in: pool::process_id() })
     }
 
     /// Before a step: in a child forked after the load none of the pool's workers

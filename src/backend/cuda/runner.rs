@@ -554,6 +554,25 @@ impl Plan {
     }
 }
 
+/// The first option of `cfg` the CUDA forward pass does not implement, if any.
+fn unsupported_on_cuda(cfg: &Config) -> Option<&'static str> {
+    if cfg.arch.ffn_act != crate::model::FfnAct::Silu {
+        Some("the GeGLU feed-forward")
+    } else if cfg.arch.post_norms {
+        Some("post-attention / post-FFN norms")
+    } else if cfg.embed_scale != 1.0 {
+        Some("the embedding scale")
+    } else if cfg.attn_scale != 1.0 / (cfg.head_dim as f32).sqrt() || cfg.attn_softcap != 0.0 {
+        Some("the attention scale / soft cap")
+    } else if cfg.final_softcap != 0.0 {
+        Some("the final logit soft cap")
+    } else if cfg.sliding_window.is_some() {
+        Some("sliding-window attention")
+    } else {
+        None
+    }
+}
+
 impl CudaBackend {
     /// Opens device `ordinal`, loads the kernels, uploads every weight (calling
     /// `progress` with the fraction of bytes uploaded) and allocates the KV pool:
@@ -576,6 +595,12 @@ impl CudaBackend {
             )));
         }
         let info = devices[ordinal as usize].clone();
+        if let Some(what) = unsupported_on_cuda(&cfg) {
+            return Err(Error::unsupported(format!(
+                "architecture {}: {what} is not supported by the CUDA backend yet (the CPU backend runs it)",
+                cfg.arch.name
+            )));
+        }
         guarded("opening the CUDA runner", || Self::open(cfg, weights, info, kv_cache_bytes, context, progress))
     }
 

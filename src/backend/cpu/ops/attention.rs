@@ -1,7 +1,10 @@
 //! Attention over the paged KV cache: the write of each token's K and V rows into
 //! its cache's pages ([`kv_write`]) and causal attention of every token over its
 //! cache's positions `0..=pos` ([`attention`]: scores, softmax, weighted sum of V;
-//! GQA: query head `h` reads KV head `h / (n_heads / n_kv_heads)`).
+//! GQA: query head `h` reads KV head `h / (n_heads / n_kv_heads)`). The scores are
+//! `scale * dot(q, k)`, soft-capped to `c * tanh(s / c)` when [`Scores::softcap`] is set
+//! (gemma2); a layer with a sliding window `W` reads only the positions
+//! `pos - W < p <= pos`, so only the pages holding them.
 //!
 //! CUDA twin: `backend/cuda/ops/attention.rs`, `kernels/attention.cu` (the K/V
 //! store is fused with RoPE there: `kernels/rope.cu`).
@@ -44,14 +47,49 @@ pub(crate) struct Heads {
     pub head_dim: usize,
 }
 
-/// Causal attention of every token over its cache's positions `0..=pos`, one
-/// (token, head) pair per unit of work, walking the cache page by page: `q` and
-/// `out` hold a row of `n_heads * head_dim` per token of `toks`.
+/// How a layer scores positions: `scale * dot(q, k)`, then the soft cap `c * tanh(s / c)`
+/// when `softcap` > 0, over the last `window` positions (all when `None`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scores {
+    pub scale: f32,
+    pub softcap: f32,
+    pub window: Option<usize>,
+}
+
+impl Scores {
+    /// The plain scores of a head of `head_dim` values: `1 / sqrt(head_dim)`, no cap, no window.
+    #[cfg(test)]
+    pub(crate) fn plain(head_dim: usize) -> Scores {
+        Scores { scale: 1.0 / (head_dim as f32).sqrt(), softcap: 0.0, window: None }
+    }
+
+    /// The first position a query at `pos` attends to.
+    pub(crate) fn first(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+
+    /// The score of a dot product.
+    #[inline]
+    pub(crate) fn score(&self, dot: f32) -> f32 {
+        let s = dot * self.scale;
+        if self.softcap > 0.0 {
+            self.softcap * (s / self.softcap).tanh()
+        } else {
+            s
+        }
+    }
+}
+
+/// Causal attention of every token over its cache's positions `0..=pos` (the last
+/// `window` of them with a window), one (token, head) pair per unit of work, walking
+/// the cache page by page: `q` and `out` hold a row of `n_heads * head_dim` per token
+/// of `toks`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     pool: &Pool,
     kv: &KvStore,
     heads: Heads,
+    sc: Scores,
     seqs: &[Seq<'_>],
     toks: &[Tok],
     layer: usize,
@@ -61,7 +99,6 @@ pub(crate) fn attention(
     let Heads { n_heads: nh, n_kv_heads, head_dim: hd } = heads;
     let (qd, kvd) = (nh * hd, n_kv_heads * hd);
     let group = nh / n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
     let isa = isa::isa();
     let max_pos = toks.iter().map(|t| t.pos).max().unwrap_or(0);
     par_units(pool, out, hd, (max_pos + 1) * hd * 2, 1, |u0, part| {
@@ -71,28 +108,33 @@ pub(crate) fn attention(
             let tok = &toks[t];
             let blocks = seqs[tok.seq].blocks;
             let len = tok.pos + 1;
+            // Positions lo..len, on pages lo / 16 ..= (len - 1) / 16 (a window skips the rest).
+            let lo = sc.first(tok.pos);
+            let pages = lo / BLOCK_POSITIONS..len.div_ceil(BLOCK_POSITIONS);
             let kvh = hq / group;
             let qv = &q[t * qd + hq * hd..t * qd + (hq + 1) * hd];
             let mut m = f32::NEG_INFINITY;
-            for (bi, &b) in blocks[..len.div_ceil(BLOCK_POSITIONS)].iter().enumerate() {
-                let p0 = bi * BLOCK_POSITIONS;
-                let page = kv.page(b, layer, 0);
-                for (s, krow) in scores[p0..len.min(p0 + BLOCK_POSITIONS)].iter_mut().zip(page.chunks_exact(kvd)) {
-                    *s = simd::dot_f32(isa, qv, &krow[kvh * hd..(kvh + 1) * hd]) * scale;
+            for bi in pages.clone() {
+                let (p0, page) = (bi * BLOCK_POSITIONS, kv.page(blocks[bi], layer, 0));
+                let from = lo.max(p0);
+                let rows = page.chunks_exact(kvd).skip(from - p0);
+                for (s, krow) in scores[from..len.min(p0 + BLOCK_POSITIONS)].iter_mut().zip(rows) {
+                    *s = sc.score(simd::dot_f32(isa, qv, &krow[kvh * hd..(kvh + 1) * hd]));
                     m = m.max(*s);
                 }
             }
             let mut sum = 0f32;
-            for s in scores[..len].iter_mut() {
+            for s in scores[lo..len].iter_mut() {
                 *s = (*s - m).exp();
                 sum += *s;
             }
             let inv = 1.0 / sum;
             o.fill(0.0);
-            for (bi, &b) in blocks[..len.div_ceil(BLOCK_POSITIONS)].iter().enumerate() {
-                let p0 = bi * BLOCK_POSITIONS;
-                let page = kv.page(b, layer, 1);
-                for (&s, vrow) in scores[p0..len.min(p0 + BLOCK_POSITIONS)].iter().zip(page.chunks_exact(kvd)) {
+            for bi in pages {
+                let (p0, page) = (bi * BLOCK_POSITIONS, kv.page(blocks[bi], layer, 1));
+                let from = lo.max(p0);
+                let rows = page.chunks_exact(kvd).skip(from - p0);
+                for (&s, vrow) in scores[from..len.min(p0 + BLOCK_POSITIONS)].iter().zip(rows) {
                     axpy(o, s * inv, &vrow[kvh * hd..(kvh + 1) * hd]);
                 }
             }
@@ -105,6 +147,70 @@ mod tests {
     use super::*;
     use crate::backend::Want;
     use crate::util::XorShift;
+
+    /// Softmax attention in f64 of query row `qv` over the K/V rows `rows` (indices
+    /// into `k` / `v`, rows of `kvd`, KV head `kh`), scored as `sc` says.
+    #[allow(clippy::too_many_arguments)]
+    fn reference(
+        qv: &[f32],
+        k: &[f32],
+        v: &[f32],
+        rows: std::ops::Range<usize>,
+        kvd: usize,
+        kh: usize,
+        hd: usize,
+        sc: Scores,
+    ) -> Vec<f64> {
+        let s: Vec<f64> = rows
+            .clone()
+            .map(|r| {
+                let kr = &k[r * kvd + kh * hd..r * kvd + (kh + 1) * hd];
+                let d = qv.iter().zip(kr).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * sc.scale as f64;
+                if sc.softcap > 0.0 {
+                    sc.softcap as f64 * (d / sc.softcap as f64).tanh()
+                } else {
+                    d
+                }
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = e.iter().sum();
+        (0..hd).map(|d| rows.clone().zip(&e).map(|(r, w)| w / z * v[r * kvd + kh * hd + d] as f64).sum()).collect()
+    }
+
+    /// A windowed layer reads only the pages of its window: the first two blocks of
+    /// the table have no storage (reading them would panic); positions 32..=52 are
+    /// cached and the queries at 37..=52 with a window of 6 need positions 32.. only.
+    #[test]
+    fn attention_window_reads_only_the_window_pages() {
+        let heads = Heads { n_heads: 2, n_kv_heads: 1, head_dim: 8 };
+        let (qd, kvd, hd) = (16, 8, 8);
+        let mut kv = KvStore::new(1, kvd);
+        let table: Vec<u32> = vec![100, 101, 4, 1];
+        kv.ensure(4).unwrap();
+        kv.ensure(1).unwrap();
+        let ids = vec![0u32; 21];
+        let seqs = [Seq { tokens: &ids, start: 32, blocks: &table, want: Want::Nothing }];
+        let cached: Vec<Tok> = (32..53).map(|p| Tok { seq: 0, pos: p }).collect();
+        let mut rng = XorShift::new(0x5EED_0006);
+        let (k, v) = (rng.vec(21 * kvd, -1.0, 1.0), rng.vec(21 * kvd, -1.0, 1.0));
+        kv_write(&mut kv, &seqs, &cached, 0, &k, &v);
+        let toks: Vec<Tok> = (37..53).map(|p| Tok { seq: 0, pos: p }).collect();
+        let q = rng.vec(toks.len() * qd, -1.0, 1.0);
+        let sc = Scores { scale: 0.35, softcap: 0.0, window: Some(6) };
+        let mut got = vec![f32::NAN; toks.len() * qd];
+        attention(&Pool::new(1), &kv, heads, sc, &seqs, &toks, 0, &q, &mut got);
+        for (t, tok) in toks.iter().enumerate() {
+            for h in 0..2 {
+                let rows = sc.first(tok.pos) - 32..tok.pos + 1 - 32;
+                let want = reference(&q[t * qd + h * hd..t * qd + (h + 1) * hd], &k, &v, rows, kvd, 0, hd, sc);
+                for (d, w) in want.iter().enumerate() {
+                    assert!((got[t * qd + h * hd + d] as f64 - w).abs() < 1e-5, "token {t} head {h} dim {d}");
+                }
+            }
+        }
+    }
 
     /// Two sequences over scattered cache blocks (GQA, a prefill spanning pages
     /// and a one-token decode), against softmax attention in f64 over the same
@@ -132,33 +238,28 @@ mod tests {
         let (k, v, q) = (rng.vec(n * kvd, -1.0, 1.0), rng.vec(n * kvd, -1.0, 1.0), rng.vec(n * qd, -1.0, 1.0));
         kv_write(&mut kv, &seqs, &toks, 1, &k, &v);
         let mut got = vec![f32::NAN; n * qd];
-        attention(&Pool::new(1), &kv, heads, &seqs, &toks, 1, &q, &mut got);
+        attention(&Pool::new(1), &kv, heads, Scores::plain(hd), &seqs, &toks, 1, &q, &mut got);
         let mut again = vec![f32::NAN; n * qd];
-        attention(&Pool::new(3), &kv, heads, &seqs, &toks, 1, &q, &mut again);
+        attention(&Pool::new(3), &kv, heads, Scores::plain(hd), &seqs, &toks, 1, &q, &mut again);
         assert_eq!(
             got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             again.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
         );
         let first = |s: usize| if s == 0 { 0 } else { 37 };
-        for (t, tok) in toks.iter().enumerate() {
-            for h in 0..4 {
-                let kh = h / 2;
-                let qv = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-                let rows = first(tok.seq)..first(tok.seq) + tok.pos + 1;
-                let s: Vec<f64> = rows
-                    .clone()
-                    .map(|r| {
-                        let kr = &k[r * kvd + kh * hd..r * kvd + (kh + 1) * hd];
-                        qv.iter().zip(kr).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() / (hd as f64).sqrt()
-                    })
-                    .collect();
-                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                let z: f64 = e.iter().sum();
-                for d in 0..hd {
-                    let want: f64 = rows.clone().zip(&e).map(|(r, w)| w / z * v[r * kvd + kh * hd + d] as f64).sum();
-                    let g = got[t * qd + h * hd + d] as f64;
-                    assert!((g - want).abs() < 1e-5, "token {t} head {h} dim {d}: {g} vs {want}");
+        // Plain, then scaled + soft-capped + windowed (windows inside a page, a page, a
+        // page and one, longer than the sequences): the window's rows only.
+        let capped = |w| Scores { scale: 0.45, softcap: 1.5, window: Some(w) };
+        for sc in [Scores::plain(hd), capped(5), capped(16), capped(17), capped(100)] {
+            attention(&Pool::new(2), &kv, heads, sc, &seqs, &toks, 1, &q, &mut got);
+            for (t, tok) in toks.iter().enumerate() {
+                for h in 0..4 {
+                    let qv = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+                    let rows = first(tok.seq) + sc.first(tok.pos)..first(tok.seq) + tok.pos + 1;
+                    let want = reference(qv, &k, &v, rows, kvd, h / 2, hd, sc);
+                    for (d, w) in want.iter().enumerate() {
+                        let g = got[t * qd + h * hd + d] as f64;
+                        assert!((g - w).abs() < 1e-5, "{sc:?} token {t} head {h} dim {d}: {g} vs {w}");
+                    }
                 }
             }
         }
