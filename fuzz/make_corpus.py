@@ -51,7 +51,7 @@ def vocab_only(gguf):
 out("gguf", "llama_gqa.q8_0.gguf", read(f"{F}/llama_gqa/llama_gqa.q8_0.gguf"))
 out("gguf", "llama_mha_tied.f16.gguf", read(f"{F}/llama_mha_tied/llama_mha_tied.f16.gguf"))
 out("gguf", "llama3_bpe.gguf", read(f"{F}/tokenizer/llama3_bpe.gguf"))
-for m in ["qwen2", "qwen3", "mistral", "phi3"]:
+for m in ["qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]:
     out("gguf", f"{m}.f16.head16k.gguf", read(f"{F}/{m}/{m}.f16.gguf")[:16384])
 
 # tokenizer_gguf: vocabularies without tensors.
@@ -67,9 +67,20 @@ for m in ["llama_gqa", "qwen3", "llama_mha_tied"]:
 out("safetensors", "mistral-00002.safetensors", read(f"{F}/mistral/hf/model-00002-of-00002.safetensors"))
 
 # hf_config: every config.json, and the shard index.
-for m in ["llama_gqa", "llama_mha_tied", "llama3_rope", "mistral", "qwen2", "qwen3", "phi3"]:
+for m in ["llama_gqa", "llama_mha_tied", "llama3_rope", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]:
     out("hf_config", f"{m}.config.json", read(f"{F}/{m}/hf/config.json"))
 out("hf_config", "mistral.index.json", read(f"{F}/mistral/hf/model.safetensors.index.json"))
+# The Hub's older gemma3 spelling (rope_local_base_freq, sliding_window_pattern, rope_scaling)
+# and Mistral with a window.
+import json
+g3 = json.loads(read(f"{F}/gemma3/hf/config.json"))
+for k in ["rope_parameters", "layer_types", "_sliding_window_pattern"]:
+    g3.pop(k, None)
+g3.update(sliding_window_pattern=6, rope_scaling={"rope_type": "linear", "factor": 8.0})
+out("hf_config", "gemma3.hub.config.json", (json.dumps(g3, indent=2, sort_keys=True) + "\n").encode())
+mw = json.loads(read(f"{F}/mistral/hf/config.json"))
+mw["sliding_window"] = 8
+out("hf_config", "mistral.window8.config.json", (json.dumps(mw, indent=2, sort_keys=True) + "\n").encode())
 
 # tokenizer_json: the qwen2/qwen3 ones, the llama3 BPE and the Metaspace one.
 out("tokenizer_json", "qwen2.tokenizer.json", read(f"{F}/qwen2/hf/tokenizer.json"))

@@ -4,9 +4,13 @@
 // tests: attention_* in tests/cuda_kernels.rs.
 //
 // For token t (sequence seq[t], position pos[t]) and query head h: attends over
-// positions 0..=pos[t] of KV head h / (n_heads / n_kv_heads) in layer `layer`, position
+// positions lo(t)..=pos[t] of KV head h / (n_heads / n_kv_heads) in layer `layer`, position
 // p read from block block_tables[seq[t] * max_blocks + p / 16], slot p % 16:
-//   out[t][h] = sum_p softmax_p(scale * dot(q[t][h], K[p])) * V[p]
+//   out[t][h] = sum_p softmax_p(cap(scale * dot(q[t][h], K[p]))) * V[p]
+// with cap(s) = softcap * tanh(s / softcap) when softcap > 0 (gemma2; softcap_score in
+// common.cuh), else s; lo(t) = max(0, pos[t] + 1 - window) for a sliding window > 0
+// (transformers' p - window < k <= p), else 0. Only the blocks holding lo(t)..=pos[t]
+// are read (and checked).
 // q, out: [n_tokens][n_heads * head_dim] f32.
 // kv: [n_blocks][n_layers][K=0|V=1][16 slots][kv_dim] f16, kv_dim = n_kv_heads * head_dim.
 // block_tables: [n_seqs][max_blocks] u32.
@@ -30,7 +34,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     attention_f32(const float* __restrict__ q, const __half* __restrict__ kv, const unsigned int* __restrict__ seq,
                   const unsigned int* __restrict__ pos, const unsigned int* __restrict__ block_tables,
                   float* __restrict__ out, int n_tokens, int n_heads, int n_kv_heads, int head_dim, int n_layers,
-                  int layer, int n_blocks, int max_blocks, int n_seqs, float scale) {
+                  int layer, int n_blocks, int max_blocks, int n_seqs, float scale, float softcap, int window) {
     __shared__ float qs[ATT_MAX_HD];
     __shared__ float sc[ATT_CHUNK];
     const int t = blockIdx.x;
@@ -50,7 +54,8 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     int bad = (s >= (unsigned int)n_seqs) || ((unsigned long long)p_last >= (unsigned long long)max_blocks * BLOCK_POSITIONS);
     const unsigned int* bt = block_tables + (size_t)(bad ? 0u : s) * max_blocks;
     const int n_blk = bad ? 0 : (int)(p_last / BLOCK_POSITIONS) + 1;
-    for (int i = tid; i < n_blk; i += ATT_THREADS) {
+    const int p_lo = (!bad && window > 0 && (int)p_last + 1 > window) ? (int)p_last + 1 - window : 0;
+    for (int i = p_lo / BLOCK_POSITIONS + tid; i < n_blk; i += ATT_THREADS) {
         if (bt[i] >= (unsigned int)n_blocks) bad = 1;
     }
     if (__syncthreads_or(bad)) {
@@ -73,7 +78,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     for (int j = 0; j < ATT_DPT; ++j) acc[j] = 0.0f;
 
     const int n_pos = (int)p_last + 1;
-    for (int c0 = 0; c0 < n_pos; c0 += ATT_CHUNK) {
+    for (int c0 = p_lo; c0 < n_pos; c0 += ATT_CHUNK) {
         const int clen = min(ATT_CHUNK, n_pos - c0);
         for (int i = warp; i < clen; i += nwarps) {
             const int p = c0 + i;
@@ -82,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
             float dot = 0.0f;
             for (int d = lane; d < head_dim; d += 32) dot = fmaf(qs[d], __half2float(kr[d]), dot);
             dot = warp_sum(dot);
-            if (lane == 0) sc[i] = dot * scale;
+            if (lane == 0) sc[i] = softcap_score(dot * scale, softcap);
         }
         __syncthreads();
         float cmax = __int_as_float(0xff800000);
@@ -123,9 +128,10 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 //
 // attention_split_f32: the partial attention of one (token t, KV head kvh, split sp),
 // for every query head of the group (G = n_heads / n_kv_heads <= SPLIT_MAX_G heads,
-// h = kvh * G + g), over positions [sp * split_len, min((sp + 1) * split_len, pos[t] + 1)):
+// h = kvh * G + g), over positions [max(sp * split_len, lo(t)), min((sp + 1) * split_len,
+// pos[t] + 1)) (lo(t) as attention_f32's: a split wholly before the window is empty):
 //   m = max score, l = sum_p exp(score_p - m), o[d] = sum_p exp(score_p - m) * V[p][d]
-// (scores scale * dot(q, K[p]) exactly as attention_f32 computes them). K and V of the
+// (scores cap(scale * dot(q, K[p])) exactly as attention_f32 computes them). K and V of the
 // group are read once for all G query heads.
 //   part_o:  [n_tokens][n_heads][n_splits][head_dim] f32 (o, not normalised)
 //   part_ml: [n_tokens][n_heads][n_splits][2] f32 (m, l)
@@ -158,7 +164,7 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
                         const unsigned int* __restrict__ block_tables, float* __restrict__ part_o,
                         float* __restrict__ part_ml, int n_tokens, int n_heads, int n_kv_heads, int head_dim,
                         int n_layers, int layer, int n_blocks, int max_blocks, int n_seqs, int n_splits,
-                        int split_len, float scale) {
+                        int split_len, float scale, float softcap, int window) {
     __shared__ float qs[SPLIT_MAX_G][ATT_MAX_HD];
     __shared__ float sc[SPLIT_MAX_G][SPLIT_MAX_LEN];
     const int t = blockIdx.x;
@@ -177,8 +183,9 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
     const unsigned int p_last = pos[t];
     int bad = (s >= (unsigned int)n_seqs) || ((unsigned long long)p_last >= (unsigned long long)max_blocks * BLOCK_POSITIONS);
     const int n_pos = bad ? 0 : (int)p_last + 1;
-    const int p0 = sp * split_len;
-    const int len = min(split_len, n_pos - p0);  // <= 0: nothing in this split
+    const int p_lo = (window > 0 && n_pos > window) ? n_pos - window : 0;
+    const int p0 = max(sp * split_len, p_lo);                 // first position of the split
+    const int len = min(sp * split_len + split_len, n_pos) - p0;  // <= 0: nothing in this split
     const unsigned int* bt = block_tables + (size_t)(bad ? 0u : s) * max_blocks;
     if (len > 0) {
         const int b0 = p0 / BLOCK_POSITIONS, b1 = (p0 + len - 1) / BLOCK_POSITIONS;
@@ -230,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(SPLIT_THREADS)
         for (int g = 0; g < SPLIT_MAX_G; ++g) {
             if (g < G) {
                 const float v = warp_sum(dot[g]);
-                if (lane == 0) sc[g][i] = v * scale;
+                if (lane == 0) sc[g][i] = softcap_score(v * scale, softcap);
             }
         }
     }
@@ -368,7 +375,9 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS)
 // ever stored. Row i of the tile is handled by the PF_SUB threads 8i .. 8i+7; thread
 // `sub` holds q and the output for dims sub, sub + 8, ...; the 8 partial dot products
 // are summed with xor shuffles, so each of the 8 threads has the row's 16 scores.
-// Causal mask: position p > pos[t] scores -inf; V rows past the tile's last position are
+// Causal mask: position p > pos[t] or p < lo(t) (the sliding window, as attention_f32's)
+// scores -inf, and blocks wholly before lo of the tile's first token are not read; scores
+// are cap(scale * dot) as attention_f32's. V rows past the tile's last position are
 // staged as zeros (stale slots must not reach the output). Guards as attention_f32 (NaN rows).
 // Needs head_dim % 8 == 0, head_dim <= ATT_MAX_HD, tokens of a tile at consecutive
 // positions (a sequence's new tokens are). Launch: grid = (n_tiles, n_heads), block =
@@ -385,7 +394,7 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS)
                           const unsigned int* __restrict__ block_tables, const unsigned int* __restrict__ tiles,
                           float* __restrict__ out, int n_tiles, int n_tokens, int n_heads, int n_kv_heads,
                           int head_dim, int n_layers, int layer, int n_blocks, int max_blocks, int n_seqs,
-                          float scale) {
+                          float scale, float softcap, int window) {
     __shared__ __align__(16) __half ks[BLOCK_POSITIONS][ATT_MAX_HD];
     __shared__ __align__(16) __half vs[BLOCK_POSITIONS][ATT_MAX_HD];
     const int tile = blockIdx.x;
@@ -409,7 +418,9 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS)
     bad = bad || s >= (unsigned int)n_seqs || (unsigned long long)p_max >= (unsigned long long)max_blocks * BLOCK_POSITIONS;
     const unsigned int* bt = block_tables + (size_t)(bad ? 0u : s) * max_blocks;
     const int nb = bad ? 0 : (int)(p_max / BLOCK_POSITIONS) + 1;
-    for (int b = tid; b < nb; b += PF_THREADS) {
+    const unsigned int p_min = bad ? 0u : pos[first];  // the tile's positions are consecutive
+    const int b_lo = (window > 0 && (int)p_min + 1 > window) ? ((int)p_min + 1 - window) / BLOCK_POSITIONS : 0;
+    for (int b = b_lo + tid; b < nb; b += PF_THREADS) {
         if (bt[b] >= (unsigned int)n_blocks) bad = 1;
     }
     bad = __syncthreads_or(bad);
@@ -423,6 +434,7 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS)
         return;
     }
     const unsigned int p_row = pos[t];
+    const unsigned int p_lo = (window > 0 && p_row + 1 > (unsigned int)window) ? p_row + 1 - (unsigned int)window : 0u;
 
     float qr[PF_DPT], acc[PF_DPT];
     const float* qh = q + (size_t)t * q_dim + (size_t)h * head_dim;
@@ -439,7 +451,7 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS)
     const size_t v_off = k_off + (size_t)BLOCK_POSITIONS * kv_dim;
     const int vec_per_row = head_dim / 8;  // 16-byte vectors of a K or V row
 
-    for (int b = 0; b < nb; ++b) {
+    for (int b = b_lo; b < nb; ++b) {
         __syncthreads();  // the previous block's K/V reads are done
         const __half* kb = kv + (size_t)bt[b] * block_elems;
         for (int e = tid; e < BLOCK_POSITIONS * vec_per_row; e += PF_THREADS) {
@@ -468,13 +480,13 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS)
             d += __shfl_xor_sync(FULL_MASK, d, 2);
             d += __shfl_xor_sync(FULL_MASK, d, 4);
             const unsigned int p = (unsigned int)(b * BLOCK_POSITIONS + j);
-            sc[j] = (p <= p_row) ? d * scale : __int_as_float(0xff800000);
+            sc[j] = (p <= p_row && p >= p_lo) ? softcap_score(d * scale, softcap) : __int_as_float(0xff800000);
         }
         float bmax = sc[0];
 #pragma unroll
         for (int j = 1; j < BLOCK_POSITIONS; ++j) bmax = fmaxf(bmax, sc[j]);
         const float m_new = fmaxf(m, bmax);
-        if (m_new == __int_as_float(0xff800000)) continue;  // nothing visible yet (cannot happen: block 0 holds position 0)
+        if (m_new == __int_as_float(0xff800000)) continue;  // nothing of this row's window in this block
         const float alpha = expf(m - m_new);                 // 0 on the first visible block
         float psum = 0.0f;
 #pragma unroll

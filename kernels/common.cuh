@@ -29,6 +29,16 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// The score soft cap of gemma2 attention: c * tanh(s / c) for c > 0, s itself for c <= 0.
+// tanh(x) = 1 - 2 / (exp(2x) + 1) with the reciprocal __frcp_rn: tanhf and IEEE
+// divisions spilled registers in the attention kernels. exp overflowing to inf gives 1,
+// underflowing to 0 gives -1. CPU twin: Scores::score in src/backend/cpu/ops/attention.rs.
+__device__ __forceinline__ float softcap_score(float s, float c) {
+    if (c <= 0.0f) return s;
+    const float x = s * __frcp_rn(c);
+    return c * (1.0f - 2.0f * __frcp_rn(expf(2.0f * x) + 1.0f));
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));

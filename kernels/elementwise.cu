@@ -27,6 +27,25 @@ extern "C" __global__ void swiglu_f32(float* __restrict__ g, const float* __rest
     }
 }
 
+// g[i] = gelu_tanh(g[i]) * u[i] for i < n: GELU's tanh approximation (transformers'
+// gelu_pytorch_tanh), 0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3))), tanhf. GeGLU (gemma).
+extern "C" __global__ void geglu_f32(float* __restrict__ g, const float* __restrict__ u, int n) {
+    GRID_STRIDE(i, (long long)n) {
+        const float a = g[i];
+        g[i] = 0.5f * a * (1.0f + tanhf(0.7978846f * (a + 0.044715f * a * a * a))) * u[i];
+    }
+}
+
+// x[i] *= s for i < n (gemma's embedding scale).
+extern "C" __global__ void scale_f32(float* __restrict__ x, float s, int n) {
+    GRID_STRIDE(i, (long long)n) { x[i] *= s; }
+}
+
+// x[i] = c * tanh(x[i] / c) for i < n (gemma's final logit soft cap; tanhf, IEEE division).
+extern "C" __global__ void softcap_f32(float* __restrict__ x, float c, int n) {
+    GRID_STRIDE(i, (long long)n) { x[i] = c * tanhf(x[i] / c); }
+}
+
 // out[i][:] = x[idx[i]][:] for i < n_idx; rows of `width`. x: [x_rows][width].
 // An index >= x_rows gives a NaN row (guard; the host checks indices).
 // Launch: grid = (n_idx), block = (T).

@@ -31,7 +31,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
 use half::{bf16, f16};
 use llmrt::backend::cuda;
 use llmrt::backend::cuda::ops::{
-    AttnArgs, AttnShape, DevWeight, FastPaths, KvPool, KvWrite, MatmulPath, Ops, Qkv, RmsNorm, Rope,
+    AttnArgs, AttnScores, AttnShape, DevWeight, FastPaths, KvPool, KvWrite, MatmulPath, Ops, Qkv, RmsNorm, Rope,
 };
 use llmrt::kv::BLOCK_POSITIONS;
 use llmrt::quant::DType;
@@ -389,6 +389,7 @@ fn matmul_dequantize_to_f16_is_exact() {
 fn elementwise_ops_match_cpu() {
     let Some(d) = device() else { return };
     let (mut wb, mut wa, mut ws) = (Worst::new("add_bias"), Worst::new("add"), Worst::new("swiglu"));
+    let (mut wg, mut wsc, mut wcap) = (Worst::new("geglu"), Worst::new("scale"), Worst::new("softcap"));
     for &(rows, n) in &[(1usize, 1usize), (3, 5), (7, 1000), (5, 4097)] {
         let mut rng = XorShift::from_parts(&[60, rows, n]);
         let total = rows * n;
@@ -414,8 +415,30 @@ fn elementwise_ops_match_cpu() {
         d.ops.swiglu(&mut g_d, &d.up(&u), total).expect("swiglu");
         let got = d.down(&g_d);
         assert_tail_nan("swiglu", &case, &got, total);
-        ws.check(case, &got[..total], &reference::swiglu(&x, &u), 1e-5);
+        ws.check(case.clone(), &got[..total], &reference::swiglu(&x, &u), 1e-5);
+
+        // gemma: GeGLU, the embedding scale, the final soft cap.
+        let mut g_d = d.up(&with_tail(&x));
+        d.ops.geglu(&mut g_d, &d.up(&u), total).expect("geglu");
+        let got = d.down(&g_d);
+        assert_tail_nan("geglu", &case, &got, total);
+        wg.check(case.clone(), &got[..total], &reference::geglu(&x, &u), 1e-5);
+        let mut x_d = d.up(&with_tail(&x));
+        d.ops.scale(&mut x_d, 7.9, total).expect("scale");
+        let got = d.down(&x_d);
+        assert_tail_nan("scale", &case, &got, total);
+        let want: Vec<f32> = x.iter().map(|v| v * 7.9).collect();
+        wsc.check(case.clone(), &got[..total], &want, 1e-7);
+        let mut x_d = d.up(&with_tail(&x));
+        d.ops.softcap(&mut x_d, 1.5, total).expect("softcap");
+        let got = d.down(&x_d);
+        assert_tail_nan("softcap", &case, &got, total);
+        let want: Vec<f32> = x.iter().map(|&v| (1.5 * (f64::from(v) / 1.5).tanh()) as f32).collect();
+        wcap.check(case, &got[..total], &want, 1e-6);
     }
+    wg.report();
+    wsc.report();
+    wcap.report();
     wb.report();
     wa.report();
     ws.report();
@@ -560,7 +583,18 @@ fn attn<'a>(
     shape: AttnShape,
 ) -> AttnArgs<'a> {
     let [seq, pos, block_tables] = ids;
-    AttnArgs { q, kv, layer, seq, pos, block_tables, max_blocks, n_tokens, shape }
+    AttnArgs {
+        q,
+        kv,
+        layer,
+        seq,
+        pos,
+        block_tables,
+        max_blocks,
+        n_tokens,
+        shape,
+        scores: AttnScores::plain(shape.head_dim),
+    }
 }
 
 /// The guard every attention launcher keeps: two tokens of one sequence (heads 2/1,
@@ -1270,4 +1304,98 @@ fn matmul_fused_decode_launches_equal_the_separate_ops() {
     assert!(!d.plain.matmul3([&w16, &w16, &w16], &x, 1, [&mut a, &mut b, &mut c]).expect("plain"));
     assert!(!d.ops.matmul3([&w16, &w8, &w16], &x, 1, [&mut a, &mut b, &mut c]).expect("mixed"));
     assert!(!d.ops.matmul_swiglu(&w16, &w8, &x, 1, &mut a).expect("mixed"));
+}
+
+/// The three attention kernels with gemma2's scores (a scale of their own, the soft cap
+/// computed as 1 - 2 / (exp(2x) + 1)) and sliding windows (inside a block, one block,
+/// past a block boundary, and longer than the sequence), against the f64 reference.
+/// The block-table entries wholly before every token's window are u32::MAX: a kernel
+/// that read or checked them would give NaN rows.
+#[test]
+fn attention_scores_and_windows_match_cpu_all_three_kernels() {
+    let Some(d) = device() else { return };
+    let mut w_one = Worst::new("attention_window");
+    let mut w_split = Worst::new("attention_split_window");
+    let mut w_pf = Worst::new("attention_prefill_window");
+    let (n_blocks, n_layers, layer) = (40usize, 2usize, 1usize);
+    let max_blocks = 12;
+    for &(nh, nkv, hd) in &[(4usize, 2usize, 32usize), (8, 1, 64), (2, 2, 16)] {
+        let shape = AttnShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd };
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        for &(window, softcap) in &[(5usize, 2.0f32), (16, 0.0), (21, 1.0), (1000, 3.0), (0, 2.5)] {
+            let mut rng = XorShift::from_parts(&[180, nh, nkv, hd, window]);
+            let (kv, pool) = random_pool(d, &mut rng, n_blocks, n_layers, kvd);
+            let mut ids: Vec<u32> = (0..n_blocks as u32).collect();
+            shuffle(&mut rng, &mut ids);
+            // Two sequences: a prefill of 40 tokens at positions 120..160 (3 tiles), and
+            // one of 19 tokens at 0..19.
+            let runs: [(u32, usize); 2] = [(120, 40), (0, 19)];
+            let mut tables = vec![u32::MAX; runs.len() * max_blocks];
+            let mut next = 0;
+            for (s, &(start, len)) in runs.iter().enumerate() {
+                // Blocks before the first token's window are never read: left u32::MAX.
+                let first = if window > 0 { (start as usize + 1).saturating_sub(window) / BLOCK_POSITIONS } else { 0 };
+                for b in first..(start as usize + len).div_ceil(BLOCK_POSITIONS) {
+                    tables[s * max_blocks + b] = ids[next];
+                    next += 1;
+                }
+            }
+            let (mut seq, mut pos, mut tiles) = (Vec::new(), Vec::new(), Vec::new());
+            for (s, &(start, len)) in runs.iter().enumerate() {
+                let t0 = seq.len();
+                for i in 0..len {
+                    seq.push(s as u32);
+                    pos.push(start + i as u32);
+                }
+                for c in (0..len).step_by(16) {
+                    tiles.push((t0 + c) as u32);
+                    tiles.push((len - c).min(16) as u32);
+                }
+            }
+            let n = seq.len();
+            let q = rng.vec(n * qd, -3.0, 3.0);
+            let scores = AttnScores { scale: 0.37, softcap, window };
+            let (q_d, seq_d, pos_d, tab_d) = (d.up(&q), d.up(&seq), d.up(&pos), d.up(&tables));
+            let mut a = attn(&q_d, &kv, layer, [&seq_d, &pos_d, &tab_d], max_blocks, n, shape);
+            a.scores = scores;
+            let want = reference::attention_scored(
+                &reference::Attn {
+                    q: &q,
+                    kv: &pool,
+                    n_layers,
+                    layer,
+                    seq: &seq,
+                    pos: &pos,
+                    block_tables: &tables,
+                    max_blocks,
+                    shape,
+                },
+                0.37,
+                softcap as f64,
+                window,
+            );
+            let case = format!("heads={nh}/{nkv} hd={hd} window={window} softcap={softcap}");
+            let mut out = d.nan(n * qd + TAIL);
+            d.ops.attention(&a, &mut out).expect("attention");
+            let got = d.down(&out);
+            assert_tail_nan("attention", &case, &got, n * qd);
+            w_one.check(case.clone(), &got[..n * qd], &want, 1e-4);
+            let split = d.ops.split_plan(n, nkv, max_blocks);
+            let (po, pm) = Ops::split_scratch_len(n, shape, split.0);
+            let (mut part_o, mut part_ml) = (d.nan(po), d.nan(pm));
+            let mut out = d.nan(n * qd + TAIL);
+            d.ops.attention_split(&a, split, &mut part_o, &mut part_ml, &mut out).expect("attention_split");
+            let got = d.down(&out);
+            assert_tail_nan("attention_split", &case, &got, n * qd);
+            w_split.check(case.clone(), &got[..n * qd], &want, 1e-4);
+            let mut out = d.nan(n * qd + TAIL);
+            d.ops.attention_prefill(&a, &d.up(&tiles), tiles.len() / 2, &mut out).expect("attention_prefill");
+            let got = d.down(&out);
+            assert_tail_nan("attention_prefill", &case, &got, n * qd);
+            w_pf.check(case, &got[..n * qd], &want, 1e-4);
+        }
+    }
+    w_one.report();
+    w_split.report();
+    w_pf.report();
 }

@@ -45,12 +45,10 @@ fn gpu(path: &Path) -> M {
 }
 
 fn fixtures_present() -> Vec<Fixture> {
-    // gemma2 / gemma3: the CUDA backend refuses them (LLMRT_UNSUPPORTED) until its
-    // kernels have the scale, soft caps, windows, GeGLU and post-norms.
-    let all: Vec<Fixture> = Fixture::all().into_iter().filter(|f| !f.name.starts_with("gemma")).collect();
+    let all = Fixture::all();
     assert!(
-        all.len() >= 7,
-        "expected the 7 fixtures under {} (set LLMRT_FIXTURES), found {}",
+        all.len() >= 9,
+        "expected the 9 fixtures under {} (set LLMRT_FIXTURES), found {}",
         fixtures().display(),
         all.len()
     );
@@ -254,7 +252,42 @@ fn logits_match_cpu_every_fixture_file() {
             n += 1;
         }
     }
-    assert!(n >= 13, "expected 13 fixture files (6 f32, 6 f16, 1 q8_0), found {n}");
+    assert!(n >= 17, "expected 17 fixture files (8 f32, 8 f16, 1 q8_0), found {n}");
+}
+
+/// Sliding windows on CUDA: the mistral fixture's F32 GGUF with
+/// `llama.attention.sliding_window` 8 (every layer; 24 tokens), through prefill, the
+/// GEMV decode steps (split-KV, the window's splits only) and a batch; and the gemma
+/// fixtures' HF directories (float32 / float16 weights: the + 1 of their norms, the
+/// embedding scale of their dtype).
+#[test]
+fn sliding_window_and_gemma_hf_match_cpu() {
+    if devices().is_none() {
+        return;
+    }
+    use llmrt::format::gguf::{Gguf, Value};
+    use llmrt::format::gguf_write::GgufWriter;
+    let f = fixtures_present().into_iter().find(|f| f.name == "mistral").unwrap();
+    let g = Gguf::open(&f.gguf("f32")).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        if k != "general.alignment" {
+            w.kv(&k, v);
+        }
+    }
+    w.kv("llama.attention.sliding_window", Value::U32(8));
+    for t in &g.tensors {
+        w.tensor_raw(&t.name, &t.ne, t.ggml_type, g.tensor_data(t).to_vec());
+    }
+    let dir = std::env::temp_dir().join(format!("llmrt-cuda-swa-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("mistral.window8.f32.gguf");
+    w.write(&path).unwrap();
+    compare_file(&path, &f.tokens, bound("f32"));
+    let _ = std::fs::remove_dir_all(&dir);
+    for f in fixtures_present().into_iter().filter(|f| f.name.starts_with("gemma")) {
+        compare_file(&f.dir.join("hf"), &f.tokens, bound("f16"));
+    }
 }
 
 /// `llmrt_embed` on CUDA against the CPU: every token's row (a prefill), the mean and

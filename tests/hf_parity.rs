@@ -376,6 +376,22 @@ fn gemma2_query_pre_attn_scalar_from_config() {
     assert!(worst_row(&got, &f.logits, f.vocab) > 1e-2);
 }
 
+/// gemma2's defaults as transformers fills them: without `layer_types` the even layers
+/// slide, without `tie_word_embeddings` the embeddings are the LM head; the same logits.
+#[test]
+fn gemma2_defaults_when_keys_are_absent() {
+    let f = fixture("gemma2");
+    let base = prefill_all(&hf_dir(&f), &f.tokens, f.vocab);
+    let s = Scratch::copy_of(&f, "defaults");
+    let mut c = s.config();
+    let obj = c.as_object_mut().unwrap();
+    assert_eq!(obj["layer_types"][0], "sliding_attention");
+    obj.remove("layer_types");
+    obj.remove("tie_word_embeddings");
+    s.set_config(&c);
+    assert_eq!(prefill_all(&s.0, &f.tokens, f.vocab), base);
+}
+
 /// gemma3_text's RoPE and layer pattern in each spelling config.json may use:
 /// transformers 5 (`rope_parameters` per layer type, `layer_types`) and the Hub's
 /// older one (`rope_theta`, `rope_local_base_freq`, `sliding_window_pattern`) give the

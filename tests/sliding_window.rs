@@ -126,3 +126,37 @@ fn gemma_decode_past_the_window_matches_prefill() {
         assert!(e < 1e-4, "{name}: {e:.3e}");
     }
 }
+
+/// GGUF `gemma2.attention.sliding_window_pattern`, as llama.cpp reads it: a period
+/// (2: the default, even layers slide) or one flag per layer. The default spelled
+/// either way gives the fixture's logits; the flags inverted give others; a list of
+/// the wrong length is refused naming the key.
+#[test]
+fn gemma2_gguf_window_pattern_key() {
+    let f = fixture("gemma2");
+    let d = scratch("pattern");
+    let base = logits(&f.gguf("f32"), &f.tokens);
+    let key = "gemma2.attention.sliding_window_pattern";
+    let flags = |v: &[bool]| Value::Array(v.iter().map(|&b| Value::Bool(b)).collect());
+    for (tag, value, same) in [
+        ("period", Value::U32(2), true),
+        ("flags", flags(&[true, false, true]), true),
+        ("inverted", flags(&[false, true, false]), false),
+    ] {
+        let p = d.join(format!("gemma2.{tag}.gguf"));
+        with_key(&f.gguf("f32"), &p, key, value);
+        let got = logits(&p, &f.tokens);
+        let e = worst_row(&got, &base, f.vocab);
+        println!("gemma2 {key} {tag}: worst row relative L2 vs the fixture's {e:.3e}");
+        assert_eq!(e < 1e-6, same, "{tag}: {e:.3e}");
+    }
+    let p = d.join("gemma2.short.gguf");
+    with_key(&f.gguf("f32"), &p, key, flags(&[true, false]));
+    let (st, msg) = match try_load(&p, 1, 0) {
+        Ok(_) => panic!("a 2-entry pattern for 3 layers loaded"),
+        Err(e) => e,
+    };
+    assert_eq!(st, llmrt::Status::LLMRT_BAD_MODEL, "{msg}");
+    assert!(msg.contains(key) && msg.contains("2 entries for 3 layers"), "{msg}");
+    let _ = std::fs::remove_dir_all(&d);
+}

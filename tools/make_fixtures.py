@@ -23,7 +23,12 @@ the script runs it through a small wrapper that answers that one NotImplementedE
 pre-tokenizer the tokenizer really uses (`qwen2`: the script builds the Qwen2 split regex).
 
 Models (random weights; all hidden 64, 2 layers, ffn 128, max_position_embeddings 256):
-llama_gqa, llama_mha_tied, llama3_rope, mistral, qwen2, qwen3 -- see MODELS below.
+llama_gqa, llama_mha_tied, llama3_rope, mistral, qwen2, qwen3 -- see MODELS below; and gemma2
+(3 layers) and gemma3 (6 layers), 32-token sequences against a sliding window of 8, soft caps
+small enough to matter (reference.json:checks says by how much each feature moves the logits).
+`--window-check` (re)makes only mistral/logits.window8*.f32 and window_check.json: the mistral
+model rebuilt from its seed with sliding_window 8. The README's Gemma section is kept as it is
+when the README is rewritten.
 Seeds: model i (in MODELS order) uses weight seed 1000 + 100*i, +1 for each retry when the
 smallest greedy top1-top2 margin is below 5e-3 or the greedy output is degenerate (fewer than 8
 distinct ids in 32, or one id more than 8 times in a row); the seed used is printed and stored in
@@ -926,6 +931,11 @@ def write_readme(out: Path, report: dict, vers: dict, command: str):
           f"{hc['num_attention_heads']}/{hc['num_key_value_heads']} | {hc['head_dim']} | {ref['seed']} | "
           f"{ref['greedy_min_margin']:.3g} | {errs} |")
     A("")
+    old = (out / "README.md").read_text() if (out / "README.md").is_file() else ""
+    start, end = old.find("## Gemma and sliding windows"), old.find("## GGUF contents seen")
+    if 0 <= start < end:
+        lines.extend(old[start:end].rstrip("\n").split("\n"))
+        A("")
     A("## GGUF contents seen (gguf-py)")
     A("")
     for name, r in report.items():

@@ -91,6 +91,18 @@ pub fn add(x: &[f32], y: &[f32]) -> Vec<f32> {
 }
 
 /// `silu(g[i]) * u[i]` in f64.
+/// GeGLU in f64: GELU's tanh form (transformers' gelu_pytorch_tanh) of `g`, times `u`.
+pub fn geglu(g: &[f32], u: &[f32]) -> Vec<f32> {
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    g.iter()
+        .zip(u)
+        .map(|(&a, &b)| {
+            let a = f64::from(a);
+            (0.5 * a * (1.0 + (k * (a + 0.044715 * a * a * a)).tanh()) * f64::from(b)) as f32
+        })
+        .collect()
+}
+
 pub fn swiglu(g: &[f32], u: &[f32]) -> Vec<f32> {
     g.iter()
         .zip(u)
@@ -181,15 +193,22 @@ pub struct Attn<'a> {
 
 /// Twin of `Ops::attention` in f64 over the f16 pool (`[block][layer][K|V][16][kv_dim]`).
 pub fn attention(a: &Attn<'_>) -> Vec<f32> {
+    attention_scored(a, 1.0 / (a.shape.head_dim as f64).sqrt(), 0.0, 0)
+}
+
+/// [`attention`] with the scores of `ops::AttnScores`: `scale * dot`, the soft cap
+/// `softcap * tanh(s / softcap)` when `softcap` > 0, over positions `pos - window < p`
+/// when `window` > 0 (blocks before that are never looked up).
+pub fn attention_scored(a: &Attn<'_>, scale: f64, softcap: f64, window: usize) -> Vec<f32> {
     let Attn { q, kv, n_layers, layer, seq, pos, block_tables, max_blocks, shape } = *a;
     let AttnShape { n_heads, n_kv_heads, head_dim: hd } = shape;
     let (qd, kvd) = (n_heads * hd, n_kv_heads * hd);
     let group = n_heads / n_kv_heads;
-    let scale = 1.0 / (hd as f64).sqrt();
     let mut out = vec![0f32; seq.len() * qd];
     for t in 0..seq.len() {
         let bt = &block_tables[seq[t] as usize * max_blocks..(seq[t] as usize + 1) * max_blocks];
         let len = pos[t] as usize + 1;
+        let lo = if window > 0 { len.saturating_sub(window) } else { 0 };
         let row = |p: usize, which: usize, kvh: usize| -> &[f16] {
             let block = bt[p / BLOCK_POSITIONS] as usize;
             let base = pool_row(n_layers, kvd, block, layer, which, p % BLOCK_POSITIONS) + kvh * hd;
@@ -198,15 +217,23 @@ pub fn attention(a: &Attn<'_>) -> Vec<f32> {
         for h in 0..n_heads {
             let kvh = h / group;
             let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-            let scores: Vec<f64> = (0..len)
-                .map(|p| row(p, 0, kvh).iter().zip(qh).map(|(k, &qv)| k.to_f64() * f64::from(qv)).sum::<f64>() * scale)
+            let scores: Vec<f64> = (lo..len)
+                .map(|p| {
+                    let s =
+                        row(p, 0, kvh).iter().zip(qh).map(|(k, &qv)| k.to_f64() * f64::from(qv)).sum::<f64>() * scale;
+                    if softcap > 0.0 {
+                        softcap * (s / softcap).tanh()
+                    } else {
+                        s
+                    }
+                })
                 .collect();
             let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
             let sum: f64 = e.iter().sum();
             let o = &mut out[t * qd + h * hd..t * qd + (h + 1) * hd];
             for (d, ov) in o.iter_mut().enumerate() {
-                let acc: f64 = (0..len).map(|p| e[p] * row(p, 1, kvh)[d].to_f64()).sum();
+                let acc: f64 = (lo..len).map(|p| e[p - lo] * row(p, 1, kvh)[d].to_f64()).sum();
                 *ov = (acc / sum) as f32;
             }
         }

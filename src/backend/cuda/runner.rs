@@ -24,14 +24,14 @@ use cudarc::driver::{
 
 use super::device::{driver_err, guarded, probe};
 use super::ops::{
-    env_flag, AttnArgs, AttnShape, DevWeight, KvPool, KvWrite, MatmulPath, Ops, Qkv, RmsNorm, Rope, GEMM_MIN_TOKENS,
-    PREFILL_TILE, SPLIT_MAX_GROUP,
+    env_flag, AttnArgs, AttnScores, AttnShape, DevWeight, KvPool, KvWrite, MatmulPath, Ops, Qkv, RmsNorm, Rope,
+    GEMM_MIN_TOKENS, PREFILL_TILE, SPLIT_MAX_GROUP,
 };
 use super::DeviceInfo;
 use crate::backend::{Backend, Seq, Want};
 use crate::kv::{BlockCopy, BLOCK_POSITIONS};
 use crate::model::weights::{Matrix, Weights};
-use crate::model::{Config, RopeStyle};
+use crate::model::{Config, FfnAct, RopeStyle};
 use crate::{Error, Result};
 
 /// Device memory kept free by the default KV budget, beyond the planned scratch: room
@@ -107,13 +107,27 @@ enum Part {
     Rows,
     Cos,
     Sin,
+    /// The local layers' RoPE tables (gemma3; empty for other models).
+    CosLocal,
+    SinLocal,
     /// Last: a step that does not take the tiled attention leaves it packed but unread.
     Tiles,
 }
 
 /// The packed step arrays, in order.
-const STAGE: [Part; 9] =
-    [Part::Ids, Part::Seq, Part::Pos, Part::Slots, Part::BlockTables, Part::Rows, Part::Cos, Part::Sin, Part::Tiles];
+const STAGE: [Part; 11] = [
+    Part::Ids,
+    Part::Seq,
+    Part::Pos,
+    Part::Slots,
+    Part::BlockTables,
+    Part::Rows,
+    Part::Cos,
+    Part::Sin,
+    Part::CosLocal,
+    Part::SinLocal,
+    Part::Tiles,
+];
 
 /// The counts the length of each [`Part`] follows from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,6 +142,8 @@ struct StageShape {
     n_tiles: usize,
     /// `head_dim / 2` (RoPE pairs).
     half: usize,
+    /// `head_dim / 2` with a local RoPE, else 0.
+    half_local: usize,
 }
 
 impl Part {
@@ -138,6 +154,7 @@ impl Part {
             Part::BlockTables => z.bt,
             Part::Rows => z.nr,
             Part::Cos | Part::Sin => z.n * z.half,
+            Part::CosLocal | Part::SinLocal => z.n * z.half_local,
             Part::Tiles => 2 * z.n_tiles,
         }
     }
@@ -153,6 +170,8 @@ impl Part {
             Part::Rows => "wanted rows",
             Part::Cos => "RoPE cos",
             Part::Sin => "RoPE sin",
+            Part::CosLocal => "local RoPE cos",
+            Part::SinLocal => "local RoPE sin",
             Part::Tiles => "attention tiles",
         }
     }
@@ -209,8 +228,10 @@ struct DevLayer {
     wo: DevWeight,
     /// Q, K, V biases (qwen2).
     bias: Option<[CudaSlice<f32>; 3]>,
-    /// Per-head Q and K norms (qwen3).
+    /// Per-head Q and K norms (qwen3, gemma3).
     qk_norm: Option<[CudaSlice<f32>; 2]>,
+    /// Norms of the attention and feed-forward outputs (gemma2, gemma3).
+    post_norms: Option<[CudaSlice<f32>; 2]>,
     ffn_norm: CudaSlice<f32>,
     w_gate: DevWeight,
     w_up: DevWeight,
@@ -230,6 +251,8 @@ struct Scratch {
     up: CudaSlice<f32>,
     cos: CudaSlice<f32>,
     sin: CudaSlice<f32>,
+    cos_local: CudaSlice<f32>,
+    sin_local: CudaSlice<f32>,
     ids: CudaSlice<u32>,
     seq: CudaSlice<u32>,
     pos: CudaSlice<u32>,
@@ -258,6 +281,7 @@ impl Scratch {
     fn ensure(&mut self, to: Alloc, cfg: &Config, cap: usize, rcap: usize, bt_len: usize) -> Result<bool> {
         let (h, qd, kvd, ffn, half, vocab) =
             (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn, cfg.head_dim / 2, cfg.vocab_size);
+        let half_local = if cfg.rope_inv_freq_local().is_some() { half } else { 0 };
         let s = self;
         let mut grew = false;
         {
@@ -276,6 +300,8 @@ impl Scratch {
             g(&mut s.up, cap * ffn, "up")?;
             g(&mut s.cos, cap * half, "cos")?;
             g(&mut s.sin, cap * half, "sin")?;
+            g(&mut s.cos_local, (cap * half_local).max(1), "local cos")?;
+            g(&mut s.sin_local, (cap * half_local).max(1), "local sin")?;
             g(&mut s.sel, rcap * h, "sel")?;
             g(&mut s.seln, rcap * h, "seln")?;
             g(&mut s.logits, rcap * vocab, "logits")?;
@@ -294,7 +320,7 @@ impl Scratch {
         g(&mut s.argmax_part, Ops::argmax_scratch_len(rcap, vocab), "argmax partials")?;
         g(&mut s.tiles, 2 * cap, "attention tiles")?;
         // The packed step arrays, with at most one tile per token.
-        let z = StageShape { n: cap, nr: rcap, bt: bt_len.next_power_of_two(), n_tiles: cap, half };
+        let z = StageShape { n: cap, nr: rcap, bt: bt_len.next_power_of_two(), n_tiles: cap, half, half_local };
         g(&mut s.stage, stage_len(z), "step arrays")?;
         Ok(grew)
     }
@@ -313,6 +339,8 @@ impl Scratch {
             &self.up,
             &self.cos,
             &self.sin,
+            &self.cos_local,
+            &self.sin_local,
             &self.sel,
             &self.seln,
             &self.logits,
@@ -352,6 +380,8 @@ pub(crate) struct CudaBackend {
     kv_blocks: usize,
     /// RoPE inverse frequencies (`head_dim / 2`), scaling applied, as the CPU has them.
     inv_freq: Vec<f64>,
+    /// Those of the windowed layers when they have their own RoPE (gemma3).
+    inv_freq_local: Option<Vec<f64>>,
     s: Scratch,
     /// What the device memory went to at load.
     memory: MemoryPlan,
@@ -448,6 +478,9 @@ struct Plan {
     /// `[n_tokens][inv_freq.len()]`, angles `pos * inv_freq` in f64 rounded to f32.
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// The same for the local layers' RoPE (empty without one).
+    cos_local: Vec<f32>,
+    sin_local: Vec<f32>,
     /// `[n_seqs][max_blocks]`, zero padded.
     block_tables: Vec<u32>,
     max_blocks: usize,
@@ -462,7 +495,11 @@ impl Plan {
     /// Every array as u32 words in the order of [`STAGE`] (cos and sin as f32 bits).
     fn packed(&self) -> Vec<u32> {
         let mut v = Vec::with_capacity(
-            4 * self.ids.len() + self.block_tables.len() + self.rows.len() + 2 * self.cos.len() + self.tiles.len(),
+            4 * self.ids.len()
+                + self.block_tables.len()
+                + self.rows.len()
+                + 2 * (self.cos.len() + self.cos_local.len())
+                + self.tiles.len(),
         );
         for part in STAGE {
             match part {
@@ -474,6 +511,8 @@ impl Plan {
                 Part::Rows => v.extend_from_slice(&self.rows),
                 Part::Cos => v.extend(self.cos.iter().map(|f| f.to_bits())),
                 Part::Sin => v.extend(self.sin.iter().map(|f| f.to_bits())),
+                Part::CosLocal => v.extend(self.cos_local.iter().map(|f| f.to_bits())),
+                Part::SinLocal => v.extend(self.sin_local.iter().map(|f| f.to_bits())),
                 Part::Tiles => v.extend_from_slice(&self.tiles),
             }
         }
@@ -484,12 +523,14 @@ impl Plan {
     fn build(
         seqs: &[Seq<'_>],
         (inv_freq, mscale): (&[f64], f32),
+        inv_freq_local: Option<&[f64]>,
         n_blocks: usize,
         vocab: usize,
         bucket: usize,
     ) -> Result<Plan> {
         let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         let half = inv_freq.len();
+        let half_local = inv_freq_local.map_or(0, |f| f.len());
         let max_blocks =
             seqs.iter().map(|s| (s.start + s.tokens.len()).div_ceil(BLOCK_POSITIONS)).max().unwrap_or(1).max(1);
         let max_blocks = max_blocks.next_multiple_of(bucket.max(1));
@@ -500,6 +541,8 @@ impl Plan {
             slots: Vec::with_capacity(n),
             cos: vec![0f32; n * half],
             sin: vec![0f32; n * half],
+            cos_local: vec![0f32; n * half_local],
+            sin_local: vec![0f32; n * half_local],
             block_tables: vec![0u32; seqs.len() * max_blocks],
             max_blocks,
             rows: Vec::new(),
@@ -543,6 +586,10 @@ impl Plan {
                 // The CPU's tables: the angle in f64, rounded once.
                 let r = t * half..(t + 1) * half;
                 crate::model::rope_angles(pos, inv_freq, mscale, &mut p.cos[r.clone()], &mut p.sin[r]);
+                if let Some(f) = inv_freq_local {
+                    let r = t * half_local..(t + 1) * half_local;
+                    crate::model::rope_angles(pos, f, mscale, &mut p.cos_local[r.clone()], &mut p.sin_local[r]);
+                }
             }
             match s.want {
                 Want::Nothing => {}
@@ -551,25 +598,6 @@ impl Plan {
             }
         }
         Ok(p)
-    }
-}
-
-/// The first option of `cfg` the CUDA forward pass does not implement, if any.
-fn unsupported_on_cuda(cfg: &Config) -> Option<&'static str> {
-    if cfg.arch.ffn_act != crate::model::FfnAct::Silu {
-        Some("the GeGLU feed-forward")
-    } else if cfg.arch.post_norms {
-        Some("post-attention / post-FFN norms")
-    } else if cfg.embed_scale != 1.0 {
-        Some("the embedding scale")
-    } else if cfg.attn_scale != 1.0 / (cfg.head_dim as f32).sqrt() || cfg.attn_softcap != 0.0 {
-        Some("the attention scale / soft cap")
-    } else if cfg.final_softcap != 0.0 {
-        Some("the final logit soft cap")
-    } else if cfg.sliding_window.is_some() {
-        Some("sliding-window attention")
-    } else {
-        None
     }
 }
 
@@ -595,12 +623,6 @@ impl CudaBackend {
             )));
         }
         let info = devices[ordinal as usize].clone();
-        if let Some(what) = unsupported_on_cuda(&cfg) {
-            return Err(Error::unsupported(format!(
-                "architecture {}: {what} is not supported by the CUDA backend yet (the CPU backend runs it)",
-                cfg.arch.name
-            )));
-        }
         guarded("opening the CUDA runner", || Self::open(cfg, weights, info, kv_cache_bytes, context, progress))
     }
 
@@ -651,16 +673,36 @@ impl CudaBackend {
                 }
                 _ => None,
             };
+            let post_norms = match (&lw.post_attn_norm, &lw.post_ffn_norm) {
+                (Some(pa), Some(pf)) => {
+                    Some([up.vector(&n("post_attention_norm.weight"), pa)?, up.vector(&n("post_ffw_norm.weight"), pf)?])
+                }
+                _ => None,
+            };
             let ffn_norm = up.vector(&n("ffn_norm.weight"), &lw.ffn_norm)?;
             let w_gate = up.matrix(&lw.w_gate)?;
             let w_up = up.matrix(&lw.w_up)?;
             let w_down = up.matrix(&lw.w_down)?;
-            layers.push(DevLayer { attn_norm, wq, wk, wv, wo, bias, qk_norm, ffn_norm, w_gate, w_up, w_down });
+            layers.push(DevLayer {
+                attn_norm,
+                wq,
+                wk,
+                wv,
+                wo,
+                bias,
+                qk_norm,
+                post_norms,
+                ffn_norm,
+                w_gate,
+                w_up,
+                w_down,
+            });
         }
         (up.progress)(1.0);
 
         let weight_bytes = up.done;
         let inv_freq = cfg.rope_inv_freq(w.rope_freqs.as_deref());
+        let inv_freq_local = cfg.rope_inv_freq_local();
         const SB: &str = "scratch buffers";
         let mut s = Scratch {
             x: to.zeros(1, SB)?,
@@ -674,6 +716,8 @@ impl CudaBackend {
             up: to.zeros(1, SB)?,
             cos: to.zeros(1, SB)?,
             sin: to.zeros(1, SB)?,
+            cos_local: to.zeros(1, SB)?,
+            sin_local: to.zeros(1, SB)?,
             ids: to.zeros(1, SB)?,
             seq: to.zeros(1, SB)?,
             pos: to.zeros(1, SB)?,
@@ -749,6 +793,7 @@ impl CudaBackend {
             kv,
             kv_blocks,
             inv_freq,
+            inv_freq_local,
             s,
         })
     }
@@ -784,7 +829,14 @@ impl CudaBackend {
         // Graphed steps pad the block tables to a bucket of GRAPH_BLOCK_BUCKET blocks so
         // that one graph serves many context lengths.
         let bucket = if graph { GRAPH_BLOCK_BUCKET } else { 1 };
-        let plan = Plan::build(seqs, (&self.inv_freq, self.cfg.rope_attn_factor), self.kv.n_blocks, vocab, bucket)?;
+        let plan = Plan::build(
+            seqs,
+            (&self.inv_freq, self.cfg.rope_attn_factor),
+            self.inv_freq_local.as_deref(),
+            self.kv.n_blocks,
+            vocab,
+            bucket,
+        )?;
         let nr = plan.rows.len();
         // Split-KV attention for decode steps (prefill keeps one block per token and head).
         let split = if decode && fast.splitkv && shape.n_heads / shape.n_kv_heads <= SPLIT_MAX_GROUP {
@@ -876,12 +928,14 @@ impl CudaBackend {
         let neox = cfg.arch.rope_style == RopeStyle::Neox;
         let Launch { n, nr, n_seqs, max_blocks, gemm, split, n_tiles, greedy, head } = l;
         let path = if gemm { MatmulPath::Auto } else { MatmulPath::Gemv };
+        let s_has_local = self.inv_freq_local.is_some();
         let CudaBackend { stream, ops, token_embd, layers, output_norm, output, kv, s, .. } = self;
         let fast = ops.fast_paths();
 
         // Unpack the stage, part by part in the order of STAGE (as Plan::packed wrote it).
         {
-            let z = StageShape { n, nr, bt: n_seqs * max_blocks, n_tiles, half: hd / 2 };
+            let half_local = if s_has_local { hd / 2 } else { 0 };
+            let z = StageShape { n, nr, bt: n_seqs * max_blocks, n_tiles, half: hd / 2, half_local };
             let total = stage_len(z);
             if s.stage.len() < total {
                 return Err(Error::internal(format!(
@@ -903,6 +957,8 @@ impl CudaBackend {
                     Part::Rows => unpack(stream, src, &mut s.rows)?,
                     Part::Cos => unpack(stream, src, &mut s.cos)?,
                     Part::Sin => unpack(stream, src, &mut s.sin)?,
+                    Part::CosLocal => unpack(stream, src, &mut s.cos_local)?,
+                    Part::SinLocal => unpack(stream, src, &mut s.sin_local)?,
                     Part::Tiles => unpack(stream, src, &mut s.tiles)?,
                 }
                 off += len;
@@ -910,6 +966,10 @@ impl CudaBackend {
         }
 
         ops.embed(token_embd, &s.ids, n, &mut s.x)?;
+        if cfg.embed_scale != 1.0 {
+            ops.scale(&mut s.x, cfg.embed_scale, n * h)?;
+        }
+        let geglu = cfg.arch.ffn_act == FfnAct::GeluTanh;
         for (li, lw) in layers.iter().enumerate() {
             // Attention block. With the fused path the previous layer's last residual
             // add already normed x into xn with this layer's attn_norm.
@@ -933,9 +993,10 @@ impl CudaBackend {
                 ops.rmsnorm_inplace(RmsNorm { w: qn, eps }, &mut s.q, n * shape.n_heads, hd)?;
                 ops.rmsnorm_inplace(RmsNorm { w: kn, eps }, &mut s.k, n * shape.n_kv_heads, hd)?;
             }
+            let (cos, sin) = if cfg.local_rope(li) { (&s.cos_local, &s.sin_local) } else { (&s.cos, &s.sin) };
             ops.rope_kv_write(
                 Qkv { q: &mut s.q, k: &mut s.k, v: &s.v, n_tokens: n, shape },
-                Rope { cos: &s.cos, sin: &s.sin, neox },
+                Rope { cos, sin, neox },
                 KvWrite { kv: &mut *kv, layer: li, slots: &s.slots },
             )?;
             let att = AttnArgs {
@@ -948,6 +1009,11 @@ impl CudaBackend {
                 max_blocks,
                 n_tokens: n,
                 shape,
+                scores: AttnScores {
+                    scale: cfg.attn_scale,
+                    softcap: cfg.attn_softcap,
+                    window: cfg.window(li).unwrap_or(0),
+                },
             };
             match split {
                 Some(sp) => ops.attention_split(&att, sp, &mut s.part_o, &mut s.part_ml, &mut s.att)?,
@@ -955,6 +1021,9 @@ impl CudaBackend {
                 None => ops.attention(&att, &mut s.att)?,
             }
             ops.matmul(&lw.wo, &s.att, n, &mut s.proj, path)?;
+            if let Some([pa, _]) = &lw.post_norms {
+                ops.rmsnorm_inplace(RmsNorm { w: pa, eps }, &mut s.proj, n, h)?;
+            }
             if fast.fused {
                 ops.add_rmsnorm(RmsNorm { w: &lw.ffn_norm, eps }, &mut s.x, &s.proj, n, h, &mut s.xn)?;
             } else {
@@ -962,16 +1031,23 @@ impl CudaBackend {
                 ops.rmsnorm(RmsNorm { w: &lw.ffn_norm, eps }, &s.x, n, h, &mut s.xn)?;
             }
 
-            // Feed-forward block (SwiGLU).
+            // Feed-forward block (SwiGLU, or GeGLU).
             // Decode: gate, up and SwiGLU in one launch when the fused kernel applies.
             let fused_ffn =
-                path == MatmulPath::Gemv && ops.matmul_swiglu(&lw.w_gate, &lw.w_up, &s.xn, n, &mut s.gate)?;
+                !geglu && path == MatmulPath::Gemv && ops.matmul_swiglu(&lw.w_gate, &lw.w_up, &s.xn, n, &mut s.gate)?;
             if !fused_ffn {
                 ops.matmul(&lw.w_gate, &s.xn, n, &mut s.gate, path)?;
                 ops.matmul(&lw.w_up, &s.xn, n, &mut s.up, path)?;
-                ops.swiglu(&mut s.gate, &s.up, n * ffn)?;
+                if geglu {
+                    ops.geglu(&mut s.gate, &s.up, n * ffn)?;
+                } else {
+                    ops.swiglu(&mut s.gate, &s.up, n * ffn)?;
+                }
             }
             ops.matmul(&lw.w_down, &s.gate, n, &mut s.proj, path)?;
+            if let Some([_, pf]) = &lw.post_norms {
+                ops.rmsnorm_inplace(RmsNorm { w: pf, eps }, &mut s.proj, n, h)?;
+            }
             match layers.get(li + 1) {
                 Some(next) if fast.fused => {
                     ops.add_rmsnorm(RmsNorm { w: &next.attn_norm, eps }, &mut s.x, &s.proj, n, h, &mut s.xn)?
@@ -989,6 +1065,9 @@ impl CudaBackend {
             }
             let lm_head = output.as_ref().unwrap_or(token_embd);
             ops.matmul(lm_head, &s.seln, nr, &mut s.logits, path)?;
+            if cfg.final_softcap > 0.0 {
+                ops.softcap(&mut s.logits, cfg.final_softcap, nr * vocab)?;
+            }
             if greedy {
                 ops.argmax(&s.logits, nr, vocab, &mut s.argmax_part, &mut s.next)?;
             }
@@ -1264,7 +1343,7 @@ mod tests {
             Seq { tokens: &b, start: 0, blocks: &[2], want: Want::Last },
             Seq { tokens: &c, start: 31, blocks: &[0, 1, 5, 7], want: Want::Nothing },
         ];
-        let p = Plan::build(&seqs, (&inv, 1.0), 16, 10, 1).unwrap();
+        let p = Plan::build(&seqs, (&inv, 1.0), None, 16, 10, 1).unwrap();
         assert_eq!(p.ids, [5, 6, 7, 9, 1, 2]);
         assert_eq!(p.seq, [0, 0, 0, 1, 2, 2]);
         assert_eq!(p.pos, [15, 16, 17, 0, 31, 32]);
@@ -1283,7 +1362,7 @@ mod tests {
         assert_eq!(w.len(), 4 * 6 + 9 + 4 + 12 + 12 + 6);
         assert_eq!(
             w.len(),
-            stage_len(StageShape { n: 6, nr: 4, bt: 9, n_tiles: 3, half: 2 }),
+            stage_len(StageShape { n: 6, nr: 4, bt: 9, n_tiles: 3, half: 2, half_local: 0 }),
             "STAGE sizes the packing"
         );
         assert_eq!(&w[w.len() - 6..], &p.tiles[..]);
@@ -1293,24 +1372,33 @@ mod tests {
             Seq { tokens: &b, start: 3, blocks: &blocks, want: Want::Last },
             Seq { tokens: &long, start: 5, blocks: &blocks, want: Want::Last },
         ];
-        assert_eq!(Plan::build(&two, (&inv, 1.0), 16, 64, 1).unwrap().tiles, [0, 1, 1, 16, 17, 16, 33, 8]);
+        assert_eq!(Plan::build(&two, (&inv, 1.0), None, 16, 64, 1).unwrap().tiles, [0, 1, 1, 16, 17, 16, 33, 8]);
         assert_eq!(&w[..6], &p.ids[..]);
         assert_eq!(&w[24..33], &p.block_tables[..]);
         assert_eq!(&w[33..37], &p.rows[..]);
         assert_eq!(w[37 + 2 * 2 + 1], p.cos[2 * 2 + 1].to_bits());
         assert_eq!(w[37 + 12 + 5 * 2], p.sin[5 * 2].to_bits());
         // A bucket of 8 pads the tables to 8 columns with zeros.
-        let pb = Plan::build(&seqs, (&inv, 1.0), 16, 10, 8).unwrap();
+        let pb = Plan::build(&seqs, (&inv, 1.0), None, 16, 10, 8).unwrap();
         assert_eq!(pb.max_blocks, 8);
         assert_eq!(&pb.block_tables[..8], &[3, 4, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&pb.block_tables[16..19], &[0, 1, 5]);
 
         let short = [Seq { tokens: &a, start: 15, blocks: &[3], want: Want::Last }];
-        assert_eq!(Plan::build(&short, (&inv, 1.0), 16, 10, 1).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+        assert_eq!(
+            Plan::build(&short, (&inv, 1.0), None, 16, 10, 1).unwrap_err().status,
+            crate::Status::LLMRT_INTERNAL
+        );
         let outside = [Seq { tokens: &b, start: 0, blocks: &[16], want: Want::Last }];
-        assert_eq!(Plan::build(&outside, (&inv, 1.0), 16, 10, 1).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+        assert_eq!(
+            Plan::build(&outside, (&inv, 1.0), None, 16, 10, 1).unwrap_err().status,
+            crate::Status::LLMRT_INTERNAL
+        );
         let bad_token = [Seq { tokens: &[10], start: 0, blocks: &[0], want: Want::Last }];
-        assert_eq!(Plan::build(&bad_token, (&inv, 1.0), 16, 10, 1).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+        assert_eq!(
+            Plan::build(&bad_token, (&inv, 1.0), None, 16, 10, 1).unwrap_err().status,
+            crate::Status::LLMRT_INTERNAL
+        );
     }
 
     #[test]

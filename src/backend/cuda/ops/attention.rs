@@ -43,10 +43,28 @@ kernel_set!("attention", {
     prefill = "attention_prefill_f32",
 });
 
+/// How a layer scores positions (CPU twin: `backend::cpu::ops::attention::Scores`):
+/// `scale * dot(q, k)`, then the soft cap `softcap * tanh(s / softcap)` when the cap is
+/// positive (gemma2), over the positions `pos - window < p <= pos` when the window is
+/// positive (a sliding window: only the blocks holding them are read), all positions at 0.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnScores {
+    pub scale: f32,
+    pub softcap: f32,
+    pub window: usize,
+}
+
+impl AttnScores {
+    /// `1 / sqrt(head_dim)`, no cap, no window.
+    pub fn plain(head_dim: usize) -> AttnScores {
+        AttnScores { scale: 1.0 / (head_dim as f32).sqrt(), softcap: 0.0, window: 0 }
+    }
+}
+
 /// What every attention launcher reads: for token t of sequence `seq[t]` at position
 /// `pos[t]`, query row t of `q` (`[n_tokens][n_heads * head_dim]`), and positions
-/// `0..=pos[t]` of layer `layer` of `kv`, position p in block
-/// `block_tables[seq[t] * max_blocks + p / 16]`, slot `p % 16`. The number of
+/// `0..=pos[t]` (the window's, see [`AttnScores`]) of layer `layer` of `kv`, position p
+/// in block `block_tables[seq[t] * max_blocks + p / 16]`, slot `p % 16`. The number of
 /// sequences is `block_tables.len() / max_blocks`.
 #[derive(Clone, Copy)]
 pub struct AttnArgs<'a> {
@@ -59,6 +77,7 @@ pub struct AttnArgs<'a> {
     pub max_blocks: usize,
     pub n_tokens: usize,
     pub shape: AttnShape,
+    pub scores: AttnScores,
 }
 
 /// [`AttnArgs`] checked, with the sizes as the kernels' ints.
@@ -72,8 +91,10 @@ struct Checked {
     n_blocks: i32,
     max_blocks: i32,
     n_seqs: i32,
-    /// `1 / sqrt(head_dim)`.
     scale: f32,
+    softcap: f32,
+    /// 0: no window (one longer than any position is none too).
+    window: i32,
 }
 
 impl AttnArgs<'_> {
@@ -82,7 +103,7 @@ impl AttnArgs<'_> {
     /// `q` and `out` (`out_len` elements) holding `n_tokens` rows, `seq` and `pos`
     /// `n_tokens` ids, at least one block-table row, and every size within the kernels' int.
     fn check(&self, op: &str, out_len: usize) -> Result<Checked> {
-        let AttnArgs { q, kv, layer, seq, pos, block_tables, max_blocks, n_tokens, shape } = *self;
+        let AttnArgs { q, kv, layer, seq, pos, block_tables, max_blocks, n_tokens, shape, scores } = *self;
         let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
         if head_dim == 0 || head_dim > ATTENTION_MAX_HEAD_DIM || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
             return Err(Error::invalid(format!(
@@ -106,6 +127,10 @@ impl AttnArgs<'_> {
         to_i32(op, "max_blocks * 16", mul(op, max_blocks, BLOCK_POSITIONS)?)?;
         to_i32(op, "kv_dim", kv_dim)?;
         let (n_layers, layer, n_blocks) = kv.kernel_ints(op, layer)?;
+        let AttnScores { scale, softcap, window } = scores;
+        if !(scale.is_finite() && softcap.is_finite() && softcap >= 0.0) {
+            return Err(Error::invalid(format!("{op}: bad scores {scores:?} (finite scale, soft cap >= 0)")));
+        }
         Ok(Checked {
             n_t: to_i32(op, "n_tokens", n_tokens)?,
             nh: to_i32(op, "n_heads", n_heads)?,
@@ -116,15 +141,17 @@ impl AttnArgs<'_> {
             n_blocks,
             max_blocks: to_i32(op, "max_blocks", max_blocks)?,
             n_seqs: i32::try_from(block_tables.len() / max_blocks).unwrap_or(i32::MAX),
-            scale: 1.0f32 / (head_dim as f32).sqrt(),
+            scale,
+            softcap,
+            window: i32::try_from(window).unwrap_or(0),
         })
     }
 }
 
 impl Ops {
     /// Causal attention over the pages, one block per (token, query head): each query
-    /// head h attends over positions `0..=pos[t]` of KV head `h / (n_heads /
-    /// n_kv_heads)` (see [`AttnArgs`]); scale `1 / sqrt(head_dim)`, softmax in f32.
+    /// head h attends over positions `0..=pos[t]` (the window's) of KV head `h / (n_heads /
+    /// n_kv_heads)` (see [`AttnArgs`]), scored as [`AttnScores`] says, softmax in f32.
     /// `out`: `[n_tokens][n_heads * head_dim]`.
     ///
     /// Needs `head_dim <= ATTENTION_MAX_HEAD_DIM` (256) and `n_heads % n_kv_heads == 0`.
@@ -144,10 +171,11 @@ impl Ops {
         let mut b = self.stream.launch_builder(&self.k.attention.attention);
         b.arg(a.q).arg(&a.kv.data).arg(a.seq).arg(a.pos).arg(a.block_tables).arg(out);
         b.arg(&c.n_t).arg(&c.nh).arg(&c.nkv).arg(&c.hd).arg(&c.n_layers).arg(&c.layer).arg(&c.n_blocks);
-        b.arg(&c.max_blocks).arg(&c.n_seqs).arg(&c.scale);
+        b.arg(&c.max_blocks).arg(&c.n_seqs).arg(&c.scale).arg(&c.softcap).arg(&c.window);
         // SAFETY: the arguments match attention_f32 in kernels/attention.cu (q, kv, seq, pos,
         // block_tables, out pointers, then int n_tokens, n_heads, n_kv_heads, head_dim,
-        // n_layers, layer, n_blocks, max_blocks, n_seqs, float scale); AttnArgs::check verified
+        // n_layers, layer, n_blocks, max_blocks, n_seqs, float scale, float softcap, int
+        // window); AttnArgs::check verified
         // q and out hold n_tokens*n_heads*head_dim f32, seq and pos n_tokens ids, block_tables
         // n_seqs rows of max_blocks, the pool n_blocks blocks with kv_dim =
         // n_kv_heads*head_dim and layer < n_layers, head_dim <= 256 (the kernel's shared q)
@@ -238,11 +266,11 @@ impl Ops {
         let mut b = self.stream.launch_builder(&self.k.attention.split);
         b.arg(a.q).arg(&a.kv.data).arg(a.seq).arg(a.pos).arg(a.block_tables).arg(&mut *part_o).arg(&mut *part_ml);
         b.arg(&c.n_t).arg(&c.nh).arg(&c.nkv).arg(&c.hd).arg(&c.n_layers).arg(&c.layer).arg(&c.n_blocks);
-        b.arg(&c.max_blocks).arg(&c.n_seqs).arg(&ns).arg(&sl).arg(&c.scale);
+        b.arg(&c.max_blocks).arg(&c.n_seqs).arg(&ns).arg(&sl).arg(&c.scale).arg(&c.softcap).arg(&c.window);
         // SAFETY: the arguments match attention_split_f32 in kernels/attention.cu (q, kv, seq,
         // pos, block_tables, part_o, part_ml pointers, then int n_tokens, n_heads, n_kv_heads,
         // head_dim, n_layers, layer, n_blocks, max_blocks, n_seqs, n_splits, split_len, float
-        // scale); AttnArgs::check verified q, seq, pos, block_tables and the pool as for
+        // scale, float softcap, int window); AttnArgs::check verified q, seq, pos, block_tables and the pool as for
         // attention_f32, and part_o/part_ml hold n_tokens*n_heads*n_splits*(head_dim | 2) f32
         // (checked above); head_dim <= 256, group <= 8, split_len a multiple of 16 <= 64 and
         // the splits cover max_blocks*16 positions (checked); out-of-range seq/pos/block ids
@@ -307,10 +335,11 @@ impl Ops {
         let mut b = self.stream.launch_builder(&self.k.attention.prefill);
         b.arg(a.q).arg(&a.kv.data).arg(a.seq).arg(a.pos).arg(a.block_tables).arg(tiles).arg(out);
         b.arg(&n_ti).arg(&c.n_t).arg(&c.nh).arg(&c.nkv).arg(&c.hd).arg(&c.n_layers).arg(&c.layer);
-        b.arg(&c.n_blocks).arg(&c.max_blocks).arg(&c.n_seqs).arg(&c.scale);
+        b.arg(&c.n_blocks).arg(&c.max_blocks).arg(&c.n_seqs).arg(&c.scale).arg(&c.softcap).arg(&c.window);
         // SAFETY: the arguments match attention_prefill_f32 in kernels/attention.cu (q, kv, seq,
         // pos, block_tables, tiles, out pointers, then int n_tiles, n_tokens, n_heads,
-        // n_kv_heads, head_dim, n_layers, layer, n_blocks, max_blocks, n_seqs, float scale);
+        // n_kv_heads, head_dim, n_layers, layer, n_blocks, max_blocks, n_seqs, float scale,
+        // float softcap, int window);
         // AttnArgs::check verified q and out hold n_tokens*q_dim f32, seq/pos n_tokens ids,
         // block_tables n_seqs rows of max_blocks, the pool n_blocks blocks of kv_dim with
         // layer < n_layers; tiles holds n_tiles pairs (checked above); head_dim % 8 == 0 and

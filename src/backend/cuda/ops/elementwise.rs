@@ -13,6 +13,9 @@ kernel_set!("elementwise", {
     add_bias = "add_bias_f32",
     add = "add_f32",
     swiglu = "swiglu_f32",
+    geglu = "geglu_f32",
+    scale = "scale_f32",
+    softcap = "softcap_f32",
     gather_rows = "gather_rows_f32",
     argmax_part = "argmax_part_f32",
     argmax_final = "argmax_final_f32",
@@ -55,7 +58,41 @@ impl Ops {
         self.binary("swiglu", &self.k.elementwise.swiglu, g, u, n)
     }
 
-    /// Launches `f` (add_f32 or swiglu_f32: `x[i] = op(x[i], y[i])` for `i < n`).
+    /// `g[i] = gelu_tanh(g[i]) * u[i]` for `i < n` (GeGLU, gemma).
+    pub fn geglu(&self, g: &mut CudaSlice<f32>, u: &CudaSlice<f32>, n: usize) -> Result<()> {
+        self.binary("geglu", &self.k.elementwise.geglu, g, u, n)
+    }
+
+    /// `x[i] *= s` for `i < n` (gemma's embedding scale).
+    pub fn scale(&self, x: &mut CudaSlice<f32>, s: f32, n: usize) -> Result<()> {
+        self.unary_scalar("scale", &self.k.elementwise.scale, x, s, n)
+    }
+
+    /// `x[i] = c * tanh(x[i] / c)` for `i < n`, `c > 0` (gemma's final logit soft cap).
+    pub fn softcap(&self, x: &mut CudaSlice<f32>, c: f32, n: usize) -> Result<()> {
+        if !(c.is_finite() && c > 0.0) {
+            return Err(Error::invalid(format!("softcap: cap {c} must be finite and > 0")));
+        }
+        self.unary_scalar("softcap", &self.k.elementwise.softcap, x, c, n)
+    }
+
+    /// Launches `f` (scale_f32 or softcap_f32: `x[i] = op(x[i], s)` for `i < n`).
+    fn unary_scalar(&self, op: &str, f: &CudaFunction, x: &mut CudaSlice<f32>, s: f32, n: usize) -> Result<()> {
+        need(op, "x", x.len(), n)?;
+        let n_i = to_i32(op, "n", n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut b = self.stream.launch_builder(f);
+        b.arg(x).arg(&s).arg(&n_i);
+        // SAFETY: `f` is scale_f32 or softcap_f32 of kernels/elementwise.cu, both taking (x
+        // pointer, float, int n); x holds >= n f32 (checked above); the grid-stride loop
+        // covers n with any grid.
+        unsafe { b.launch(ew_cfg(n)) }.map_err(|e| launch_err(op, e))?;
+        Ok(())
+    }
+
+    /// Launches `f` (add_f32, swiglu_f32 or geglu_f32: `x[i] = op(x[i], y[i])` for `i < n`).
     fn binary(&self, op: &str, f: &CudaFunction, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) -> Result<()> {
         need(op, "x", x.len(), n)?;
         need(op, "y", y.len(), n)?;
@@ -65,7 +102,7 @@ impl Ops {
         }
         let mut b = self.stream.launch_builder(f);
         b.arg(x).arg(y).arg(&n_i);
-        // SAFETY: `f` is add_f32 or swiglu_f32 of kernels/elementwise.cu, both taking (x, y
+        // SAFETY: `f` is add_f32, swiglu_f32 or geglu_f32 of kernels/elementwise.cu, all taking (x, y
         // pointers, int n); both buffers hold >= n f32 (checked above) and are distinct (x is
         // &mut); the grid-stride loop covers n with any grid.
         unsafe { b.launch(ew_cfg(n)) }.map_err(|e| launch_err(op, e))?;

@@ -59,7 +59,9 @@ mod matmul;
 mod norm;
 mod rope;
 
-pub use attention::{AttnArgs, ATTENTION_MAX_HEAD_DIM, PREFILL_TILE, SPLIT_LEN, SPLIT_MAX_GROUP, SPLIT_MAX_LEN};
+pub use attention::{
+    AttnArgs, AttnScores, ATTENTION_MAX_HEAD_DIM, PREFILL_TILE, SPLIT_LEN, SPLIT_MAX_GROUP, SPLIT_MAX_LEN,
+};
 pub(crate) use matmul::{dequantized_for_gemm, gemv_cfg};
 pub use matmul::{MatmulPath, GEMM_MIN_TOKENS};
 pub(crate) use norm::rmsnorm_launch;
