@@ -248,7 +248,11 @@ fn logits_match_cpu_every_fixture_file() {
     let mut n = 0;
     for f in fixtures_present() {
         for (ty, path) in files(&f) {
-            compare_file(&path, &f.tokens, bound(ty));
+            // phi3's LongRoPE attention factor (2 here) scales cos and sin of Q and K, so the
+            // scores are 4x and so is the f16 KV's rounding in them: 2.0e-3 measured on its f32
+            // file (1.8e-3 on an earlier seed), against about 1e-3 for the others.
+            let b = if f.name == "phi3" && ty == "f32" { 2.0 * bound(ty) } else { bound(ty) };
+            compare_file(&path, &f.tokens, b);
             n += 1;
         }
     }
