@@ -138,7 +138,12 @@ fn phi3_longrope_short_factors_within_the_original_context() {
     assert_eq!(want.len(), n * f.vocab);
     for path in [f.gguf("f32"), f.dir.join("hf")] {
         let bound = if path.ends_with("hf") { 1e-2 } else { 1e-4 };
-        let opts = llmrt::LoadOptions { threads: 2, max_context: n as u32, ..Default::default() };
+        let opts = llmrt::LoadOptions {
+            backend: llmrt::BackendKind::Cpu,
+            threads: 1,
+            max_context: n as u32,
+            ..Default::default()
+        };
         let m = llmrt::Model::load(&path, opts).unwrap();
         assert_eq!(m.info().context_length as usize, n);
         let c = m.cache_reserve(0).unwrap();
