@@ -1117,26 +1117,7 @@ fn attention_tiled_prefill_matches_cpu_and_the_one_kernel_attention() {
         // Three sequences: a fresh prefill of 37 tokens (3 tiles), a continuation of 20
         // tokens at positions 300..320 (crossing blocks), a single token at position 16.
         let runs: [(u32, usize); 3] = [(0, 37), (300, 20), (16, 1)];
-        let mut tables = vec![u32::MAX; runs.len() * max_blocks];
-        let mut next = 0;
-        for (s, &(start, len)) in runs.iter().enumerate() {
-            for b in 0..(start as usize + len).div_ceil(BLOCK_POSITIONS) {
-                tables[s * max_blocks + b] = ids[next];
-                next += 1;
-            }
-        }
-        let (mut seq, mut pos, mut tiles) = (Vec::new(), Vec::new(), Vec::new());
-        for (s, &(start, len)) in runs.iter().enumerate() {
-            let t0 = seq.len();
-            for i in 0..len {
-                seq.push(s as u32);
-                pos.push(start + i as u32);
-            }
-            for c in (0..len).step_by(16) {
-                tiles.push((t0 + c) as u32);
-                tiles.push((len - c).min(16) as u32);
-            }
-        }
+        let (tables, seq, pos, tiles) = prefill_runs(&runs, &ids, max_blocks, |_| 0);
         let n = seq.len();
         let q = rng.vec(n * qd, -2.0, 2.0);
         let (q_d, seq_d, pos_d, tab_d) = (d.up(&q), d.up(&seq), d.up(&pos), d.up(&tables));
@@ -1330,28 +1311,15 @@ fn attention_scores_and_windows_match_cpu_all_three_kernels() {
             // Two sequences: a prefill of 40 tokens at positions 120..160 (3 tiles), and
             // one of 19 tokens at 0..19.
             let runs: [(u32, usize); 2] = [(120, 40), (0, 19)];
-            let mut tables = vec![u32::MAX; runs.len() * max_blocks];
-            let mut next = 0;
-            for (s, &(start, len)) in runs.iter().enumerate() {
-                // Blocks before the first token's window are never read: left u32::MAX.
-                let first = if window > 0 { (start as usize + 1).saturating_sub(window) / BLOCK_POSITIONS } else { 0 };
-                for b in first..(start as usize + len).div_ceil(BLOCK_POSITIONS) {
-                    tables[s * max_blocks + b] = ids[next];
-                    next += 1;
+            // Blocks before the first token's window are never read: left u32::MAX.
+            let first = |start: u32| {
+                if window > 0 {
+                    (start as usize + 1).saturating_sub(window) / BLOCK_POSITIONS
+                } else {
+                    0
                 }
-            }
-            let (mut seq, mut pos, mut tiles) = (Vec::new(), Vec::new(), Vec::new());
-            for (s, &(start, len)) in runs.iter().enumerate() {
-                let t0 = seq.len();
-                for i in 0..len {
-                    seq.push(s as u32);
-                    pos.push(start + i as u32);
-                }
-                for c in (0..len).step_by(16) {
-                    tiles.push((t0 + c) as u32);
-                    tiles.push((len - c).min(16) as u32);
-                }
-            }
+            };
+            let (tables, seq, pos, tiles) = prefill_runs(&runs, &ids, max_blocks, first);
             let n = seq.len();
             let q = rng.vec(n * qd, -3.0, 3.0);
             let scores = AttnScores { scale: 0.37, softcap, window };
@@ -1398,4 +1366,37 @@ fn attention_scores_and_windows_match_cpu_all_three_kernels() {
     w_one.report();
     w_split.report();
     w_pf.report();
+}
+
+/// The tiled prefill's inputs for runs of `(start, len)` tokens, one sequence each: block
+/// tables (`max_blocks` per sequence; blocks `first_block(start)..` of each run take the next
+/// of `ids`, the others stay `u32::MAX`), and per token its sequence and position, and tiles
+/// of at most 16 tokens as (first token, count) pairs.
+fn prefill_runs(
+    runs: &[(u32, usize)],
+    ids: &[u32],
+    max_blocks: usize,
+    first_block: impl Fn(u32) -> usize,
+) -> (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>) {
+    let mut tables = vec![u32::MAX; runs.len() * max_blocks];
+    let mut next = 0;
+    for (s, &(start, len)) in runs.iter().enumerate() {
+        for b in first_block(start)..(start as usize + len).div_ceil(BLOCK_POSITIONS) {
+            tables[s * max_blocks + b] = ids[next];
+            next += 1;
+        }
+    }
+    let (mut seq, mut pos, mut tiles) = (Vec::new(), Vec::new(), Vec::new());
+    for (s, &(start, len)) in runs.iter().enumerate() {
+        let t0 = seq.len();
+        for i in 0..len {
+            seq.push(s as u32);
+            pos.push(start + i as u32);
+        }
+        for c in (0..len).step_by(16) {
+            tiles.push((t0 + c) as u32);
+            tiles.push((len - c).min(16) as u32);
+        }
+    }
+    (tables, seq, pos, tiles)
 }
