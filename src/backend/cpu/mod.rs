@@ -62,7 +62,7 @@ impl CpuBackend {
             let mats: Vec<_> = w
                 .layers
                 .iter()
-                .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+                .flat_map(|l| l.matrices())
                 .chain([&w.output])
                 .filter(|m| wants(m.dtype))
                 .collect();
