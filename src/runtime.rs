@@ -197,6 +197,9 @@ pub struct ModelInfo {
     pub device_total_bytes: u64,
     pub architecture: String,
     pub device_name: String,
+    /// Mixture of experts: (experts, experts used per token, bytes of all the routed
+    /// experts' matrices, shared experts and routers excluded); `None` for a dense model.
+    pub experts: Option<(u32, u32, u64)>,
 }
 
 struct State {
@@ -489,6 +492,7 @@ impl Model {
             eos_token: cfg.eos_token,
             backend: kind,
             weight_bytes: weights.bytes,
+            experts: cfg.moe.map(|m| (m.n_experts as u32, m.n_used as u32, weights.expert_bytes())),
             kv_bytes_per_position: per_pos,
             kv_pool_bytes: blocks as u64 * block_bytes,
             scratch_bytes: mem.scratch_bytes,

@@ -24,6 +24,10 @@ fn scratch(tag: &str) -> PathBuf {
 
 /// What a rewrite does with one tensor: keep it, or write these tensors instead.
 type Tensors = Vec<(String, Vec<u64>, u32, Vec<u8>)>;
+/// A tensor edit of [`rewrite`].
+type Edit<'a> = Box<dyn Fn(&TensorInfo, &[u8]) -> Option<Tensors> + 'a>;
+/// A bad-file case: (tag, metadata set, tensor edit, status, what the message names).
+type Case<'a> = (&'a str, Vec<(String, Value)>, Edit<'a>, Status, String);
 
 /// A copy of `src` with metadata `set` (added or replaced) and each tensor passed
 /// through `edit` (`None`: kept as it is).
@@ -133,7 +137,9 @@ fn router_ties_take_the_lowest_expert_indices() {
     let (n, k) = (expert_count(&src), 2usize);
     assert!(n > k);
     let zero_router = |t: &TensorInfo, data: &[u8]| {
-        t.name.ends_with("ffn_gate_inp.weight").then(|| vec![(t.name.clone(), t.ne.clone(), t.ggml_type, vec![0u8; data.len()])])
+        t.name
+            .ends_with("ffn_gate_inp.weight")
+            .then(|| vec![(t.name.clone(), t.ne.clone(), t.ggml_type, vec![0u8; data.len()])])
     };
     let tied = d.join("tied.gguf");
     rewrite(&src, &tied, &[], &zero_router);
@@ -192,7 +198,18 @@ fn per_expert_tensors_equal_stacked_ones() {
             let base = t.name.strip_suffix("_exps.weight")?;
             assert_eq!(t.ne.len(), 3);
             let per = data.len() / n;
-            Some((0..n).map(|e| (format!("{base}.{e}.weight"), t.ne[..2].to_vec(), t.ggml_type, data[e * per..(e + 1) * per].to_vec())).collect())
+            Some(
+                (0..n)
+                    .map(|e| {
+                        (
+                            format!("{base}.{e}.weight"),
+                            t.ne[..2].to_vec(),
+                            t.ggml_type,
+                            data[e * per..(e + 1) * per].to_vec(),
+                        )
+                    })
+                    .collect(),
+            )
         };
         let out = d.join("split.gguf");
         rewrite(&src, &out, &[], &split);
@@ -214,9 +231,21 @@ fn bad_expert_files_are_named() {
     let keep = |_: &TensorInfo, _: &[u8]| None;
     let used = arch_key(&src, "expert_used_count");
     let count = arch_key(&src, "expert_count");
-    let cases: Vec<(&str, Vec<(String, Value)>, Box<dyn Fn(&TensorInfo, &[u8]) -> Option<Tensors>>, Status, String)> = vec![
-        ("used", vec![(used.clone(), Value::U32(n as u32 + 1))], Box::new(keep), Status::LLMRT_BAD_MODEL, format!("{} experts used per token of {n}", n + 1)),
-        ("count", vec![(count.clone(), Value::U32(1 << 20))], Box::new(keep), Status::LLMRT_UNSUPPORTED, format!("{} experts", 1 << 20)),
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "used",
+            vec![(used.clone(), Value::U32(n as u32 + 1))],
+            Box::new(keep),
+            Status::LLMRT_BAD_MODEL,
+            format!("{} experts used per token of {n}", n + 1),
+        ),
+        (
+            "count",
+            vec![(count.clone(), Value::U32(1 << 20))],
+            Box::new(keep),
+            Status::LLMRT_UNSUPPORTED,
+            format!("{} experts", 1 << 20),
+        ),
         (
             "short",
             vec![],

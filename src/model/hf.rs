@@ -168,7 +168,9 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
         return Err(Error::unsupported(format!("{file}: use_bidirectional_attention = true is not supported")));
     }
     for key in ["attention_bias", "mlp_bias"] {
-        if c.get(key).and_then(|v| v.as_bool()) == Some(true) && !(key == "attention_bias" && matches!(model_type, "qwen2" | "qwen2_moe")) {
+        if c.get(key).and_then(|v| v.as_bool()) == Some(true)
+            && !(key == "attention_bias" && matches!(model_type, "qwen2" | "qwen2_moe"))
+        {
             return Err(Error::unsupported(format!(
                 "{file}: {key} = true is not supported for model_type {model_type}"
             )));
@@ -391,11 +393,8 @@ fn hf_moe(k: &Keys<'_>, model_type: &str, ffn: usize) -> Result<Option<MoeConfig
                 Some(Value::Bool(b)) => *b,
                 Some(v) => return Err(Error::bad_model(format!("{file}: key norm_topk_prob = {v} is not a boolean"))),
             };
-            let shared_ffn = if model_type == "qwen2_moe" {
-                Some(k.req_usize("shared_expert_intermediate_size")?)
-            } else {
-                None
-            };
+            let shared_ffn =
+                if model_type == "qwen2_moe" { Some(k.req_usize("shared_expert_intermediate_size")?) } else { None };
             MoeConfig {
                 n_experts: k.req_usize("num_experts")?,
                 n_used: k.req_usize("num_experts_per_tok")?,
@@ -884,8 +883,16 @@ mod tests {
         for (extra, status, needle) in [
             (r#""num_experts_per_tok": 9"#, crate::Status::LLMRT_BAD_MODEL, "9 experts used per token of 8"),
             (r#""num_experts_per_tok": 0"#, crate::Status::LLMRT_BAD_MODEL, "num_experts_per_tok"),
-            (r#""num_experts_per_tok": 2, "mlp_only_layers": [0]"#, crate::Status::LLMRT_UNSUPPORTED, "mlp_only_layers"),
-            (r#""num_experts_per_tok": 2, "decoder_sparse_step": 2"#, crate::Status::LLMRT_UNSUPPORTED, "decoder_sparse_step 2"),
+            (
+                r#""num_experts_per_tok": 2, "mlp_only_layers": [0]"#,
+                crate::Status::LLMRT_UNSUPPORTED,
+                "mlp_only_layers",
+            ),
+            (
+                r#""num_experts_per_tok": 2, "decoder_sparse_step": 2"#,
+                crate::Status::LLMRT_UNSUPPORTED,
+                "decoder_sparse_step 2",
+            ),
             (r#""num_experts_per_tok": 2, "norm_topk_prob": 1"#, crate::Status::LLMRT_BAD_MODEL, "norm_topk_prob"),
         ] {
             let e = cfg(&format!("{q3}, {extra}")).unwrap_err();
@@ -895,8 +902,9 @@ mod tests {
         let e = cfg(r#""model_type": "mixtral", "num_local_experts": 100000"#).unwrap_err();
         assert_eq!(e.status, crate::Status::LLMRT_UNSUPPORTED, "{}", e.message);
         assert!(e.message.contains("100000 experts"), "{}", e.message);
-        let e = cfg(r#""model_type": "qwen2_moe", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 8"#)
-            .unwrap_err();
+        let e =
+            cfg(r#""model_type": "qwen2_moe", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 8"#)
+                .unwrap_err();
         assert!(e.message.contains("shared_expert_intermediate_size"), "{}", e.message);
     }
 
@@ -904,13 +912,28 @@ mod tests {
     #[test]
     fn moe_tensor_names() {
         assert_eq!(hf_name("blk.3.ffn_gate_inp.weight", false, true), "model.layers.3.block_sparse_moe.gate.weight");
-        assert_eq!(hf_name("blk.3.ffn_gate.7.weight", false, true), "model.layers.3.block_sparse_moe.experts.7.w1.weight");
-        assert_eq!(hf_name("blk.3.ffn_up.7.weight", false, true), "model.layers.3.block_sparse_moe.experts.7.w3.weight");
-        assert_eq!(hf_name("blk.3.ffn_down.7.weight", false, true), "model.layers.3.block_sparse_moe.experts.7.w2.weight");
+        assert_eq!(
+            hf_name("blk.3.ffn_gate.7.weight", false, true),
+            "model.layers.3.block_sparse_moe.experts.7.w1.weight"
+        );
+        assert_eq!(
+            hf_name("blk.3.ffn_up.7.weight", false, true),
+            "model.layers.3.block_sparse_moe.experts.7.w3.weight"
+        );
+        assert_eq!(
+            hf_name("blk.3.ffn_down.7.weight", false, true),
+            "model.layers.3.block_sparse_moe.experts.7.w2.weight"
+        );
         assert_eq!(hf_name("blk.0.ffn_gate_inp.weight", false, false), "model.layers.0.mlp.gate.weight");
         assert_eq!(hf_name("blk.0.ffn_down.12.weight", false, false), "model.layers.0.mlp.experts.12.down_proj.weight");
-        assert_eq!(hf_name("blk.0.ffn_up_shexp.weight", false, false), "model.layers.0.mlp.shared_expert.up_proj.weight");
-        assert_eq!(hf_name("blk.0.ffn_gate_inp_shexp.weight", false, false), "model.layers.0.mlp.shared_expert_gate.weight");
+        assert_eq!(
+            hf_name("blk.0.ffn_up_shexp.weight", false, false),
+            "model.layers.0.mlp.shared_expert.up_proj.weight"
+        );
+        assert_eq!(
+            hf_name("blk.0.ffn_gate_inp_shexp.weight", false, false),
+            "model.layers.0.mlp.shared_expert_gate.weight"
+        );
         // The dense roles are unchanged.
         assert_eq!(hf_name("blk.0.ffn_down.weight", false, false), "model.layers.0.mlp.down_proj.weight");
         assert_eq!(hf_name("blk.0.attn_q.bias", false, false), "model.layers.0.self_attn.q_proj.bias");

@@ -157,15 +157,13 @@ impl MoeConfig {
     /// Checks the counts (`file` and `what` name them in messages: the keys' names).
     pub fn check(&self, file: &str, what: &str) -> Result<()> {
         let MoeConfig { n_experts, n_used, expert_ffn, .. } = *self;
-        if n_experts < 2 || n_experts > MAX_EXPERTS {
+        if !(2..=MAX_EXPERTS).contains(&n_experts) {
             return Err(Error::unsupported(format!(
                 "{file}: {what}: {n_experts} experts (2 to {MAX_EXPERTS} are supported)"
             )));
         }
         if n_used == 0 || n_used > n_experts {
-            return Err(Error::bad_model(format!(
-                "{file}: {what}: {n_used} experts used per token of {n_experts}"
-            )));
+            return Err(Error::bad_model(format!("{file}: {what}: {n_used} experts used per token of {n_experts}")));
         }
         if expert_ffn == 0 || self.shared_ffn == Some(0) {
             return Err(Error::bad_model(format!("{file}: {what}: an expert's feed-forward length is 0")));

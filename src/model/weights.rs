@@ -143,6 +143,19 @@ impl Weights {
         self.files[i].bytes()
     }
 
+    /// Bytes of the routed experts' matrices (0 for a dense model).
+    pub fn expert_bytes(&self) -> u64 {
+        let mut n = 0u64;
+        for l in &self.layers {
+            if let Ffn::Moe(m) = &l.ffn {
+                for g in &m.experts {
+                    n += [&g.gate, &g.up, &g.down].iter().map(|x| (x.rows * x.row_bytes) as u64).sum::<u64>();
+                }
+            }
+        }
+        n
+    }
+
     /// LongRoPE: rotates by the long factors when the model runs with a context longer than
     /// the one it was trained at (`cfg.rope_original_context`), else by the short ones, as
     /// llama.cpp chooses by its context size. Nothing to do for other models.
@@ -530,12 +543,8 @@ impl Weights {
                     let gate = b.experts(&n("ffn_gate_exps.weight"), &per("ffn_gate"), h, fe, e)?;
                     let up = b.experts(&n("ffn_up_exps.weight"), &per("ffn_up"), h, fe, e)?;
                     let down = b.experts(&n("ffn_down_exps.weight"), &per("ffn_down"), fe, h, e)?;
-                    let experts = gate
-                        .into_iter()
-                        .zip(up)
-                        .zip(down)
-                        .map(|((gate, up), down)| Glu { gate, up, down })
-                        .collect();
+                    let experts =
+                        gate.into_iter().zip(up).zip(down).map(|((gate, up), down)| Glu { gate, up, down }).collect();
                     let shared = match m.shared_ffn {
                         None => None,
                         Some(fs) => Some((
