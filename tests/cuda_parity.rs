@@ -48,7 +48,7 @@ fn gpu(path: &Path) -> M {
 /// reference.json counts the tokens routed to each expert), which it refuses
 /// (`moe_models_are_refused_on_cuda_and_auto_runs_them_on_the_cpu`).
 fn fixtures_present() -> Vec<Fixture> {
-    let all: Vec<Fixture> = Fixture::all().into_iter().filter(|f| f.json.get("expert_counts").is_none()).collect();
+    let all: Vec<Fixture> = Fixture::all().into_iter().filter(|f| f.json.get("moe").is_none()).collect();
     assert!(
         all.len() >= 9,
         "expected the 9 fixtures under {} (set LLMRT_FIXTURES), found {}",
@@ -205,7 +205,7 @@ fn backend_selection_auto_and_cuda() {
 
 #[test]
 fn moe_models_are_refused_on_cuda_and_auto_runs_them_on_the_cpu() {
-    let moe: Vec<Fixture> = Fixture::all().into_iter().filter(|f| f.json.get("expert_counts").is_some()).collect();
+    let moe: Vec<Fixture> = Fixture::all().into_iter().filter(|f| f.json.get("moe").is_some()).collect();
     assert!(moe.len() >= 3, "expected the mixtral, qwen2moe and qwen3moe fixtures, found {}", moe.len());
     let Some(_) = devices() else { return };
     for f in moe {
