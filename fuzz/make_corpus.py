@@ -51,7 +51,7 @@ def vocab_only(gguf):
 out("gguf", "llama_gqa.q8_0.gguf", read(f"{F}/llama_gqa/llama_gqa.q8_0.gguf"))
 out("gguf", "llama_mha_tied.f16.gguf", read(f"{F}/llama_mha_tied/llama_mha_tied.f16.gguf"))
 out("gguf", "llama3_bpe.gguf", read(f"{F}/tokenizer/llama3_bpe.gguf"))
-for m in ["qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]:
+for m in ["qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "mixtral", "qwen2moe", "qwen3moe"]:
     out("gguf", f"{m}.f16.head16k.gguf", read(f"{F}/{m}/{m}.f16.gguf")[:16384])
 
 # tokenizer_gguf: vocabularies without tensors.
@@ -67,7 +67,8 @@ for m in ["llama_gqa", "qwen3", "llama_mha_tied"]:
 out("safetensors", "mistral-00002.safetensors", read(f"{F}/mistral/hf/model-00002-of-00002.safetensors"))
 
 # hf_config: every config.json, and the shard index.
-for m in ["llama_gqa", "llama_mha_tied", "llama3_rope", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]:
+for m in ["llama_gqa", "llama_mha_tied", "llama3_rope", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
+          "mixtral", "qwen2moe", "qwen3moe"]:
     out("hf_config", f"{m}.config.json", read(f"{F}/{m}/hf/config.json"))
 out("hf_config", "mistral.index.json", read(f"{F}/mistral/hf/model.safetensors.index.json"))
 # The Hub's older gemma3 spelling (rope_local_base_freq, sliding_window_pattern, rope_scaling)

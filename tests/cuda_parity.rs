@@ -44,8 +44,11 @@ fn gpu(path: &Path) -> M {
     m
 }
 
+/// The fixtures the CUDA runner runs: all but the mixture-of-experts ones (their
+/// reference.json counts the tokens routed to each expert), which it refuses
+/// (`moe_models_are_refused_on_cuda_and_auto_runs_them_on_the_cpu`).
 fn fixtures_present() -> Vec<Fixture> {
-    let all = Fixture::all();
+    let all: Vec<Fixture> = Fixture::all().into_iter().filter(|f| f.json.get("moe").is_none()).collect();
     assert!(
         all.len() >= 9,
         "expected the 9 fixtures under {} (set LLMRT_FIXTURES), found {}",
@@ -197,6 +200,29 @@ fn backend_selection_auto_and_cuda() {
             assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT, "{msg}");
             assert!(msg.contains(&bad.to_string()) && msg.contains(&devs.len().to_string()), "{msg}");
         }
+    }
+}
+
+#[test]
+fn moe_models_are_refused_on_cuda_and_auto_runs_them_on_the_cpu() {
+    let moe: Vec<Fixture> = Fixture::all().into_iter().filter(|f| f.json.get("moe").is_some()).collect();
+    assert!(moe.len() >= 3, "expected the mixtral, qwen2moe and qwen3moe fixtures, found {}", moe.len());
+    let Some(_) = devices() else { return };
+    for f in moe {
+        let path = f.gguf("f32");
+        let (s, msg) = try_load_with(&path, LLMRT_BACKEND_CUDA, 0, 1, KV_BYTES).err().expect("CUDA loaded experts");
+        assert_eq!(s, Status::LLMRT_UNSUPPORTED, "{msg}");
+        assert!(msg.contains("mixture-of-experts") && msg.contains("CPU"), "{msg}");
+        let m = try_load_with(&path, LLMRT_BACKEND_AUTO, 0, 1, KV_BYTES).unwrap_or_else(|(s, e)| panic!("{s:?} {e}"));
+        assert_eq!(m.info().backend, LLMRT_BACKEND_CPU, "{}: AUTO did not fall back to the CPU", f.name);
+        let c = m.reserve(0);
+        let got = m.prefill_all(c, &f.tokens);
+        let worst = got
+            .chunks_exact(f.vocab)
+            .zip(f.logits.chunks_exact(f.vocab))
+            .map(|(g, w)| rel_l2(g, w))
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-4, "{}: AUTO (CPU) vs transformers {worst:.3e}", f.name);
     }
 }
 

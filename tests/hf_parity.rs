@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 fn fixtures_present() -> Vec<Fixture> {
     let all: Vec<Fixture> = Fixture::all().into_iter().filter(|f| f.dir.join("hf/config.json").exists()).collect();
-    assert!(all.len() >= 8, "expected 8 fixtures with an hf/ directory, found {}", all.len());
+    assert!(all.len() >= 11, "expected 11 fixtures with an hf/ directory, found {}", all.len());
     all
 }
 
@@ -61,7 +61,7 @@ fn hf_logits_match_transformers() {
             rounded += 1;
         }
     }
-    assert_eq!((f32_dirs, rounded, sharded), (3, 6, 1), "(f32, rounded, sharded) hf/ directories");
+    assert_eq!((f32_dirs, rounded, sharded), (3, 9, 1), "(f32, rounded, sharded) hf/ directories");
 }
 
 #[test]

@@ -27,8 +27,13 @@ llama_gqa, llama_mha_tied, llama3_rope, mistral, qwen2, qwen3 -- see MODELS belo
 (3 layers) and gemma3 (6 layers), 32-token sequences against a sliding window of 8, soft caps
 small enough to matter (reference.json:checks says by how much each feature moves the logits).
 `--window-check` (re)makes only mistral/logits.window8*.f32 and window_check.json: the mistral
-model rebuilt from its seed with sliding_window 8. The README's Gemma section is kept as it is
-when the README is rewritten.
+model rebuilt from its seed with sliding_window 8. Mixture of experts: mixtral (8 experts, top 2,
+arch llama in GGUF), qwen2moe (8, top 2, shared expert with a sigmoid gate, no top-k
+renormalization) and qwen3moe (32, top 8, hidden 48); their seeds must also route every expert of
+every layer at least once over the fixture's tokens with the k-th / (k+1)-th router probability
+gap >= MIN_ROUTER_GAP (qwen3moe: QWEN3MOE_MIN_ROUTER_GAP); reference.json:moe has the expert
+counts, gaps and GGUF MoE keys. The README's Gemma and MoE sections (from "## Gemma and sliding
+windows" to "## GGUF contents seen") are kept as they are when the README is rewritten.
 Seeds: model i (in MODELS order) uses weight seed 1000 + 100*i, +1 for each retry when the
 smallest greedy top1-top2 margin is below 5e-3 or the greedy output is degenerate (fewer than 8
 distinct ids in 32, or one id more than 8 times in a row); the seed used is printed and stored in
@@ -41,7 +46,9 @@ Outputs, per model, in <out>/<name>/: <name>.f32.gguf, <name>.f16.gguf (llama_gq
 llama_gqa.q8_0.gguf), config.json (the HF config as converted), logits.f32, reference.json, and
 hf/: the Hugging Face directory (config.json, generation_config.json, tokenizer files,
 safetensors) in a compact dtype per model (MODELS' hf_dtype: float32 for llama_gqa and llama3_rope,
-bfloat16 for mistral and qwen2, float16 for llama_mha_tied and qwen3; mistral sharded into 2 files with model.safetensors.index.json);
+bfloat16 for mistral and qwen2, float16 for llama_mha_tied, qwen3, gemma3, phi3 and the MoE models;
+mistral sharded into 2 files with model.safetensors.index.json; the MoE models' in the Hub's
+per-expert layout that save_pretrained writes);
 for a rounded dtype also logits.hf_bf16.f32 / logits.hf_f16.f32: transformers float64 over the
 rounded weights. Plus <out>/README.md.
 
@@ -75,6 +82,16 @@ MIN_MARGIN = 5e-3   # smallest acceptable greedy top1-top2 logit gap (brief aske
 MIN_DISTINCT = 8    # greedy_ids must hold at least this many distinct ids ...
 MAX_RUN = 8         # ... and repeat one id at most this many times in a row
 REL_TOL = 1e-5
+# MoE: smallest acceptable gap between the k-th and (k+1)-th largest router probability (float64,
+# every token and layer of the fixture's sequence), so that a 32-bit runtime picks the same experts.
+MIN_ROUTER_GAP = 1e-3
+# qwen3moe (32 experts, top 8): 1e-3 is out of reach with random routers. The 8th and 9th
+# probabilities are ~0.03 and ~0.1 apart in logit, so the smallest of 64 (token, layer) gaps is
+# typically ~5e-5. Measured over seeds 2100-2149: with hidden 64, the largest was 4.1e-4 at 24
+# tokens (but none of those seeds routes to all 32 experts on both layers) and 9.8e-5 at 32 tokens
+# among the seeds that do; with hidden 48 and 32 tokens, 1.75e-4 (seed 2119). 5e-5 is still
+# ~500x what float32 rounding moves a router probability by.
+QWEN3MOE_MIN_ROUTER_GAP = 5e-5
 
 COMMON = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
               max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
@@ -142,6 +159,38 @@ MODELS = [
                                    "original_max_position_embeddings": 4,
                                    "short_factor": [1.0, 1.02, 1.05, 1.1, 1.2, 1.4, 1.7, 2.0],
                                    "long_factor": [1.0, 1.3, 1.9, 2.8, 4.1, 6.0, 8.5, 12.0]})),
+    # Mixture of experts (moe=True: routing checks, see check_routing). Every layer is sparse.
+    # Mixtral: 8 experts, top 2, the expert FFN size is intermediate_size; llama.cpp writes it as
+    # arch llama (expert_count / expert_used_count) and normalizes the top-k weights.
+    dict(name="mixtral", cls="MixtralForCausalLM", tok="spm", gguf_arch="llama", hf_dtype="float16", moe=True,
+         cfg=dict(vocab_size=384, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
+                  num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False, rms_norm_eps=1e-5,
+                  sliding_window=None, router_jitter_noise=0.0,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # Qwen2-MoE: 8 experts, top 2, no top-k renormalization, plus a shared expert scaled by
+    # sigmoid(shared_expert_gate . x); q/k/v biases as qwen2. intermediate_size is unused (no
+    # dense layer: decoder_sparse_step 1, mlp_only_layers []).
+    # 32 tokens: with 24, no seed of the 50 routed to all 8 experts on both layers with the gap
+    # and greedy checks met (the q/k/v biases give every token's router input a common part).
+    dict(name="qwen2moe", cls="Qwen2MoeForCausalLM", tok="bpe", gguf_arch="qwen2moe", hf_dtype="float16", moe=True,
+         n_tokens=32,
+         cfg=dict(vocab_size=384, num_attention_heads=4, num_key_value_heads=2,
+                  num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                  shared_expert_intermediate_size=96, norm_topk_prob=False, decoder_sparse_step=1,
+                  mlp_only_layers=[], tie_word_embeddings=False, rms_norm_eps=1e-6, use_sliding_window=False,
+                  bos_token_id=0, eos_token_id=0,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # Qwen3-MoE: 32 experts, top 8, top-k weights renormalized (as Qwen3-30B-A3B), q/k norms and
+    # head_dim 32 as qwen3. hidden 48 (4 heads x 32 = 128 != 48): with 64 the directory was 2.53 MB,
+    # 2 x 3 x 32 expert matrices being most of it. 32 tokens (24 rarely reach all 32 experts);
+    # min_router_gap: see QWEN3MOE_MIN_ROUTER_GAP.
+    dict(name="qwen3moe", cls="Qwen3MoeForCausalLM", tok="bpe", gguf_arch="qwen3moe", hf_dtype="float16", moe=True,
+         n_tokens=32, min_router_gap=QWEN3MOE_MIN_ROUTER_GAP,
+         cfg=dict(vocab_size=320, hidden_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  num_experts=32, num_experts_per_tok=8, moe_intermediate_size=16, norm_topk_prob=True,
+                  decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False, rms_norm_eps=1e-6,
+                  use_sliding_window=False, attention_bias=False, bos_token_id=0, eos_token_id=0,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
 ]
 
 # The Mistral window check (--window-check): the committed mistral fixture's model rebuilt from its
@@ -281,6 +330,9 @@ def build_model(spec: dict, seed: int, rope_override=None, cfg_override=None):
     if rope_override is not None:
         kw["rope_parameters"] = rope_override
     kw.update(cfg_override or {})
+    if spec.get("moe"):
+        # The default experts kernel (grouped_mm) has no float64; eager is the per-expert loop.
+        kw["experts_implementation"] = "eager"
     cfg = cfg_cls(**kw)
     torch.manual_seed(seed)
     model = cls(cfg)
@@ -303,6 +355,10 @@ def build_model(spec: dict, seed: int, rope_override=None, cfg_override=None):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
             elif name.endswith(".weight") and p.dim() == 2:
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+            elif name.endswith(("experts.gate_up_proj", "experts.down_proj")) and p.dim() == 3:
+                # MoE experts as transformers 5 holds them: [n_expert, out, in] (gate_up: gate rows
+                # then up rows); each expert's matrix ~N(0, 1/sqrt(in)) as any linear.
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[2]))
             else:
                 raise RuntimeError(f"unhandled parameter {name}")
     model.eval()
@@ -314,6 +370,41 @@ def hf_logits(model, ids) -> np.ndarray:
     with torch.no_grad():
         out = model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
     return out.logits[0].double().numpy()
+
+
+def hf_router_probs(model, ids) -> np.ndarray:
+    """MoE: float64 softmax of every layer's router logits over `ids`, [n_layer, T, n_expert]
+    (the logits from a hook on each layer's router, mlp.gate; the softmax recomputed here in
+    float64: transformers' own runs in float32)."""
+    import torch
+    got = {}
+    hooks = []
+    for i, layer in enumerate(model.model.layers):
+        def hook(mod, inp, out, i=i):
+            got[i] = out[0].detach().double().reshape(len(ids), -1).numpy()
+        hooks.append(layer.mlp.gate.register_forward_hook(hook))
+    try:
+        hf_logits(model, ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    lg = np.stack([got[i] for i in range(len(model.model.layers))])
+    e = np.exp(lg - lg.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def routing_stats(probs: np.ndarray, k: int) -> dict:
+    """probs [n_layer, T, n_expert] -> per-layer per-expert top-k counts and the smallest gap
+    between the k-th and (k+1)-th largest probability (with where it is)."""
+    L, T, E = probs.shape
+    order = np.argsort(-probs, axis=-1, kind="stable")
+    srt = np.take_along_axis(probs, order, axis=-1)
+    gaps = srt[..., k - 1] - srt[..., k]
+    counts = [[int(c) for c in np.bincount(order[l, :, :k].ravel(), minlength=E)] for l in range(L)]
+    at = np.unravel_index(int(np.argmin(gaps)), gaps.shape)
+    return {"expert_counts": counts, "min_gap": float(gaps.min()),
+            "min_gap_at": {"layer": int(at[0]), "position": int(at[1])},
+            "topk": order[..., :k], "topk_mass_mean": float(srt[..., :k].sum(-1).mean())}
 
 
 def hf_greedy(model, prompt, n):
@@ -379,13 +470,67 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
-def np_forward(fields, ts, tokens, rope_style=None, ignore_rope_freqs=False, window=None, knock=()):
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+# llama.cpp normalizes the top-k router weights for these archs (build_moe_ffn's norm_w argument,
+# hard-wired per arch: no GGUF key says it for them); <arch>.expert_weights_norm overrides.
+MOE_NORM_TOPK = {"llama": True, "qwen2moe": False, "qwen3moe": True}
+
+
+def moe_ffn(h, ts, p, arch, g, knock=(), routing=None):
+    """llama.cpp's MoE FFN in float64: softmax over ffn_gate_inp . h (router, [n_expert, n_embd]),
+    the top expert_used_count experts, their probabilities renormalized to sum 1 where the arch
+    does it, each expert down(silu(gate h) * up h) from the 3-D ffn_{gate,up,down}_exps
+    ([n_expert, rows, cols] as gguf-py returns them), weighted and summed; qwen2moe's shared
+    expert adds sigmoid(ffn_gate_inp_shexp . h) * down_shexp(silu(gate_shexp h) * up_shexp h).
+    knock: "norm_topk" flips the renormalization, "shared_expert" drops the shared expert,
+    "shared_gate" uses it with gate 1. routing (a list) receives each layer's probabilities."""
+    n_exp = int(g("expert_count"))
+    k = int(g("expert_used_count"))
+    norm = bool(g("expert_weights_norm", MOE_NORM_TOPK[arch]))
+    if "norm_topk" in knock:
+        norm = not norm
+    w_inp = ts[p + "ffn_gate_inp.weight"]
+    gate, up, down = (ts[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
+    assert w_inp.shape[0] == n_exp and gate.shape[0] == n_exp and down.shape[0] == n_exp
+    lg = h @ w_inp.T  # [T, n_expert]
+    pr = np.exp(lg - lg.max(-1, keepdims=True))
+    pr /= pr.sum(-1, keepdims=True)
+    if routing is not None:
+        routing.append(pr)
+    sel = np.argsort(-pr, axis=-1, kind="stable")[:, :k]
+    wts = np.take_along_axis(pr, sel, axis=-1)
+    if norm:
+        wts = wts / wts.sum(-1, keepdims=True)
+    out = np.zeros_like(h)
+    for e in range(n_exp):
+        rows, slot = np.nonzero(sel == e)
+        if len(rows) == 0:
+            continue
+        he = h[rows]
+        y = (silu(he @ gate[e].T) * (he @ up[e].T)) @ down[e].T
+        out[rows] += wts[rows, slot][:, None] * y
+    if p + "ffn_gate_inp_shexp.weight" in ts and "shared_expert" not in knock:
+        hs = silu(h @ ts[p + "ffn_gate_shexp.weight"].T) * (h @ ts[p + "ffn_up_shexp.weight"].T)
+        ys = hs @ ts[p + "ffn_down_shexp.weight"].T
+        gv = h @ ts[p + "ffn_gate_inp_shexp.weight"].reshape(-1)
+        sg = np.ones_like(gv) if "shared_gate" in knock else 1.0 / (1.0 + np.exp(-gv))
+        out = out + sg[:, None] * ys
+    return out
+
+
+def np_forward(fields, ts, tokens, rope_style=None, ignore_rope_freqs=False, window=None, knock=(),
+               routing=None):
     """Plain float64 forward over GGUF tensors (arch llama / qwen2 / qwen3 / gemma2 / gemma3 / phi3), with
     llama.cpp's reading of the keys (gemma: layer pattern 2 / 6 unless
     attention.sliding_window_pattern says otherwise, attention scale 1/sqrt(head_dim) or, for the 27B
     shapes (46 / 62 layers), 1/sqrt(n_embd / n_head), local RoPE base rope.freq_base_swa else 10000).
     `window` forces a sliding window on every layer (the Mistral check); `knock` turns features off
-    to measure what they do: "window", "attn_softcap", "final_softcap", "local_rope"."""
+    to measure what they do: "window", "attn_softcap", "final_softcap", "local_rope", and for MoE
+    layers (blk.N.ffn_gate_inp present; arch llama for Mixtral, qwen2moe, qwen3moe) those of
+    moe_ffn; `routing` (a list) receives each MoE layer's router probabilities [T, n_expert]."""
     arch = fields["general.architecture"]
     g = lambda k, d=None: fields.get(f"{arch}.{k}", d)
     gemma = arch in ("gemma2", "gemma3")
@@ -499,6 +644,9 @@ def np_forward(fields, ts, tokens, rope_style=None, ignore_rope_freqs=False, win
             a = rmsnorm(a, ts[p + "post_attention_norm.weight"], eps)
         x = x + a
         h = rmsnorm(x, ts[p + "ffn_norm.weight"], eps)
+        if p + "ffn_gate_inp.weight" in ts:  # mixture of experts
+            x = x + moe_ffn(h, ts, p, arch, g, knock, routing)
+            continue
         if p + "ffn_gate.weight" in ts:
             gt = h @ ts[p + "ffn_gate.weight"].T
             up = h @ ts[p + "ffn_up.weight"].T
@@ -549,8 +697,20 @@ def write_hf_fixture(model, spec: dict, hf_dir: Path, odir: Path, tokens, logits
     cfg["dtype"] = dname
     (dst / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     tied = bool(model.config.tie_word_embeddings)
-    tensors = {k: v.detach().to(dt).contiguous() for k, v in model.state_dict().items()
-               if not (tied and k == "lm_head.weight")}
+    if spec.get("moe"):
+        # transformers 5 holds the experts fused ([n_expert, 2*ffn, n_embd] gate_up_proj, ...) but
+        # save_pretrained writes the Hub's per-expert layout (and Mixtral's block_sparse_moe
+        # names): take the tensors from that checkpoint (float32, as saved) so hf/ has them too.
+        from safetensors.torch import load_file
+        saved = {}
+        for fn in sorted(hf_dir.glob("*.safetensors")):
+            saved.update(load_file(str(fn)))
+        assert not any(k.endswith(("gate_up_proj", "experts.down_proj")) for k in saved), sorted(saved)[:8]
+        tensors = {k: v.to(dt).contiguous() for k, v in sorted(saved.items())
+                   if not (tied and k == "lm_head.weight")}
+    else:
+        tensors = {k: v.detach().to(dt).contiguous() for k, v in model.state_dict().items()
+                   if not (tied and k == "lm_head.weight")}
     info = {"dir": "hf", "dtype": dname, "shards": shards, "tied": tied}
     if shards == 1:
         save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
@@ -586,6 +746,26 @@ def write_hf_fixture(model, spec: dict, hf_dir: Path, odir: Path, tokens, logits
         info["rounded_logits_file"] = fn
         info["rounded_vs_f32_rel_err"] = rel_err(rl, logits)
         log(f"  hf/ {dname} rounding moves transformers' logits by rel err {info['rounded_vs_f32_rel_err']:.3g}")
+        if spec.get("moe"):
+            info["rounded_worst_row_rel_l2"] = rel_l2_rows(rl, logits)
+            k = int(model.config.num_experts_per_tok)
+            st = routing_stats(hf_router_probs(rounded, tokens), k)
+            ref_top = routing_stats(hf_router_probs(model, tokens), k)["topk"]
+            info["rounded_router_min_gap"] = st["min_gap"]
+            info["rounded_same_experts"] = bool(np.array_equal(np.sort(st["topk"], -1), np.sort(ref_top, -1)))
+            log(f"  hf/ {dname} weights: router min gap {st['min_gap']:.3g}, same experts: "
+                f"{info['rounded_same_experts']}, worst row rel L2 {info['rounded_worst_row_rel_l2']:.3g}")
+    if spec.get("moe"):
+        # The directory as written loads with transformers and gives its exact answer.
+        import transformers
+        re_model = getattr(transformers, spec["cls"]).from_pretrained(
+            str(dst), dtype=torch.float64, experts_implementation="eager").eval()
+        want = rl if dname != "float32" else logits
+        info["reload_vs_exact_rel_err"] = rel_err(hf_logits(re_model, tokens), want)
+        log(f"  hf/ reloaded with transformers: rel err {info['reload_vs_exact_rel_err']:.3g} vs its exact logits")
+        assert info["reload_vs_exact_rel_err"] < 1e-9, info["reload_vs_exact_rel_err"]
+        info["tensor_names_layer0"] = {k: list(v.shape) for k, v in tensors.items() if ".layers.0." in k
+                                       and (".experts." not in k or ".experts.0." in k)}
     return info
 
 
@@ -616,7 +796,9 @@ def hf_config_summary(model) -> dict:
             "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings", "attention_bias",
             "sliding_window", "use_sliding_window", "hidden_act", "rope_parameters",
             "hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
-            "layer_types"]
+            "layer_types", "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+            "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+            "router_jitter_noise"]
     d = {k: getattr(c, k) for k in keys if hasattr(c, k)}
     d["architectures"] = [type(model).__name__]
     rp = dict(c.rope_parameters or {})
@@ -626,6 +808,47 @@ def hf_config_summary(model) -> dict:
         d["rope_scaling"] = {k: v for k, v in rp.items() if k != "rope_theta"}
     if d.get("head_dim") is None:
         d["head_dim"] = c.hidden_size // c.num_attention_heads
+    return d
+
+
+def check_routing(spec: dict, model, tokens, greedy_seq):
+    """MoE seed acceptance: over the fixture's tokens every expert of every layer is among the
+    top k at least once, and the k-th / (k+1)-th router probability gap is >= the spec's
+    min_router_gap (MIN_ROUTER_GAP). The same gap over the greedy sequence (prompt + the 31
+    generated ids that are fed back; the model is causal, so this covers every greedy step) is
+    recorded, not required."""
+    k = int(model.config.num_experts_per_tok)
+    need = spec.get("min_router_gap", MIN_ROUTER_GAP)
+    st = routing_stats(hf_router_probs(model, tokens), k)
+    gst = routing_stats(hf_router_probs(model, greedy_seq), k)
+    unused = [(l, e) for l, c in enumerate(st["expert_counts"]) for e, n in enumerate(c) if n == 0]
+    log(f"  routing: top-{k} counts per layer {st['expert_counts']}; min gap {st['min_gap']:.3g} at "
+        f"{st['min_gap_at']}; greedy sequence min gap {gst['min_gap']:.3g}; unused (layer, expert) {unused}")
+    info = {"experts_per_token": k, "expert_counts": st["expert_counts"], "router_min_gap": st["min_gap"],
+            "router_min_gap_at": st["min_gap_at"], "router_min_gap_required": need,
+            "router_min_gap_greedy": gst["min_gap"], "router_min_gap_greedy_at": gst["min_gap_at"],
+            "greedy_sequence_expert_counts": gst["expert_counts"],
+            "topk_prob_mass_mean": st["topk_mass_mean"], "_topk": st["topk"]}
+    return (not unused and st["min_gap"] >= need), info
+
+
+def moe_reference(moe: dict, f32: dict, model) -> dict:
+    """reference.json:moe: the routing checks, the GGUF MoE keys and one layer's MoE tensors."""
+    c = model.config
+    d = {k: v for k, v in moe.items() if not k.startswith("_")}
+    d["n_expert"] = int(getattr(c, "num_local_experts", None) or getattr(c, "num_experts"))
+    d["expert_ffn"] = int(getattr(c, "moe_intermediate_size", None) or c.intermediate_size)
+    if getattr(c, "shared_expert_intermediate_size", None):
+        d["shared_expert_ffn"] = int(c.shared_expert_intermediate_size)
+    if hasattr(c, "norm_topk_prob"):
+        d["hf_norm_topk_prob"] = bool(c.norm_topk_prob)
+    d["topk_weights_normalized"] = MOE_NORM_TOPK[f32["meta"]["general.architecture"]]
+    d["routing"] = ("softmax over all experts' router logits, top experts_per_token, weights = those "
+                    "probabilities" + (" renormalized to sum 1" if d["topk_weights_normalized"] else
+                                       " (not renormalized)"))
+    d["gguf_moe_keys"] = {k: v for k, v in f32["meta"].items() if "expert" in k}
+    d["gguf_layer0_moe_tensors"] = {tn: sh for tn, _, sh in f32["tensors"]
+                                    if tn.startswith("blk.0.ffn") and tn != "blk.0.ffn_norm.weight"}
     return d
 
 
@@ -657,11 +880,16 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
         run = max(len(list(grp)) for _, grp in itertools.groupby(gen))
         log(f"  seed {seed}: greedy min margin {mm:.4g} at step {int(np.argmin(margins))}, "
             f"{len(set(gen))} distinct ids in {N_GEN}, longest repeat run {run}")
+        moe_ok, moe = True, None
+        if spec.get("moe"):
+            moe_ok, moe = check_routing(spec, model, tokens, prompt + gen[:-1])
         if mm < MIN_MARGIN:
             log(f"  margin below {MIN_MARGIN}: changing seed {seed} -> {seed + 1}")
         elif len(set(gen)) < MIN_DISTINCT or run > MAX_RUN:
             log(f"  greedy output degenerate (< {MIN_DISTINCT} distinct or a run > {MAX_RUN}): "
                 f"changing seed {seed} -> {seed + 1}")
+        elif not moe_ok:
+            log(f"  routing check failed: changing seed {seed} -> {seed + 1}")
         else:
             break
         seed += 1
@@ -692,6 +920,10 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
         cfg["rope_theta"] = rp.get("rope_theta")  # Hub style, next to transformers-5 rope_parameters
     if rp.get("rope_type", "default") != "default":
         cfg["rope_scaling"] = {k: v for k, v in rp.items() if k != "rope_theta"}
+    if cfg.get("model_type") == "qwen3_moe" and "num_local_experts" in cfg:
+        # transformers 5 writes Qwen3-MoE's expert count as num_local_experts; the Hub's configs
+        # (Qwen3-30B-A3B) say num_experts, which transformers maps back (attribute_map).
+        cfg["num_experts"] = cfg.pop("num_local_experts")
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     corpus = make_corpus(1234 + idx)
     if spec["tok"] == "spm":
@@ -725,8 +957,18 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
         for tt, names in types.items():
             log(f"      {tt}: {', '.join(names)}")
         fields, ts = load_gguf_f64(f)
-        npl = np_forward(fields, ts, tokens)
+        np_routing = []
+        npl = np_forward(fields, ts, tokens, routing=np_routing)
         e = rel_err(npl, logits)
+        if moe is not None:
+            st = routing_stats(np.stack(np_routing), moe["experts_per_token"])
+            same = bool(np.array_equal(np.sort(st["topk"], -1), np.sort(moe["_topk"], -1)))
+            moe[f"numpy_{ot}_router_min_gap"] = st["min_gap"]
+            moe[f"numpy_{ot}_same_experts_as_transformers"] = same
+            log(f"      numpy routing over {f.name}: min gap {st['min_gap']:.3g}, same experts as "
+                f"transformers: {same}")
+            if ot == "f32":
+                assert same, f"{name}: numpy routing over the f32 GGUF differs from transformers'"
         extra[f"numpy_vs_hf_rel_err_{ot}"] = e
         log(f"      numpy float64 forward over {f.name} vs transformers: rel err {e:.3g}, "
             f"max abs {np.max(np.abs(npl - logits)):.3g}")
@@ -742,6 +984,16 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
             d = float(np.max(np.abs(np_forward(fields, ts, tokens, rope_style=wrong) - logits)))
             extra["wrong_rope_pairing_max_abs_logit_change"] = d
             log(f"      same with the wrong RoPE pairing ({wrong}): max abs diff {d:.3g}")
+            if moe is not None:
+                # What the MoE details do to the logits (numpy, the forward verified above).
+                feats = ["norm_topk"] + (["shared_expert", "shared_gate"] if "blk.0.ffn_gate_inp_shexp.weight" in ts else [])
+                for feat in feats:
+                    kl = np_forward(fields, ts, tokens, knock=(feat,))
+                    d = rel_l2_rows(kl, logits)
+                    moe[f"{feat}_off_worst_row_rel_l2"] = d
+                    moe[f"{feat}_off_max_abs_logit_change"] = float(np.max(np.abs(kl - logits)))
+                    log(f"      {feat} knocked out: worst row rel L2 {d:.3g}")
+                    assert d > 1e-2, f"{name}: {feat} does not change the logits measurably ({d})"
             if arch in ("gemma2", "gemma3"):
                 # What each Gemma feature does to the logits (numpy, the forward verified above).
                 feats = ["window", "final_softcap"] + (["attn_softcap"] if arch == "gemma2" else ["local_rope"])
@@ -819,6 +1071,7 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
         "tokenizer": tokinfo,
         "hf_config": hf_config_summary(model),
         "checks": extra,
+        **({"moe": moe_reference(moe, descs["f32"], model)} if moe is not None else {}),
         "versions": vers,
         "command": command,
     }
@@ -909,7 +1162,7 @@ def write_readme(out: Path, report: dict, vers: dict, command: str):
     A("- `hf/`: the Hugging Face model directory (config.json, generation_config.json, tokenizer.json or "
       "tokenizer.model, tokenizer_config.json, safetensors) written with safetensors' `save_file` in the "
       "dtype of `reference.json:hf.dtype` (float32 for llama_gqa and llama3_rope, bfloat16 for "
-      "mistral and qwen2, float16 for llama_mha_tied and qwen3: bf16 rounding moved the tied model's "
+      "mistral and qwen2, float16 for llama_mha_tied, qwen3 and the MoE fixtures: bf16 rounding moved the tied model's "
       "logits by 1.5e-2 row L2, past the 1e-2 a rounded directory is held to). mistral's is sharded in two files with a "
       "`model.safetensors.index.json`. Tied models have no `lm_head.weight`.")
     A("- `logits.hf_bf16.f32` / `logits.hf_f16.f32` (rounded `hf/` only): as `logits.f32`, but transformers "

@@ -11,6 +11,8 @@ pub enum ArchChoice {
     Llama,
     Qwen2,
     Qwen3,
+    Mixtral,
+    Qwen2Moe,
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -81,6 +83,11 @@ const KEYS: &[&str] = &[
     "general.architecture",
     "general.alignment",
     "{a}.block_count",
+    "{a}.expert_count",
+    "{a}.expert_used_count",
+    "{a}.expert_feed_forward_length",
+    "{a}.expert_shared_feed_forward_length",
+    "{a}.expert_weights_norm",
     "{a}.context_length",
     "{a}.embedding_length",
     "{a}.feed_forward_length",
@@ -111,6 +118,8 @@ const STRS: &[&str] = &[
     "mistral",
     "qwen2",
     "qwen3",
+    "qwen2moe",
+    "qwen3moe",
     "gpt2",
     "none",
     "no_vocab",
@@ -431,6 +440,8 @@ impl Plan {
             ArchChoice::Llama => Arch::Llama,
             ArchChoice::Qwen2 => Arch::Qwen2,
             ArchChoice::Qwen3 => Arch::Qwen3,
+            ArchChoice::Mixtral => Arch::Mixtral,
+            ArchChoice::Qwen2Moe => Arch::Qwen2Moe,
         };
         let tok = match self.tok {
             TokChoice::Spm => TokKind::Spm,
@@ -450,6 +461,8 @@ impl Plan {
             ArchChoice::Llama => "llama",
             ArchChoice::Qwen2 => "qwen2",
             ArchChoice::Qwen3 => "qwen3",
+            ArchChoice::Mixtral => "llama",
+            ArchChoice::Qwen2Moe => "qwen2moe",
         };
         let mut raw_edits = Vec::new();
         for e in self.edits.iter().take(16) {

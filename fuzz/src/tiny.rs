@@ -6,7 +6,9 @@
 //! The base models: 1 layer, context 64, vocab 64, in two shapes: [`SMALL`] (hidden 32,
 //! 4 heads / 2 KV heads of 8, FFN 64) and [`WIDE`] (hidden 256, 4 / 2 heads of 64,
 //! FFN 256: every matrix row 256 long, as the K-quants and IQ4_XS need);
-//! llama, qwen2 (Q/K/V biases) or qwen3 (Q/K norms); matrices in any supported type,
+//! llama, qwen2 (Q/K/V biases), qwen3 (Q/K norms), or the mixtures of experts mixtral
+//! (llama with 3 experts, 2 per token, stacked `ffn_*_exps`) and qwen2moe (plus the
+//! shared expert and its gate); matrices in any supported type,
 //! per tensor as llama-quantize's file types mix them ([`FileType`], [`Types`]); a
 //! SentencePiece (`llama`) or byte-level BPE (`gpt2`) tokenizer. Only llmrt, `half`
 //! and std are used (the main crate's tests include this file too).
@@ -193,7 +195,15 @@ pub enum Arch {
     Llama,
     Qwen2,
     Qwen3,
+    /// llama with [`EXPERTS`] experts, [`EXPERTS_USED`] per token (as llama.cpp writes Mixtral).
+    Mixtral,
+    /// qwen2moe: experts, a shared expert and its gate, Q/K/V biases.
+    Qwen2Moe,
 }
+
+/// The MoE bases' experts (each `ffn` wide) and experts used per token.
+pub const EXPERTS: u64 = 3;
+pub const EXPERTS_USED: u64 = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TokKind {
@@ -397,6 +407,8 @@ impl Spec {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Mixtral => "llama",
+            Arch::Qwen2Moe => "qwen2moe",
         };
         let mut kvs: Vec<(String, Value)> = vec![
             ("general.architecture".into(), Value::Str(a.into())),
@@ -413,6 +425,15 @@ impl Spec {
             (format!("{a}.rope.freq_base"), Value::F32(10000.0)),
             (format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
         ];
+        let moe = matches!(arch, Arch::Mixtral | Arch::Qwen2Moe);
+        if moe {
+            kvs.push((format!("{a}.expert_count"), Value::U32(EXPERTS as u32)));
+            kvs.push((format!("{a}.expert_used_count"), Value::U32(EXPERTS_USED as u32)));
+        }
+        if arch == Arch::Qwen2Moe {
+            kvs.push((format!("{a}.expert_feed_forward_length"), Value::U32(ffn as u32)));
+            kvs.push((format!("{a}.expert_shared_feed_forward_length"), Value::U32(ffn as u32)));
+        }
         match tok {
             TokKind::Spm => {
                 let (t, s, ty) = spm_vocab();
@@ -466,7 +487,7 @@ impl Spec {
         t("blk.0.attn_k.weight", &[hidden, kv], types.k);
         t("blk.0.attn_v.weight", &[hidden, kv], types.v);
         t("blk.0.attn_output.weight", &[q, hidden], types.attn_out);
-        if arch == Arch::Qwen2 {
+        if matches!(arch, Arch::Qwen2 | Arch::Qwen2Moe) {
             t("blk.0.attn_q.bias", &[q], DType::F32);
             t("blk.0.attn_k.bias", &[kv], DType::F32);
             t("blk.0.attn_v.bias", &[kv], DType::F32);
@@ -476,9 +497,23 @@ impl Spec {
             t("blk.0.attn_k_norm.weight", &[head_dim], DType::F32);
         }
         t("blk.0.ffn_norm.weight", &[hidden], DType::F32);
-        t("blk.0.ffn_gate.weight", &[hidden, ffn], types.gate);
-        t("blk.0.ffn_up.weight", &[hidden, ffn], types.up);
-        t("blk.0.ffn_down.weight", &[ffn, hidden], types.down);
+        if moe {
+            // llama-quantize keeps the router (and the shared expert's gate) in F32.
+            t("blk.0.ffn_gate_inp.weight", &[hidden, EXPERTS], DType::F32);
+            t("blk.0.ffn_gate_exps.weight", &[hidden, ffn, EXPERTS], types.gate);
+            t("blk.0.ffn_up_exps.weight", &[hidden, ffn, EXPERTS], types.up);
+            t("blk.0.ffn_down_exps.weight", &[ffn, hidden, EXPERTS], types.down);
+            if arch == Arch::Qwen2Moe {
+                t("blk.0.ffn_gate_inp_shexp.weight", &[hidden, 1], DType::F32);
+                t("blk.0.ffn_gate_shexp.weight", &[hidden, ffn], types.gate);
+                t("blk.0.ffn_up_shexp.weight", &[hidden, ffn], types.up);
+                t("blk.0.ffn_down_shexp.weight", &[ffn, hidden], types.down);
+            }
+        } else {
+            t("blk.0.ffn_gate.weight", &[hidden, ffn], types.gate);
+            t("blk.0.ffn_up.weight", &[hidden, ffn], types.up);
+            t("blk.0.ffn_down.weight", &[ffn, hidden], types.down);
+        }
         Spec { version: 3, layout_alignment: 32, kvs, tensors, n_tensors_override: None, n_kv_override: None }
     }
 

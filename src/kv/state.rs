@@ -376,7 +376,8 @@ pub fn model_fingerprint(cfg: &Config, w: &Weights) -> u64 {
     matrix(&mut h, &w.token_embd);
     for l in &w.layers {
         vector(&mut h, Some(&l.attn_norm));
-        for m in [&l.wq, &l.wk, &l.wv, &l.wo] {
+        let ms = l.matrices();
+        for m in &ms[..4] {
             matrix(&mut h, m);
         }
         for v in [&l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm] {
@@ -386,8 +387,11 @@ pub fn model_fingerprint(cfg: &Config, w: &Weights) -> u64 {
             vector(&mut h, Some(v));
         }
         vector(&mut h, Some(&l.ffn_norm));
-        for m in [&l.w_gate, &l.w_up, &l.w_down] {
+        for m in &ms[4..] {
             matrix(&mut h, m);
+        }
+        if let crate::model::weights::Ffn::Moe(moe) = &l.ffn {
+            vector(&mut h, moe.shared.as_ref().map(|s| &s.1));
         }
     }
     vector(&mut h, Some(&w.output_norm));

@@ -45,6 +45,16 @@
 //! Qwen's `sliding_window` (transformers' Qwen2 windows depend on
 //! `use_sliding_window` and `max_window_layers`; full attention is used).
 //! Phi-3's `sliding_window` is not applied either (llama.cpp disables it too).
+//!
+//! Mixture of experts (see `model::MoeConfig`): `mixtral` (`num_local_experts` (8),
+//! `num_experts_per_tok` (2), experts `intermediate_size` wide, top-k renormalized,
+//! `sliding_window` as Mistral's; tensors `block_sparse_moe.gate` and
+//! `block_sparse_moe.experts.E.w1 / w3 / w2` = gate / up / down); `qwen2_moe` and
+//! `qwen3_moe` (`num_experts`, `num_experts_per_tok`, `moe_intermediate_size`,
+//! `norm_topk_prob` (false), qwen2_moe's `shared_expert_intermediate_size`; tensors
+//! `mlp.gate`, `mlp.experts.E.gate_proj / up_proj / down_proj`, `mlp.shared_expert.*`,
+//! `mlp.shared_expert_gate`). Dense layers among expert ones (`decoder_sparse_step` != 1,
+//! `mlp_only_layers`) are LLMRT_UNSUPPORTED.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -52,7 +62,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::weights::{TensorRef, TensorSource, Weights};
-use super::{ArchOptions, Config};
+use super::{ArchOptions, Config, MoeConfig};
 use crate::format::safetensors::{Checkpoint, SafeTensors};
 use crate::format::WeightFile;
 use crate::{Error, Result};
@@ -96,7 +106,7 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
     let arch = ArchOptions::for_hf(model_type).ok_or_else(|| {
         Error::unsupported(format!(
             "{file}: model_type '{model_type}' is not supported (supported: llama, mistral, qwen2, qwen3, \
-             gemma2, gemma3_text, phi3)"
+             gemma2, gemma3_text, phi3, mixtral, qwen2_moe, qwen3_moe)"
         ))
     })?;
     let k = Keys { c, file };
@@ -133,7 +143,7 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
     let gemma = arch.is_gemma();
     let default_ctx = match model_type {
         "llama" => 2048,
-        "mistral" => 4096 * 32,
+        "mistral" | "mixtral" => 4096 * 32,
         "phi3" => 4096,
         "gemma2" => 8192,
         "gemma3_text" => 131072,
@@ -158,7 +168,9 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
         return Err(Error::unsupported(format!("{file}: use_bidirectional_attention = true is not supported")));
     }
     for key in ["attention_bias", "mlp_bias"] {
-        if c.get(key).and_then(|v| v.as_bool()) == Some(true) && !(key == "attention_bias" && model_type == "qwen2") {
+        if c.get(key).and_then(|v| v.as_bool()) == Some(true)
+            && !(key == "attention_bias" && matches!(model_type, "qwen2" | "qwen2_moe"))
+        {
             return Err(Error::unsupported(format!(
                 "{file}: {key} = true is not supported for model_type {model_type}"
             )));
@@ -306,6 +318,7 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
     let eos_token = k.token("eos_token_id", vocab_size)?;
     let local_rope = if model_type == "gemma3_text" { Some(local_rope(&k, local_params)?) } else { None };
     let sliding_window = sliding_window(&k, model_type, n_layers, local_rope)?;
+    let moe = hf_moe(&k, model_type, ffn)?;
     // Gemma's scale and caps (transformers' defaults when a key is absent; null: none).
     let (attn_scale, attn_softcap, final_softcap) = if gemma {
         let q = k.opt_f64("query_pre_attn_scalar")?.unwrap_or(256.0);
@@ -340,6 +353,7 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
         attn_softcap,
         final_softcap,
         sliding_window,
+        moe,
     };
     let tied = match c.get("tie_word_embeddings") {
         // transformers' Gemma configs default to tied embeddings.
@@ -348,6 +362,51 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
         Some(v) => return Err(Error::bad_model(format!("{file}: key tie_word_embeddings = {v} is not a boolean"))),
     };
     Ok(HfConfig { config: cfg, rope_freqs, rope_long_short, tied })
+}
+
+/// The experts of config.json (see the module's notes), `None` for a dense model.
+fn hf_moe(k: &Keys<'_>, model_type: &str, ffn: usize) -> Result<Option<MoeConfig>> {
+    let file = k.file;
+    let m = match model_type {
+        "mixtral" => MoeConfig {
+            n_experts: k.opt_usize("num_local_experts")?.unwrap_or(8),
+            n_used: k.opt_usize("num_experts_per_tok")?.unwrap_or(2),
+            expert_ffn: ffn,
+            norm_topk: true,
+            shared_ffn: None,
+        },
+        "qwen2_moe" | "qwen3_moe" => {
+            let step = k.opt_usize("decoder_sparse_step")?.unwrap_or(1);
+            let dense_layers = match k.c.get("mlp_only_layers") {
+                None | Some(Value::Null) => 0,
+                Some(Value::Array(a)) => a.len(),
+                Some(v) => return Err(Error::bad_model(format!("{file}: key mlp_only_layers = {v} is not a list"))),
+            };
+            if step != 1 || dense_layers > 0 {
+                return Err(Error::unsupported(format!(
+                    "{file}: dense layers among the expert layers (decoder_sparse_step {step}, {dense_layers} \
+                     mlp_only_layers) are not supported"
+                )));
+            }
+            let norm_topk = match k.c.get("norm_topk_prob") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(v) => return Err(Error::bad_model(format!("{file}: key norm_topk_prob = {v} is not a boolean"))),
+            };
+            let shared_ffn =
+                if model_type == "qwen2_moe" { Some(k.req_usize("shared_expert_intermediate_size")?) } else { None };
+            MoeConfig {
+                n_experts: k.req_usize("num_experts")?,
+                n_used: k.req_usize("num_experts_per_tok")?,
+                expert_ffn: k.req_usize("moe_intermediate_size")?,
+                norm_topk,
+                shared_ffn,
+            }
+        }
+        _ => return Ok(None),
+    };
+    m.check(file, "num_experts / num_experts_per_tok")?;
+    Ok(Some(m))
 }
 
 /// A JSON object or null / absent (`None`); anything else is an error naming `name`.
@@ -409,7 +468,7 @@ fn sliding_window(
     use super::{SlidingWindow, SwaLayers};
     let file = k.file;
     let gemma = matches!(model_type, "gemma2" | "gemma3_text");
-    if !(gemma || model_type == "mistral") {
+    if !(gemma || model_type == "mistral" || model_type == "mixtral") {
         return Ok(None);
     }
     let window = match (k.c.get("sliding_window"), gemma) {
@@ -536,10 +595,30 @@ impl Keys<'_> {
 
 /// HF tensor names for the binder's GGUF-style roles (`gemma`: Gemma's four norms
 /// per layer, whose `post_attention_layernorm` is the attention output's norm).
-fn hf_name(role: &str, gemma: bool) -> String {
+fn hf_name(role: &str, gemma: bool, mixtral: bool) -> String {
     if let Some(rest) = role.strip_prefix("blk.") {
         let (l, what) = rest.split_once('.').unwrap_or((rest, ""));
+        // Experts: `ffn_gate.E.weight` (the binder's per-expert roles).
+        if let Some((kind, e)) = what.strip_suffix(".weight").and_then(|w| w.split_once('.')) {
+            let hf = match (kind, mixtral) {
+                ("ffn_gate", true) => "w1",
+                ("ffn_up", true) => "w3",
+                ("ffn_down", true) => "w2",
+                ("ffn_gate", false) => "gate_proj",
+                ("ffn_up", false) => "up_proj",
+                ("ffn_down", false) => "down_proj",
+                _ => return format!("model.layers.{l}.{what}"),
+            };
+            let block = if mixtral { "block_sparse_moe" } else { "mlp" };
+            return format!("model.layers.{l}.{block}.experts.{e}.{hf}.weight");
+        }
         let hf = match what {
+            "ffn_gate_inp.weight" if mixtral => "block_sparse_moe.gate.weight",
+            "ffn_gate_inp.weight" => "mlp.gate.weight",
+            "ffn_gate_shexp.weight" => "mlp.shared_expert.gate_proj.weight",
+            "ffn_up_shexp.weight" => "mlp.shared_expert.up_proj.weight",
+            "ffn_down_shexp.weight" => "mlp.shared_expert.down_proj.weight",
+            "ffn_gate_inp_shexp.weight" => "mlp.shared_expert_gate.weight",
             "attn_norm.weight" => "input_layernorm.weight",
             "attn_q.weight" => "self_attn.q_proj.weight",
             "attn_qkv.weight" => "self_attn.qkv_proj.weight",
@@ -577,6 +656,7 @@ struct HfSource<'a> {
     config: String,
     tied: bool,
     gemma: bool,
+    mixtral: bool,
 }
 
 impl TensorSource for HfSource<'_> {
@@ -586,7 +666,7 @@ impl TensorSource for HfSource<'_> {
         if (self.tied && role == "output.weight") || role.starts_with("rope_f") {
             return Ok(None);
         }
-        let name = hf_name(role, self.gemma);
+        let name = hf_name(role, self.gemma, self.mixtral);
         let Some((fi, t)) = self.ck.tensor(&name) else { return Ok(None) };
         let f: &SafeTensors = &self.ck.files[fi];
         Ok(Some(TensorRef {
@@ -599,10 +679,10 @@ impl TensorSource for HfSource<'_> {
         }))
     }
     fn stored_name(&self, role: &str) -> String {
-        hf_name(role, self.gemma)
+        hf_name(role, self.gemma, self.mixtral)
     }
     fn location(&self, role: &str) -> String {
-        match self.ck.tensor(&hf_name(role, self.gemma)) {
+        match self.ck.tensor(&hf_name(role, self.gemma, self.mixtral)) {
             Some((fi, _)) => self.ck.files[fi].path.display().to_string(),
             None => self.dir.clone(),
         }
@@ -631,6 +711,7 @@ pub fn load(dir: &Path, progress: &mut dyn FnMut(f32)) -> Result<(Config, Weight
         config: format!("from {}", dir.join(CONFIG_FILE).display()),
         tied,
         gemma: cfg.arch.is_gemma(),
+        mixtral: cfg.arch.name == "mixtral",
     };
     let mut cfg = cfg;
     if cfg.arch.is_gemma() {
@@ -770,5 +851,91 @@ mod tests {
         // gemma3 27B: 62 layers, n_embd 5376, 32 heads: 1 / sqrt(168); 46 layers is not its rule.
         assert_eq!(gemma_gguf_attn_scale("gemma3", 62, 5376, 32, 128), 1.0 / 168f32.sqrt());
         assert_eq!(gemma_gguf_attn_scale("gemma3", 46, 5376, 32, 128), 1.0 / 128f32.sqrt());
+    }
+
+    /// The experts of config.json: transformers' defaults, each key read, and what is
+    /// refused (dense layers among expert ones, impossible counts).
+    #[test]
+    fn moe_options_defaults_and_errors() {
+        use super::super::MoeConfig;
+        let (c, _) = cfg(r#""model_type": "mixtral""#).unwrap();
+        let want = MoeConfig { n_experts: 8, n_used: 2, expert_ffn: 128, norm_topk: true, shared_ffn: None };
+        assert_eq!(c.moe, Some(want));
+        assert!(!c.arch.qkv_bias && !c.arch.qk_norm);
+        let (c, _) = cfg(r#""model_type": "mixtral", "sliding_window": 16"#).unwrap();
+        assert_eq!(c.window(1), Some(16));
+        let (c, _) = cfg(r#""model_type": "qwen2_moe", "num_experts": 60, "num_experts_per_tok": 4,
+            "moe_intermediate_size": 32, "shared_expert_intermediate_size": 96, "sliding_window": 8"#)
+        .unwrap();
+        let want = MoeConfig { n_experts: 60, n_used: 4, expert_ffn: 32, norm_topk: false, shared_ffn: Some(96) };
+        assert_eq!(c.moe, Some(want));
+        assert!(c.arch.qkv_bias && c.window(0).is_none());
+        let (c, _) = cfg(r#""model_type": "qwen3_moe", "num_experts": 128, "num_experts_per_tok": 8,
+            "moe_intermediate_size": 16, "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": []"#)
+        .unwrap();
+        let want = MoeConfig { n_experts: 128, n_used: 8, expert_ffn: 16, norm_topk: true, shared_ffn: None };
+        assert_eq!(c.moe, Some(want));
+        assert!(c.arch.qk_norm);
+        let (c, _) = cfg(r#""model_type": "qwen3""#).unwrap();
+        assert_eq!(c.moe, None);
+
+        let q3 = r#""model_type": "qwen3_moe", "num_experts": 8, "moe_intermediate_size": 16"#;
+        for (extra, status, needle) in [
+            (r#""num_experts_per_tok": 9"#, crate::Status::LLMRT_BAD_MODEL, "9 experts used per token of 8"),
+            (r#""num_experts_per_tok": 0"#, crate::Status::LLMRT_BAD_MODEL, "num_experts_per_tok"),
+            (
+                r#""num_experts_per_tok": 2, "mlp_only_layers": [0]"#,
+                crate::Status::LLMRT_UNSUPPORTED,
+                "mlp_only_layers",
+            ),
+            (
+                r#""num_experts_per_tok": 2, "decoder_sparse_step": 2"#,
+                crate::Status::LLMRT_UNSUPPORTED,
+                "decoder_sparse_step 2",
+            ),
+            (r#""num_experts_per_tok": 2, "norm_topk_prob": 1"#, crate::Status::LLMRT_BAD_MODEL, "norm_topk_prob"),
+        ] {
+            let e = cfg(&format!("{q3}, {extra}")).unwrap_err();
+            assert_eq!(e.status, status, "{extra}: {}", e.message);
+            assert!(e.message.contains(needle), "{extra}: {}", e.message);
+        }
+        let e = cfg(r#""model_type": "mixtral", "num_local_experts": 100000"#).unwrap_err();
+        assert_eq!(e.status, crate::Status::LLMRT_UNSUPPORTED, "{}", e.message);
+        assert!(e.message.contains("100000 experts"), "{}", e.message);
+        let e =
+            cfg(r#""model_type": "qwen2_moe", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 8"#)
+                .unwrap_err();
+        assert!(e.message.contains("shared_expert_intermediate_size"), "{}", e.message);
+    }
+
+    /// The HF names of the expert roles.
+    #[test]
+    fn moe_tensor_names() {
+        assert_eq!(hf_name("blk.3.ffn_gate_inp.weight", false, true), "model.layers.3.block_sparse_moe.gate.weight");
+        assert_eq!(
+            hf_name("blk.3.ffn_gate.7.weight", false, true),
+            "model.layers.3.block_sparse_moe.experts.7.w1.weight"
+        );
+        assert_eq!(
+            hf_name("blk.3.ffn_up.7.weight", false, true),
+            "model.layers.3.block_sparse_moe.experts.7.w3.weight"
+        );
+        assert_eq!(
+            hf_name("blk.3.ffn_down.7.weight", false, true),
+            "model.layers.3.block_sparse_moe.experts.7.w2.weight"
+        );
+        assert_eq!(hf_name("blk.0.ffn_gate_inp.weight", false, false), "model.layers.0.mlp.gate.weight");
+        assert_eq!(hf_name("blk.0.ffn_down.12.weight", false, false), "model.layers.0.mlp.experts.12.down_proj.weight");
+        assert_eq!(
+            hf_name("blk.0.ffn_up_shexp.weight", false, false),
+            "model.layers.0.mlp.shared_expert.up_proj.weight"
+        );
+        assert_eq!(
+            hf_name("blk.0.ffn_gate_inp_shexp.weight", false, false),
+            "model.layers.0.mlp.shared_expert_gate.weight"
+        );
+        // The dense roles are unchanged.
+        assert_eq!(hf_name("blk.0.ffn_down.weight", false, false), "model.layers.0.mlp.down_proj.weight");
+        assert_eq!(hf_name("blk.0.attn_q.bias", false, false), "model.layers.0.self_attn.q_proj.bias");
     }
 }

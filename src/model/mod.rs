@@ -55,9 +55,9 @@ pub struct ArchOptions {
 fn arch_row(name: &str, rope_style: RopeStyle, hf: bool) -> Option<ArchOptions> {
     let gemma = matches!(name, "gemma2" | "gemma3" | "gemma3_text");
     let (qkv_bias, qk_norm) = match name {
-        "llama" | "mistral" | "gemma2" | "phi3" => (false, false),
-        "qwen2" => (true, false),
-        "qwen3" | "gemma3" | "gemma3_text" => (false, true),
+        "llama" | "mistral" | "gemma2" | "phi3" | "mixtral" => (false, false),
+        "qwen2" | "qwen2moe" | "qwen2_moe" => (true, false),
+        "qwen3" | "gemma3" | "gemma3_text" | "qwen3moe" | "qwen3_moe" => (false, true),
         _ => return None,
     };
     Some(ArchOptions {
@@ -77,7 +77,7 @@ impl ArchOptions {
     pub fn for_gguf(arch: &str) -> Option<ArchOptions> {
         let rope_style = match arch {
             "llama" | "mistral" => RopeStyle::Adjacent,
-            "qwen2" | "qwen3" | "gemma2" | "gemma3" | "phi3" => RopeStyle::Neox,
+            "qwen2" | "qwen3" | "gemma2" | "gemma3" | "phi3" | "qwen2moe" | "qwen3moe" => RopeStyle::Neox,
             _ => return None,
         };
         arch_row(arch, rope_style, false)
@@ -133,6 +133,45 @@ pub struct LocalRope {
     pub linear_factor: f32,
 }
 
+/// A mixture-of-experts feed-forward block (mixtral, qwen2moe, qwen3moe): a router
+/// (`ffn_gate_inp`, one row per expert) scores the experts for each token; their
+/// softmax's `n_used` largest (ties: the lower expert index first) are the token's
+/// experts, each a SwiGLU of `expert_ffn`, summed by those probabilities
+/// (renormalized to sum 1 when `norm_topk`); plus, when `shared_ffn` is set, a
+/// shared SwiGLU expert on every token scaled by `sigmoid(x . ffn_gate_inp_shexp)`
+/// (qwen2moe). Every layer is a MoE layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub n_experts: usize,
+    pub n_used: usize,
+    pub expert_ffn: usize,
+    pub norm_topk: bool,
+    pub shared_ffn: Option<usize>,
+}
+
+/// The most experts a model may have (Qwen3's 128 and DeepSeek's 256 fit): bounds
+/// the router's scratch, which is sized by it.
+pub const MAX_EXPERTS: usize = 1024;
+
+impl MoeConfig {
+    /// Checks the counts (`file` and `what` name them in messages: the keys' names).
+    pub fn check(&self, file: &str, what: &str) -> Result<()> {
+        let MoeConfig { n_experts, n_used, expert_ffn, .. } = *self;
+        if !(2..=MAX_EXPERTS).contains(&n_experts) {
+            return Err(Error::unsupported(format!(
+                "{file}: {what}: {n_experts} experts (2 to {MAX_EXPERTS} are supported)"
+            )));
+        }
+        if n_used == 0 || n_used > n_experts {
+            return Err(Error::bad_model(format!("{file}: {what}: {n_used} experts used per token of {n_experts}")));
+        }
+        if expert_ffn == 0 || self.shared_ffn == Some(0) {
+            return Err(Error::bad_model(format!("{file}: {what}: an expert's feed-forward length is 0")));
+        }
+        Ok(())
+    }
+}
+
 /// Hyperparameters.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -170,6 +209,8 @@ pub struct Config {
     /// Sliding-window attention, on the layers it names; `None`: every layer attends
     /// to the whole cache.
     pub sliding_window: Option<SlidingWindow>,
+    /// Mixture-of-experts feed-forward blocks; `None`: dense (`ffn` wide).
+    pub moe: Option<MoeConfig>,
 }
 
 /// The gemma embedding scale `sqrt(hidden)`, rounded as each source rounds it:
@@ -262,7 +303,7 @@ impl Config {
         let arch = ArchOptions::for_gguf(&arch_name).ok_or_else(|| {
             Error::unsupported(format!(
                 "{file}: architecture '{arch_name}' is not supported (supported: llama, mistral, qwen2, qwen3, \
-                 gemma2, gemma3, phi3)"
+                 gemma2, gemma3, phi3, qwen2moe, qwen3moe; llama with experts: Mixtral)"
             ))
         })?;
         let key = |k: &str| format!("{arch_name}.{k}");
@@ -404,6 +445,7 @@ impl Config {
             _ => (0.0, 0.0),
         };
         let sliding_window = gguf_sliding_window(g, &arch_name, n_layers, rope_linear_factor, &file)?;
+        let moe = gguf_moe(g, &arch_name, ffn, &file)?;
         Ok(Config {
             arch,
             vocab_size,
@@ -430,8 +472,62 @@ impl Config {
             attn_softcap,
             final_softcap,
             sliding_window,
+            moe,
         })
     }
+}
+
+/// The experts of a GGUF file, read as llama.cpp reads them: `expert_count` and
+/// `expert_used_count`; an expert's width `expert_feed_forward_length` (qwen2moe,
+/// qwen3moe), else `feed_forward_length` (Mixtral, written as `llama`); qwen2moe's
+/// shared expert `expert_shared_feed_forward_length`. The top-k probabilities are
+/// renormalized for llama (Mixtral) and qwen3moe, not for qwen2moe (llama.cpp's
+/// choices; `expert_weights_norm`, when present, decides instead).
+fn gguf_moe(g: &Gguf, arch: &str, ffn: usize, file: &str) -> Result<Option<MoeConfig>> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let count = |k: &str| -> Result<Option<usize>> {
+        match g.get_u64(&key(k))? {
+            None => Ok(None),
+            Some(v) if v <= u32::MAX as u64 => Ok(Some(v as usize)),
+            Some(v) => Err(Error::bad_model(format!("{file}: metadata {} = {v} is out of range", key(k)))),
+        }
+    };
+    let moe_arch = matches!(arch, "qwen2moe" | "qwen3moe");
+    let n_experts = match count("expert_count")? {
+        None | Some(0) if moe_arch => {
+            return Err(Error::bad_model(format!("{file}: metadata key {} is missing", key("expert_count"))))
+        }
+        None | Some(0) => return Ok(None),
+        Some(n) => n,
+    };
+    if !matches!(arch, "llama" | "mistral" | "qwen2moe" | "qwen3moe") {
+        return Err(Error::unsupported(format!(
+            "{file}: {} = {n_experts}: experts are not supported for architecture {arch}",
+            key("expert_count")
+        )));
+    }
+    let n_used = count("expert_used_count")?
+        .ok_or_else(|| Error::bad_model(format!("{file}: metadata key {} is missing", key("expert_used_count"))))?;
+    let expert_ffn = count("expert_feed_forward_length")?.unwrap_or(ffn);
+    let shared_ffn = match (arch, count("expert_shared_feed_forward_length")?) {
+        ("qwen2moe", Some(n)) => Some(n),
+        ("qwen2moe", None) => Some(ffn),
+        _ => None,
+    };
+    let norm_topk = match g.get(&key("expert_weights_norm")) {
+        None => arch != "qwen2moe",
+        Some(crate::format::gguf::ValueRef::Bool(b)) => b,
+        Some(other) => {
+            return Err(Error::bad_model(format!(
+                "{file}: {} holds {}, expected a BOOL",
+                key("expert_weights_norm"),
+                other.describe()
+            )))
+        }
+    };
+    let m = MoeConfig { n_experts, n_used, expert_ffn, norm_topk, shared_ffn };
+    m.check(file, &format!("{} / {}", key("expert_count"), key("expert_used_count")))?;
+    Ok(Some(m))
 }
 
 /// The sliding window of a GGUF file, read as llama.cpp reads it for gemma2 (window

@@ -60,9 +60,61 @@ pub struct Layer {
     /// Norms of the attention output and of the feed-forward output (gemma2/3).
     pub post_attn_norm: Option<Vec<f32>>,
     pub post_ffn_norm: Option<Vec<f32>>,
-    pub w_gate: Matrix,
-    pub w_up: Matrix,
-    pub w_down: Matrix,
+    /// The feed-forward block: one gated FFN, or experts.
+    pub ffn: Ffn,
+}
+
+/// A gated feed-forward network `down(act(gate(x)) * up(x))`.
+#[derive(Clone, Debug)]
+pub struct Glu {
+    pub gate: Matrix,
+    pub up: Matrix,
+    pub down: Matrix,
+}
+
+/// A layer's feed-forward block.
+#[derive(Clone, Debug)]
+pub enum Ffn {
+    Dense(Glu),
+    /// Mixture of experts (see [`super::MoeConfig`]).
+    Moe(Moe),
+}
+
+/// A mixture-of-experts block's weights.
+#[derive(Clone, Debug)]
+pub struct Moe {
+    /// `[n_experts][hidden]`: the router's scores.
+    pub router: Matrix,
+    /// Each expert's matrices: views of GGUF's stacked `ffn_*_exps` tensors (no copy),
+    /// or a checkpoint's per-expert tensors.
+    pub experts: Vec<Glu>,
+    /// qwen2moe: the shared expert and its gate vector (`ffn_gate_inp_shexp`, `hidden`).
+    pub shared: Option<(Glu, Vec<f32>)>,
+}
+
+impl Layer {
+    /// Every matrix of the layer (for packing, uploads, fingerprints), in a fixed order.
+    pub fn matrices(&self) -> Vec<&Matrix> {
+        let mut v = vec![&self.wq, &self.wk, &self.wv, &self.wo];
+        match &self.ffn {
+            Ffn::Dense(g) => v.extend([&g.gate, &g.up, &g.down]),
+            Ffn::Moe(m) => {
+                v.push(&m.router);
+                for g in m.experts.iter().chain(m.shared.as_ref().map(|s| &s.0)) {
+                    v.extend([&g.gate, &g.up, &g.down]);
+                }
+            }
+        }
+        v
+    }
+
+    /// The dense feed-forward block, `None` for experts.
+    pub fn dense(&self) -> Option<&Glu> {
+        match &self.ffn {
+            Ffn::Dense(g) => Some(g),
+            Ffn::Moe(_) => None,
+        }
+    }
 }
 
 /// Every weight of a model, over its mapped files.
@@ -89,6 +141,19 @@ impl Weights {
     /// The whole of mapped file `i`.
     pub fn file_bytes(&self, i: usize) -> &[u8] {
         self.files[i].bytes()
+    }
+
+    /// Bytes of the routed experts' matrices (0 for a dense model).
+    pub fn expert_bytes(&self) -> u64 {
+        let mut n = 0u64;
+        for l in &self.layers {
+            if let Ffn::Moe(m) = &l.ffn {
+                for g in &m.experts {
+                    n += [&g.gate, &g.up, &g.down].iter().map(|x| (x.rows * x.row_bytes) as u64).sum::<u64>();
+                }
+            }
+        }
+        n
     }
 
     /// LongRoPE: rotates by the long factors when the model runs with a context longer than
@@ -255,6 +320,76 @@ impl<'a> Binder<'a> {
         }))
     }
 
+    /// `n` experts' matrices of `rows` x `cols` each: one 3-D tensor `role` (GGUF's
+    /// `ffn_*_exps`, ne `[cols, rows, n]`) bound as `n` views of it, or, when it is absent,
+    /// one matrix per expert, `per_expert(e)` (HF checkpoints, older GGUFs).
+    fn experts(
+        &mut self,
+        role: &str,
+        per_expert: &dyn Fn(usize) -> String,
+        cols: usize,
+        rows: usize,
+        n: usize,
+    ) -> Result<Vec<Matrix>> {
+        let Some(t) = self.src.get(role)? else {
+            return (0..n).map(|e| self.matrix(&per_expert(e), cols, rows)).collect();
+        };
+        if t.ne.len() != 3 || t.ne[0] as usize != cols || t.ne[1] as usize != rows || t.ne[2] as usize != n {
+            return Err(self.shape_err(role, &t, &[cols as u64, rows as u64, n as u64]));
+        }
+        let dtype = t.dtype;
+        let row_bytes = dtype.row_bytes(cols).ok_or_else(|| {
+            Error::bad_model(format!(
+                "{}: tensor {}: row length {cols} is not a multiple of the {} block size {}",
+                self.src.location(role),
+                t.name,
+                dtype.name(),
+                dtype.block_elems()
+            ))
+        })?;
+        let expert_bytes = row_bytes as u64 * rows as u64;
+        if expert_bytes.checked_mul(n as u64) != Some(t.data.len() as u64) {
+            return Err(Error::bad_model(format!(
+                "{}: tensor {} holds {} bytes, expected {} x {expert_bytes}",
+                self.src.location(role),
+                t.name,
+                t.data.len(),
+                n
+            )));
+        }
+        self.bytes += t.data.len() as u64;
+        Ok((0..n)
+            .map(|e| Matrix {
+                name: format!("{} expert {e}", t.name),
+                dtype,
+                rows,
+                cols,
+                file: t.file,
+                offset: t.offset + e * expert_bytes as usize,
+                row_bytes,
+            })
+            .collect())
+    }
+
+    /// A vector of `n`, stored as `[n]` or as a one-row matrix (HF's `[1, n]`).
+    fn row_vector(&mut self, role: &str, n: usize) -> Result<Vec<f32>> {
+        let t = self.info(role)?;
+        if t.ne.len() == 2 && t.ne[0] as usize == n && t.ne[1] == 1 {
+            let m = self.matrix(role, n, 1)?;
+            let mut out = vec![0f32; n];
+            quant::dequantize_row(m.dtype, t.data, &mut out);
+            if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+                return Err(Error::bad_model(format!(
+                    "{}: tensor {} has a non-finite value at index {i}",
+                    self.src.location(role),
+                    t.name
+                )));
+            }
+            return Ok(out);
+        }
+        self.vector(role, n)
+    }
+
     /// Per-frequency RoPE divisors (`rope_freqs.weight`, LongRoPE's factors): positive.
     fn divisors(&mut self, role: &str, n: usize) -> Result<Option<Vec<f32>>> {
         let Some(v) = self.opt_vector(role, n)? else { return Ok(None) };
@@ -391,11 +526,38 @@ impl Weights {
                     b.matrix(&n("attn_v.weight"), h, kv)?,
                 )
             };
-            let (w_gate, w_up) = if cfg.arch.fused_gate_up {
-                let [g, u] = b.fused(&n("ffn_gate_up.weight"), h, [f, f])?;
-                (g, u)
-            } else {
-                (b.matrix(&n("ffn_gate.weight"), h, f)?, b.matrix(&n("ffn_up.weight"), h, f)?)
+            let ffn = match &cfg.moe {
+                None => {
+                    let (gate, up) = if cfg.arch.fused_gate_up {
+                        let [g, u] = b.fused(&n("ffn_gate_up.weight"), h, [f, f])?;
+                        (g, u)
+                    } else {
+                        (b.matrix(&n("ffn_gate.weight"), h, f)?, b.matrix(&n("ffn_up.weight"), h, f)?)
+                    };
+                    Ffn::Dense(Glu { gate, up, down: b.matrix(&n("ffn_down.weight"), f, h)? })
+                }
+                Some(m) => {
+                    let (e, fe) = (m.n_experts, m.expert_ffn);
+                    let router = b.matrix(&n("ffn_gate_inp.weight"), h, e)?;
+                    let per = |w: &'static str| move |x: usize| format!("blk.{l}.{w}.{x}.weight");
+                    let gate = b.experts(&n("ffn_gate_exps.weight"), &per("ffn_gate"), h, fe, e)?;
+                    let up = b.experts(&n("ffn_up_exps.weight"), &per("ffn_up"), h, fe, e)?;
+                    let down = b.experts(&n("ffn_down_exps.weight"), &per("ffn_down"), fe, h, e)?;
+                    let experts =
+                        gate.into_iter().zip(up).zip(down).map(|((gate, up), down)| Glu { gate, up, down }).collect();
+                    let shared = match m.shared_ffn {
+                        None => None,
+                        Some(fs) => Some((
+                            Glu {
+                                gate: b.matrix(&n("ffn_gate_shexp.weight"), h, fs)?,
+                                up: b.matrix(&n("ffn_up_shexp.weight"), h, fs)?,
+                                down: b.matrix(&n("ffn_down_shexp.weight"), fs, h)?,
+                            },
+                            b.row_vector(&n("ffn_gate_inp_shexp.weight"), h)?,
+                        )),
+                    };
+                    Ffn::Moe(Moe { router, experts, shared })
+                }
             };
             let post = cfg.arch.post_norms;
             let layer = Layer {
@@ -420,9 +582,7 @@ impl Weights {
                 ffn_norm: norm(&mut b, &n("ffn_norm.weight"), h)?,
                 post_attn_norm: if post { Some(norm(&mut b, &n("post_attention_norm.weight"), h)?) } else { None },
                 post_ffn_norm: if post { Some(norm(&mut b, &n("post_ffw_norm.weight"), h)?) } else { None },
-                w_gate,
-                w_up,
-                w_down: b.matrix(&n("ffn_down.weight"), f, h)?,
+                ffn,
             };
             layers.push(layer);
             progress((l + 1) as f32 / cfg.n_layers as f32);

@@ -9,8 +9,8 @@ use super::ops::matmul::{self, Act, Weight};
 use super::ops::{elementwise, embed, norm, rope};
 use super::CpuBackend;
 use crate::backend::{Seq, Want};
-use crate::model::weights::{Matrix, Weights};
-use crate::model::FfnAct;
+use crate::model::weights::{Ffn, Glu, Matrix, Moe, Weights};
+use crate::model::{FfnAct, MoeConfig};
 use crate::util::{try_vec, try_with_capacity};
 use crate::Result;
 
@@ -67,8 +67,14 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], out: &mut [f32], head:
     let mut v = buf(kvd, "the step's values")?;
     let mut att = buf(qd, "the step's attention output")?;
     let mut proj = buf(h, "the step's projections")?;
-    let mut gate = buf(cfg.ffn, "the step's feed-forward gate")?;
-    let mut up = buf(cfg.ffn, "the step's feed-forward up projection")?;
+    // The dense feed-forward's scratch, or the experts'.
+    let ffn_w = if cfg.moe.is_some() { 0 } else { cfg.ffn };
+    let mut gate = buf(ffn_w, "the step's feed-forward gate")?;
+    let mut up = buf(ffn_w, "the step's feed-forward up projection")?;
+    let mut moe_s = match &cfg.moe {
+        Some(m) => Some(MoeScratch::new(m, n, h)?),
+        None => None,
+    };
     let pool = &be.pool;
     let packed = &be.packed;
     let weight = |m: &'_ Matrix| Weight {
@@ -121,16 +127,22 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], out: &mut [f32], head:
         mm(&lw.wo, &Act::new(&att, qd), &mut proj)?;
         residual_add(&mut x, &proj, lw.post_attn_norm.as_deref(), cfg.rms_eps, &mut xn);
 
-        // Feed-forward block (SwiGLU, or GeGLU).
+        // Feed-forward block (SwiGLU, or GeGLU; or experts).
         norm::rmsnorm(&x, &lw.ffn_norm, cfg.rms_eps, &mut xn);
-        let xa = Act::new(&xn, h);
-        matmul::matmul_many(pool, &[weight(&lw.w_gate), weight(&lw.w_up)], &xa, &mut [&mut gate, &mut up])?;
-        drop(xa);
-        match cfg.arch.ffn_act {
-            FfnAct::Silu => elementwise::swiglu_par(pool, &mut gate, &up),
-            FfnAct::GeluTanh => elementwise::geglu_par(pool, &mut gate, &up),
+        match (&lw.ffn, cfg.moe.as_ref(), moe_s.as_mut()) {
+            (Ffn::Moe(m), Some(mc), Some(ms)) => moe_ffn(pool, &weight, mc, m, &xn, h, ms, &mut proj)?,
+            (Ffn::Dense(d), _, _) => {
+                let xa = Act::new(&xn, h);
+                matmul::matmul_many(pool, &[weight(&d.gate), weight(&d.up)], &xa, &mut [&mut gate, &mut up])?;
+                drop(xa);
+                match cfg.arch.ffn_act {
+                    FfnAct::Silu => elementwise::swiglu_par(pool, &mut gate, &up),
+                    FfnAct::GeluTanh => elementwise::geglu_par(pool, &mut gate, &up),
+                }
+                mm(&d.down, &Act::new(&gate, cfg.ffn), &mut proj)?;
+            }
+            _ => unreachable!("a MoE layer's scratch is allocated with its config"),
         }
-        mm(&lw.w_down, &Act::new(&gate, cfg.ffn), &mut proj)?;
         residual_add(&mut x, &proj, lw.post_ffn_norm.as_deref(), cfg.rms_eps, &mut xn);
     }
 
@@ -181,5 +193,209 @@ fn residual_add(x: &mut [f32], y: &[f32], post_norm: Option<&[f32]>, eps: f32, s
             elementwise::add_in_place(x, scratch);
         }
         None => elementwise::add_in_place(x, y),
+    }
+}
+
+/// The experts' scratch of one step (`n` tokens), allocated once for every layer.
+struct MoeScratch {
+    /// Router scores, then probabilities: `n x n_experts`.
+    probs: Vec<f32>,
+    /// Each token's experts and their weights: `n x n_used`, by expert index.
+    routes: Vec<(u32, f32)>,
+    /// The expert indices sorted by score (one token at a time).
+    order: Vec<u32>,
+    /// The tokens routed to one expert, and their weights.
+    rows: Vec<(u32, f32)>,
+    /// Their normed hidden states gathered (`<= n x hidden`), gate and up (`<= n x ffn`),
+    /// and the expert's output (`<= n x hidden`).
+    xe: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    ye: Vec<f32>,
+}
+
+impl MoeScratch {
+    fn new(m: &MoeConfig, n: usize, h: usize) -> Result<MoeScratch> {
+        let f = m.expert_ffn.max(m.shared_ffn.unwrap_or(0));
+        let v = |d: usize, what: &str| try_vec(n.saturating_mul(d), 0f32, what);
+        Ok(MoeScratch {
+            probs: v(m.n_experts, "the step's router scores")?,
+            routes: try_vec(n.saturating_mul(m.n_used), (0, 0.0), "the step's expert routes")?,
+            order: try_vec(m.n_experts, 0, "the router's order")?,
+            rows: try_with_capacity(n, "the step's expert rows")?,
+            xe: v(h, "the step's expert inputs")?,
+            gate: v(f, "the step's expert gates")?,
+            up: v(f, "the step's expert up projections")?,
+            ye: v(h, "the step's expert outputs")?,
+        })
+    }
+}
+
+/// Routes each token: the softmax of its router scores `p` (in place), its `k` largest
+/// (ties: the lower expert index first, so a token's experts depend on nothing but its
+/// own scores), weighted by their probabilities, renormalized to sum 1 when `norm`.
+/// `routes` receives them ordered by expert index.
+pub(crate) fn route(p: &mut [f32], k: usize, norm: bool, order: &mut [u32], routes: &mut [(u32, f32)]) {
+    let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for v in p.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in p.iter_mut() {
+        *v /= sum;
+    }
+    for (i, o) in order.iter_mut().enumerate() {
+        *o = i as u32;
+    }
+    // NaN scores (a broken checkpoint) sort last, deterministically.
+    let key = |i: u32| {
+        let v = p[i as usize];
+        if v.is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            v
+        }
+    };
+    order.select_nth_unstable_by(k - 1, |&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+    let top = &mut order[..k];
+    top.sort_unstable();
+    let total: f32 = if norm { top.iter().map(|&e| p[e as usize]).sum() } else { 1.0 };
+    for (r, &e) in routes.iter_mut().zip(top.iter()) {
+        *r = (e, p[e as usize] / total);
+    }
+}
+
+/// A mixture-of-experts block over the step's normed hidden states `xn` (`n x h`):
+/// every token routed ([`route`]), then each expert run once over all the tokens routed
+/// to it (its weights read once per step), its outputs added to theirs weighted, in
+/// expert order (so a token's sum does not depend on the others in the step); then the
+/// shared expert times its sigmoid gate (qwen2moe). `out` (`n x h`) receives the sum.
+#[allow(clippy::too_many_arguments)]
+fn moe_ffn<'w>(
+    pool: &super::pool::Pool,
+    weight: &dyn Fn(&'w Matrix) -> Weight<'w>,
+    mc: &MoeConfig,
+    m: &'w Moe,
+    xn: &[f32],
+    h: usize,
+    s: &mut MoeScratch,
+    out: &mut [f32],
+) -> Result<()> {
+    let n = xn.len() / h;
+    let (ne, k, fe) = (mc.n_experts, mc.n_used, mc.expert_ffn);
+    let xa = Act::new(xn, h);
+    matmul::matmul(pool, weight(&m.router), &xa, &mut s.probs[..n * ne])?;
+    for t in 0..n {
+        route(&mut s.probs[t * ne..(t + 1) * ne], k, mc.norm_topk, &mut s.order, &mut s.routes[t * k..(t + 1) * k]);
+    }
+    out.iter_mut().for_each(|v| *v = 0.0);
+    // Experts in index order; a token's routes are sorted by expert, so each sum
+    // accumulates in expert order.
+    for (e, ew) in m.experts.iter().enumerate() {
+        s.rows.clear();
+        for t in 0..n {
+            let r = &s.routes[t * k..(t + 1) * k];
+            if let Some(&(_, wgt)) = r.iter().find(|r| r.0 as usize == e) {
+                s.rows.push((t as u32, wgt));
+            }
+        }
+        if s.rows.is_empty() {
+            continue;
+        }
+        let r = s.rows.len();
+        for (i, &(t, _)) in s.rows.iter().enumerate() {
+            let t = t as usize;
+            s.xe[i * h..(i + 1) * h].copy_from_slice(&xn[t * h..(t + 1) * h]);
+        }
+        glu(pool, weight, ew, &s.xe[..r * h], h, fe, &mut s.gate, &mut s.up, &mut s.ye[..r * h])?;
+        for (i, &(t, wgt)) in s.rows.iter().enumerate() {
+            let t = t as usize;
+            elementwise::axpy(&mut out[t * h..(t + 1) * h], wgt, &s.ye[i * h..(i + 1) * h]);
+        }
+    }
+    if let Some((sh, gvec)) = &m.shared {
+        let fs = sh.gate.rows;
+        glu(pool, weight, sh, xn, h, fs, &mut s.gate, &mut s.up, &mut s.ye[..n * h])?;
+        for t in 0..n {
+            let xr = &xn[t * h..(t + 1) * h];
+            let g: f32 = xr.iter().zip(gvec).map(|(a, b)| a * b).sum();
+            let sig = 1.0 / (1.0 + (-g).exp());
+            elementwise::axpy(&mut out[t * h..(t + 1) * h], sig, &s.ye[t * h..(t + 1) * h]);
+        }
+    }
+    Ok(())
+}
+
+/// One SwiGLU `y = down(silu(gate(x)) * up(x))` over the rows of `x` (`r x h`), `f` wide,
+/// in the scratch `gate` and `up` (at least `r x f` each).
+#[allow(clippy::too_many_arguments)]
+fn glu<'w>(
+    pool: &super::pool::Pool,
+    weight: &dyn Fn(&'w Matrix) -> Weight<'w>,
+    g: &'w Glu,
+    x: &[f32],
+    h: usize,
+    f: usize,
+    gate: &mut [f32],
+    up: &mut [f32],
+    y: &mut [f32],
+) -> Result<()> {
+    let r = x.len() / h;
+    let (gate, up) = (&mut gate[..r * f], &mut up[..r * f]);
+    let xa = Act::new(x, h);
+    matmul::matmul_many(pool, &[weight(&g.gate), weight(&g.up)], &xa, &mut [&mut *gate, &mut *up])?;
+    drop(xa);
+    elementwise::swiglu_par(pool, gate, up);
+    matmul::matmul(pool, weight(&g.down), &Act::new(gate, f), y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route;
+
+    fn routes(scores: &[f32], k: usize, norm: bool) -> Vec<(u32, f32)> {
+        let mut p = scores.to_vec();
+        let mut order = vec![0u32; p.len()];
+        let mut r = vec![(0u32, 0f32); k];
+        route(&mut p, k, norm, &mut order, &mut r);
+        r
+    }
+
+    #[test]
+    fn routing_takes_the_largest_scores_by_softmax() {
+        let s = [0.5f32, 2.0, -1.0, 1.5, 0.0];
+        let r = routes(&s, 2, false);
+        let z: f64 = s.iter().map(|&v| (v as f64).exp()).sum();
+        assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), [1, 3], "ordered by expert index");
+        for &(e, w) in &r {
+            let want = (s[e as usize] as f64).exp() / z;
+            assert!((w as f64 - want).abs() < 1e-6, "expert {e}: {w} vs {want}");
+        }
+        let n = routes(&s, 2, true);
+        let (a, b) = ((2.0f64).exp(), (1.5f64).exp());
+        assert!((n[0].1 as f64 - a / (a + b)).abs() < 1e-6 && (n[1].1 as f64 - b / (a + b)).abs() < 1e-6);
+        assert!((n[0].1 + n[1].1 - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn routing_ties_go_to_the_lower_expert_index() {
+        // All equal: the first k experts.
+        assert_eq!(routes(&[0.0; 8], 3, true).iter().map(|x| x.0).collect::<Vec<_>>(), [0, 1, 2]);
+        // A tie at the boundary: of experts 2, 5 and 6 (equal), 2 and 5 are taken after 4.
+        let r = routes(&[0.0, 0.0, 1.0, 0.0, 3.0, 1.0, 1.0, -2.0], 3, false);
+        assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), [2, 4, 5]);
+        // NaN scores (a broken checkpoint) make every probability NaN; the choice is still
+        // the same every time.
+        let a = routes(&[0.0, f32::NAN, 1.0, 2.0], 2, true);
+        let b = routes(&[0.0, f32::NAN, 1.0, 2.0], 2, true);
+        assert_eq!(a.iter().map(|x| x.0).collect::<Vec<_>>(), b.iter().map(|x| x.0).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn routing_every_expert_when_k_is_all() {
+        let r = routes(&[0.3, -0.2, 0.9, 0.1], 4, true);
+        assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert!((r.iter().map(|x| x.1).sum::<f32>() - 1.0).abs() < 1e-6);
     }
 }

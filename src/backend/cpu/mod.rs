@@ -59,13 +59,8 @@ impl CpuBackend {
             (qpack::block_order(isa) && matches!(dt, DType::Q8_0 | DType::Q4_0)) || fpack::sequential_order(isa, dt)
         };
         {
-            let mats: Vec<_> = w
-                .layers
-                .iter()
-                .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
-                .chain([&w.output])
-                .filter(|m| wants(m.dtype))
-                .collect();
+            let mats: Vec<_> =
+                w.layers.iter().flat_map(|l| l.matrices()).chain([&w.output]).filter(|m| wants(m.dtype)).collect();
             let total: usize = mats.iter().map(|m| m.rows * m.row_bytes).sum();
             let mut done = 0;
             for m in mats {

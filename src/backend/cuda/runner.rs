@@ -601,6 +601,17 @@ impl Plan {
     }
 }
 
+/// The CUDA runner has no expert kernels yet: mixture-of-experts models run on the CPU
+/// (`BackendKind::Auto` picks it for them).
+fn moe_unsupported(cfg: &Config) -> Error {
+    let n = cfg.moe.map_or(0, |m| m.n_experts);
+    Error::unsupported(format!(
+        "{} is a mixture-of-experts model ({n} experts): the CUDA backend does not run experts yet; \
+         load it with the CPU backend (LLMRT_BACKEND_CPU) or the automatic choice",
+        cfg.arch.name
+    ))
+}
+
 impl CudaBackend {
     /// Opens device `ordinal`, loads the kernels, uploads every weight (calling
     /// `progress` with the fraction of bytes uploaded) and allocates the KV pool:
@@ -614,6 +625,9 @@ impl CudaBackend {
         context: usize,
         progress: &mut dyn FnMut(f32),
     ) -> Result<CudaBackend> {
+        if cfg.moe.is_some() {
+            return Err(moe_unsupported(&cfg));
+        }
         let devices = probe()?;
         if ordinal < 0 || ordinal as usize >= devices.len() {
             return Err(Error::invalid(format!(
@@ -680,9 +694,10 @@ impl CudaBackend {
                 _ => None,
             };
             let ffn_norm = up.vector(&n("ffn_norm.weight"), &lw.ffn_norm)?;
-            let w_gate = up.matrix(&lw.w_gate)?;
-            let w_up = up.matrix(&lw.w_up)?;
-            let w_down = up.matrix(&lw.w_down)?;
+            let Some(ffn) = lw.dense() else { return Err(moe_unsupported(&cfg)) };
+            let w_gate = up.matrix(&ffn.gate)?;
+            let w_up = up.matrix(&ffn.up)?;
+            let w_down = up.matrix(&ffn.down)?;
             layers.push(DevLayer {
                 attn_norm,
                 wq,

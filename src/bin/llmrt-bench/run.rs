@@ -130,10 +130,18 @@ pub(crate) fn run_test(m: &Model, test: Test, greedy: bool, rng: &mut XorShift) 
 }
 
 /// Bytes of weights one decode step of `n_seqs` sequences reads: every matrix once,
-/// but of an untied `token_embd` only the `n_seqs` rows gathered.
+/// but of an untied `token_embd` only the `n_seqs` rows gathered, and of a mixture of
+/// experts only the experts routed to: `k` of `n` for one sequence, and for `b` the
+/// number of distinct experts `b` tokens pick when each picks `k` of `n` uniformly,
+/// `n (1 - (1 - k/n)^b)` (an estimate: real routing is not uniform).
 pub(crate) fn step_weight_bytes(info: &llmrt::runtime::ModelInfo, embd_bytes: u64, n_seqs: usize) -> u64 {
     let row = embd_bytes / info.vocab_size.max(1) as u64;
-    info.weight_bytes - embd_bytes + row * n_seqs as u64
+    let mut w = info.weight_bytes - embd_bytes + row * n_seqs as u64;
+    if let Some((n, k, expert_bytes)) = info.experts {
+        let frac = 1.0 - (1.0 - k as f64 / n as f64).powi(n_seqs as i32);
+        w = w - expert_bytes + (expert_bytes as f64 * frac) as u64;
+    }
+    w
 }
 
 /// What a model is: (description, size in bytes, parameters, bytes of an untied
@@ -152,7 +160,12 @@ pub(crate) fn describe(name: &str, ty: &str, m: &Model, ffn: u64, untied: bool) 
     // Parameters from the shapes (embeddings and output counted, norms ignored).
     let qd = (info.n_heads * info.head_dim) as u64;
     let kvd = (info.n_kv_heads * info.head_dim) as u64;
-    let layer = 2 * h * qd + 2 * h * kvd + 3 * h * ffn;
+    let attn = 2 * h * qd + 2 * h * kvd;
+    // Experts: all of them are parameters, `k` of them (and the router) work per token.
+    let (layer, active) = match info.experts {
+        Some((n, k, _)) => (attn + 3 * h * ffn * n as u64 + h * n as u64, attn + 3 * h * ffn * k as u64 + h * n as u64),
+        None => (attn + 3 * h * ffn, attn + 3 * h * ffn),
+    };
     let params = 2 * v * h + l * layer;
     let embd_bytes = if untied { info.weight_bytes * (v * h) / params.max(1) } else { 0 };
     let _ = name;
@@ -163,7 +176,7 @@ pub(crate) fn describe(name: &str, ty: &str, m: &Model, ffn: u64, untied: bool) 
         embd_bytes,
         // Layers' matrix products (2 FLOPs per weight per token); the LM head runs
         // for the last row only.
-        flops_per_token: 2.0 * (l * layer) as f64,
+        flops_per_token: 2.0 * (l * active) as f64,
     }
 }
 
@@ -171,7 +184,10 @@ pub(crate) fn describe(name: &str, ty: &str, m: &Model, ffn: u64, untied: bool) 
 fn gguf_facts(path: &str) -> (u64, bool) {
     let Ok(g) = llmrt::format::gguf::Gguf::open(Path::new(path)) else { return (0, false) };
     let arch = g.get_str("general.architecture").ok().flatten().map(|s| s.to_string()).unwrap_or_default();
-    let ffn = g.get_u64(&format!("{arch}.feed_forward_length")).ok().flatten().unwrap_or(0);
+    let ffn = ["expert_feed_forward_length", "feed_forward_length"]
+        .iter()
+        .find_map(|k| g.get_u64(&format!("{arch}.{k}")).ok().flatten())
+        .unwrap_or(0);
     let untied = g.tensor("output.weight").is_some();
     (ffn, untied)
 }

@@ -18,6 +18,9 @@ pub(crate) struct Shape {
     vocab: usize,
     ctx: usize,
     theta: f32,
+    /// Mixture of experts (llama architecture, as llama.cpp writes Mixtral): experts and
+    /// experts used per token, each `ffn` wide; (0, 0): dense.
+    experts: (usize, usize),
 }
 
 const TINYLLAMA: Shape = Shape {
@@ -30,6 +33,7 @@ const TINYLLAMA: Shape = Shape {
     vocab: 32000,
     ctx: 2048,
     theta: 10000.0,
+    experts: (0, 0),
 };
 const LLAMA3_8B: Shape = Shape {
     name: "llama3-8b",
@@ -41,12 +45,28 @@ const LLAMA3_8B: Shape = Shape {
     vocab: 128256,
     ctx: 8192,
     theta: 500000.0,
+    experts: (0, 0),
+};
+/// A small mixture of experts for decode's bytes per token: 32 experts of which 4 run
+/// per token (1/8 of the expert bytes read at batch 1, as Qwen3-30B-A3B's 8 of 128 is 1/16).
+const MOE_MINI: Shape = Shape {
+    name: "moe-mini",
+    hidden: 1024,
+    layers: 8,
+    heads: 16,
+    kv_heads: 4,
+    ffn: 512,
+    vocab: 32000,
+    ctx: 4096,
+    theta: 1000000.0,
+    experts: (32, 4),
 };
 
 pub(crate) fn shape_of(name: &str) -> &'static Shape {
     match name {
         "tinyllama" | "tinyllama-1.1b" => &TINYLLAMA,
         "llama3-8b" | "llama-3-8b" | "llama3" => &LLAMA3_8B,
+        "moe-mini" => &MOE_MINI,
         _ => usage(),
     }
 }
@@ -86,6 +106,10 @@ fn synth_writer(s: &Shape, dt: DType) -> (GgufWriter, Vec<(String, u64, u64)>) {
     g.kv("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
     g.kv("llama.rope.freq_base", Value::F32(s.theta));
     g.kv("llama.vocab_size", Value::U32(s.vocab as u32));
+    if s.experts.0 > 0 {
+        g.kv("llama.expert_count", Value::U32(s.experts.0 as u32));
+        g.kv("llama.expert_used_count", Value::U32(s.experts.1 as u32));
+    }
     // A minimal SentencePiece vocabulary of the right size: <unk> <s> </s>, the
     // 256 byte tokens (llama.cpp looks up <0x0A>), then placeholders.
     let mut tokens = vec![Value::Str("<unk>".into()), Value::Str("<s>".into()), Value::Str("</s>".into())];
@@ -119,15 +143,27 @@ fn synth_writer(s: &Shape, dt: DType) -> (GgufWriter, Vec<(String, u64, u64)>) {
         mats.push((format!("blk.{l}.attn_v.weight"), h, kvd));
         mats.push((format!("blk.{l}.attn_output.weight"), h, h));
         mats.push((format!("blk.{l}.ffn_norm.weight"), h, 0));
-        mats.push((format!("blk.{l}.ffn_gate.weight"), h, s.ffn as u64));
-        mats.push((format!("blk.{l}.ffn_up.weight"), h, s.ffn as u64));
-        mats.push((format!("blk.{l}.ffn_down.weight"), s.ffn as u64, h));
+        let e = s.experts.0 as u64;
+        if e > 0 {
+            // Stacked experts: `rows` counts every expert's rows (ne [n0, rows / e, e]).
+            mats.push((format!("blk.{l}.ffn_gate_inp.weight"), h, e));
+            mats.push((format!("blk.{l}.ffn_gate_exps.weight"), h, s.ffn as u64 * e));
+            mats.push((format!("blk.{l}.ffn_up_exps.weight"), h, s.ffn as u64 * e));
+            mats.push((format!("blk.{l}.ffn_down_exps.weight"), s.ffn as u64, h * e));
+        } else {
+            mats.push((format!("blk.{l}.ffn_gate.weight"), h, s.ffn as u64));
+            mats.push((format!("blk.{l}.ffn_up.weight"), h, s.ffn as u64));
+            mats.push((format!("blk.{l}.ffn_down.weight"), s.ffn as u64, h));
+        }
     }
     mats.push(("output_norm.weight".into(), h, 0));
     mats.push(("output.weight".into(), h, s.vocab as u64));
     for (name, n0, rows) in &mats {
         if *rows == 0 {
             g.tensor_streamed(name, &[*n0], DType::F32);
+        } else if name.ends_with("_exps.weight") {
+            let e = s.experts.0 as u64;
+            g.tensor_streamed(name, &[*n0, *rows / e, e], dt);
         } else {
             g.tensor_streamed(name, &[*n0, *rows], dt);
         }
