@@ -277,13 +277,11 @@ impl<'a> Binder<'a> {
         ))
     }
 
-    fn matrix(&mut self, role: &str, cols: usize, rows: usize) -> Result<Matrix> {
-        let t = self.info(role)?;
-        if t.ne.len() != 2 || t.ne[0] as usize != cols || t.ne[1] as usize != rows {
-            return Err(self.shape_err(role, &t, &[cols as u64, rows as u64]));
-        }
+    /// The bytes of a row of `cols` elements of `t`'s type; an error naming the tensor when
+    /// `cols` is not a whole number of its blocks.
+    fn row_bytes(&self, role: &str, t: &TensorRef<'_>, cols: usize) -> Result<usize> {
         let dtype = t.dtype;
-        let row_bytes = dtype.row_bytes(cols).ok_or_else(|| {
+        dtype.row_bytes(cols).ok_or_else(|| {
             Error::bad_model(format!(
                 "{}: tensor {}: row length {cols} is not a multiple of the {} block size {}",
                 self.src.location(role),
@@ -291,7 +289,30 @@ impl<'a> Binder<'a> {
                 dtype.name(),
                 dtype.block_elems()
             ))
-        })?;
+        })
+    }
+
+    /// `t`'s first `n` values in f32; an error naming the tensor at a non-finite one.
+    fn finite_f32(&self, role: &str, t: &TensorRef<'_>, n: usize) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; n];
+        quant::dequantize_row(t.dtype, t.data, &mut out);
+        if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+            return Err(Error::bad_model(format!(
+                "{}: tensor {} has a non-finite value at index {i}",
+                self.src.location(role),
+                t.name
+            )));
+        }
+        Ok(out)
+    }
+
+    fn matrix(&mut self, role: &str, cols: usize, rows: usize) -> Result<Matrix> {
+        let t = self.info(role)?;
+        if t.ne.len() != 2 || t.ne[0] as usize != cols || t.ne[1] as usize != rows {
+            return Err(self.shape_err(role, &t, &[cols as u64, rows as u64]));
+        }
+        let dtype = t.dtype;
+        let row_bytes = self.row_bytes(role, &t, cols)?;
         if row_bytes as u64 * rows as u64 != t.data.len() as u64 {
             return Err(Error::bad_model(format!(
                 "{}: tensor {} holds {} bytes, expected {}",
@@ -338,15 +359,7 @@ impl<'a> Binder<'a> {
             return Err(self.shape_err(role, &t, &[cols as u64, rows as u64, n as u64]));
         }
         let dtype = t.dtype;
-        let row_bytes = dtype.row_bytes(cols).ok_or_else(|| {
-            Error::bad_model(format!(
-                "{}: tensor {}: row length {cols} is not a multiple of the {} block size {}",
-                self.src.location(role),
-                t.name,
-                dtype.name(),
-                dtype.block_elems()
-            ))
-        })?;
+        let row_bytes = self.row_bytes(role, &t, cols)?;
         let expert_bytes = row_bytes as u64 * rows as u64;
         if expert_bytes.checked_mul(n as u64) != Some(t.data.len() as u64) {
             return Err(Error::bad_model(format!(
@@ -375,17 +388,8 @@ impl<'a> Binder<'a> {
     fn row_vector(&mut self, role: &str, n: usize) -> Result<Vec<f32>> {
         let t = self.info(role)?;
         if t.ne.len() == 2 && t.ne[0] as usize == n && t.ne[1] == 1 {
-            let m = self.matrix(role, n, 1)?;
-            let mut out = vec![0f32; n];
-            quant::dequantize_row(m.dtype, t.data, &mut out);
-            if let Some(i) = out.iter().position(|v| !v.is_finite()) {
-                return Err(Error::bad_model(format!(
-                    "{}: tensor {} has a non-finite value at index {i}",
-                    self.src.location(role),
-                    t.name
-                )));
-            }
-            return Ok(out);
+            self.matrix(role, n, 1)?;
+            return self.finite_f32(role, &t, n);
         }
         self.vector(role, n)
     }
@@ -419,15 +423,7 @@ impl<'a> Binder<'a> {
                 dtype.row_bytes(n)
             )));
         }
-        let mut out = vec![0f32; n];
-        quant::dequantize_row(dtype, t.data, &mut out);
-        if let Some(i) = out.iter().position(|v| !v.is_finite()) {
-            return Err(Error::bad_model(format!(
-                "{}: tensor {} has a non-finite value at index {i}",
-                self.src.location(role),
-                t.name
-            )));
-        }
+        let out = self.finite_f32(role, &t, n)?;
         self.bytes += t.data.len() as u64;
         Ok(out)
     }
