@@ -132,7 +132,7 @@ impl Drop for Scratch {
 }
 
 fn fixture(name: &str) -> Fixture {
-    Fixture::all().into_iter().find(|f| f.name == name).unwrap_or_else(|| panic!("fixture {name}"))
+    Fixture::named(name)
 }
 
 fn load_err(path: &Path) -> (Status, String) {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 const MOE: [&str; 3] = ["mixtral", "qwen2moe", "qwen3moe"];
 
 fn fixture(name: &str) -> Fixture {
-    Fixture::all().into_iter().find(|f| f.name == name).unwrap_or_else(|| panic!("fixture {name}"))
+    Fixture::named(name)
 }
 
 fn scratch(tag: &str) -> PathBuf {

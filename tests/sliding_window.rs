@@ -11,7 +11,7 @@ use llmrt::format::gguf_write::GgufWriter;
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> Fixture {
-    Fixture::all().into_iter().find(|f| f.name == name).unwrap_or_else(|| panic!("fixture {name}"))
+    Fixture::named(name)
 }
 
 fn scratch(tag: &str) -> PathBuf {

@@ -264,6 +264,10 @@ impl Fixture {
         }
         out
     }
+    /// The fixture called `name` (panics naming it when absent).
+    pub fn named(name: &str) -> Fixture {
+        Fixture::all().into_iter().find(|f| f.name == name).unwrap_or_else(|| panic!("fixture {name}"))
+    }
     pub fn gguf(&self, ty: &str) -> PathBuf {
         self.dir.join(format!("{}.{ty}.gguf", self.name))
     }
