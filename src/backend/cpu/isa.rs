@@ -78,8 +78,7 @@ pub fn detect() -> Isa {
     Isa::Scalar
 }
 
-/// Every kernel set this CPU can run (for the tests).
-#[cfg(test)]
+/// Every kernel set this CPU can run.
 pub fn available() -> Vec<Isa> {
     let mut v = vec![Isa::Scalar];
     match detect() {

@@ -56,7 +56,9 @@ impl CpuBackend {
         let mut packed = HashMap::new();
         let isa = isa::isa();
         let wants = |dt: DType| {
-            (qpack::block_order(isa) && matches!(dt, DType::Q8_0 | DType::Q4_0)) || fpack::sequential_order(isa, dt)
+            (qpack::block_order(isa) && matches!(dt, DType::Q8_0 | DType::Q4_0))
+                || fpack::sequential_order(isa, dt)
+                || (dt.is_grouped() && gq::packs(isa))
         };
         {
             let mats: Vec<_> =
@@ -67,6 +69,17 @@ impl CpuBackend {
                 if let std::collections::hash_map::Entry::Vacant(slot) = packed.entry((m.file, m.offset)) {
                     slot.insert(if m.dtype == DType::F16 {
                         Pack::F(fpack::Packed::new(m.bytes(&w), m.rows, m.cols, &m.name, threads)?)
+                    } else if m.dtype.is_grouped() {
+                        Pack::G(gq::Packed::new(
+                            isa,
+                            m.dtype,
+                            m.bytes(&w),
+                            m.row_bytes,
+                            m.rows,
+                            m.cols,
+                            &m.name,
+                            threads,
+                        )?)
                     } else {
                         Pack::Q(qpack::Packed::new(
                             m.dtype,

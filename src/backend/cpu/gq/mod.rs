@@ -44,9 +44,11 @@ mod x86_256;
 #[cfg(target_arch = "x86_64")]
 mod x86_512;
 
+use crate::backend::cpu::groups::Groups;
 use crate::backend::cpu::isa::{Isa, QAct};
 use crate::quant::groups::{unpack, Group, GROUP};
 use crate::quant::DType;
+use crate::Result;
 
 /// The group-order dot product of one weight row with one activation row
 /// (`qx`: `cols` values, `dx`: `cols / 32` scales): what the kernels are tested against.
@@ -107,6 +109,142 @@ pub(crate) fn gemm(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usize
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => unsafe { x86_512::gemm(dt, w, row_bytes, nrows, a, out) },
         _ => gemm_ref(dt, w, row_bytes, nrows, a, out),
+    }
+}
+
+/// Whether `isa` has grouped-type kernels that read packed tiles ([`Packed`]).
+pub(crate) fn packs(isa: Isa) -> bool {
+    matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && cfg!(target_arch = "x86_64")
+}
+
+/// Rows per packed tile for `isa`'s kernels (the rows they compute side by side).
+pub(crate) fn tile_rows(isa: Isa) -> usize {
+    if isa == Isa::Avx512Vnni {
+        16
+    } else {
+        8
+    }
+}
+
+/// Whether `isa`'s tiles of `dt` are packed transposed: AVX-512, the K-quants and
+/// IQ4_XS (`x86_512::pack_transposed`: each group unpacks straight into the vectors
+/// the kernel multiplies, without the per-group shuffles, and each block's scales are
+/// loaded instead of gathered).
+fn transposes(isa: Isa, dt: DType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        isa == Isa::Avx512Vnni && x86_512::transposes(dt)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, dt);
+        false
+    }
+}
+
+/// Bytes of one row's piece in a packed tile's chunk: the span the kernels walk
+/// at a time (AVX-512: a block; AVX2: a unit of 8 groups).
+fn chunk_bytes(isa: Isa, dt: DType) -> usize {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86_256::unit_bytes(dt),
+        _ => dt.block_bytes(),
+    }
+}
+
+/// A grouped-type matrix copied at load into tiles for one kernel set: each tile of
+/// [`tile_rows`] rows is one stream, its rows' bytes (unchanged, as stored)
+/// interleaved chunk by chunk: chunk `k` of the tile holds chunk `k` (bytes
+/// `k * cb .. (k + 1) * cb`, [`chunk_bytes`]) of each of its rows back to back, row `r`
+/// at `r * cb`. Rows past the matrix's end are zero. A decode step then reads one
+/// sequential stream per tile instead of one per row (16 or 8 streams defeat the
+/// hardware prefetchers: measured in docs/BENCHMARKS.md), from huge pages
+/// (`groups::HostBuf`) instead of the file's 4 KiB ones. Same bytes, same kernels,
+/// same results bit for bit as the rows as stored.
+pub(crate) struct Packed {
+    tiles: Groups,
+    pub(crate) dtype: DType,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    /// The kernel set the layout is for.
+    pub(crate) isa: Isa,
+    /// Tiles transposed for the AVX-512 kernels ([`transposes`]).
+    transposed: bool,
+}
+
+impl Packed {
+    /// Packs `rows` rows (`row_bytes` each, as stored) of a grouped matrix of `cols`
+    /// columns for `isa` (one of [`packs`]), on up to `threads` threads. `name` (the
+    /// tensor's) is for the error when the memory cannot be had.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        isa: Isa,
+        dt: DType,
+        w: &[u8],
+        row_bytes: usize,
+        rows: usize,
+        cols: usize,
+        name: &str,
+        threads: usize,
+    ) -> Result<Packed> {
+        assert!(dt.is_grouped() && packs(isa), "{dt} is not packed for {isa:?}");
+        // The kernels `gemm_packed` runs for this layout need the CPU to have `isa`.
+        assert!(crate::backend::cpu::isa::available().contains(&isa), "this CPU has no {isa:?} kernels");
+        assert_eq!(dt.row_bytes(cols), Some(row_bytes));
+        assert!(w.len() >= rows * row_bytes);
+        let (p, cb) = (tile_rows(isa), chunk_bytes(isa, dt));
+        let transposed = transposes(isa, dt);
+        let tile_bytes = if transposed {
+            #[cfg(target_arch = "x86_64")]
+            {
+                cols / dt.block_elems() * x86_512::transposed_block_bytes(dt.block_bytes())
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!()
+        } else {
+            (row_bytes.div_ceil(cb) * p * cb).div_ceil(64) * 64
+        };
+        let fill = |tile: usize, dst: &mut [u8]| {
+            #[cfg(target_arch = "x86_64")]
+            if transposed {
+                return x86_512::pack_transposed(dt, w, row_bytes, rows, tile, dst);
+            }
+            for r in tile * p..((tile + 1) * p).min(rows) {
+                let row = &w[r * row_bytes..(r + 1) * row_bytes];
+                for (k, piece) in row.chunks(cb).enumerate() {
+                    let o = k * p * cb + (r % p) * cb;
+                    dst[o..o + piece.len()].copy_from_slice(piece);
+                }
+            }
+        };
+        let what = || format!("tensor '{name}' ({dt}, {rows} x {cols})");
+        let tiles = Groups::build(rows.div_ceil(p), tile_bytes, threads, what, fill)?;
+        Ok(Packed { tiles, dtype: dt, rows, cols, isa, transposed })
+    }
+}
+
+/// [`gemm`] over rows `r0..r0 + nrows` of a packed matrix (`r0` a multiple of the
+/// tile's rows): the same results bit for bit.
+pub(crate) fn gemm_packed(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+    let tr = tile_rows(p.isa);
+    assert!(r0.is_multiple_of(tr) && r0 + nrows <= p.rows, "rows {r0}..{} of {}", r0 + nrows, p.rows);
+    assert_eq!(a.cols, p.cols);
+    assert_eq!(a.qs.len(), a.t * a.cols);
+    assert_eq!(a.d.len(), a.t * a.cols / GROUP);
+    assert_eq!(a.sums.len(), a.d.len());
+    assert_eq!(out.len(), nrows * a.t);
+    let tb = p.tiles.group_bytes();
+    let tiles = &p.tiles.bytes()[r0 / tr * tb..(r0 + nrows).div_ceil(tr) * tb];
+    match p.isa {
+        // SAFETY: a `Packed` is only built for `packs(isa)` kernel sets, and only when `isa()`
+        // chose that set on this CPU (AVX2 + FMA + F16C); the tiles read are in bounds
+        // (sliced above) and the lengths of `a` and `out` asserted.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86_256::gemm_packed(p.dtype, tiles, tb, nrows, a, out) },
+        // SAFETY: as above, for AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => unsafe { x86_512::gemm_packed(p.dtype, tiles, tb, p.transposed, nrows, a, out) },
+        other => unreachable!("no packed grouped kernels for {other:?}"),
     }
 }
 
@@ -261,6 +399,57 @@ mod tests {
         }
     }
 
+    /// Packed tiles (every kernel set that packs, every grouped type) give `dot_ref`'s
+    /// results bit for bit: row counts that end inside a tile and on its edge, ranges
+    /// starting at later tiles (as the threads' shares do), one token and several.
+    #[test]
+    fn gq_packed_kernels_equal_dot_ref_bit_for_bit() {
+        let sets: Vec<Isa> = crate::backend::cpu::isa::available().into_iter().filter(|&i| packs(i)).collect();
+        if sets.is_empty() {
+            eprintln!("no kernel set that packs on this CPU: nothing to compare");
+            return;
+        }
+        let mut r = XorShift::new(0x3c6e_f372);
+        for dt in DType::all().into_iter().filter(|d| d.is_grouped()) {
+            let mut all_cols = vec![256, 768];
+            if dt.block_elems() == GROUP {
+                all_cols.extend([32, 96, 288]);
+            }
+            for &cols in &all_cols {
+                let rb = dt.row_bytes(cols).unwrap();
+                for &rows in &[1usize, 7, 8, 16, 23, 40] {
+                    let w: Vec<u8> = (0..rows).flat_map(|_| random_row(dt, cols, &mut r)).collect();
+                    for &t in &[1usize, 2, 9] {
+                        let x = r.vec(t * cols, -1.0, 1.0);
+                        let a = QAct::quantize(&x, cols);
+                        let g = cols / GROUP;
+                        for &isa in &sets {
+                            let p = Packed::new(isa, dt, &w, rb, rows, cols, "test", 1 + rows % 3).unwrap();
+                            let tr = tile_rows(isa);
+                            for r0 in (0..rows).step_by(tr) {
+                                let n = rows - r0;
+                                let mut out = vec![f32::NAN; n * t];
+                                gemm_packed(&p, r0, n, &a, &mut out);
+                                for i in 0..n {
+                                    let row = &w[(r0 + i) * rb..(r0 + i + 1) * rb];
+                                    for c in 0..t {
+                                        let want =
+                                            dot_ref(dt, row, &a.qs[c * cols..(c + 1) * cols], &a.d[c * g..(c + 1) * g]);
+                                        assert_eq!(
+                                            out[i * t + c].to_bits(),
+                                            want.to_bits(),
+                                            "{dt} {isa:?}: cols {cols} rows {rows} from {r0}, t {t}: row {i} token {c}"
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Kernel speed, one thread (not an assertion: run with `--ignored --nocapture`):
     /// decode streams a 4096 x 4096 matrix (several times the last-level caches'
     /// share of one core) against one token, prefill a 256-row slice against 32.
@@ -300,10 +489,19 @@ mod tests {
                     let a = QAct::quantize(&r.vec(t * cols, -1.0, 1.0), cols);
                     let mut out = vec![0f32; nr * t];
                     let s = best(|| gemm(isa, dt, &w, rb, nr, &a, &mut out));
-                    if t == 1 {
-                        line += &format!(" {isa:?} decode {:.2} GB/s", (nr * rb) as f64 / s / 1e9);
+                    // The same rows packed at load, as the CPU backend uses them.
+                    let sp = if packs(isa) {
+                        let p = Packed::new(isa, dt, &w, rb, nr, cols, "bench", 1).unwrap();
+                        best(|| gemm_packed(&p, 0, nr, &a, &mut out))
                     } else {
-                        line += &format!(" prefill {:.1} Gmac/s |", (nr * cols * t) as f64 / s / 1e9);
+                        f64::NAN
+                    };
+                    if t == 1 {
+                        let gb = |s: f64| (nr * rb) as f64 / s / 1e9;
+                        line += &format!(" {isa:?} decode {:.2} GB/s (packed {:.2})", gb(s), gb(sp));
+                    } else {
+                        let gm = |s: f64| (nr * cols * t) as f64 / s / 1e9;
+                        line += &format!(" prefill {:.1} Gmac/s (packed {:.1}) |", gm(s), gm(sp));
                     }
                 }
             }

@@ -121,25 +121,65 @@ struct Unit {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn gemm(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
     // SAFETY: same contract as this function's.
+    unsafe { by_type(dt, Src::Rows { w, row_bytes }, nrows, a, out) }
+}
+
+/// Where the rows of a product are: as stored (`row_bytes` apart), or packed
+/// ([`super::Packed`]: tiles of 8 rows, `tile_bytes` apart, the first at row 0 of the
+/// slice; unit `u` of a tile is its 8 rows' unit `u` back to back, [`unit_bytes`] each).
+#[derive(Clone, Copy)]
+pub(super) enum Src<'a> {
+    Rows { w: &'a [u8], row_bytes: usize },
+    Packed { tiles: &'a [u8], tile_bytes: usize },
+}
+
+/// Bytes of one unit of one row (the last unit of a small-block row may use fewer).
+pub(super) fn unit_bytes(dt: DType) -> usize {
+    if dt.block_elems() == GROUP {
+        U * dt.block_bytes()
+    } else {
+        dt.block_bytes()
+    }
+}
+
+/// The product over packed rows: `tiles` starts at a tile of 8 rows and holds the
+/// `nrows.div_ceil(8)` tiles read (`tile_bytes` each, the layout of [`super::Packed`]
+/// for this kernel set).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `gq::gemm_packed`'s assertions hold.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn gemm_packed(dt: DType, tiles: &[u8], tile_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+    // SAFETY: same contract as this function's.
+    unsafe { by_type(dt, Src::Packed { tiles, tile_bytes }, nrows, a, out) }
+}
+
+/// `gemm_t` for type `dt`.
+///
+/// # Safety
+/// As [`gemm`] or [`gemm_packed`] for `src`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn by_type(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, out: &mut [f32]) {
+    // SAFETY: same contract as this function's.
     unsafe {
         match dt {
-            DType::Q4_1 => gemm_t::<T_Q4_1>(w, row_bytes, nrows, a, out),
-            DType::Q5_0 => gemm_t::<T_Q5_0>(w, row_bytes, nrows, a, out),
-            DType::Q5_1 => gemm_t::<T_Q5_1>(w, row_bytes, nrows, a, out),
-            DType::IQ4_NL => gemm_t::<T_IQ4_NL>(w, row_bytes, nrows, a, out),
-            DType::Q2_K => gemm_t::<T_Q2_K>(w, row_bytes, nrows, a, out),
-            DType::Q3_K => gemm_t::<T_Q3_K>(w, row_bytes, nrows, a, out),
-            DType::Q4_K => gemm_t::<T_Q4_K>(w, row_bytes, nrows, a, out),
-            DType::Q5_K => gemm_t::<T_Q5_K>(w, row_bytes, nrows, a, out),
-            DType::Q6_K => gemm_t::<T_Q6_K>(w, row_bytes, nrows, a, out),
-            DType::IQ4_XS => gemm_t::<T_IQ4_XS>(w, row_bytes, nrows, a, out),
+            DType::Q4_1 => gemm_t::<T_Q4_1>(src, nrows, a, out),
+            DType::Q5_0 => gemm_t::<T_Q5_0>(src, nrows, a, out),
+            DType::Q5_1 => gemm_t::<T_Q5_1>(src, nrows, a, out),
+            DType::IQ4_NL => gemm_t::<T_IQ4_NL>(src, nrows, a, out),
+            DType::Q2_K => gemm_t::<T_Q2_K>(src, nrows, a, out),
+            DType::Q3_K => gemm_t::<T_Q3_K>(src, nrows, a, out),
+            DType::Q4_K => gemm_t::<T_Q4_K>(src, nrows, a, out),
+            DType::Q5_K => gemm_t::<T_Q5_K>(src, nrows, a, out),
+            DType::Q6_K => gemm_t::<T_Q6_K>(src, nrows, a, out),
+            DType::IQ4_XS => gemm_t::<T_IQ4_XS>(src, nrows, a, out),
             _ => unreachable!("{dt} is not a grouped type"),
         }
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn gemm_t<const T: u8>(w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+unsafe fn gemm_t<const T: u8>(src: Src<'_>, nrows: usize, a: &QAct, out: &mut [f32]) {
     let (t, cols) = (a.t, a.cols);
     let groups = cols / GROUP;
     let units = groups.div_ceil(U);
@@ -147,10 +187,21 @@ unsafe fn gemm_t<const T: u8>(w: &[u8], row_bytes: usize, nrows: usize, a: &QAct
     // Bytes of one unit of one row.
     let ub = if small { U * block_bytes(T) } else { block_bytes(T) };
     let tc = token_chunk(t, cols).min(TC);
-    assert!(w.len() >= nrows * row_bytes && a.qs.len() >= t * cols && a.d.len() >= t * groups);
+    assert!(a.qs.len() >= t * cols && a.d.len() >= t * groups);
     assert!(a.sums.len() >= t * groups);
     let need = if small { groups * block_bytes(T) } else { cols / 256 * block_bytes(T) };
-    assert!(out.len() >= nrows * t && row_bytes >= need && (small || cols.is_multiple_of(256)));
+    assert!(out.len() >= nrows * t && (small || cols.is_multiple_of(256)));
+    // Bytes from one unit of a row to its next.
+    let us = match src {
+        Src::Rows { w, row_bytes } => {
+            assert!(w.len() >= nrows * row_bytes && row_bytes >= need);
+            ub
+        }
+        Src::Packed { tiles, tile_bytes } => {
+            assert!(tile_bytes >= units * R * ub && tiles.len() >= nrows.div_ceil(R) * tile_bytes);
+            R * ub
+        }
+    };
     let zi = _mm256_setzero_si256();
     let zf = _mm256_setzero_ps();
     let mut un = Unit { q: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2] };
@@ -158,9 +209,20 @@ unsafe fn gemm_t<const T: u8>(w: &[u8], row_bytes: usize, nrows: usize, a: &QAct
     let lv = levels();
     for r0 in (0..nrows).step_by(R) {
         let nr = (nrows - r0).min(R);
-        // Rows past the end repeat the last row (their lanes are not stored).
-        // SAFETY: row `r0 + min(i, nr - 1) < nrows` starts inside `w` (asserted above).
-        let rows: [*const u8; R] = std::array::from_fn(|i| unsafe { w.as_ptr().add((r0 + i.min(nr - 1)) * row_bytes) });
+        let rows: [*const u8; R] = match src {
+            // Rows past the end repeat the last row (their lanes are not stored).
+            Src::Rows { w, row_bytes } => std::array::from_fn(|i| {
+                // SAFETY: row `r0 + min(i, nr - 1) < nrows` starts inside `w` (asserted above).
+                unsafe { w.as_ptr().add((r0 + i.min(nr - 1)) * row_bytes) }
+            }),
+            // Packed tiles hold all 8 rows (zero past the matrix's end).
+            Src::Packed { tiles, tile_bytes } => std::array::from_fn(|i| {
+                // SAFETY: tile `r0 / R` lies inside `tiles` (asserted above), row `i`'s first
+                // unit `i * ub` bytes into it.
+                unsafe { tiles.as_ptr().add(r0 / R * tile_bytes + i * ub) }
+            }),
+        };
+        let packed = matches!(src, Src::Packed { .. });
         for c0 in (0..t).step_by(tc) {
             let ct = (t - c0).min(tc);
             acc[..ct].fill(zf);
@@ -171,13 +233,21 @@ unsafe fn gemm_t<const T: u8>(w: &[u8], row_bytes: usize, nrows: usize, a: &QAct
                 // `u < units`); prefetches never fault; token `c0 + c < t` reads its activation
                 // groups `u * U .. u * U + ng < groups` of `a.qs` / `a.d` (lengths asserted above).
                 unsafe {
-                    for &p in &rows {
-                        let next = p.wrapping_add((u + PF) * ub);
-                        for l in (0..ub).step_by(64) {
+                    if packed {
+                        // One stream: the tile's unit `PF` ahead, 8 rows back to back.
+                        let next = rows[0].wrapping_add((u + PF) * us);
+                        for l in (0..us).step_by(64) {
                             _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(l) as *const i8);
                         }
+                    } else {
+                        for &p in &rows {
+                            let next = p.wrapping_add((u + PF) * us);
+                            for l in (0..ub).step_by(64) {
+                                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(l) as *const i8);
+                            }
+                        }
                     }
-                    let bp: [*const u8; R] = std::array::from_fn(|r| rows[r].add(u * ub));
+                    let bp: [*const u8; R] = std::array::from_fn(|r| rows[r].add(u * us));
                     scales::<T>(&bp, ng, &mut un);
                     let xq = a.qs.as_ptr().add(c0 * cols + u * U * GROUP);
                     let xd = a.d.as_ptr().add(c0 * groups + u * U);

@@ -40,6 +40,8 @@ const PF: usize = 384;
 /// Bytes of a row covered by one round of prefetches (whole blocks): small blocks
 /// are prefetched a few at a time, so each line is asked for once.
 const PF_SPAN: usize = 256;
+/// Prefetch distance, bytes ahead in the one stream of a packed tile.
+const PF_PACKED: usize = 4096;
 
 use super::tag::*;
 
@@ -353,21 +355,24 @@ fn transpose(w: &[__m512i; 8]) -> [__m512i; 8] {
     t
 }
 
-/// 16 rows (`rows[r]`: row starts; `offs`: lane `l`'s row `LANE[l]` as a byte offset from `rows[0]`) times
-/// tokens `c0..c0 + C`, all groups; row `r < valid`'s result for token `c0 + c` goes
-/// to `out[r * ostride + c]`.
+/// 16 rows (`rows[r]`: where row `r`'s first block starts; `offs`: lane `l`'s row
+/// `LANE[l]` as a byte offset from `rows[0]`; block `blk` of a row `blk * bs` bytes
+/// after its first: `bs == bb` for rows as stored, `16 bb` for a packed tile, which
+/// is then one stream, prefetched as one) times tokens `c0..c0 + C`, all groups;
+/// row `r < valid`'s result for token `c0 + c` goes to `out[r * ostride + c]`.
 ///
 /// # Safety
 /// The CPU has the target features; every row holds `nblk` whole blocks of `bb`
-/// bytes of type `K`; `a` has tokens `c0..c0 + C`; `h0` has `a.t * groups` sums
-/// (types with halves); the outputs are writable.
+/// bytes of type `K` at stride `bs`; `a` has tokens `c0..c0 + C`; `h0` has
+/// `a.t * groups` sums (types with halves); the outputs are writable.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile<const K: u8, const C: usize>(
+unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
     rows: &[*const u8; R],
     offs: __m512i,
     bb: usize,
+    bs: usize,
     nblk: usize,
     a: &QAct,
     h0: &[i32],
@@ -382,15 +387,24 @@ unsafe fn tile<const K: u8, const C: usize>(
     let fl = fields(K);
     let mut acc = [_mm512_setzero_ps(); C];
     // SAFETY: (whole body) the CPU has this function's target features (reached only through
-    // `isa()` == Avx512Vnni); block `blk` of each row is at `rows[r] + blk * bb`, inside `w`
+    // `isa()` == Avx512Vnni); block `blk` of each row is at `rows[r] + blk * bs`, inside `w`
     // (caller); gathers read 4 bytes at `fields(K)` offsets, each `+ 4 <= bb`; activation
     // token `c0 + c` group `g` is at `qs[(c0 + c) * cols + 32 g ..+ 32]`, `d`/`sums`/`h0` at
     // `(c0 + c) * groups + g` (the driver checked `a`'s lengths); prefetches never fault.
     unsafe {
         let base = rows[0];
         let pf_step = (PF_SPAN / bb).max(1);
+        let packed = bs != bb;
         for blk in 0..nblk {
-            if blk % pf_step == 0 {
+            if packed {
+                // One stream: the lines starting in this block's 16 rows, `PF_PACKED` ahead.
+                let p0 = base as usize + blk * bs + PF_PACKED;
+                let mut l = (p0 + 63) & !63;
+                while l < p0 + bs {
+                    _mm_prefetch::<_MM_HINT_T0>(l as *const i8);
+                    l += 64;
+                }
+            } else if blk % pf_step == 0 {
                 // The lines starting in the next `pf_step` blocks, `PF` ahead.
                 for &row in rows.iter() {
                     let p0 = row as usize + blk * bb + PF;
@@ -403,21 +417,41 @@ unsafe fn tile<const K: u8, const C: usize>(
             }
             let mut raw = [_mm512_setzero_si512(); 5];
             for (i, &f) in fl.iter().enumerate() {
-                raw[i] = _mm512_i32gather_epi32::<1>(offs, base.add(blk * bb + f) as *const i32);
+                raw[i] = if TR {
+                    // The dword at `f`, or (`f % 4 == 2`: only its high half is read) the
+                    // next dword's low half moved up.
+                    let v = _mm512_loadu_si512(base.add(blk * bs + f.div_ceil(4) * 64) as *const __m512i);
+                    if f % 4 == 0 {
+                        v
+                    } else {
+                        _mm512_slli_epi32::<16>(v)
+                    }
+                } else {
+                    _mm512_i32gather_epi32::<1>(offs, base.add(blk * bs + f) as *const i32)
+                };
             }
             for gi in 0..per {
                 let g = blk * per + gi;
                 let [s0, s1, o0, o1] = scales::<K>(&raw, gi);
-                let mut wv = [_mm512_setzero_si512(); 8];
-                for (p, v) in wv.iter_mut().enumerate() {
-                    *v = unpack2::<K>(rows[2 * p].add(blk * bb), rows[2 * p + 1].add(blk * bb), gi);
-                }
-                // Several tokens: transposed once, then no reduction per token.
-                let wt = if C > 1 { transpose(&wv) } else { wv };
+                // Several tokens: transposed once, then no reduction per token; packed
+                // transposed tiles are stored that way.
+                let wt = if TR {
+                    unpack_t::<K>(base.add(blk * bs), gi)
+                } else {
+                    let mut wv = [_mm512_setzero_si512(); 8];
+                    for (p, v) in wv.iter_mut().enumerate() {
+                        *v = unpack2::<K>(rows[2 * p].add(blk * bs), rows[2 * p + 1].add(blk * bs), gi);
+                    }
+                    if C > 1 {
+                        transpose(&wv)
+                    } else {
+                        wv
+                    }
+                };
                 for (c, acc) in acc.iter_mut().enumerate() {
                     let tk = (c0 + c) * groups + g;
                     let xp = a.qs.as_ptr().add((c0 + c) * cols + g * GROUP);
-                    let (i0, i1) = if C > 1 {
+                    let (i0, i1) = if C > 1 || TR {
                         let x = xp as *const i32;
                         let xd = |m: usize| _mm512_set1_epi32(x.add(m).read_unaligned());
                         let mut i0 = dpbusd(_mm512_setzero_si512(), wt[0], xd(0));
@@ -471,29 +505,139 @@ unsafe fn tile<const K: u8, const C: usize>(
 }
 
 macro_rules! dispatch {
-    ($k:expr, $ct:expr, $($args:expr),*) => {
+    ($k:expr, $tr:expr, $ct:expr, $($args:expr),*) => {
         match $ct {
-            8 => tile::<{ $k }, 8>($($args),*),
-            7 => tile::<{ $k }, 7>($($args),*),
-            6 => tile::<{ $k }, 6>($($args),*),
-            5 => tile::<{ $k }, 5>($($args),*),
-            4 => tile::<{ $k }, 4>($($args),*),
-            3 => tile::<{ $k }, 3>($($args),*),
-            2 => tile::<{ $k }, 2>($($args),*),
-            _ => tile::<{ $k }, 1>($($args),*),
+            8 => tile::<{ $k }, 8, $tr>($($args),*),
+            7 => tile::<{ $k }, 7, $tr>($($args),*),
+            6 => tile::<{ $k }, 6, $tr>($($args),*),
+            5 => tile::<{ $k }, 5, $tr>($($args),*),
+            4 => tile::<{ $k }, 4, $tr>($($args),*),
+            3 => tile::<{ $k }, 3, $tr>($($args),*),
+            2 => tile::<{ $k }, 2, $tr>($($args),*),
+            _ => tile::<{ $k }, 1, $tr>($($args),*),
         }
     };
+}
+
+/// Where the rows of a product are: as stored (`row_bytes` apart), or packed
+/// ([`super::Packed`]: tiles of 16 rows, `tile_bytes` apart, the first at row 0 of
+/// the slice; block `b` of a tile is its 16 rows' block `b` back to back).
+#[derive(Clone, Copy)]
+pub(super) enum Src<'a> {
+    Rows {
+        w: &'a [u8],
+        row_bytes: usize,
+    },
+    Packed {
+        tiles: &'a [u8],
+        tile_bytes: usize,
+    },
+    /// Tiles of 16 rows transposed ([`pack_transposed`]), `tile_bytes` apart.
+    Transposed {
+        tiles: &'a [u8],
+        tile_bytes: usize,
+    },
+}
+
+/// The types whose tiles may be packed transposed ([`pack_transposed`]): their
+/// unpacking works byte by byte on fields at dword offsets.
+pub(super) fn transposes(dt: DType) -> bool {
+    matches!(dt, DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS)
+}
+
+/// Bytes of one block of a transposed tile (block bytes `bb`): a 64-byte vector
+/// per dword of the block.
+pub(super) fn transposed_block_bytes(bb: usize) -> usize {
+    bb.div_ceil(4) * 64
+}
+
+/// Fills one transposed tile (rows `16 tile ..`, zero past `rows`): block `b` of the
+/// tile is `transposed_block_bytes` bytes at `b * that`, vector `k` of it (64 bytes
+/// at `64 k`) holding in its dword lane `l` bytes `4k .. 4k + 4` of block `b` of row
+/// `16 tile + LANE[l]` (zero past the block's end). Every field the kernels unpack
+/// starts at a dword offset, and unpacking is byte-wise, so group `g`'s unpacked
+/// vectors come out as [`transpose`] leaves them: no shuffles per group, and the
+/// scales of 16 rows are one load instead of a gather.
+pub(super) fn pack_transposed(dt: DType, w: &[u8], row_bytes: usize, rows: usize, tile: usize, dst: &mut [u8]) {
+    let bb = dt.block_bytes();
+    let tb = transposed_block_bytes(bb);
+    for (l, &lr) in LANE.iter().enumerate() {
+        let r = tile * R + lr;
+        if r >= rows {
+            continue;
+        }
+        for (b, blk) in w[r * row_bytes..(r + 1) * row_bytes].chunks_exact(bb).enumerate() {
+            for (k, d) in blk.chunks(4).enumerate() {
+                let o = b * tb + k * 64 + l * 4;
+                dst[o..o + d.len()].copy_from_slice(d);
+            }
+        }
+    }
+}
+
+/// Group `g` of a transposed tile's block at `blk` ([`pack_transposed`]) unpacked
+/// as [`transpose`] leaves [`unpack2`]'s vectors: vector `m` holds dword `m` (values
+/// `4m .. 4m + 4`, biased as `unpack2` biases them) of each row in the lane order.
+///
+/// # Safety
+/// `blk` points at a whole transposed block of type `K` (one of [`transposes`]).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn unpack_t<const K: u8>(blk: *const u8, g: usize) -> [__m512i; 8] {
+    let m4 = _mm512_set1_epi8(0x0F);
+    // Dword `m` of the field at byte `o` (a multiple of 4) of the 16 rows.
+    // SAFETY: every field offset below (`quant::groups::unpack`'s layouts) lies in the
+    // block, whose vectors are all there (caller).
+    let ld = |o: usize, m: usize| unsafe { _mm512_loadu_si512(blk.add((o / 4 + m) * 64) as *const __m512i) };
+    let srl = |v: __m512i, n: usize| _mm512_srl_epi16(v, _mm_cvtsi32_si128(n as i32));
+    std::array::from_fn(|m| match K {
+        T_Q4_K | T_Q5_K => {
+            let o = if K == T_Q4_K { 16 } else { 48 } + (g / 2) * 32;
+            let v = ld(o, m);
+            let q = _mm512_and_si512(if g % 2 == 1 { _mm512_srli_epi16::<4>(v) } else { v }, m4);
+            if K == T_Q5_K {
+                let mk = _mm512_test_epi8_mask(ld(16, m), _mm512_set1_epi8((1u8 << g) as i8));
+                _mm512_mask_add_epi8(q, mk, q, _mm512_set1_epi8(16))
+            } else {
+                q
+            }
+        }
+        T_Q2_K | T_Q3_K => {
+            let (h, sh) = (g / 4, 2 * (g % 4));
+            let o = if K == T_Q2_K { 16 } else { 32 } + h * 32;
+            let q = _mm512_and_si512(srl(ld(o, m), sh), _mm512_set1_epi8(3));
+            if K == T_Q3_K {
+                let mk = _mm512_test_epi8_mask(ld(0, m), _mm512_set1_epi8((1u8 << g) as i8));
+                _mm512_mask_add_epi8(q, mk, q, _mm512_set1_epi8(4))
+            } else {
+                q
+            }
+        }
+        T_Q6_K => {
+            let (h, k) = (g / 4, g % 4);
+            let lo = _mm512_and_si512(srl(ld(h * 64 + (k % 2) * 32, m), 4 * (k / 2)), m4);
+            let hi = _mm512_and_si512(srl(ld(128 + h * 32, m), 2 * k), _mm512_set1_epi8(3));
+            _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi))
+        }
+        T_IQ4_XS => {
+            // Values 0..16 are the low nibbles of the field's 16 bytes, 16..32 the high.
+            let v = ld(8 + 16 * g, m % 4);
+            let n = _mm512_and_si512(if m < 4 { v } else { _mm512_srli_epi16::<4>(v) }, m4);
+            _mm512_shuffle_epi8(_mm512_loadu_si512(IQ4_TABLE.as_ptr() as *const __m512i), n)
+        }
+        _ => unreachable!("type tag {K} is not packed transposed"),
+    })
 }
 
 /// All rows and tokens of one type.
 ///
 /// # Safety
-/// As [`gemm`].
+/// As [`gemm`] (rows as stored) or [`gemm_packed`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn driver<const K: u8>(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, out: &mut [f32]) {
     let (t, cols) = (a.t, a.cols);
     let bb = dt.block_bytes();
-    let nblk = row_bytes / bb;
+    let nblk = cols / dt.block_elems();
     let h0: Vec<i32> = if halves(K) {
         a.qs.chunks_exact(GROUP).map(|b| b[..16].iter().map(|&v| v as i32).sum()).collect()
     } else {
@@ -503,32 +647,79 @@ unsafe fn driver<const K: u8>(dt: DType, w: &[u8], row_bytes: usize, nrows: usiz
     let tc = token_chunk(t, cols);
     let o = out.as_mut_ptr();
     // SAFETY: the CPU has this function's target features (reached only through `isa()`);
-    // the rows `i + r` (clamped to `nrows - 1`) are inside `w` (`w.len() >= nrows * row_bytes`,
-    // checked by `gq::gemm`), tokens `c..c + ct <= t` inside `a`, outputs `(i + r) * t + c`
-    // for `r < valid` inside `out` (`out.len() == nrows * t`).
+    // rows as stored: the rows `i + r` (clamped to `nrows - 1`) are inside `w`
+    // (`w.len() >= nrows * row_bytes`, checked by `gq::gemm`); packed: tile `i / 16` (all 16
+    // rows, zero past the matrix) is inside `tiles` (checked by `gq::gemm_packed`); tokens
+    // `c..c + ct <= t` inside `a`, outputs `(i + r) * t + c` for `r < valid` inside `out`
+    // (`out.len() == nrows * t`).
     unsafe {
         let mut t0 = 0;
         while t0 < t {
             let t1 = (t0 + tc).min(t);
             for i in (0..nrows).step_by(R) {
                 let valid = (nrows - i).min(R);
-                let mut rows = [w.as_ptr(); R];
+                let mut rows = [std::ptr::null(); R];
                 let mut off = [0i32; R];
-                for r in 0..R {
-                    let rr = r.min(valid - 1);
-                    rows[r] = w.as_ptr().add((i + rr) * row_bytes);
-                    // Gathered scales in the lane order.
-                    off[r] = (LANE[r].min(valid - 1) * row_bytes) as i32;
-                }
+                let tr = matches!(src, Src::Transposed { .. });
+                let bs = match src {
+                    Src::Transposed { tiles, tile_bytes } => {
+                        rows = [tiles.as_ptr().add(i / R * tile_bytes); R];
+                        transposed_block_bytes(bb)
+                    }
+                    Src::Rows { w, row_bytes } => {
+                        for r in 0..R {
+                            rows[r] = w.as_ptr().add((i + r.min(valid - 1)) * row_bytes);
+                            // Gathered scales in the lane order.
+                            off[r] = (LANE[r].min(valid - 1) * row_bytes) as i32;
+                        }
+                        bb
+                    }
+                    Src::Packed { tiles, tile_bytes } => {
+                        let base = tiles.as_ptr().add(i / R * tile_bytes);
+                        for r in 0..R {
+                            rows[r] = base.add(r * bb);
+                            off[r] = (LANE[r] * bb) as i32;
+                        }
+                        R * bb
+                    }
+                };
                 let offs = _mm512_loadu_si512(off.as_ptr() as *const __m512i);
                 let mut c = t0;
                 while c < t1 {
                     let ct = (t1 - c).min(MAXC);
-                    dispatch!(K, ct, &rows, offs, bb, nblk, a, &h0, c, o.add(i * t + c), t, valid);
+                    if tr {
+                        dispatch!(K, true, ct, &rows, offs, bb, bs, nblk, a, &h0, c, o.add(i * t + c), t, valid);
+                    } else {
+                        dispatch!(K, false, ct, &rows, offs, bb, bs, nblk, a, &h0, c, o.add(i * t + c), t, valid);
+                    }
                     c += ct;
                 }
             }
             t0 = t1;
+        }
+    }
+}
+
+/// `driver` for type `dt`.
+///
+/// # Safety
+/// As [`driver`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn by_type(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, out: &mut [f32]) {
+    // SAFETY: the caller's contract is `driver`'s.
+    unsafe {
+        match dt {
+            DType::Q4_1 => driver::<T_Q4_1>(dt, src, nrows, a, out),
+            DType::Q5_0 => driver::<T_Q5_0>(dt, src, nrows, a, out),
+            DType::Q5_1 => driver::<T_Q5_1>(dt, src, nrows, a, out),
+            DType::IQ4_NL => driver::<T_IQ4_NL>(dt, src, nrows, a, out),
+            DType::Q2_K => driver::<T_Q2_K>(dt, src, nrows, a, out),
+            DType::Q3_K => driver::<T_Q3_K>(dt, src, nrows, a, out),
+            DType::Q4_K => driver::<T_Q4_K>(dt, src, nrows, a, out),
+            DType::Q5_K => driver::<T_Q5_K>(dt, src, nrows, a, out),
+            DType::Q6_K => driver::<T_Q6_K>(dt, src, nrows, a, out),
+            DType::IQ4_XS => driver::<T_IQ4_XS>(dt, src, nrows, a, out),
+            _ => unreachable!("{dt} is not a grouped type"),
         }
     }
 }
@@ -550,21 +741,31 @@ pub(super) unsafe fn gemm(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a
     // SAFETY: the caller (`gq::gemm`'s `Isa::Avx512Vnni` arm; `isa()` picks that kernel set only
     // on CPUs with AVX-512 F/BW/VL + VNNI, AVX2, FMA, F16C) guarantees the features and
     // the bounds (`gq::gemm`'s assertions).
-    unsafe {
-        match dt {
-            DType::Q4_1 => driver::<T_Q4_1>(dt, w, row_bytes, nrows, a, out),
-            DType::Q5_0 => driver::<T_Q5_0>(dt, w, row_bytes, nrows, a, out),
-            DType::Q5_1 => driver::<T_Q5_1>(dt, w, row_bytes, nrows, a, out),
-            DType::IQ4_NL => driver::<T_IQ4_NL>(dt, w, row_bytes, nrows, a, out),
-            DType::Q2_K => driver::<T_Q2_K>(dt, w, row_bytes, nrows, a, out),
-            DType::Q3_K => driver::<T_Q3_K>(dt, w, row_bytes, nrows, a, out),
-            DType::Q4_K => driver::<T_Q4_K>(dt, w, row_bytes, nrows, a, out),
-            DType::Q5_K => driver::<T_Q5_K>(dt, w, row_bytes, nrows, a, out),
-            DType::Q6_K => driver::<T_Q6_K>(dt, w, row_bytes, nrows, a, out),
-            DType::IQ4_XS => driver::<T_IQ4_XS>(dt, w, row_bytes, nrows, a, out),
-            _ => unreachable!("{dt} is not a grouped type"),
-        }
+    unsafe { by_type(dt, Src::Rows { w, row_bytes }, nrows, a, out) }
+}
+
+/// The product over packed rows: `tiles` starts at a tile of 16 rows and holds the
+/// `nrows.div_ceil(16)` tiles read (`tile_bytes` each, in the layout of
+/// [`super::Packed`] for this kernel set).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C; `gq::gemm_packed`'s
+/// assertions hold.
+pub(super) unsafe fn gemm_packed(
+    dt: DType,
+    tiles: &[u8],
+    tile_bytes: usize,
+    transposed: bool,
+    nrows: usize,
+    a: &QAct,
+    out: &mut [f32],
+) {
+    if nrows == 0 || a.t == 0 {
+        return;
     }
+    let src = if transposed { Src::Transposed { tiles, tile_bytes } } else { Src::Packed { tiles, tile_bytes } };
+    // SAFETY: as `gemm`; the gather offsets are below `16 * block_bytes` (at most 3,360).
+    unsafe { by_type(dt, src, nrows, a, out) }
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ use std::cell::OnceCell;
 pub enum Pack {
     Q(qpack::Packed),
     F(fpack::Packed),
+    G(gq::Packed),
 }
 
 /// The activations of one matmul input: f32 rows, quantized to 8 bits the first
@@ -78,6 +79,7 @@ impl<'a> Bound<'a> {
         let packed = m.packed.filter(|p| match p {
             Pack::Q(q) => quant && q.rows == m.rows && q.cols == cols && q.dtype == m.dtype,
             Pack::F(f) => m.dtype == DType::F16 && f.rows == m.rows && f.cols == cols,
+            Pack::G(g) => g.dtype == m.dtype && g.rows == m.rows && g.cols == cols && g.isa == isa::isa(),
         });
         Ok(Bound { m: Weight { packed, ..m }, qa, x: act.x, cols, isa: isa::isa() })
     }
@@ -87,6 +89,7 @@ impl<'a> Bound<'a> {
         match self.m.packed {
             Some(Pack::Q(_)) => qpack::ALIGN,
             Some(Pack::F(_)) => fpack::GROUP,
+            Some(Pack::G(g)) => gq::tile_rows(g.isa),
             None => 4,
         }
     }
@@ -98,6 +101,7 @@ impl<'a> Bound<'a> {
         let wr = &m.w[r0 * m.row_bytes..(r0 + n) * m.row_bytes];
         match (self.qa, m.packed) {
             (Some(qa), Some(Pack::Q(p))) => qpack::gemm(self.isa, p, r0, n, qa, part),
+            (Some(qa), Some(Pack::G(p))) => gq::gemm_packed(p, r0, n, qa, part),
             (Some(qa), _) if m.dtype.is_grouped() => gq::gemm(self.isa, m.dtype, wr, m.row_bytes, n, qa, part),
             (Some(qa), _) => simd::gemm_q(self.isa, m.dtype, wr, m.row_bytes, n, qa, part),
             (None, Some(Pack::F(p))) => fpack::gemm(self.isa, p, r0, n, self.x, part),
