@@ -206,8 +206,9 @@ struct MoeScratch {
     order: Vec<u32>,
     /// The tokens routed to one expert, and their weights.
     rows: Vec<(u32, f32)>,
-    /// Their normed hidden states gathered (`<= n x hidden`), gate and up (`<= n x ffn`),
-    /// and the expert's output (`<= n x hidden`).
+    /// Their normed hidden states gathered (`<= n x hidden`), gate and up (`<= n x ffn`,
+    /// or one token's `n_used` experts side by side), and the expert's output (`<= n x
+    /// hidden`, or the `n_used` experts' of one token).
     xe: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
@@ -218,15 +219,17 @@ impl MoeScratch {
     fn new(m: &MoeConfig, n: usize, h: usize) -> Result<MoeScratch> {
         let f = m.expert_ffn.max(m.shared_ffn.unwrap_or(0));
         let v = |d: usize, what: &str| try_vec(n.saturating_mul(d), 0f32, what);
+        // One token's routed experts side by side (`moe_ffn`'s decode path).
+        let vk = |d: usize, what: &str| try_vec(n.max(m.n_used).saturating_mul(d), 0f32, what);
         Ok(MoeScratch {
             probs: v(m.n_experts, "the step's router scores")?,
             routes: try_vec(n.saturating_mul(m.n_used), (0, 0.0), "the step's expert routes")?,
             order: try_vec(m.n_experts, 0, "the router's order")?,
             rows: try_with_capacity(n, "the step's expert rows")?,
             xe: v(h, "the step's expert inputs")?,
-            gate: v(f, "the step's expert gates")?,
-            up: v(f, "the step's expert up projections")?,
-            ye: v(h, "the step's expert outputs")?,
+            gate: vk(f, "the step's expert gates")?,
+            up: vk(f, "the step's expert up projections")?,
+            ye: vk(h, "the step's expert outputs")?,
         })
     }
 }
@@ -290,28 +293,57 @@ fn moe_ffn<'w>(
         route(&mut s.probs[t * ne..(t + 1) * ne], k, mc.norm_topk, &mut s.order, &mut s.routes[t * k..(t + 1) * k]);
     }
     out.iter_mut().for_each(|v| *v = 0.0);
-    // Experts in index order; a token's routes are sorted by expert, so each sum
-    // accumulates in expert order.
-    for (e, ew) in m.experts.iter().enumerate() {
-        s.rows.clear();
-        for t in 0..n {
-            let r = &s.routes[t * k..(t + 1) * k];
-            if let Some(&(_, wgt)) = r.iter().find(|r| r.0 as usize == e) {
-                s.rows.push((t as u32, wgt));
+    if n == 1 {
+        // One token (decode): every routed expert reads the same row, so all their gates
+        // and ups are one pool run over the activations quantized once, then all their
+        // downs another: two joins per layer instead of three per expert. The same kernels
+        // compute the same rows (`matmul_each`), and the sum below runs in expert order as
+        // the loop's does: the bits are those of the several-token path.
+        let r = &s.routes[..k];
+        let ws: Vec<Weight<'w>> = r
+            .iter()
+            .flat_map(|&(e, _)| {
+                let g = &m.experts[e as usize];
+                [weight(&g.gate), weight(&g.up)]
+            })
+            .collect();
+        let (gate, up) = (&mut s.gate[..k * fe], &mut s.up[..k * fe]);
+        let mut ys: Vec<&mut [f32]> = gate.chunks_mut(fe).zip(up.chunks_mut(fe)).flat_map(|(g, u)| [g, u]).collect();
+        matmul::matmul_many(pool, &ws, &xa, &mut ys)?;
+        drop(ys);
+        elementwise::swiglu_par(pool, gate, up);
+        let acts: Vec<Act<'_>> = gate.chunks(fe).map(|g| Act::new(g, fe)).collect();
+        let downs: Vec<(Weight<'w>, &Act<'_>)> =
+            r.iter().zip(&acts).map(|(&(e, _), a)| (weight(&m.experts[e as usize].down), a)).collect();
+        let mut ys: Vec<&mut [f32]> = s.ye[..k * h].chunks_mut(h).collect();
+        matmul::matmul_each(pool, &downs, &mut ys)?;
+        for (&(_, wgt), y) in r.iter().zip(s.ye.chunks(h)) {
+            elementwise::axpy(out, wgt, y);
+        }
+    } else {
+        // Experts in index order; a token's routes are sorted by expert, so each sum
+        // accumulates in expert order.
+        for (e, ew) in m.experts.iter().enumerate() {
+            s.rows.clear();
+            for t in 0..n {
+                let r = &s.routes[t * k..(t + 1) * k];
+                if let Some(&(_, wgt)) = r.iter().find(|r| r.0 as usize == e) {
+                    s.rows.push((t as u32, wgt));
+                }
             }
-        }
-        if s.rows.is_empty() {
-            continue;
-        }
-        let r = s.rows.len();
-        for (i, &(t, _)) in s.rows.iter().enumerate() {
-            let t = t as usize;
-            s.xe[i * h..(i + 1) * h].copy_from_slice(&xn[t * h..(t + 1) * h]);
-        }
-        glu(pool, weight, ew, &s.xe[..r * h], h, fe, &mut s.gate, &mut s.up, &mut s.ye[..r * h])?;
-        for (i, &(t, wgt)) in s.rows.iter().enumerate() {
-            let t = t as usize;
-            elementwise::axpy(&mut out[t * h..(t + 1) * h], wgt, &s.ye[i * h..(i + 1) * h]);
+            if s.rows.is_empty() {
+                continue;
+            }
+            let r = s.rows.len();
+            for (i, &(t, _)) in s.rows.iter().enumerate() {
+                let t = t as usize;
+                s.xe[i * h..(i + 1) * h].copy_from_slice(&xn[t * h..(t + 1) * h]);
+            }
+            glu(pool, weight, ew, &s.xe[..r * h], h, fe, &mut s.gate, &mut s.up, &mut s.ye[..r * h])?;
+            for (i, &(t, wgt)) in s.rows.iter().enumerate() {
+                let t = t as usize;
+                elementwise::axpy(&mut out[t * h..(t + 1) * h], wgt, &s.ye[i * h..(i + 1) * h]);
+            }
         }
     }
     if let Some((sh, gvec)) = &m.shared {

@@ -40,8 +40,6 @@ const PF: usize = 384;
 /// Bytes of a row covered by one round of prefetches (whole blocks): small blocks
 /// are prefetched a few at a time, so each line is asked for once.
 const PF_SPAN: usize = 256;
-/// Prefetch distance, bytes ahead in the one stream of a packed tile.
-const PF_PACKED: usize = 4096;
 
 use super::tag::*;
 
@@ -396,15 +394,9 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
         let pf_step = (PF_SPAN / bb).max(1);
         let packed = bs != bb;
         for blk in 0..nblk {
-            if packed {
-                // One stream: the lines starting in this block's 16 rows, `PF_PACKED` ahead.
-                let p0 = base as usize + blk * bs + PF_PACKED;
-                let mut l = (p0 + 63) & !63;
-                while l < p0 + bs {
-                    _mm_prefetch::<_MM_HINT_T0>(l as *const i8);
-                    l += 64;
-                }
-            } else if blk % pf_step == 0 {
+            // A packed tile is one stream, which the hardware prefetchers follow: software
+            // prefetches 768 to 12,288 bytes ahead measured no faster.
+            if !packed && blk % pf_step == 0 {
                 // The lines starting in the next `pf_step` blocks, `PF` ahead.
                 for &row in rows.iter() {
                     let p0 = row as usize + blk * bb + PF;

@@ -148,15 +148,24 @@ pub(crate) fn matmul(pool: &Pool, m: Weight<'_>, act: &Act<'_>, y: &mut [f32]) -
 /// [`matmul`] bit for bit. Otherwise (or when the matrices' row counts do not
 /// keep the units aligned) one [`matmul`] each.
 pub(crate) fn matmul_many(pool: &Pool, ms: &[Weight<'_>], act: &Act<'_>, ys: &mut [&mut [f32]]) -> Result<()> {
+    let pairs: Vec<(Weight<'_>, &Act<'_>)> = ms.iter().map(|&m| (m, act)).collect();
+    matmul_each(pool, &pairs, ys)
+}
+
+/// `ys[i] = W_i x_i`, each matrix with its own activations (one token each: the
+/// routed experts' down projections): as [`matmul_many`], one pool run when every
+/// input is one token and the row counts keep the units aligned, else one
+/// [`matmul`] each; the results are [`matmul`]'s bit for bit either way.
+pub(crate) fn matmul_each(pool: &Pool, ms: &[(Weight<'_>, &Act<'_>)], ys: &mut [&mut [f32]]) -> Result<()> {
     assert_eq!(ms.len(), ys.len());
-    let t_count = act.x.len() / act.cols;
-    let bs: Vec<Bound<'_>> = ms.iter().map(|&m| Bound::new(m, act)).collect::<Result<_>>()?;
+    let one = ms.iter().all(|(_, a)| a.x.len() == a.cols);
+    let bs: Vec<Bound<'_>> = ms.iter().map(|&(m, a)| Bound::new(m, a)).collect::<Result<_>>()?;
     let align = bs.iter().map(Bound::align).max().unwrap_or(1);
     let aligned = bs.iter().all(|b| align.is_multiple_of(b.align()))
         && bs[..bs.len().saturating_sub(1)].iter().all(|b| b.m.rows.is_multiple_of(align));
-    if t_count != 1 || !aligned {
-        for (&m, y) in ms.iter().zip(ys.iter_mut()) {
-            matmul(pool, m, act, y)?;
+    if !one || !aligned {
+        for (&(m, a), y) in ms.iter().zip(ys.iter_mut()) {
+            matmul(pool, m, a, y)?;
         }
         return Ok(());
     }
@@ -170,7 +179,8 @@ pub(crate) fn matmul_many(pool: &Pool, ms: &[Weight<'_>], act: &Act<'_>, ys: &mu
         .collect();
     let total: usize = bs.iter().map(|b| b.m.rows).sum();
     let mut all = try_vec(total, 0f32, "the step's stacked matmul output")?;
-    par_units(pool, &mut all, 1, act.cols, align, |u0, part| {
+    let cols = bs.iter().map(|b| b.cols).max().unwrap_or(0);
+    par_units(pool, &mut all, 1, cols, align, |u0, part| {
         // The chunk may span matrices: each piece to its own matrix's rows.
         let mut u = u0;
         let mut part = part;
@@ -197,12 +207,12 @@ mod tests {
     /// threads, one token and several, packed (Q8_0, Q4_0, F16) and not, with
     /// row counts that keep the shared range aligned and ones that do not.
     #[test]
-    fn matmul_many_equals_one_matmul_each() {
+    fn matmul_many_and_each_equal_one_matmul_each() {
         use crate::quant::quantize_row;
         let mut rng = crate::util::XorShift::new(0x0DDB_1A5E_5BAD_5EED);
         let mut rnd = |n: usize| rng.vec(n, -1.0, 1.0);
         let cols = 256;
-        for dt in [DType::Q4_0, DType::Q8_0, DType::F16, DType::F32] {
+        for dt in [DType::Q4_0, DType::Q8_0, DType::F16, DType::F32, DType::Q4_K, DType::Q6_K] {
             for rows in [vec![128usize, 64, 64], vec![192, 64], vec![100, 36, 50], vec![64, 33]] {
                 let rb = dt.row_bytes(cols).unwrap();
                 let raw: Vec<Vec<u8>> = rows
@@ -210,7 +220,23 @@ mod tests {
                     .map(|&r| {
                         let mut w = vec![0u8; r * rb];
                         for i in 0..r {
-                            quantize_row(dt, &rnd(cols), &mut w[i * rb..(i + 1) * rb]);
+                            let row = &mut w[i * rb..(i + 1) * rb];
+                            if dt.is_grouped() {
+                                // Random blocks with small finite f16 scales (no quantizer for
+                                // these types: files bring them quantized).
+                                let v = rnd(rb);
+                                for (b, x) in row.iter_mut().zip(v) {
+                                    *b = (x * 1e4) as i64 as u8;
+                                }
+                                for blk in row.chunks_exact_mut(dt.block_bytes()) {
+                                    for &o in dt.f16_scale_offsets() {
+                                        let h = half::f16::from_f32(0.01 + 0.001 * (o as f32)).to_bits();
+                                        blk[o..o + 2].copy_from_slice(&h.to_le_bytes());
+                                    }
+                                }
+                            } else {
+                                quantize_row(dt, &rnd(cols), row);
+                            }
                         }
                         w
                     })
@@ -224,6 +250,9 @@ mod tests {
                                 Some(Pack::Q(qpack::Packed::new(dt, w, rb, r, cols, "t", 2).unwrap()))
                             }
                             (true, DType::F16) => Some(Pack::F(fpack::Packed::new(w, r, cols, "t", 2).unwrap())),
+                            (true, DType::Q4_K | DType::Q6_K) if gq::packs(isa::isa()) => {
+                                Some(Pack::G(gq::Packed::new(isa::isa(), dt, w, rb, r, cols, "t", 2).unwrap()))
+                            }
                             _ => None,
                         })
                         .collect();
@@ -249,6 +278,23 @@ mod tests {
                                     want.iter().map(|v| v.to_bits()).collect(),
                                 );
                                 assert_eq!(gb, wb, "{dt} rows {rows:?} packed {pack} t {t} threads {threads}");
+                            }
+                            // Each matrix with its own activations (the experts' downs).
+                            let xs: Vec<Vec<f32>> = ms.iter().map(|_| rnd(t * cols)).collect();
+                            let acts: Vec<Act<'_>> = xs.iter().map(|x| Act::new(x, cols)).collect();
+                            let pairs: Vec<(Weight<'_>, &Act<'_>)> = ms.iter().copied().zip(&acts).collect();
+                            let mut got: Vec<Vec<f32>> = rows.iter().map(|&r| vec![f32::NAN; r * t]).collect();
+                            let mut refs: Vec<&mut [f32]> = got.iter_mut().map(|v| v.as_mut_slice()).collect();
+                            matmul_each(&pool, &pairs, &mut refs).unwrap();
+                            for ((m, x), g) in ms.iter().zip(&xs).zip(&got) {
+                                let mut want = vec![f32::NAN; m.rows * t];
+                                matmul(&pool, *m, &Act::new(x, cols), &mut want).unwrap();
+                                let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+                                assert_eq!(
+                                    bits(g),
+                                    bits(&want),
+                                    "each: {dt} rows {rows:?} packed {pack} t {t} threads {threads}"
+                                );
                             }
                         }
                     }
