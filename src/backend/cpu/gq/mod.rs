@@ -133,7 +133,7 @@ pub(crate) fn tile_rows(isa: Isa) -> usize {
 fn transposes(isa: Isa, dt: DType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        isa == Isa::Avx512Vnni && x86_512::transposes(dt)
+        (isa == Isa::Avx512Vnni && x86_512::transposes(dt)) || (isa == Isa::Avx2 && x86_256::transposes(dt))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -197,7 +197,12 @@ impl Packed {
         let tile_bytes = if transposed {
             #[cfg(target_arch = "x86_64")]
             {
-                cols / dt.block_elems() * x86_512::transposed_block_bytes(dt.block_bytes())
+                let tb = if isa == Isa::Avx512Vnni {
+                    x86_512::transposed_block_bytes(dt.block_bytes())
+                } else {
+                    x86_256::transposed_block_bytes(dt.block_bytes())
+                };
+                (cols / dt.block_elems() * tb).div_ceil(64) * 64
             }
             #[cfg(not(target_arch = "x86_64"))]
             unreachable!()
@@ -207,7 +212,11 @@ impl Packed {
         let fill = |tile: usize, dst: &mut [u8]| {
             #[cfg(target_arch = "x86_64")]
             if transposed {
-                return x86_512::pack_transposed(dt, w, row_bytes, rows, tile, dst);
+                return if isa == Isa::Avx512Vnni {
+                    x86_512::pack_transposed(dt, w, row_bytes, rows, tile, dst)
+                } else {
+                    x86_256::pack_transposed(dt, w, row_bytes, rows, tile, dst)
+                };
             }
             for r in tile * p..((tile + 1) * p).min(rows) {
                 let row = &w[r * row_bytes..(r + 1) * row_bytes];
@@ -240,7 +249,7 @@ pub(crate) fn gemm_packed(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &m
         // chose that set on this CPU (AVX2 + FMA + F16C); the tiles read are in bounds
         // (sliced above) and the lengths of `a` and `out` asserted.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86_256::gemm_packed(p.dtype, tiles, tb, nrows, a, out) },
+        Isa::Avx2 => unsafe { x86_256::gemm_packed(p.dtype, tiles, tb, p.transposed, nrows, a, out) },
         // SAFETY: as above, for AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => unsafe { x86_512::gemm_packed(p.dtype, tiles, tb, p.transposed, nrows, a, out) },

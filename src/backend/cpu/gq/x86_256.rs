@@ -129,8 +129,19 @@ pub(super) unsafe fn gemm(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a
 /// slice; unit `u` of a tile is its 8 rows' unit `u` back to back, [`unit_bytes`] each).
 #[derive(Clone, Copy)]
 pub(super) enum Src<'a> {
-    Rows { w: &'a [u8], row_bytes: usize },
-    Packed { tiles: &'a [u8], tile_bytes: usize },
+    Rows {
+        w: &'a [u8],
+        row_bytes: usize,
+    },
+    Packed {
+        tiles: &'a [u8],
+        tile_bytes: usize,
+    },
+    /// Tiles of 8 rows transposed ([`pack_transposed`]), `tile_bytes` apart.
+    Transposed {
+        tiles: &'a [u8],
+        tile_bytes: usize,
+    },
 }
 
 /// Bytes of one unit of one row (the last unit of a small-block row may use fewer).
@@ -149,9 +160,18 @@ pub(super) fn unit_bytes(dt: DType) -> usize {
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `gq::gemm_packed`'s assertions hold.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn gemm_packed(dt: DType, tiles: &[u8], tile_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+pub(super) unsafe fn gemm_packed(
+    dt: DType,
+    tiles: &[u8],
+    tile_bytes: usize,
+    transposed: bool,
+    nrows: usize,
+    a: &QAct,
+    out: &mut [f32],
+) {
+    let src = if transposed { Src::Transposed { tiles, tile_bytes } } else { Src::Packed { tiles, tile_bytes } };
     // SAFETY: same contract as this function's.
-    unsafe { by_type(dt, Src::Packed { tiles, tile_bytes }, nrows, a, out) }
+    unsafe { by_type(dt, src, nrows, a, out) }
 }
 
 /// `gemm_t` for type `dt`.
@@ -160,26 +180,37 @@ pub(super) unsafe fn gemm_packed(dt: DType, tiles: &[u8], tile_bytes: usize, nro
 /// As [`gemm`] or [`gemm_packed`] for `src`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn by_type(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, out: &mut [f32]) {
+    let tr = matches!(src, Src::Transposed { .. });
     // SAFETY: same contract as this function's.
     unsafe {
         match dt {
-            DType::Q4_1 => gemm_t::<T_Q4_1>(src, nrows, a, out),
-            DType::Q5_0 => gemm_t::<T_Q5_0>(src, nrows, a, out),
-            DType::Q5_1 => gemm_t::<T_Q5_1>(src, nrows, a, out),
-            DType::IQ4_NL => gemm_t::<T_IQ4_NL>(src, nrows, a, out),
-            DType::Q2_K => gemm_t::<T_Q2_K>(src, nrows, a, out),
-            DType::Q3_K => gemm_t::<T_Q3_K>(src, nrows, a, out),
-            DType::Q4_K => gemm_t::<T_Q4_K>(src, nrows, a, out),
-            DType::Q5_K => gemm_t::<T_Q5_K>(src, nrows, a, out),
-            DType::Q6_K => gemm_t::<T_Q6_K>(src, nrows, a, out),
-            DType::IQ4_XS => gemm_t::<T_IQ4_XS>(src, nrows, a, out),
+            DType::Q4_1 if tr => gemm_t::<T_Q4_1, true>(src, nrows, a, out),
+            DType::Q4_1 => gemm_t::<T_Q4_1, false>(src, nrows, a, out),
+            DType::Q5_0 if tr => gemm_t::<T_Q5_0, true>(src, nrows, a, out),
+            DType::Q5_0 => gemm_t::<T_Q5_0, false>(src, nrows, a, out),
+            DType::Q5_1 if tr => gemm_t::<T_Q5_1, true>(src, nrows, a, out),
+            DType::Q5_1 => gemm_t::<T_Q5_1, false>(src, nrows, a, out),
+            DType::IQ4_NL if tr => gemm_t::<T_IQ4_NL, true>(src, nrows, a, out),
+            DType::IQ4_NL => gemm_t::<T_IQ4_NL, false>(src, nrows, a, out),
+            DType::Q2_K if tr => gemm_t::<T_Q2_K, true>(src, nrows, a, out),
+            DType::Q2_K => gemm_t::<T_Q2_K, false>(src, nrows, a, out),
+            DType::Q3_K if tr => gemm_t::<T_Q3_K, true>(src, nrows, a, out),
+            DType::Q3_K => gemm_t::<T_Q3_K, false>(src, nrows, a, out),
+            DType::Q4_K if tr => gemm_t::<T_Q4_K, true>(src, nrows, a, out),
+            DType::Q4_K => gemm_t::<T_Q4_K, false>(src, nrows, a, out),
+            DType::Q5_K if tr => gemm_t::<T_Q5_K, true>(src, nrows, a, out),
+            DType::Q5_K => gemm_t::<T_Q5_K, false>(src, nrows, a, out),
+            DType::Q6_K if tr => gemm_t::<T_Q6_K, true>(src, nrows, a, out),
+            DType::Q6_K => gemm_t::<T_Q6_K, false>(src, nrows, a, out),
+            DType::IQ4_XS if tr => gemm_t::<T_IQ4_XS, true>(src, nrows, a, out),
+            DType::IQ4_XS => gemm_t::<T_IQ4_XS, false>(src, nrows, a, out),
             _ => unreachable!("{dt} is not a grouped type"),
         }
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn gemm_t<const T: u8>(src: Src<'_>, nrows: usize, a: &QAct, out: &mut [f32]) {
+unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QAct, out: &mut [f32]) {
     let (t, cols) = (a.t, a.cols);
     let groups = cols / GROUP;
     let units = groups.div_ceil(U);
@@ -201,7 +232,13 @@ unsafe fn gemm_t<const T: u8>(src: Src<'_>, nrows: usize, a: &QAct, out: &mut [f
             assert!(tile_bytes >= units * R * ub && tiles.len() >= nrows.div_ceil(R) * tile_bytes);
             R * ub
         }
+        Src::Transposed { tiles, tile_bytes } => {
+            let tb = transposed_block_bytes(block_bytes(T));
+            assert!(!small && tile_bytes >= units * tb && tiles.len() >= nrows.div_ceil(R) * tile_bytes);
+            tb
+        }
     };
+    assert_eq!(TR, matches!(src, Src::Transposed { .. }));
     let zi = _mm256_setzero_si256();
     let zf = _mm256_setzero_ps();
     let mut un = Unit { q: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2] };
@@ -221,8 +258,13 @@ unsafe fn gemm_t<const T: u8>(src: Src<'_>, nrows: usize, a: &QAct, out: &mut [f
                 // unit `i * ub` bytes into it.
                 unsafe { tiles.as_ptr().add(r0 / R * tile_bytes + i * ub) }
             }),
+            // Row `i`'s dwords are lane `i` of the block's vectors (`at`).
+            Src::Transposed { tiles, tile_bytes } => std::array::from_fn(|i| {
+                // SAFETY: tile `r0 / R` lies inside `tiles` (asserted above).
+                unsafe { tiles.as_ptr().add(r0 / R * tile_bytes + 4 * i) }
+            }),
         };
-        let packed = matches!(src, Src::Packed { .. });
+        let packed = !matches!(src, Src::Rows { .. });
         for c0 in (0..t).step_by(tc) {
             let ct = (t - c0).min(tc);
             acc[..ct].fill(zf);
@@ -248,23 +290,39 @@ unsafe fn gemm_t<const T: u8>(src: Src<'_>, nrows: usize, a: &QAct, out: &mut [f
                         }
                     }
                     let bp: [*const u8; R] = std::array::from_fn(|r| rows[r].add(u * us));
-                    scales::<T>(&bp, ng, &mut un);
+                    scales::<T, TR>(&bp, ng, &mut un);
                     let xq = a.qs.as_ptr().add(c0 * cols + u * U * GROUP);
                     let xd = a.d.as_ptr().add(c0 * groups + u * U);
                     let xs = a.sums.as_ptr().add(c0 * groups + u * U);
+                    // A transposed tile's group is 8 dwords of 8 rows (`lane_sums`), else
+                    // 8 rows of 32 values (`row_sums`); `un.q[g][i]` is the i-th either way.
+                    let q = |g: usize, i: usize| {
+                        if TR {
+                            qgroup_t::<T>(bp[0], g, i, lv)
+                        } else {
+                            qgroup::<T>(bp[i], g, lv)
+                        }
+                    };
+                    let sums = |q: &dyn Fn(usize) -> __m256i, xp: *const i8, x: __m256i| {
+                        if TR {
+                            lane_sums::<T>(q, xp)
+                        } else {
+                            row_sums::<T>(q, x)
+                        }
+                    };
                     if ct == 1 {
                         // Decode: each group straight from the weights into the dot product.
-                        acc[0] = dot_unit::<T>(&un, |g, r| qgroup::<T>(bp[r], g, lv), ng, xq, xd, xs, acc[0]);
+                        acc[0] = dot_unit::<T>(&un, |g, xp, x| sums(&|i| q(g, i), xp, x), ng, xq, xd, xs, acc[0]);
                     } else {
                         for g in 0..ng {
-                            for r in 0..R {
-                                un.q[g][r] = qgroup::<T>(bp[r], g, lv);
+                            for i in 0..R {
+                                un.q[g][i] = q(g, i);
                             }
                         }
                         let qv = &un.q;
                         for c in 0..ct {
                             let (xq, xd, xs) = (xq.add(c * cols), xd.add(c * groups), xs.add(c * groups));
-                            acc[c] = dot_unit::<T>(&un, |g, r| qv[g][r], ng, xq, xd, xs, acc[c]);
+                            acc[c] = dot_unit::<T>(&un, |g, xp, x| sums(&|i| qv[g][i], xp, x), ng, xq, xd, xs, acc[c]);
                         }
                     }
                 }
@@ -281,12 +339,42 @@ unsafe fn gemm_t<const T: u8>(src: Src<'_>, nrows: usize, a: &QAct, out: &mut [f
     }
 }
 
-/// The f16 at byte `off` of each of the 8 pointers, as f32 lanes.
+/// Where byte `off` of a row's block is, from `p`: `p + off` for rows as stored; in
+/// a transposed tile (`TR`, [`pack_transposed`]) `p` is the block's start plus
+/// `4 r` for row `r`, and the byte is in the block's vector `off / 4`.
+#[inline(always)]
+fn at<const TR: bool>(p: *const u8, off: usize) -> *const u8 {
+    if TR {
+        p.wrapping_add((off & !3) * R + (off & 3))
+    } else {
+        p.wrapping_add(off)
+    }
+}
+
+/// 16 bytes of a row's block from byte `off` (a multiple of 4 when `TR`), as [`at`] finds them.
+///
+/// # Safety
+/// The bytes are inside the block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16x8(p: &[*const u8; R], off: usize) -> __m256 {
+unsafe fn ld128<const TR: bool>(p: *const u8, off: usize) -> __m128i {
+    // SAFETY: the caller passes a block holding bytes `off .. off + 16`.
+    unsafe {
+        if TR {
+            let d = |k: usize| rd32(at::<TR>(p, off + 4 * k)) as i32;
+            _mm_setr_epi32(d(0), d(1), d(2), d(3))
+        } else {
+            _mm_loadu_si128(p.add(off) as *const __m128i)
+        }
+    }
+}
+
+/// The f16 at byte `off` of each of the 8 rows' blocks (found as [`at`] finds it), as f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16x8<const TR: bool>(p: &[*const u8; R], off: usize) -> __m256 {
     // SAFETY: the caller passes pointers with 2 readable bytes at `off`.
-    let h: [i16; R] = std::array::from_fn(|r| unsafe { (p[r].add(off) as *const i16).read_unaligned() });
+    let h: [i16; R] = std::array::from_fn(|r| unsafe { (at::<TR>(p[r], off) as *const i16).read_unaligned() });
     _mm256_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]))
 }
 
@@ -463,10 +551,86 @@ unsafe fn qgroup<const T: u8>(p: *const u8, g: usize, lv: __m256i) -> __m256i {
     }
 }
 
+/// Dword `m` (values `4m .. 4m + 4`) of group `g` of the 8 rows of a transposed
+/// tile's block at `blk` ([`pack_transposed`]), row `r` in lane `r`, as [`qgroup`]
+/// gives those values (the same byte-wise steps on the same bytes).
+///
+/// # Safety
+/// `blk` points at a whole transposed block of type `T` (one of [`transposes`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn qgroup_t<const T: u8>(blk: *const u8, g: usize, m: usize, lv: __m256i) -> __m256i {
+    let m4 = _mm256_set1_epi8(0x0F);
+    // Dword `k` of the 8 rows' field at byte `o` (a multiple of 4).
+    // SAFETY: every field below lies inside the block (`quant::groups::unpack`'s layouts),
+    // whose vectors are all there (caller).
+    let ld = |o: usize, k: usize| unsafe { _mm256_loadu_si256(blk.add((o / 4 + k) * 32) as *const __m256i) };
+    match T {
+        T_Q4_K | T_Q5_K => {
+            let qs_off = if T == T_Q4_K { 16 } else { 48 };
+            let v = ld(qs_off + 32 * (g / 2), m);
+            let q = _mm256_and_si256(if g.is_multiple_of(2) { v } else { _mm256_srli_epi16::<4>(v) }, m4);
+            if T == T_Q5_K {
+                _mm256_or_si256(q, hbit(ld(16, m), g, 0x10))
+            } else {
+                q
+            }
+        }
+        T_IQ4_XS => {
+            // Values 0..16 are the low nibbles of the field's 16 bytes, 16..32 the high.
+            let v = ld(8 + 16 * g, m % 4);
+            let n = _mm256_and_si256(if m < 4 { v } else { _mm256_srli_epi16::<4>(v) }, m4);
+            _mm256_shuffle_epi8(lv, n)
+        }
+        T_Q2_K => crumbs(ld(16 + 32 * (g / 4), m), g % 4),
+        T_Q3_K => _mm256_or_si256(crumbs(ld(32 + 32 * (g / 4), m), g % 4), hbit(ld(0, m), g, 4)),
+        T_Q6_K => {
+            let (h, k) = (g / 4, g % 4);
+            let l = ld(64 * h + 32 * (k % 2), m);
+            let nib = if k < 2 { l } else { _mm256_srli_epi16::<4>(l) };
+            _mm256_or_si256(_mm256_and_si256(nib, m4), _mm256_slli_epi16::<4>(crumbs(ld(128 + 32 * h, m), k)))
+        }
+        _ => unreachable!("type tag {T} is not packed transposed"),
+    }
+}
+
+/// The types whose tiles may be packed transposed ([`pack_transposed`]).
+pub(super) fn transposes(dt: DType) -> bool {
+    matches!(dt, DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS)
+}
+
+/// Bytes of one block of a transposed tile: a 32-byte vector per dword of the block.
+pub(super) fn transposed_block_bytes(bb: usize) -> usize {
+    bb.div_ceil(4) * 32
+}
+
+/// Fills one transposed tile (rows `8 tile ..`, zero past `rows`): block `b` is
+/// `transposed_block_bytes` bytes at `b * that`, its vector `k` (32 bytes at `32 k`)
+/// holding in dword lane `r` bytes `4k .. 4k + 4` of block `b` of row `8 tile + r` (zero
+/// past the block's end). Unpacking is byte-wise on fields at dword offsets, so a
+/// group comes out as dwords of 8 rows ([`qgroup_t`]), and [`lane_sums`] needs no
+/// horizontal adds.
+pub(super) fn pack_transposed(dt: DType, w: &[u8], row_bytes: usize, rows: usize, tile: usize, dst: &mut [u8]) {
+    let bb = dt.block_bytes();
+    let tb = transposed_block_bytes(bb);
+    for l in 0..R {
+        let r = tile * R + l;
+        if r >= rows {
+            continue;
+        }
+        for (b, blk) in w[r * row_bytes..(r + 1) * row_bytes].chunks_exact(bb).enumerate() {
+            for (k, d) in blk.chunks(4).enumerate() {
+                let o = b * tb + k * 32 + l * 4;
+                dst[o..o + d.len()].copy_from_slice(d);
+            }
+        }
+    }
+}
+
 /// The scales and offsets of the `ng` groups of the units at `bp` (one per row) into `un`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scales<const T: u8>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
+unsafe fn scales<const T: u8, const TR: bool>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
     let zf = _mm256_setzero_ps();
     // SAFETY: (whole body) the caller passes the starts of units inside their rows (`ng`
     // blocks of a small type, or one K-quant block); every read stays inside those blocks.
@@ -475,18 +639,18 @@ unsafe fn scales<const T: u8>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
             T_Q4_1 | T_Q5_0 | T_Q5_1 | T_IQ4_NL => {
                 for j in 0..ng {
                     let p: [*const u8; R] = std::array::from_fn(|r| bp[r].add(j * block_bytes(T)));
-                    un.s[0][j] = f16x8(&p, 0);
+                    un.s[0][j] = f16x8::<false>(&p, 0);
                     if offset(T) {
-                        un.o[0][j] = f16x8(&p, 2);
+                        un.o[0][j] = f16x8::<false>(&p, 2);
                     }
                 }
             }
             T_Q4_K | T_Q5_K => {
-                let (d, dmin) = (f16x8(bp, 0), f16x8(bp, 2));
+                let (d, dmin) = (f16x8::<TR>(bp, 0), f16x8::<TR>(bp, 2));
                 let (mut sc, mut mn) = ([zf; R], [zf; R]);
                 for r in 0..R {
                     let p = bp[r];
-                    let (w0, w1, w2) = (rd32(p.add(4)), rd32(p.add(8)), rd32(p.add(12)));
+                    let (w0, w1, w2) = (rd32(at::<TR>(p, 4)), rd32(at::<TR>(p, 8)), rd32(at::<TR>(p, 12)));
                     let sc_hi = (w2 & 0x0F0F_0F0F) | ((w0 >> 2) & 0x3030_3030);
                     let m_hi = ((w2 >> 4) & 0x0F0F_0F0F) | ((w1 >> 2) & 0x3030_3030);
                     sc[r] = u8x8_ps((w0 & 0x3F3F_3F3F) as u64 | (sc_hi as u64) << 32);
@@ -500,14 +664,14 @@ unsafe fn scales<const T: u8>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
                 }
             }
             T_IQ4_XS => {
-                let d = f16x8(bp, 0);
+                let d = f16x8::<TR>(bp, 0);
                 let mut sc = [zf; R];
                 let sh_lo = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
                 let sh_hi = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
                 for r in 0..R {
                     let p = bp[r];
-                    let sh = (p.add(2) as *const u16).read_unaligned() as i32;
-                    let sl = rd32(p.add(4)) as i32;
+                    let sh = (at::<TR>(p, 2) as *const u16).read_unaligned() as i32;
+                    let sl = rd32(at::<TR>(p, 4)) as i32;
                     let lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sl), sh_lo), _mm256_set1_epi32(0xF));
                     let hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), sh_hi), _mm256_set1_epi32(3));
                     let ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)), _mm256_set1_epi32(32));
@@ -519,10 +683,10 @@ unsafe fn scales<const T: u8>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
                 }
             }
             T_Q2_K => {
-                let (d, dmin) = (f16x8(bp, 80), f16x8(bp, 82));
+                let (d, dmin) = (f16x8::<TR>(bp, 80), f16x8::<TR>(bp, 82));
                 let (mut s0, mut s1, mut o0, mut o1) = ([zf; R], [zf; R], [zf; R], [zf; R]);
                 for r in 0..R {
-                    let e = even_odd(_mm_loadu_si128(bp[r] as *const __m128i));
+                    let e = even_odd(ld128::<TR>(bp[r], 0));
                     let lo = _mm_and_si128(e, _mm_set1_epi8(0x0F));
                     let hi = _mm_and_si128(_mm_srli_epi16::<4>(e), _mm_set1_epi8(0x0F));
                     (s0[r], s1[r]) = i8x16_ps(lo);
@@ -539,11 +703,11 @@ unsafe fn scales<const T: u8>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
                 }
             }
             T_Q3_K => {
-                let d = f16x8(bp, 108);
+                let d = f16x8::<TR>(bp, 108);
                 let (mut s0, mut s1) = ([zf; R], [zf; R]);
                 for r in 0..R {
                     let p = bp[r];
-                    let (w0, w1, w2) = (rd32(p.add(96)), rd32(p.add(100)), rd32(p.add(104)));
+                    let (w0, w1, w2) = (rd32(at::<TR>(p, 96)), rd32(at::<TR>(p, 100)), rd32(at::<TR>(p, 104)));
                     let (l4, h2) = (0x0F0F_0F0Fu32, 0x0303_0303u32);
                     let sw = [
                         (w0 & l4) | ((w2 & h2) << 4),
@@ -563,10 +727,10 @@ unsafe fn scales<const T: u8>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
             }
             _ => {
                 // Q6_K
-                let d = f16x8(bp, 208);
+                let d = f16x8::<TR>(bp, 208);
                 let (mut s0, mut s1) = ([zf; R], [zf; R]);
                 for r in 0..R {
-                    (s0[r], s1[r]) = i8x16_ps(even_odd(_mm_loadu_si128(bp[r].add(192) as *const __m128i)));
+                    (s0[r], s1[r]) = i8x16_ps(even_odd(ld128::<TR>(bp[r], 192)));
                 }
                 transpose8(&mut s0);
                 transpose8(&mut s1);
@@ -579,15 +743,86 @@ unsafe fn scales<const T: u8>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
     }
 }
 
-/// The `ng` groups of `un` (its scales; the integers of group `g` of row `r` from
-/// `q(g, r)`) times one token's activation groups (`xq`: `32 * ng` values, `xd`:
-/// `ng` scales, `xs`: their `ng` sums, which types with one scale per 32 take as
-/// `bsum`; the per-16 types sum the halves here), added to `acc` (row `r` in lane `r`) in the group order.
+/// Row `r`'s exact half sums `(isum_0, isum_1)` of one group in lane `r`, from the
+/// group's 32 integers of each row (`q(r)`, as [`qgroup`] gives them) and its 32
+/// activations `x`: per row one `maddubs`, then a tree of horizontal adds.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn row_sums<const T: u8>(q: impl Fn(usize) -> __m256i, x: __m256i) -> (__m256i, __m256i) {
+    let ones16 = _mm256_set1_epi16(1);
+    // The sign trick with |x| unsigned (exact for x = -128 too: |q| <= 127).
+    let xabs = _mm256_abs_epi8(x);
+    let mut m = [_mm256_setzero_si256(); R];
+    for r in 0..R {
+        let q = q(r);
+        m[r] = if signed(T) { _mm256_maddubs_epi16(xabs, _mm256_sign_epi8(q, x)) } else { _mm256_maddubs_epi16(q, x) };
+    }
+    // Row r's half sums in lane r.
+    if narrow(T) {
+        // Sums of up to 8 pairs stay within i16 (see `narrow`): a tree of
+        // 16-bit horizontal adds leaves rows 0..8 in each 128-bit half.
+        let h = |a, b| _mm256_hadd_epi16(a, b);
+        let v = h(h(h(m[0], m[1]), h(m[2], m[3])), h(h(m[4], m[5]), h(m[6], m[7])));
+        (_mm256_cvtepi16_epi32(_mm256_castsi256_si128(v)), _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(v)))
+    } else {
+        let p: [__m256i; R] = std::array::from_fn(|r| _mm256_madd_epi16(m[r], ones16));
+        let a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        let b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+        (_mm256_permute2x128_si256::<0x20>(a, b), _mm256_permute2x128_si256::<0x31>(a, b))
+    }
+}
+
+/// Types whose lane sums ([`lane_sums`]) may add four `maddubs` results in i16: a
+/// 16-bit lane then sums 8 products of unsigned integers below 32 and |x| <= 128,
+/// at most 31,744.
+const fn narrow_lanes(t: u8) -> bool {
+    matches!(t, T_Q2_K | T_Q3_K | T_Q4_K | T_Q5_K)
+}
+
+/// [`row_sums`] from a transposed tile's group ([`pack_transposed`]): `q(m)` holds
+/// dword `m` (values `4m .. 4m + 4`) of the 8 rows, row `r` in lane `r`; each is
+/// multiplied with activation dword `m` broadcast (`xp`: the group's 32 activations),
+/// so each row's products stay in its own lane: no horizontal adds.
+///
+/// # Safety
+/// `xp` points at 32 readable activations.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lane_sums<const T: u8>(q: impl Fn(usize) -> __m256i, xp: *const i8) -> (__m256i, __m256i) {
+    let ones16 = _mm256_set1_epi16(1);
+    let p: [__m256i; 8] = std::array::from_fn(|m| {
+        // SAFETY: dword `m < 8` of the caller's 32 activations.
+        let xb = _mm256_set1_epi32(unsafe { (xp.add(4 * m) as *const i32).read_unaligned() });
+        let q = q(m);
+        if signed(T) {
+            _mm256_maddubs_epi16(_mm256_abs_epi8(xb), _mm256_sign_epi8(q, xb))
+        } else {
+            _mm256_maddubs_epi16(q, xb)
+        }
+    });
+    let add16 = |a, b| _mm256_add_epi16(a, b);
+    let add32 = |a, b| _mm256_add_epi32(a, b);
+    let md = |v| _mm256_madd_epi16(v, ones16);
+    if narrow_lanes(T) {
+        (md(add16(add16(p[0], p[1]), add16(p[2], p[3]))), md(add16(add16(p[4], p[5]), add16(p[6], p[7]))))
+    } else {
+        (
+            add32(add32(md(p[0]), md(p[1])), add32(md(p[2]), md(p[3]))),
+            add32(add32(md(p[4]), md(p[5])), add32(md(p[6]), md(p[7]))),
+        )
+    }
+}
+
+/// The `ng` groups of `un` (its scales; each group's exact half sums from
+/// `sums(g, its 32 activations' address, their vector)`, row `r` in lane `r`) times one
+/// token's activation groups (`xq`: `32 * ng` values, `xd`: `ng` scales, `xs`: their
+/// `ng` sums, which types with one scale per 32 take as `bsum`; the per-16 types sum
+/// the halves here), added to `acc` (row `r` in lane `r`) in the group order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_unit<const T: u8>(
     un: &Unit,
-    q: impl Fn(usize, usize) -> __m256i,
+    sums: impl Fn(usize, *const i8, __m256i) -> (__m256i, __m256i),
     ng: usize,
     xq: *const i8,
     xd: *const f32,
@@ -600,27 +835,7 @@ unsafe fn dot_unit<const T: u8>(
     for g in 0..ng {
         // SAFETY: the caller passes `32 * ng` values at `xq` and `ng` scales at `xd`.
         let (x, dx) = unsafe { (_mm256_loadu_si256(xq.add(GROUP * g) as *const __m256i), _mm256_set1_ps(*xd.add(g))) };
-        // The sign trick with |x| unsigned (exact for x = -128 too: |q| <= 127).
-        let xabs = _mm256_abs_epi8(x);
-        let mut m = [_mm256_setzero_si256(); R];
-        for r in 0..R {
-            let q = q(g, r);
-            m[r] =
-                if signed(T) { _mm256_maddubs_epi16(xabs, _mm256_sign_epi8(q, x)) } else { _mm256_maddubs_epi16(q, x) };
-        }
-        // Row r's half sums in lane r.
-        let (i0, i1) = if narrow(T) {
-            // Sums of up to 8 pairs stay within i16 (see `narrow`): a tree of
-            // 16-bit horizontal adds leaves rows 0..8 in each 128-bit half.
-            let h = |a, b| _mm256_hadd_epi16(a, b);
-            let v = h(h(h(m[0], m[1]), h(m[2], m[3])), h(h(m[4], m[5]), h(m[6], m[7])));
-            (_mm256_cvtepi16_epi32(_mm256_castsi256_si128(v)), _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(v)))
-        } else {
-            let p: [__m256i; R] = std::array::from_fn(|r| _mm256_madd_epi16(m[r], ones16));
-            let a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-            let b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-            (_mm256_permute2x128_si256::<0x20>(a, b), _mm256_permute2x128_si256::<0x31>(a, b))
-        };
+        let (i0, i1) = sums(g, xq.wrapping_add(GROUP * g), x);
         let (bs0, bs1) = if need_bsum && halves(T) {
             let xs = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16);
             let s = _mm256_hadd_epi32(xs, xs);
