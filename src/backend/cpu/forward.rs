@@ -252,7 +252,13 @@ fn moe_ffn<'w>(
     let xa = Act::new(xn, h);
     matmul::matmul(pool, weight(&m.router), &xa, &mut s.probs[..n * ne])?;
     for t in 0..n {
-        moe::route(&mut s.probs[t * ne..(t + 1) * ne], k, mc.norm_topk, &mut s.order, &mut s.routes[t * k..(t + 1) * k]);
+        moe::route(
+            &mut s.probs[t * ne..(t + 1) * ne],
+            k,
+            mc.norm_topk,
+            &mut s.order,
+            &mut s.routes[t * k..(t + 1) * k],
+        );
     }
     out.iter_mut().for_each(|v| *v = 0.0);
     // Experts in index order; a token's routes are sorted by expert, so each sum

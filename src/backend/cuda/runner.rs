@@ -846,18 +846,7 @@ impl CudaBackend {
                     },
                 }),
             };
-            layers.push(DevLayer {
-                attn_norm,
-                wq,
-                wk,
-                wv,
-                wo,
-                bias,
-                qk_norm,
-                post_norms,
-                ffn_norm,
-                ffn,
-            });
+            layers.push(DevLayer { attn_norm, wq, wk, wv, wo, bias, qk_norm, post_norms, ffn_norm, ffn });
         }
         (up.progress)(1.0);
 
@@ -1209,7 +1198,7 @@ impl CudaBackend {
             // Feed-forward block (SwiGLU, or GeGLU; or experts).
             match (&lw.ffn, &cfg.moe) {
                 (DevFfn::Dense(g), _) => glu(ops, g, &s.xn, n, path, geglu, (&mut s.gate, &mut s.up), &mut s.proj)?,
-                (DevFfn::Moe(m), Some(mc)) => moe_ffn(stream, ops, m, mc, n, h, path, s, moe_host)?,
+                (DevFfn::Moe(m), Some(mc)) => moe_ffn(stream, ops, (m, mc, li), n, h, path, s, moe_host)?,
                 (DevFfn::Moe(_), None) => return Err(Error::internal("an expert layer in a model without experts")),
             }
             if let Some([_, pf]) = &lw.post_norms {
@@ -1299,13 +1288,13 @@ fn glu(
 /// all of them (its weights read once per step): their rows gathered, its SwiGLU, its
 /// outputs times their weights added into their tokens' rows. A token's sum thus runs in
 /// expert order and depends on nothing but its own routes (batch invariance as for the
-/// dense block). Last the shared expert over every token, times its sigmoid gate.
+/// dense block). Last the shared expert over every token, times its sigmoid gate. The abort
+/// hook is polled after the download (the step then fails with nothing committed).
 #[allow(clippy::too_many_arguments)]
 fn moe_ffn(
     stream: &Arc<CudaStream>,
     ops: &Ops,
-    m: &DevMoe,
-    mc: &MoeConfig,
+    (m, mc, layer): (&DevMoe, &MoeConfig, usize),
     n: usize,
     h: usize,
     path: MatmulPath,
@@ -1333,6 +1322,8 @@ fn moe_ffn(
         stream.memcpy_dtoh(&s.moe_gate.slice(0..n), &mut host.gate[..n]).map_err(dl)?;
     }
     stream.synchronize().map_err(|e| driver_err("running the step up to a router (synchronize)", e))?;
+    // The host has control here: a place to poll the abort hook.
+    crate::abort::check(|| format!("the experts of layer {layer} (CUDA)"))?;
 
     // Route on the host, then list each expert's tokens (expert order, token order).
     let MoeHost { probs, gate, routes, order, rows, stage, spans } = host;
