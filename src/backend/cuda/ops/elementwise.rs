@@ -142,7 +142,7 @@ impl Ops {
     /// `out[idx[i]][:] += w[i] * y[i][:]` for `i < n_idx`, rows of `width`: the CPU's
     /// `axpy` per row (product and sum rounded separately), bit for bit. The indices must
     /// be distinct (the mixture-of-experts block adds one expert's rows, one per token, per
-    /// launch); an index >= `out.len() / width` is refused here.
+    /// launch); an index >= `out_rows` is skipped by the kernel (a guard).
     #[allow(clippy::too_many_arguments)]
     pub fn scatter_axpy(
         &self,
