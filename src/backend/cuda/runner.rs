@@ -260,7 +260,7 @@ struct DevMoe {
     router: DevWeight,
     experts: Vec<DevGlu>,
     /// qwen2moe: the shared expert, and its gate vector as a one-row F32 matrix.
-    shared: Option<(DevGlu, DevWeight)>,
+    shared: Option<Box<(DevGlu, DevWeight)>>,
 }
 
 impl DevFfn {
@@ -274,7 +274,7 @@ impl DevFfn {
             DevFfn::Moe(m) => {
                 let mut v = vec![&m.router];
                 v.extend(m.experts.iter().flat_map(glu));
-                if let Some((g, gate)) = &m.shared {
+                if let Some((g, gate)) = m.shared.as_deref() {
                     v.extend(glu(g));
                     v.push(gate);
                 }
@@ -841,7 +841,9 @@ impl CudaBackend {
                     router: up.matrix(&m.router)?,
                     experts: m.experts.iter().map(|g| up.glu(g)).collect::<Result<_>>()?,
                     shared: match &m.shared {
-                        Some((g, gate)) => Some((up.glu(g)?, up.row_matrix(&n("ffn_gate_inp_shexp.weight"), gate)?)),
+                        Some((g, gate)) => {
+                            Some(Box::new((up.glu(g)?, up.row_matrix(&n("ffn_gate_inp_shexp.weight"), gate)?)))
+                        }
                         None => None,
                     },
                 }),
@@ -1313,7 +1315,7 @@ fn moe_ffn(
         )));
     }
     ops.matmul(&m.router, &s.xn, n, &mut s.moe_logits, path)?;
-    if let Some((_, gate)) = &m.shared {
+    if let Some((_, gate)) = m.shared.as_deref() {
         ops.matmul(gate, &s.xn, n, &mut s.moe_gate, path)?;
     }
     let dl = |e| driver_err("downloading the router's scores", e);
@@ -1365,7 +1367,7 @@ fn moe_ffn(
         glu(ops, &m.experts[e], &s.xe, r, path, false, (&mut s.gate, &mut s.up), &mut s.ye)?;
         ops.scatter_axpy(&mut s.proj, &s.ye, &s.moe_idx, &s.moe_w, r, h, n)?;
     }
-    if let Some((sh, _)) = &m.shared {
+    if let Some((sh, _)) = m.shared.as_deref() {
         unpack(stream, Words { ptr: src, off: 2 * routed, len: n, what: "shared expert rows" }, &mut s.moe_idx)?;
         unpack(stream, Words { ptr: src, off: 2 * routed + n, len: n, what: "shared expert gates" }, &mut s.moe_w)?;
         glu(ops, sh, &s.xn, n, path, false, (&mut s.gate, &mut s.up), &mut s.ye)?;
