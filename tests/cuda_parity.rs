@@ -157,7 +157,7 @@ fn compare_file(path: &Path, tokens: &[u32], bound: f64) {
 /// after `tokens[..3]`) instead of tokens picked across them. The routing margins of a
 /// mixture-of-experts fixture hold on its own tokens only (its reference.json:
 /// `router_min_gap` over every layer and position, 1.7e-4 in probability for qwen3moe,
-/// 1.1e-3 for the others). Elsewhere the k-th and (k+1)-th experts of a token can be
+/// about 1.1e-3 for the others). Elsewhere the k-th and (k+1)-th experts of a token can be
 /// closer than the device's f16 KV rounding moves them: seen on qwen3moe, 5e-6 apart on
 /// picked tokens and 5.5e-7 on its f16 file's greedy sequence (position 20, where the
 /// fixture records its smallest greedy margin, 1.4e-5), where CUDA and the CPU then take
@@ -251,10 +251,10 @@ fn moe_models_load_on_cuda_under_auto() {
 /// expert's) quantized to Q8_0 and Q4_0 (the router and the rest stay F32): the CUDA
 /// runner binds each expert as it binds a dense matrix of that type. Against the CPU on
 /// a twin file holding the same values dequantized, as F32: on the quantized file itself
-/// the CPU rounds activations to 8 bits, which moves the router's scores of the next
-/// layer by more than the fixtures' routing margins (mixtral Q8_0: other experts chosen,
-/// a row off by 0.29), while the device computes with the dequantized weights, as the
-/// CPU does on the twin. The f16 bound (the cuBLAS prefill dequantizes to f16).
+/// the CPU rounds activations to 8 bits, which can move the router's scores of the next
+/// layer by more than the fixtures' routing margins (mixtral with Q8_0 experts: a prefill
+/// row off by 0.29, the size of another expert choice, not of rounding), while the device
+/// computes with the dequantized weights, as the CPU does on the twin. The f16 bound (the cuBLAS prefill dequantizes to f16).
 /// qwen3moe's hidden size (48) is not a whole number of 32-value blocks.
 #[test]
 fn moe_quantized_experts_match_cpu() {
