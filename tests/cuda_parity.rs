@@ -171,7 +171,9 @@ fn own_tokens(f: &Fixture) -> bool {
 /// decode steps run two caches: `tokens`' second half after its first, and after its
 /// first 3 tokens picked across `tokens`, or with `own` its next ones ([`own_tokens`]).
 fn compare(cpu_path: &Path, gpu_path: &Path, tokens: &[u32], own: bool, bound: f64) {
-    let name = gpu_path.file_name().unwrap().to_string_lossy().trim_end_matches(".gguf").to_string();
+    let file = |p: &Path| p.file_name().unwrap().to_string_lossy().trim_end_matches(".gguf").to_string();
+    // An HF directory (`<fixture>/hf`) by its fixture's name.
+    let name = if gpu_path.is_dir() { format!("{}-hf", file(gpu_path.parent().unwrap())) } else { file(gpu_path) };
     let (c, g) = (cpu(cpu_path), gpu(gpu_path));
     assert_eq!(c.vocab, g.vocab);
     let v = c.vocab;
@@ -244,6 +246,18 @@ fn moe_models_load_on_cuda_under_auto() {
         let mut w = Worst::new(format!("{}.f32-auto", f.name));
         w.rows(&m.prefill_all(c, &f.tokens), &k.prefill_all(kc, &f.tokens), f.vocab, "prefill", bound("f32"));
         w.print();
+    }
+}
+
+/// The mixture-of-experts fixtures' HF directories (float16 safetensors, one tensor per
+/// expert: bound one by one, not as views of GGUF's stacked tensors) on CUDA against the CPU.
+#[test]
+fn moe_hf_directories_match_cpu() {
+    if devices().is_none() {
+        return;
+    }
+    for f in moe_fixtures() {
+        compare(&f.dir.join("hf"), &f.dir.join("hf"), &f.tokens, true, bound("f16"));
     }
 }
 
