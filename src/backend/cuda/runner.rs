@@ -1330,7 +1330,13 @@ fn moe_ffn(
     // Route on the host, then list each expert's tokens (expert order, token order).
     let MoeHost { probs, gate, routes, order, rows, stage, spans } = host;
     for t in 0..n {
-        moe::route(&mut probs[t * ne..(t + 1) * ne], k, mc.norm_topk, order, &mut routes[t * k..(t + 1) * k]);
+        moe::route(
+            &mut probs[t * ne..(t + 1) * ne],
+            k,
+            mc.norm_topk,
+            &mut order[..ne],
+            &mut routes[t * k..(t + 1) * k],
+        );
     }
     spans.clear();
     let mut off = 0;
@@ -1712,6 +1718,22 @@ mod tests {
         let free = 143_000_000_000u64 - 16_100_000_000 - 2_000_000_000;
         let kv = default_kv_budget(free, 143_000_000_000);
         assert!(kv > 100_000_000_000 && kv < free, "{kv}");
+    }
+
+    #[test]
+    fn moe_stage_words_hold_the_routes_and_the_shared_gates() {
+        let m = MoeConfig { n_experts: 8, n_used: 2, expert_ffn: 32, norm_topk: true, shared_ffn: None };
+        // (token, weight) of each of the 2 routes of 5 tokens.
+        assert_eq!(moe_stage_words(&m, 5), 20);
+        // qwen2moe: and each token's index and gate.
+        assert_eq!(moe_stage_words(&MoeConfig { shared_ffn: Some(96), norm_topk: false, ..m }, 5), 30);
+        let mut host = MoeHost::default();
+        host.ensure(&m, 5).unwrap();
+        assert_eq!((host.probs.len(), host.routes.len(), host.order.len(), host.stage.len()), (40, 10, 8, 20));
+        assert!(host.rows.capacity() >= 5 && host.spans.capacity() >= 8);
+        // Kept when a later step is smaller.
+        host.ensure(&m, 1).unwrap();
+        assert_eq!(host.probs.len(), 40);
     }
 
     #[test]
