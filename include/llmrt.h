@@ -70,7 +70,7 @@ typedef enum llmrt_status {
  */
 typedef enum llmrt_backend {
   /**
-   * CUDA when a usable device exists and runs the model (not mixtures of experts yet), else CPU.
+   * CUDA when a usable device exists, else CPU.
    */
   LLMRT_BACKEND_AUTO = 0,
   /**

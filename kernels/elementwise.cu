@@ -63,6 +63,25 @@ extern "C" __global__ void gather_rows_f32(const float* __restrict__ x, const un
     for (int c = threadIdx.x; c < width; c += blockDim.x) o[c] = src[c];
 }
 
+// out[idx[i]][c] += w[i] * y[i][c] for i < n_idx, c < width: row i of y, scaled by its
+// weight, added into output row idx[i] (the experts' outputs into their tokens' rows). The
+// product and the sum are rounded separately (__fmul_rn, __fadd_rn: no FMA), exactly the
+// CPU's axpy. The indices of one launch must be distinct (one block owns each output row);
+// an index >= out_rows is skipped (guard; the host checks indices).
+// Launch: grid = (n_idx), block = (T).
+extern "C" __global__ void scatter_axpy_f32(float* __restrict__ out, const float* __restrict__ y,
+                                            const unsigned int* __restrict__ idx, const float* __restrict__ w,
+                                            int n_idx, int width, int out_rows) {
+    const int i = blockIdx.x;
+    if (i >= n_idx) return;
+    const unsigned int r = idx[i];
+    if (r >= (unsigned int)out_rows) return;
+    const float a = w[i];
+    float* o = out + (size_t)r * width;
+    const float* src = y + (size_t)i * width;
+    for (int c = threadIdx.x; c < width; c += blockDim.x) o[c] = __fadd_rn(o[c], __fmul_rn(a, src[c]));
+}
+
 // ---- argmax -----------------------------------------------------------------------------
 
 // (v, i) beats (bv, bi) when larger, or equal with a smaller index (first max wins).

@@ -301,16 +301,6 @@ fn choose_backend(backend: BackendKind) -> Result<BackendKind> {
     })
 }
 
-/// `Auto`'s choice once the model is known: the CPU for what the CUDA runner does not
-/// run yet (mixture-of-experts models), so `Auto` loads every supported model.
-fn auto_for_model(kind: BackendKind, auto: bool, cfg: &Config) -> BackendKind {
-    if auto && kind == BackendKind::Cuda && cfg.moe.is_some() {
-        BackendKind::Cpu
-    } else {
-        kind
-    }
-}
-
 /// Hyperparameters, tokenizer and bound weights of a parsed GGUF file.
 fn bind_gguf(
     file: Arc<Gguf>,
@@ -345,9 +335,8 @@ impl Model {
     /// (`LLMRT_UNSUPPORTED` when there is no driver or no device, `LLMRT_DEVICE` for a
     /// driver failure, `LLMRT_INVALID_ARGUMENT` for a bad ordinal), never silently on
     /// the CPU. `Auto` is `Cuda` when the probe finds a device and `Cpu` only when the
-    /// probe answers `LLMRT_UNSUPPORTED` (no driver, no device) or the model is one the
-    /// CUDA runner does not run yet (mixture of experts); any other failure, including
-    /// one while opening the device, is returned.
+    /// probe answers `LLMRT_UNSUPPORTED` (no driver, no device); any other failure,
+    /// including one while opening the device, is returned.
     pub fn load(path: &Path, opts: LoadOptions<'_>) -> Result<Model> {
         let LoadOptions { backend, device, threads, max_context, kv_cache_bytes, mut progress } = opts;
         check_threads(threads)?;
@@ -358,7 +347,6 @@ impl Model {
         };
         report(0.0);
         let kind = choose_backend(backend)?;
-        let auto = backend == BackendKind::Auto;
         // Binding takes 0.1..0.3 of the bar and the backend's set-up (CPU repacking, CUDA
         // uploads) 0.3..0.95, so the fraction never goes back.
         let bind_share = 0.2;
@@ -380,7 +368,6 @@ impl Model {
             report(0.1);
             bind_gguf(file, bind_share, &mut report)?
         };
-        let kind = auto_for_model(kind, auto, &cfg);
         Self::finish(path, kind, cfg, weights, tokenizer, device, threads, max_context, kv_cache_bytes, &mut report)
     }
 
@@ -397,14 +384,12 @@ impl Model {
         };
         report(0.0);
         let kind = choose_backend(backend)?;
-        let auto = backend == BackendKind::Auto;
         // Binding takes 0.1..0.3 of the bar and the backend's set-up (CPU repacking, CUDA
         // uploads) 0.3..0.95, so the fraction never goes back.
         let bind_share = 0.2;
         let file = Arc::new(Gguf::from_bytes(bytes, name)?);
         report(0.1);
         let (cfg, weights, tokenizer) = bind_gguf(file, bind_share, &mut report)?;
-        let kind = auto_for_model(kind, auto, &cfg);
         Self::finish(
             Path::new(name),
             kind,

@@ -10,7 +10,8 @@
 //! - cuBLAS (`MatmulPath::Auto`, > 8 tokens): F32 (SGEMM, f32 compute) 1e-4; F16 and
 //!   the quantized types (activations rounded to f16, quantized weights dequantized to
 //!   f16) and BF16 (activations rounded to bf16) 1e-2.
-//! - embed, rope (q, k and the pool), dequantize_to_f16, copy_block, gather_rows, argmax: exact
+//! - embed, rope (q, k and the pool), dequantize_to_f16, copy_block, gather_rows, argmax: exact;
+//!   scatter_axpy (the experts' weighted sum) bit-identical to the CPU's axpy
 //!   (checked as rel_l2 < 1e-6, or equality; the group-quantized types' embeddings bit
 //!   for bit).
 //! - rmsnorm, add, add_bias, swiglu: 1e-5. attention: 1e-4 (f32 online softmax over f16 K/V).
@@ -461,6 +462,45 @@ fn elementwise_gather_rows_matches_cpu() {
             let case = format!("width={width} n_idx={n_idx}");
             assert_tail_nan("gather_rows", &case, &got, n_idx * width);
             worst.check(case, &got[..n_idx * width], &reference::gather_rows(&x, &idx, width), 1e-6);
+        }
+    }
+    worst.report();
+}
+
+/// The experts' weighted scatter-add: bit-identical to the CPU's axpy per row; rows not
+/// listed (and an index past `out_rows`, the kernel's guard) untouched.
+#[test]
+fn elementwise_scatter_axpy_matches_cpu_bit_for_bit() {
+    let Some(d) = device() else { return };
+    let mut worst = Worst::new("scatter_axpy");
+    for &width in &[1usize, 77, 4096] {
+        for &n_idx in &[1usize, 3, 17] {
+            let mut rng = XorShift::from_parts(&[71, width, n_idx]);
+            let out_rows = 50;
+            let out0 = rng.vec(out_rows * width, -1.0, 1.0);
+            let y = rng.vec(n_idx * width, -3.0, 3.0);
+            let w = rng.vec(n_idx, 0.0, 1.0);
+            let mut rows: Vec<u32> = (0..out_rows as u32).collect();
+            shuffle(&mut rng, &mut rows);
+            let mut idx = rows[..n_idx].to_vec();
+            let mut want = out0.clone();
+            reference::scatter_axpy(&mut want, &y, &idx, &w, width);
+            // The last index is out of range: the kernel skips that row of y.
+            if n_idx > 1 {
+                idx[n_idx - 1] = out_rows as u32 + 3;
+                want.clone_from(&out0);
+                reference::scatter_axpy(&mut want, &y, &idx[..n_idx - 1], &w, width);
+            }
+            let mut out = d.up(&out0.iter().copied().chain([f32::NAN; TAIL]).collect::<Vec<_>>());
+            d.ops
+                .scatter_axpy(&mut out, &d.up(&y), &d.up(&idx), &d.up(&w), n_idx, width, out_rows)
+                .expect("scatter_axpy");
+            let got = d.down(&out);
+            let case = format!("width={width} n_idx={n_idx}");
+            assert_tail_nan("scatter_axpy", &case, &got, out_rows * width);
+            let same = got[..out_rows * width].iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "scatter_axpy {case}: not bit-identical to the CPU's axpy");
+            worst.check(case, &got[..out_rows * width], &want, 1e-30);
         }
     }
     worst.report();

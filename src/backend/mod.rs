@@ -6,6 +6,7 @@
 
 pub(crate) mod cpu;
 pub mod cuda;
+pub(crate) mod moe;
 
 use crate::kv::state::KvDtype;
 use crate::kv::{BlockCopy, BlockId};

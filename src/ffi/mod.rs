@@ -99,7 +99,7 @@ pub type llmrt_cache = u64;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum llmrt_backend {
-    /// CUDA when a usable device exists and runs the model (not mixtures of experts yet), else CPU.
+    /// CUDA when a usable device exists, else CPU.
     LLMRT_BACKEND_AUTO = 0,
     /// The CPU.
     LLMRT_BACKEND_CPU = 1,

@@ -118,6 +118,18 @@ pub fn gather_rows(x: &[f32], idx: &[u32], width: usize) -> Vec<f32> {
     idx.iter().flat_map(|&i| x[i as usize * width..(i as usize + 1) * width].iter().copied()).collect()
 }
 
+/// `out[idx[i]][:] += w[i] * y[i][:]` row by row, as the CPU's `elementwise::axpy` adds an
+/// expert's output into its token's row: the f32 product, then the f32 sum (no FMA). Not
+/// f64: the kernel must equal this bit for bit.
+pub fn scatter_axpy(out: &mut [f32], y: &[f32], idx: &[u32], w: &[f32], width: usize) {
+    for (i, &r) in idx.iter().enumerate() {
+        let o = &mut out[r as usize * width..(r as usize + 1) * width];
+        for (o, &v) in o.iter_mut().zip(&y[i * width..(i + 1) * width]) {
+            *o += w[i] * v;
+        }
+    }
+}
+
 /// Index of the largest value of each row (the first one on ties): `llmrt::util::argmax`.
 pub fn argmax(logits: &[f32], vocab: usize) -> Vec<u32> {
     logits.chunks_exact(vocab).map(llmrt::util::argmax).collect()

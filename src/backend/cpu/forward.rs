@@ -8,7 +8,7 @@ use super::ops::attention::{self, Scores, Tok};
 use super::ops::matmul::{self, Act, Weight};
 use super::ops::{elementwise, embed, norm, rope};
 use super::CpuBackend;
-use crate::backend::{Seq, Want};
+use crate::backend::{moe, Seq, Want};
 use crate::model::weights::{Ffn, Glu, Matrix, Moe, Weights};
 use crate::model::{FfnAct, MoeConfig};
 use crate::util::{try_vec, try_with_capacity};
@@ -234,43 +234,8 @@ impl MoeScratch {
     }
 }
 
-/// Routes each token: the softmax of its router scores `p` (in place), its `k` largest
-/// (ties: the lower expert index first, so a token's experts depend on nothing but its
-/// own scores), weighted by their probabilities, renormalized to sum 1 when `norm`.
-/// `routes` receives them ordered by expert index.
-pub(crate) fn route(p: &mut [f32], k: usize, norm: bool, order: &mut [u32], routes: &mut [(u32, f32)]) {
-    let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for v in p.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    for v in p.iter_mut() {
-        *v /= sum;
-    }
-    for (i, o) in order.iter_mut().enumerate() {
-        *o = i as u32;
-    }
-    // NaN scores (a broken checkpoint) sort last, deterministically.
-    let key = |i: u32| {
-        let v = p[i as usize];
-        if v.is_nan() {
-            f32::NEG_INFINITY
-        } else {
-            v
-        }
-    };
-    order.select_nth_unstable_by(k - 1, |&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
-    let top = &mut order[..k];
-    top.sort_unstable();
-    let total: f32 = if norm { top.iter().map(|&e| p[e as usize]).sum() } else { 1.0 };
-    for (r, &e) in routes.iter_mut().zip(top.iter()) {
-        *r = (e, p[e as usize] / total);
-    }
-}
-
 /// A mixture-of-experts block over the step's normed hidden states `xn` (`n x h`):
-/// every token routed ([`route`]), then each expert run once over all the tokens routed
+/// every token routed ([`moe::route`]), then each expert run once over all the tokens routed
 /// to it (its weights read once per step), its outputs added to theirs weighted, in
 /// expert order (so a token's sum does not depend on the others in the step); then the
 /// shared expert times its sigmoid gate (qwen2moe). `out` (`n x h`) receives the sum.
@@ -290,7 +255,13 @@ fn moe_ffn<'w>(
     let xa = Act::new(xn, h);
     matmul::matmul(pool, weight(&m.router), &xa, &mut s.probs[..n * ne])?;
     for t in 0..n {
-        route(&mut s.probs[t * ne..(t + 1) * ne], k, mc.norm_topk, &mut s.order, &mut s.routes[t * k..(t + 1) * k]);
+        moe::route(
+            &mut s.probs[t * ne..(t + 1) * ne],
+            k,
+            mc.norm_topk,
+            &mut s.order,
+            &mut s.routes[t * k..(t + 1) * k],
+        );
     }
     out.iter_mut().for_each(|v| *v = 0.0);
     if n == 1 {
@@ -324,13 +295,7 @@ fn moe_ffn<'w>(
         // Experts in index order; a token's routes are sorted by expert, so each sum
         // accumulates in expert order.
         for (e, ew) in m.experts.iter().enumerate() {
-            s.rows.clear();
-            for t in 0..n {
-                let r = &s.routes[t * k..(t + 1) * k];
-                if let Some(&(_, wgt)) = r.iter().find(|r| r.0 as usize == e) {
-                    s.rows.push((t as u32, wgt));
-                }
-            }
+            moe::expert_rows(&s.routes[..n * k], k, e, &mut s.rows);
             if s.rows.is_empty() {
                 continue;
             }
@@ -352,7 +317,7 @@ fn moe_ffn<'w>(
         for t in 0..n {
             let xr = &xn[t * h..(t + 1) * h];
             let g: f32 = xr.iter().zip(gvec).map(|(a, b)| a * b).sum();
-            let sig = 1.0 / (1.0 + (-g).exp());
+            let sig = moe::sigmoid(g);
             elementwise::axpy(&mut out[t * h..(t + 1) * h], sig, &s.ye[t * h..(t + 1) * h]);
         }
     }
@@ -380,54 +345,4 @@ fn glu<'w>(
     drop(xa);
     elementwise::swiglu_par(pool, gate, up);
     matmul::matmul(pool, weight(&g.down), &Act::new(gate, f), y)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::route;
-
-    fn routes(scores: &[f32], k: usize, norm: bool) -> Vec<(u32, f32)> {
-        let mut p = scores.to_vec();
-        let mut order = vec![0u32; p.len()];
-        let mut r = vec![(0u32, 0f32); k];
-        route(&mut p, k, norm, &mut order, &mut r);
-        r
-    }
-
-    #[test]
-    fn routing_takes_the_largest_scores_by_softmax() {
-        let s = [0.5f32, 2.0, -1.0, 1.5, 0.0];
-        let r = routes(&s, 2, false);
-        let z: f64 = s.iter().map(|&v| (v as f64).exp()).sum();
-        assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), [1, 3], "ordered by expert index");
-        for &(e, w) in &r {
-            let want = (s[e as usize] as f64).exp() / z;
-            assert!((w as f64 - want).abs() < 1e-6, "expert {e}: {w} vs {want}");
-        }
-        let n = routes(&s, 2, true);
-        let (a, b) = ((2.0f64).exp(), (1.5f64).exp());
-        assert!((n[0].1 as f64 - a / (a + b)).abs() < 1e-6 && (n[1].1 as f64 - b / (a + b)).abs() < 1e-6);
-        assert!((n[0].1 + n[1].1 - 1.0).abs() < 1e-6);
-    }
-
-    #[test]
-    fn routing_ties_go_to_the_lower_expert_index() {
-        // All equal: the first k experts.
-        assert_eq!(routes(&[0.0; 8], 3, true).iter().map(|x| x.0).collect::<Vec<_>>(), [0, 1, 2]);
-        // A tie at the boundary: of experts 2, 5 and 6 (equal), 2 and 5 are taken after 4.
-        let r = routes(&[0.0, 0.0, 1.0, 0.0, 3.0, 1.0, 1.0, -2.0], 3, false);
-        assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), [2, 4, 5]);
-        // NaN scores (a broken checkpoint) make every probability NaN; the choice is still
-        // the same every time.
-        let a = routes(&[0.0, f32::NAN, 1.0, 2.0], 2, true);
-        let b = routes(&[0.0, f32::NAN, 1.0, 2.0], 2, true);
-        assert_eq!(a.iter().map(|x| x.0).collect::<Vec<_>>(), b.iter().map(|x| x.0).collect::<Vec<_>>());
-    }
-
-    #[test]
-    fn routing_every_expert_when_k_is_all() {
-        let r = routes(&[0.3, -0.2, 0.9, 0.1], 4, true);
-        assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), [0, 1, 2, 3]);
-        assert!((r.iter().map(|x| x.1).sum::<f32>() - 1.0).abs() < 1e-6);
-    }
 }

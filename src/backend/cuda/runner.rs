@@ -13,6 +13,11 @@
 //!   one synchronisation, where kernel faults surface as `LLMRT_DEVICE`.
 //! - Scratch activations are kept between steps and grow (to the next power of two
 //!   of tokens) when a step needs more.
+//! - Mixture-of-experts layers ([`moe_ffn`]): the router's scores are downloaded and
+//!   every token routed on the host by the CPU's own [`moe::route`] (the same experts and
+//!   weights bit for bit from the same scores); each routed expert then runs once on the
+//!   device over the rows of all its tokens. Such steps synchronise once per layer and
+//!   are never captured into CUDA graphs.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,10 +33,10 @@ use super::ops::{
     GEMM_MIN_TOKENS, PREFILL_TILE, SPLIT_MAX_GROUP,
 };
 use super::DeviceInfo;
-use crate::backend::{Backend, Seq, Want};
+use crate::backend::{moe, Backend, Seq, Want};
 use crate::kv::{BlockCopy, BLOCK_POSITIONS};
-use crate::model::weights::{Matrix, Weights};
-use crate::model::{Config, FfnAct, RopeStyle};
+use crate::model::weights::{Ffn, Glu, Matrix, Weights};
+use crate::model::{Config, FfnAct, MoeConfig, RopeStyle};
 use crate::{Error, Result};
 
 /// Device memory kept free by the default KV budget, beyond the planned scratch: room
@@ -233,9 +238,59 @@ struct DevLayer {
     /// Norms of the attention and feed-forward outputs (gemma2, gemma3).
     post_norms: Option<[CudaSlice<f32>; 2]>,
     ffn_norm: CudaSlice<f32>,
-    w_gate: DevWeight,
-    w_up: DevWeight,
-    w_down: DevWeight,
+    ffn: DevFfn,
+}
+
+/// A gated feed-forward block's matrices on the device: `down(act(gate x) * up x)`.
+struct DevGlu {
+    gate: DevWeight,
+    up: DevWeight,
+    down: DevWeight,
+}
+
+/// A layer's feed-forward block on the device (`weights::Ffn`).
+enum DevFfn {
+    Dense(DevGlu),
+    Moe(DevMoe),
+}
+
+/// A mixture-of-experts block on the device (`weights::Moe`).
+struct DevMoe {
+    /// `[n_experts][hidden]`: the router's scores.
+    router: DevWeight,
+    experts: Vec<DevGlu>,
+    /// qwen2moe: the shared expert, and its gate vector as a one-row F32 matrix.
+    shared: Option<Box<(DevGlu, DevWeight)>>,
+}
+
+impl DevFfn {
+    /// Every matrix of the block (for the memory plan).
+    fn matrices(&self) -> Vec<&DevWeight> {
+        fn glu(g: &DevGlu) -> [&DevWeight; 3] {
+            [&g.gate, &g.up, &g.down]
+        }
+        match self {
+            DevFfn::Dense(g) => glu(g).to_vec(),
+            DevFfn::Moe(m) => {
+                let mut v = vec![&m.router];
+                v.extend(m.experts.iter().flat_map(glu));
+                if let Some((g, gate)) = m.shared.as_deref() {
+                    v.extend(glu(g));
+                    v.push(gate);
+                }
+                v
+            }
+        }
+    }
+}
+
+/// Width of the step's gate/up scratch: the dense feed-forward length, or the widest
+/// expert (routed or shared).
+fn ffn_width(cfg: &Config) -> usize {
+    match &cfg.moe {
+        Some(m) => m.expert_ffn.max(m.shared_ffn.unwrap_or(0)),
+        None => cfg.ffn,
+    }
 }
 
 /// Activations and per-step index arrays, reused across steps.
@@ -272,6 +327,18 @@ struct Scratch {
     stage: CudaSlice<u32>,
     /// Prefill attention tiles (`[n_tiles][2]`).
     tiles: CudaSlice<u32>,
+    /// Mixture of experts (one element each for a dense model): the router's scores
+    /// (`[tokens][n_experts]`), the shared expert's gate scores (`[tokens]`), an expert's
+    /// gathered inputs and its outputs (`[tokens][hidden]`), the per-expert token lists
+    /// and weights of a layer as uploaded ([`MoeHost::stage`]), and one expert's list
+    /// and weights unpacked from it.
+    moe_logits: CudaSlice<f32>,
+    moe_gate: CudaSlice<f32>,
+    xe: CudaSlice<f32>,
+    ye: CudaSlice<f32>,
+    moe_stage: CudaSlice<u32>,
+    moe_idx: CudaSlice<u32>,
+    moe_w: CudaSlice<f32>,
 }
 
 impl Scratch {
@@ -280,7 +347,13 @@ impl Scratch {
     /// was reallocated (device pointers changed).
     fn ensure(&mut self, to: Alloc, cfg: &Config, cap: usize, rcap: usize, bt_len: usize) -> Result<bool> {
         let (h, qd, kvd, ffn, half, vocab) =
-            (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn, cfg.head_dim / 2, cfg.vocab_size);
+            (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), ffn_width(cfg), cfg.head_dim / 2, cfg.vocab_size);
+        // Mixture of experts: tokens, experts, the expert lists' words; dense models keep
+        // one-element buffers.
+        let (mcap, ne, moe_words) = match &cfg.moe {
+            Some(m) => (cap, m.n_experts, moe_stage_words(m, cap)),
+            None => (0, 0, 0),
+        };
         let half_local = if cfg.rope_inv_freq_local().is_some() { half } else { 0 };
         let s = self;
         let mut grew = false;
@@ -305,6 +378,11 @@ impl Scratch {
             g(&mut s.sel, rcap * h, "sel")?;
             g(&mut s.seln, rcap * h, "seln")?;
             g(&mut s.logits, rcap * vocab, "logits")?;
+            g(&mut s.moe_logits, (mcap * ne).max(1), "router scores")?;
+            g(&mut s.moe_gate, mcap.max(1), "shared expert gate scores")?;
+            g(&mut s.xe, (mcap * h).max(1), "expert inputs")?;
+            g(&mut s.ye, (mcap * h).max(1), "expert outputs")?;
+            g(&mut s.moe_w, mcap.max(1), "expert weights")?;
         }
         let mut g = |buf: &mut CudaSlice<u32>, len: usize, what: &str| -> Result<()> {
             grew |= to.grow(buf, len, what)?;
@@ -322,6 +400,8 @@ impl Scratch {
         // The packed step arrays, with at most one tile per token.
         let z = StageShape { n: cap, nr: rcap, bt: bt_len.next_power_of_two(), n_tiles: cap, half, half_local };
         g(&mut s.stage, stage_len(z), "step arrays")?;
+        g(&mut s.moe_stage, moe_words.max(1), "expert lists")?;
+        g(&mut s.moe_idx, mcap.max(1), "expert rows")?;
         Ok(grew)
     }
 
@@ -346,6 +426,11 @@ impl Scratch {
             &self.logits,
             &self.part_o,
             &self.part_ml,
+            &self.moe_logits,
+            &self.moe_gate,
+            &self.xe,
+            &self.ye,
+            &self.moe_w,
         ];
         let u = [
             &self.ids,
@@ -358,6 +443,8 @@ impl Scratch {
             &self.argmax_part,
             &self.stage,
             &self.tiles,
+            &self.moe_stage,
+            &self.moe_idx,
         ];
         4 * (f.iter().map(|b| b.len() as u64).sum::<u64>() + u.iter().map(|b| b.len() as u64).sum::<u64>())
     }
@@ -389,6 +476,8 @@ pub(crate) struct CudaBackend {
     graphs: bool,
     /// Captured graphs by launch shape.
     graph_cache: HashMap<Launch, Graph>,
+    /// The host side of the mixture-of-experts layers (empty for a dense model).
+    moe_host: MoeHost,
 }
 
 /// Where a backend allocates: its context (for memory queries), the device it is on,
@@ -461,6 +550,18 @@ impl Uploader<'_> {
 
     fn vector(&mut self, name: &str, v: &[f32]) -> Result<CudaSlice<f32>> {
         self.upload(name, v)
+    }
+
+    fn glu(&mut self, g: &Glu) -> Result<DevGlu> {
+        Ok(DevGlu { gate: self.matrix(&g.gate)?, up: self.matrix(&g.up)?, down: self.matrix(&g.down)? })
+    }
+
+    /// `v` as a one-row F32 matrix (qwen2moe's shared expert gate, multiplied like the router).
+    fn row_matrix(&mut self, name: &str, v: &[f32]) -> Result<DevWeight> {
+        let mut bytes = crate::util::try_with_capacity(v.len() * 4, "a host copy of a gate vector")?;
+        bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        let data = self.upload(name, &bytes)?;
+        Ok(DevWeight { name: name.into(), dtype: crate::quant::DType::F32, rows: 1, cols: v.len(), data })
     }
 }
 
@@ -601,15 +702,58 @@ impl Plan {
     }
 }
 
-/// The CUDA runner has no expert kernels yet: mixture-of-experts models run on the CPU
-/// (`BackendKind::Auto` picks it for them).
-fn moe_unsupported(cfg: &Config) -> Error {
-    let n = cfg.moe.map_or(0, |m| m.n_experts);
-    Error::unsupported(format!(
-        "{} is a mixture-of-experts model ({n} experts): the CUDA backend does not run experts yet; \
-         load it with the CPU backend (LLMRT_BACKEND_CPU) or the automatic choice",
-        cfg.arch.name
-    ))
+/// Words of the expert lists a mixture-of-experts layer uploads for `n` tokens
+/// ([`MoeHost::stage`]): each token's `n_used` routes as (token, weight) in two runs,
+/// and with a shared expert each token's index and gate.
+fn moe_stage_words(m: &MoeConfig, n: usize) -> usize {
+    let shared = if m.shared_ffn.is_some() { 2 * n } else { 0 };
+    (2 * n).saturating_mul(m.n_used).saturating_add(shared)
+}
+
+/// The host side of a step's mixture-of-experts layers, kept between steps (grown
+/// fallibly, never shrunk).
+#[derive(Default)]
+struct MoeHost {
+    /// The router's scores downloaded, then their probabilities: `[tokens][n_experts]`.
+    probs: Vec<f32>,
+    /// The shared expert's gate scores downloaded (qwen2moe): `[tokens]`.
+    gate: Vec<f32>,
+    /// Each token's routes ([`moe::route`]): `[tokens][n_used]`, by expert index.
+    routes: Vec<(u32, f32)>,
+    /// The router's order (scratch of [`moe::route`]): `[n_experts]`.
+    order: Vec<u32>,
+    /// The tokens of one expert ([`moe::expert_rows`]).
+    rows: Vec<(u32, f32)>,
+    /// What a layer uploads ([`moe_stage_words`]): the routed experts' tokens, expert
+    /// after expert (`n * n_used` words), then their weights as f32 bits in the same
+    /// order; with a shared expert then `0..n` and each token's sigmoid gate (bits).
+    stage: Vec<u32>,
+    /// `(expert, first word, tokens)` of each expert with tokens, in index order.
+    spans: Vec<(usize, usize, usize)>,
+}
+
+impl MoeHost {
+    /// Makes every buffer hold a step of `n` tokens.
+    fn ensure(&mut self, m: &MoeConfig, n: usize) -> Result<()> {
+        fn len<T: Clone + Default>(v: &mut Vec<T>, len: usize, what: &str) -> Result<()> {
+            if v.len() < len {
+                *v = crate::util::try_vec(len, T::default(), what)?;
+            }
+            Ok(())
+        }
+        len(&mut self.probs, n.saturating_mul(m.n_experts), "the step's router scores (host)")?;
+        len(&mut self.gate, n, "the step's shared expert gate scores (host)")?;
+        len(&mut self.routes, n.saturating_mul(m.n_used), "the step's expert routes")?;
+        len(&mut self.order, m.n_experts, "the router's order")?;
+        len(&mut self.stage, moe_stage_words(m, n), "the step's expert lists (host)")?;
+        if self.rows.capacity() < n {
+            self.rows = crate::util::try_with_capacity(n, "the step's expert rows")?;
+        }
+        if self.spans.capacity() < m.n_experts {
+            self.spans = crate::util::try_with_capacity(m.n_experts, "the step's expert spans")?;
+        }
+        Ok(())
+    }
 }
 
 impl CudaBackend {
@@ -625,9 +769,6 @@ impl CudaBackend {
         context: usize,
         progress: &mut dyn FnMut(f32),
     ) -> Result<CudaBackend> {
-        if cfg.moe.is_some() {
-            return Err(moe_unsupported(&cfg));
-        }
         let devices = probe()?;
         if ordinal < 0 || ordinal as usize >= devices.len() {
             return Err(Error::invalid(format!(
@@ -694,24 +835,20 @@ impl CudaBackend {
                 _ => None,
             };
             let ffn_norm = up.vector(&n("ffn_norm.weight"), &lw.ffn_norm)?;
-            let Some(ffn) = lw.dense() else { return Err(moe_unsupported(&cfg)) };
-            let w_gate = up.matrix(&ffn.gate)?;
-            let w_up = up.matrix(&ffn.up)?;
-            let w_down = up.matrix(&ffn.down)?;
-            layers.push(DevLayer {
-                attn_norm,
-                wq,
-                wk,
-                wv,
-                wo,
-                bias,
-                qk_norm,
-                post_norms,
-                ffn_norm,
-                w_gate,
-                w_up,
-                w_down,
-            });
+            let ffn = match &lw.ffn {
+                Ffn::Dense(g) => DevFfn::Dense(up.glu(g)?),
+                Ffn::Moe(m) => DevFfn::Moe(DevMoe {
+                    router: up.matrix(&m.router)?,
+                    experts: m.experts.iter().map(|g| up.glu(g)).collect::<Result<_>>()?,
+                    shared: match &m.shared {
+                        Some((g, gate)) => {
+                            Some(Box::new((up.glu(g)?, up.row_matrix(&n("ffn_gate_inp_shexp.weight"), gate)?)))
+                        }
+                        None => None,
+                    },
+                }),
+            };
+            layers.push(DevLayer { attn_norm, wq, wk, wv, wo, bias, qk_norm, post_norms, ffn_norm, ffn });
         }
         (up.progress)(1.0);
 
@@ -748,6 +885,13 @@ impl CudaBackend {
             part_ml: to.zeros(1, SB)?,
             stage: to.zeros(1, SB)?,
             tiles: to.zeros(1, SB)?,
+            moe_logits: to.zeros(1, SB)?,
+            moe_gate: to.zeros(1, SB)?,
+            xe: to.zeros(1, SB)?,
+            ye: to.zeros(1, SB)?,
+            moe_stage: to.zeros(1, SB)?,
+            moe_idx: to.zeros(1, SB)?,
+            moe_w: to.zeros(1, SB)?,
         };
         // Memory plan: the scratch of a planned step first (activations, step arrays,
         // cuBLAS activation and dequantization scratch), then the KV pool from what is left.
@@ -755,7 +899,7 @@ impl CudaBackend {
         let pt = plan_tokens(context);
         let pr = pt.min(PLAN_MAX_ROWS);
         s.ensure(to, &cfg, pt, pr, pt.div_ceil(BLOCK_POSITIONS))?;
-        let all = layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        let all = layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo].into_iter().chain(l.ffn.matrices()));
         let all: Vec<&DevWeight> = all.chain(std::iter::once(&token_embd)).chain(output.as_ref()).collect();
         let max_cols = all.iter().map(|w| w.cols).max().unwrap_or(0);
         let max_quant = all
@@ -810,6 +954,7 @@ impl CudaBackend {
             inv_freq,
             inv_freq_local,
             s,
+            moe_host: MoeHost::default(),
         })
     }
 
@@ -840,7 +985,9 @@ impl CudaBackend {
         // is in. Decode batches of more than GEMM_MIN_TOKENS sequences take cuBLAS when
         // the decode_gemm fast path is on (weights read once for the whole batch).
         let gemm = !decode || (fast.decode_gemm && n > GEMM_MIN_TOKENS && self.ops.has_cublas());
-        let graph = self.graphs && decode && !gemm;
+        // Mixture-of-experts steps synchronise in every layer (the routing is on the
+        // host): never graphed.
+        let graph = self.graphs && decode && !gemm && self.cfg.moe.is_none();
         // Graphed steps pad the block tables to a bucket of GRAPH_BLOCK_BUCKET blocks so
         // that one graph serves many context lengths.
         let bucket = if graph { GRAPH_BLOCK_BUCKET } else { 1 };
@@ -865,7 +1012,10 @@ impl CudaBackend {
         let l = Launch { n, nr, n_seqs: seqs.len(), max_blocks: plan.max_blocks, gemm, split, n_tiles, greedy, head };
 
         // Scratch for this launch shape; a regrown buffer invalidates the captured graphs.
-        let CudaBackend { ctx, info, stream, cfg, s, graph_cache, .. } = self;
+        let CudaBackend { ctx, info, stream, cfg, s, graph_cache, moe_host, .. } = self;
+        if let Some(m) = &cfg.moe {
+            moe_host.ensure(m, n)?;
+        }
         let to = Alloc { ctx, dev: info, stream };
         let mut grew =
             s.ensure(to, cfg, n.next_power_of_two(), nr.next_power_of_two().max(1), plan.block_tables.len())?;
@@ -933,18 +1083,19 @@ impl CudaBackend {
     /// `s.stage`: unpack them (device-to-device copies), then every layer, the final
     /// norm and the LM head for the wanted rows (and their argmax with `l.greedy`).
     /// Launches only: no allocation, no host copy, no synchronisation (so it can be
-    /// captured into a graph).
+    /// captured into a graph), except in mixture-of-experts layers ([`moe_ffn`]: a
+    /// download of the router's scores, a synchronisation and an upload of the expert
+    /// lists per layer), whose steps are never captured.
     fn launch_step(&mut self, l: Launch) -> Result<()> {
         let cfg = &self.cfg;
-        let (h, qd, kvd, hd, ffn, vocab) =
-            (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim, cfg.ffn, cfg.vocab_size);
+        let (h, qd, kvd, hd, vocab) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim, cfg.vocab_size);
         let eps = cfg.rms_eps;
         let shape = AttnShape { n_heads: cfg.n_heads, n_kv_heads: cfg.n_kv_heads, head_dim: hd };
         let neox = cfg.arch.rope_style == RopeStyle::Neox;
         let Launch { n, nr, n_seqs, max_blocks, gemm, split, n_tiles, greedy, head } = l;
         let path = if gemm { MatmulPath::Auto } else { MatmulPath::Gemv };
         let s_has_local = self.inv_freq_local.is_some();
-        let CudaBackend { stream, ops, token_embd, layers, output_norm, output, kv, s, .. } = self;
+        let CudaBackend { stream, ops, token_embd, layers, output_norm, output, kv, s, moe_host, .. } = self;
         let fast = ops.fast_paths();
 
         // Unpack the stage, part by part in the order of STAGE (as Plan::packed wrote it).
@@ -1046,20 +1197,12 @@ impl CudaBackend {
                 ops.rmsnorm(RmsNorm { w: &lw.ffn_norm, eps }, &s.x, n, h, &mut s.xn)?;
             }
 
-            // Feed-forward block (SwiGLU, or GeGLU).
-            // Decode: gate, up and SwiGLU in one launch when the fused kernel applies.
-            let fused_ffn =
-                !geglu && path == MatmulPath::Gemv && ops.matmul_swiglu(&lw.w_gate, &lw.w_up, &s.xn, n, &mut s.gate)?;
-            if !fused_ffn {
-                ops.matmul(&lw.w_gate, &s.xn, n, &mut s.gate, path)?;
-                ops.matmul(&lw.w_up, &s.xn, n, &mut s.up, path)?;
-                if geglu {
-                    ops.geglu(&mut s.gate, &s.up, n * ffn)?;
-                } else {
-                    ops.swiglu(&mut s.gate, &s.up, n * ffn)?;
-                }
+            // Feed-forward block (SwiGLU, or GeGLU; or experts).
+            match (&lw.ffn, &cfg.moe) {
+                (DevFfn::Dense(g), _) => glu(ops, g, &s.xn, n, path, geglu, (&mut s.gate, &mut s.up), &mut s.proj)?,
+                (DevFfn::Moe(m), Some(mc)) => moe_ffn(stream, ops, (m, mc, li), n, h, path, s, moe_host)?,
+                (DevFfn::Moe(_), None) => return Err(Error::internal("an expert layer in a model without experts")),
             }
-            ops.matmul(&lw.w_down, &s.gate, n, &mut s.proj, path)?;
             if let Some([_, pf]) = &lw.post_norms {
                 ops.rmsnorm_inplace(RmsNorm { w: pf, eps }, &mut s.proj, n, h)?;
             }
@@ -1111,8 +1254,137 @@ impl CudaBackend {
     }
 }
 
+/// One gated feed-forward block `y = down(act(gate x) * up x)` over the `n` rows of `x`
+/// (SwiGLU, or GeGLU with `geglu`), `gate` and `up` its scratch. On decode's GEMV path
+/// gate, up and SwiGLU are one launch where the fused kernel applies.
+#[allow(clippy::too_many_arguments)]
+fn glu(
+    ops: &Ops,
+    g: &DevGlu,
+    x: &CudaSlice<f32>,
+    n: usize,
+    path: MatmulPath,
+    geglu: bool,
+    (gate, up): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    y: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let fused = !geglu && path == MatmulPath::Gemv && ops.matmul_swiglu(&g.gate, &g.up, x, n, gate)?;
+    if !fused {
+        let f = g.gate.rows;
+        ops.matmul(&g.gate, x, n, gate, path)?;
+        ops.matmul(&g.up, x, n, up, path)?;
+        if geglu {
+            ops.geglu(gate, up, n * f)?;
+        } else {
+            ops.swiglu(gate, up, n * f)?;
+        }
+    }
+    ops.matmul(&g.down, gate, n, y, path)
+}
+
+/// A mixture-of-experts block over the `n` normed hidden states in `s.xn`, into `s.proj`,
+/// as `cpu/forward.rs::moe_ffn` computes it: the router's scores (and qwen2moe's shared
+/// gate scores) on the device, downloaded (one synchronisation); every token routed on
+/// the host by [`moe::route`], the function the CPU uses; the experts' token lists and
+/// weights uploaded in one copy; then each expert with tokens, in index order, once over
+/// all of them (its weights read once per step): their rows gathered, its SwiGLU, its
+/// outputs times their weights added into their tokens' rows. A token's sum thus runs in
+/// expert order and depends on nothing but its own routes (batch invariance as for the
+/// dense block). Last the shared expert over every token, times its sigmoid gate. The abort
+/// hook is polled after the download (the step then fails with nothing committed).
+#[allow(clippy::too_many_arguments)]
+fn moe_ffn(
+    stream: &Arc<CudaStream>,
+    ops: &Ops,
+    (m, mc, layer): (&DevMoe, &MoeConfig, usize),
+    n: usize,
+    h: usize,
+    path: MatmulPath,
+    s: &mut Scratch,
+    host: &mut MoeHost,
+) -> Result<()> {
+    let (ne, k) = (mc.n_experts, mc.n_used);
+    let (routed, words) = (n * k, moe_stage_words(mc, n));
+    if m.experts.len() != ne || host.probs.len() < n * ne || host.stage.len() < words || s.moe_stage.len() < words {
+        return Err(Error::internal(format!(
+            "expert layer: {} experts of {ne}, {} router scores and {} / {} expert-list words for {n} tokens",
+            m.experts.len(),
+            host.probs.len(),
+            host.stage.len(),
+            s.moe_stage.len()
+        )));
+    }
+    ops.matmul(&m.router, &s.xn, n, &mut s.moe_logits, path)?;
+    if let Some((_, gate)) = m.shared.as_deref() {
+        ops.matmul(gate, &s.xn, n, &mut s.moe_gate, path)?;
+    }
+    let dl = |e| driver_err("downloading the router's scores", e);
+    stream.memcpy_dtoh(&s.moe_logits.slice(0..n * ne), &mut host.probs[..n * ne]).map_err(dl)?;
+    if m.shared.is_some() {
+        stream.memcpy_dtoh(&s.moe_gate.slice(0..n), &mut host.gate[..n]).map_err(dl)?;
+    }
+    stream.synchronize().map_err(|e| driver_err("running the step up to a router (synchronize)", e))?;
+    // The host has control here: a place to poll the abort hook.
+    crate::abort::check(|| format!("the experts of layer {layer} (CUDA)"))?;
+
+    // Route on the host, then list each expert's tokens (expert order, token order).
+    let MoeHost { probs, gate, routes, order, rows, stage, spans } = host;
+    for t in 0..n {
+        moe::route(
+            &mut probs[t * ne..(t + 1) * ne],
+            k,
+            mc.norm_topk,
+            &mut order[..ne],
+            &mut routes[t * k..(t + 1) * k],
+        );
+    }
+    spans.clear();
+    let mut off = 0;
+    for e in 0..ne {
+        moe::expert_rows(&routes[..routed], k, e, rows);
+        if rows.is_empty() {
+            continue;
+        }
+        for (i, &(t, wgt)) in rows.iter().enumerate() {
+            stage[off + i] = t;
+            stage[routed + off + i] = wgt.to_bits();
+        }
+        spans.push((e, off, rows.len()));
+        off += rows.len();
+    }
+    if off != routed {
+        return Err(Error::internal(format!("expert layer: {off} routes listed, {routed} made")));
+    }
+    if m.shared.is_some() {
+        for t in 0..n {
+            stage[2 * routed + t] = t as u32;
+            stage[2 * routed + n + t] = moe::sigmoid(gate[t]).to_bits();
+        }
+    }
+    stream.memcpy_htod(&stage[..words], &mut s.moe_stage).map_err(|e| driver_err("uploading the expert lists", e))?;
+
+    let out = n * h;
+    stream.memset_zeros(&mut s.proj.slice_mut(0..out)).map_err(|e| driver_err("zeroing the experts' sum", e))?;
+    let (src, _gs) = s.moe_stage.device_ptr(stream);
+    for &(e, first, r) in spans.iter() {
+        unpack(stream, Words { ptr: src, off: first, len: r, what: "expert rows" }, &mut s.moe_idx)?;
+        unpack(stream, Words { ptr: src, off: routed + first, len: r, what: "expert weights" }, &mut s.moe_w)?;
+        ops.gather_rows(&s.xn, &s.moe_idx, r, h, &mut s.xe)?;
+        glu(ops, &m.experts[e], &s.xe, r, path, false, (&mut s.gate, &mut s.up), &mut s.ye)?;
+        ops.scatter_axpy(&mut s.proj, &s.ye, &s.moe_idx, &s.moe_w, r, h, n)?;
+    }
+    if let Some((sh, _)) = m.shared.as_deref() {
+        unpack(stream, Words { ptr: src, off: 2 * routed, len: n, what: "shared expert rows" }, &mut s.moe_idx)?;
+        unpack(stream, Words { ptr: src, off: 2 * routed + n, len: n, what: "shared expert gates" }, &mut s.moe_w)?;
+        glu(ops, sh, &s.xn, n, path, false, (&mut s.gate, &mut s.up), &mut s.ye)?;
+        ops.scatter_axpy(&mut s.proj, &s.ye, &s.moe_idx, &s.moe_w, n, h, n)?;
+    }
+    Ok(())
+}
+
 /// Words `off..off + len` of the stage at device address `ptr` (the stage holds them:
-/// `launch_step` checks its length against [`stage_len`] first).
+/// `launch_step` checks its length against [`stage_len`] first, [`moe_ffn`] the expert
+/// lists' against [`moe_stage_words`]).
 #[derive(Clone, Copy)]
 struct Words {
     ptr: sys::CUdeviceptr,
@@ -1133,7 +1405,8 @@ fn unpack<T: DeviceRepr>(stream: &Arc<CudaStream>, src: Words, dst: &mut CudaSli
     }
     let (d, _gd) = dst.device_ptr_mut(stream);
     // SAFETY: src.ptr + off*4 .. + len*4 lies in the stage (its length was checked against
-    // stage_len by launch_step) and d .. + len*4 in `dst` (checked above, 4-byte
+    // stage_len by launch_step, or the expert lists' against moe_stage_words by moe_ffn,
+    // whose spans lie within those words) and d .. + len*4 in `dst` (checked above, 4-byte
     // elements); both are device allocations of this context, distinct buffers; the copy
     // is ordered on `stream` like every use of them.
     unsafe {
@@ -1445,6 +1718,22 @@ mod tests {
         let free = 143_000_000_000u64 - 16_100_000_000 - 2_000_000_000;
         let kv = default_kv_budget(free, 143_000_000_000);
         assert!(kv > 100_000_000_000 && kv < free, "{kv}");
+    }
+
+    #[test]
+    fn moe_stage_words_hold_the_routes_and_the_shared_gates() {
+        let m = MoeConfig { n_experts: 8, n_used: 2, expert_ffn: 32, norm_topk: true, shared_ffn: None };
+        // (token, weight) of each of the 2 routes of 5 tokens.
+        assert_eq!(moe_stage_words(&m, 5), 20);
+        // qwen2moe: and each token's index and gate.
+        assert_eq!(moe_stage_words(&MoeConfig { shared_ffn: Some(96), norm_topk: false, ..m }, 5), 30);
+        let mut host = MoeHost::default();
+        host.ensure(&m, 5).unwrap();
+        assert_eq!((host.probs.len(), host.routes.len(), host.order.len(), host.stage.len()), (40, 10, 8, 20));
+        assert!(host.rows.capacity() >= 5 && host.spans.capacity() >= 8);
+        // Kept when a later step is smaller.
+        host.ensure(&m, 1).unwrap();
+        assert_eq!(host.probs.len(), 40);
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Element-wise ops on the device: bias add, residual add, SwiGLU, row gather and the
-//! greedy argmax. Twins: `backend/cpu/ops/elementwise.rs` (the CPU ops; argmax is
+//! Element-wise ops on the device: bias add, residual add, SwiGLU, row gather, the
+//! weighted row scatter-add of the experts and the greedy argmax. Twins: `backend/cpu/ops/elementwise.rs` (the CPU ops; argmax is
 //! `crate::util::argmax`), `kernels/elementwise.cu` (the kernels); tests:
 //! `elementwise_*` in tests/cuda_kernels.rs.
 
@@ -17,6 +17,7 @@ kernel_set!("elementwise", {
     scale = "scale_f32",
     softcap = "softcap_f32",
     gather_rows = "gather_rows_f32",
+    scatter_axpy = "scatter_axpy_f32",
     argmax_part = "argmax_part_f32",
     argmax_final = "argmax_final_f32",
 });
@@ -134,6 +135,42 @@ impl Ops {
         // pointers, int n_idx, width, x_rows); x holds x_rows full rows (x_rows = len/width,
         // rows at or past it are refused by the kernel), idx >= n_idx and out >= n_idx*width
         // (checked above); one block per index.
+        unsafe { b.launch(rows_cfg(n_idx, EW_THREADS)) }.map_err(|e| launch_err(OP, e))?;
+        Ok(())
+    }
+
+    /// `out[idx[i]][:] += w[i] * y[i][:]` for `i < n_idx`, rows of `width`: the CPU's
+    /// `axpy` per row (product and sum rounded separately), bit for bit. The indices must
+    /// be distinct (the mixture-of-experts block adds one expert's rows, one per token, per
+    /// launch); an index >= `out_rows` is skipped by the kernel (a guard).
+    #[allow(clippy::too_many_arguments)]
+    pub fn scatter_axpy(
+        &self,
+        out: &mut CudaSlice<f32>,
+        y: &CudaSlice<f32>,
+        idx: &CudaSlice<u32>,
+        w: &CudaSlice<f32>,
+        n_idx: usize,
+        width: usize,
+        out_rows: usize,
+    ) -> Result<()> {
+        const OP: &str = "scatter_axpy";
+        need(OP, "idx", idx.len(), n_idx)?;
+        need(OP, "w", w.len(), n_idx)?;
+        need(OP, "y", y.len(), mul(OP, n_idx, width)?)?;
+        need(OP, "out", out.len(), mul(OP, out_rows, width)?)?;
+        let (n_i, width_i, rows_i) =
+            (to_i32(OP, "n_idx", n_idx)?, to_i32(OP, "width", width)?, to_i32(OP, "out_rows", out_rows)?);
+        if n_idx == 0 || width == 0 {
+            return Ok(());
+        }
+        let mut b = self.stream.launch_builder(&self.k.elementwise.scatter_axpy);
+        b.arg(out).arg(y).arg(idx).arg(w).arg(&n_i).arg(&width_i).arg(&rows_i);
+        // SAFETY: the arguments match scatter_axpy_f32 in kernels/elementwise.cu (out, y, idx,
+        // w pointers, int n_idx, width, out_rows); out holds >= out_rows*width f32 (indices at
+        // or past out_rows are skipped by the kernel), y >= n_idx*width, idx and w >= n_idx
+        // (checked above); out is distinct from y (&mut); one block per index, and a
+        // repeated index would only race on its own row's values (no memory-safety issue).
         unsafe { b.launch(rows_cfg(n_idx, EW_THREADS)) }.map_err(|e| launch_err(OP, e))?;
         Ok(())
     }
