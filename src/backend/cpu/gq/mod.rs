@@ -37,6 +37,129 @@ mod tag {
     pub(super) const T_Q5_K: u8 = 7;
     pub(super) const T_Q6_K: u8 = 8;
     pub(super) const T_IQ4_XS: u8 = 9;
+
+    /// Dwords per block (a partial last one counted) of the transposed types.
+    const fn dwords(t: u8) -> usize {
+        match t {
+            T_Q2_K => 21,
+            T_Q3_K => 28,
+            T_Q4_K => 36,
+            T_Q5_K => 44,
+            T_Q6_K => 53,
+            _ => 34, // T_IQ4_XS
+        }
+    }
+
+    /// The dwords the kernels read first in a block: its scales (`fields` of the
+    /// AVX-512 kernels; the AVX2 ones read the same bytes).
+    const fn scale_dwords(t: u8) -> &'static [usize] {
+        match t {
+            T_Q2_K => &[20, 0, 1, 2, 3],
+            T_Q3_K => &[24, 25, 26, 27],
+            T_Q4_K | T_Q5_K => &[0, 1, 2, 3],
+            T_Q6_K => &[48, 49, 50, 51, 52],
+            _ => &[0, 1], // T_IQ4_XS
+        }
+    }
+
+    /// The fields (first dword, at the byte offsets `unpack` reads) group `g` reads,
+    /// in the kernels' order.
+    const fn group_fields(t: u8, g: usize) -> [usize; 2] {
+        const NONE: usize = usize::MAX;
+        match t {
+            T_Q4_K => [(16 + 32 * (g / 2)) / 4, NONE],
+            T_Q5_K => [(48 + 32 * (g / 2)) / 4, 16 / 4],
+            T_Q2_K => [(16 + 32 * (g / 4)) / 4, NONE],
+            T_Q3_K => [(32 + 32 * (g / 4)) / 4, 0],
+            T_Q6_K => [(64 * (g / 4) + 32 * (g % 4 % 2)) / 4, (128 + 32 * (g / 4)) / 4],
+            _ => [(8 + 16 * g) / 4, NONE], // T_IQ4_XS (4 dwords)
+        }
+    }
+
+    /// `slots(t)[k]`: the vector of a transposed block holding dword `k`: the dwords
+    /// in the order the kernels first read them (scales, then each group's fields,
+    /// dword by dword), so a block is read front to back, one forward stream. Stored
+    /// in byte order, Q6_K decode from memory ran at a quarter of Q4_K's bandwidth (its
+    /// scales, at the block's end, read first; its high bits' dwords between the low
+    /// bits'): 7 GB/s against 28 after (docs/BENCHMARKS.md, 2026-12-02).
+    const fn slots(t: u8) -> [u8; 64] {
+        let mut s = [u8::MAX; 64];
+        let mut next = 0u8;
+        let sc = scale_dwords(t);
+        let mut i = 0;
+        while i < sc.len() {
+            if s[sc[i]] == u8::MAX {
+                s[sc[i]] = next;
+                next += 1;
+            }
+            i += 1;
+        }
+        let per = if t == T_IQ4_XS { 4 } else { 8 };
+        let mut g = 0;
+        while g < 8 {
+            let f = group_fields(t, g);
+            let mut m = 0;
+            while m < per {
+                let mut j = 0;
+                while j < 2 {
+                    if f[j] != usize::MAX && s[f[j] + m] == u8::MAX {
+                        s[f[j] + m] = next;
+                        next += 1;
+                    }
+                    j += 1;
+                }
+                m += 1;
+            }
+            g += 1;
+        }
+        let mut k = 0;
+        while k < dwords(t) {
+            if s[k] == u8::MAX {
+                s[k] = next;
+                next += 1;
+            }
+            k += 1;
+        }
+        assert!(next as usize == dwords(t));
+        s
+    }
+
+    const SLOTS: [[u8; 64]; 10] = [
+        [0; 64],
+        [0; 64],
+        [0; 64],
+        [0; 64],
+        slots(T_Q2_K),
+        slots(T_Q3_K),
+        slots(T_Q4_K),
+        slots(T_Q5_K),
+        slots(T_Q6_K),
+        slots(T_IQ4_XS),
+    ];
+
+    /// The vector of a transposed block of type `t` that holds dword `k` ([`slots`]).
+    #[inline(always)]
+    pub(super) const fn slot(t: u8, k: usize) -> usize {
+        SLOTS[t as usize][k] as usize
+    }
+
+    /// The tag of a grouped type.
+    pub(super) fn of(dt: crate::quant::DType) -> u8 {
+        use crate::quant::DType;
+        match dt {
+            DType::Q4_1 => T_Q4_1,
+            DType::Q5_0 => T_Q5_0,
+            DType::Q5_1 => T_Q5_1,
+            DType::IQ4_NL => T_IQ4_NL,
+            DType::Q2_K => T_Q2_K,
+            DType::Q3_K => T_Q3_K,
+            DType::Q4_K => T_Q4_K,
+            DType::Q5_K => T_Q5_K,
+            DType::Q6_K => T_Q6_K,
+            DType::IQ4_XS => T_IQ4_XS,
+            _ => unreachable!("{dt} is not a grouped type"),
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -343,9 +343,9 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
 /// a transposed tile (`TR`, [`pack_transposed`]) `p` is the block's start plus
 /// `4 r` for row `r`, and the byte is in the block's vector `off / 4`.
 #[inline(always)]
-fn at<const TR: bool>(p: *const u8, off: usize) -> *const u8 {
+fn at<const T: u8, const TR: bool>(p: *const u8, off: usize) -> *const u8 {
     if TR {
-        p.wrapping_add((off & !3) * R + (off & 3))
+        p.wrapping_add(slot(T, off / 4) * 4 * R + (off & 3))
     } else {
         p.wrapping_add(off)
     }
@@ -357,11 +357,11 @@ fn at<const TR: bool>(p: *const u8, off: usize) -> *const u8 {
 /// The bytes are inside the block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn ld128<const TR: bool>(p: *const u8, off: usize) -> __m128i {
+unsafe fn ld128<const T: u8, const TR: bool>(p: *const u8, off: usize) -> __m128i {
     // SAFETY: the caller passes a block holding bytes `off .. off + 16`.
     unsafe {
         if TR {
-            let d = |k: usize| rd32(at::<TR>(p, off + 4 * k)) as i32;
+            let d = |k: usize| rd32(at::<T, TR>(p, off + 4 * k)) as i32;
             _mm_setr_epi32(d(0), d(1), d(2), d(3))
         } else {
             _mm_loadu_si128(p.add(off) as *const __m128i)
@@ -372,9 +372,9 @@ unsafe fn ld128<const TR: bool>(p: *const u8, off: usize) -> __m128i {
 /// The f16 at byte `off` of each of the 8 rows' blocks (found as [`at`] finds it), as f32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16x8<const TR: bool>(p: &[*const u8; R], off: usize) -> __m256 {
+unsafe fn f16x8<const T: u8, const TR: bool>(p: &[*const u8; R], off: usize) -> __m256 {
     // SAFETY: the caller passes pointers with 2 readable bytes at `off`.
-    let h: [i16; R] = std::array::from_fn(|r| unsafe { (at::<TR>(p[r], off) as *const i16).read_unaligned() });
+    let h: [i16; R] = std::array::from_fn(|r| unsafe { (at::<T, TR>(p[r], off) as *const i16).read_unaligned() });
     _mm256_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]))
 }
 
@@ -564,7 +564,7 @@ unsafe fn qgroup_t<const T: u8>(blk: *const u8, g: usize, m: usize, lv: __m256i)
     // Dword `k` of the 8 rows' field at byte `o` (a multiple of 4).
     // SAFETY: every field below lies inside the block (`quant::groups::unpack`'s layouts),
     // whose vectors are all there (caller).
-    let ld = |o: usize, k: usize| unsafe { _mm256_loadu_si256(blk.add((o / 4 + k) * 32) as *const __m256i) };
+    let ld = |o: usize, k: usize| unsafe { _mm256_loadu_si256(blk.add(slot(T, o / 4 + k) * 32) as *const __m256i) };
     match T {
         T_Q4_K | T_Q5_K => {
             let qs_off = if T == T_Q4_K { 16 } else { 48 };
@@ -605,7 +605,7 @@ pub(super) fn transposed_block_bytes(bb: usize) -> usize {
 }
 
 /// Fills one transposed tile (rows `8 tile ..`, zero past `rows`): block `b` is
-/// `transposed_block_bytes` bytes at `b * that`, its vector `k` (32 bytes at `32 k`)
+/// `transposed_block_bytes` bytes at `b * that`, its vector `k` (32 bytes at `32 tag::slot(k)`)
 /// holding in dword lane `r` bytes `4k .. 4k + 4` of block `b` of row `8 tile + r` (zero
 /// past the block's end). Unpacking is byte-wise on fields at dword offsets, so a
 /// group comes out as dwords of 8 rows ([`qgroup_t`]), and [`lane_sums`] needs no
@@ -620,7 +620,7 @@ pub(super) fn pack_transposed(dt: DType, w: &[u8], row_bytes: usize, rows: usize
         }
         for (b, blk) in w[r * row_bytes..(r + 1) * row_bytes].chunks_exact(bb).enumerate() {
             for (k, d) in blk.chunks(4).enumerate() {
-                let o = b * tb + k * 32 + l * 4;
+                let o = b * tb + slot(of(dt), k) * 32 + l * 4;
                 dst[o..o + d.len()].copy_from_slice(d);
             }
         }
@@ -639,18 +639,18 @@ unsafe fn scales<const T: u8, const TR: bool>(bp: &[*const u8; R], ng: usize, un
             T_Q4_1 | T_Q5_0 | T_Q5_1 | T_IQ4_NL => {
                 for j in 0..ng {
                     let p: [*const u8; R] = std::array::from_fn(|r| bp[r].add(j * block_bytes(T)));
-                    un.s[0][j] = f16x8::<false>(&p, 0);
+                    un.s[0][j] = f16x8::<T, false>(&p, 0);
                     if offset(T) {
-                        un.o[0][j] = f16x8::<false>(&p, 2);
+                        un.o[0][j] = f16x8::<T, false>(&p, 2);
                     }
                 }
             }
             T_Q4_K | T_Q5_K => {
-                let (d, dmin) = (f16x8::<TR>(bp, 0), f16x8::<TR>(bp, 2));
+                let (d, dmin) = (f16x8::<T, TR>(bp, 0), f16x8::<T, TR>(bp, 2));
                 let (mut sc, mut mn) = ([zf; R], [zf; R]);
                 for r in 0..R {
                     let p = bp[r];
-                    let (w0, w1, w2) = (rd32(at::<TR>(p, 4)), rd32(at::<TR>(p, 8)), rd32(at::<TR>(p, 12)));
+                    let (w0, w1, w2) = (rd32(at::<T, TR>(p, 4)), rd32(at::<T, TR>(p, 8)), rd32(at::<T, TR>(p, 12)));
                     let sc_hi = (w2 & 0x0F0F_0F0F) | ((w0 >> 2) & 0x3030_3030);
                     let m_hi = ((w2 >> 4) & 0x0F0F_0F0F) | ((w1 >> 2) & 0x3030_3030);
                     sc[r] = u8x8_ps((w0 & 0x3F3F_3F3F) as u64 | (sc_hi as u64) << 32);
@@ -664,14 +664,14 @@ unsafe fn scales<const T: u8, const TR: bool>(bp: &[*const u8; R], ng: usize, un
                 }
             }
             T_IQ4_XS => {
-                let d = f16x8::<TR>(bp, 0);
+                let d = f16x8::<T, TR>(bp, 0);
                 let mut sc = [zf; R];
                 let sh_lo = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
                 let sh_hi = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
                 for r in 0..R {
                     let p = bp[r];
-                    let sh = (at::<TR>(p, 2) as *const u16).read_unaligned() as i32;
-                    let sl = rd32(at::<TR>(p, 4)) as i32;
+                    let sh = (at::<T, TR>(p, 2) as *const u16).read_unaligned() as i32;
+                    let sl = rd32(at::<T, TR>(p, 4)) as i32;
                     let lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sl), sh_lo), _mm256_set1_epi32(0xF));
                     let hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), sh_hi), _mm256_set1_epi32(3));
                     let ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)), _mm256_set1_epi32(32));
@@ -683,10 +683,10 @@ unsafe fn scales<const T: u8, const TR: bool>(bp: &[*const u8; R], ng: usize, un
                 }
             }
             T_Q2_K => {
-                let (d, dmin) = (f16x8::<TR>(bp, 80), f16x8::<TR>(bp, 82));
+                let (d, dmin) = (f16x8::<T, TR>(bp, 80), f16x8::<T, TR>(bp, 82));
                 let (mut s0, mut s1, mut o0, mut o1) = ([zf; R], [zf; R], [zf; R], [zf; R]);
                 for r in 0..R {
-                    let e = even_odd(ld128::<TR>(bp[r], 0));
+                    let e = even_odd(ld128::<T, TR>(bp[r], 0));
                     let lo = _mm_and_si128(e, _mm_set1_epi8(0x0F));
                     let hi = _mm_and_si128(_mm_srli_epi16::<4>(e), _mm_set1_epi8(0x0F));
                     (s0[r], s1[r]) = i8x16_ps(lo);
@@ -703,11 +703,11 @@ unsafe fn scales<const T: u8, const TR: bool>(bp: &[*const u8; R], ng: usize, un
                 }
             }
             T_Q3_K => {
-                let d = f16x8::<TR>(bp, 108);
+                let d = f16x8::<T, TR>(bp, 108);
                 let (mut s0, mut s1) = ([zf; R], [zf; R]);
                 for r in 0..R {
                     let p = bp[r];
-                    let (w0, w1, w2) = (rd32(at::<TR>(p, 96)), rd32(at::<TR>(p, 100)), rd32(at::<TR>(p, 104)));
+                    let (w0, w1, w2) = (rd32(at::<T, TR>(p, 96)), rd32(at::<T, TR>(p, 100)), rd32(at::<T, TR>(p, 104)));
                     let (l4, h2) = (0x0F0F_0F0Fu32, 0x0303_0303u32);
                     let sw = [
                         (w0 & l4) | ((w2 & h2) << 4),
@@ -727,10 +727,10 @@ unsafe fn scales<const T: u8, const TR: bool>(bp: &[*const u8; R], ng: usize, un
             }
             _ => {
                 // Q6_K
-                let d = f16x8::<TR>(bp, 208);
+                let d = f16x8::<T, TR>(bp, 208);
                 let (mut s0, mut s1) = ([zf; R], [zf; R]);
                 for r in 0..R {
-                    (s0[r], s1[r]) = i8x16_ps(even_odd(ld128::<TR>(bp[r], 192)));
+                    (s0[r], s1[r]) = i8x16_ps(even_odd(ld128::<T, TR>(bp[r], 192)));
                 }
                 transpose8(&mut s0);
                 transpose8(&mut s1);

@@ -412,7 +412,7 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
                 raw[i] = if TR {
                     // The dword at `f`, or (`f % 4 == 2`: only its high half is read) the
                     // next dword's low half moved up.
-                    let v = _mm512_loadu_si512(base.add(blk * bs + f.div_ceil(4) * 64) as *const __m512i);
+                    let v = _mm512_loadu_si512(base.add(blk * bs + slot(K, f.div_ceil(4)) * 64) as *const __m512i);
                     if f % 4 == 0 {
                         v
                     } else {
@@ -545,7 +545,7 @@ pub(super) fn transposed_block_bytes(bb: usize) -> usize {
 
 /// Fills one transposed tile (rows `16 tile ..`, zero past `rows`): block `b` of the
 /// tile is `transposed_block_bytes` bytes at `b * that`, vector `k` of it (64 bytes
-/// at `64 k`) holding in its dword lane `l` bytes `4k .. 4k + 4` of block `b` of row
+/// at `64 tag::slot(k)`) holding in its dword lane `l` bytes `4k .. 4k + 4` of block `b` of row
 /// `16 tile + LANE[l]` (zero past the block's end). Every field the kernels unpack
 /// starts at a dword offset, and unpacking is byte-wise, so group `g`'s unpacked
 /// vectors come out as [`transpose`] leaves them: no shuffles per group, and the
@@ -560,7 +560,7 @@ pub(super) fn pack_transposed(dt: DType, w: &[u8], row_bytes: usize, rows: usize
         }
         for (b, blk) in w[r * row_bytes..(r + 1) * row_bytes].chunks_exact(bb).enumerate() {
             for (k, d) in blk.chunks(4).enumerate() {
-                let o = b * tb + k * 64 + l * 4;
+                let o = b * tb + slot(of(dt), k) * 64 + l * 4;
                 dst[o..o + d.len()].copy_from_slice(d);
             }
         }
@@ -580,7 +580,7 @@ unsafe fn unpack_t<const K: u8>(blk: *const u8, g: usize) -> [__m512i; 8] {
     // Dword `m` of the field at byte `o` (a multiple of 4) of the 16 rows.
     // SAFETY: every field offset below (`quant::groups::unpack`'s layouts) lies in the
     // block, whose vectors are all there (caller).
-    let ld = |o: usize, m: usize| unsafe { _mm512_loadu_si512(blk.add((o / 4 + m) * 64) as *const __m512i) };
+    let ld = |o: usize, m: usize| unsafe { _mm512_loadu_si512(blk.add(slot(K, o / 4 + m) * 64) as *const __m512i) };
     let srl = |v: __m512i, n: usize| _mm512_srl_epi16(v, _mm_cvtsi32_si128(n as i32));
     std::array::from_fn(|m| match K {
         T_Q4_K | T_Q5_K => {
