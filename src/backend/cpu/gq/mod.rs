@@ -249,20 +249,83 @@ pub(crate) fn tile_rows(isa: Isa) -> usize {
     }
 }
 
-/// Whether `isa`'s tiles of `dt` are packed transposed: AVX-512, the K-quants and
-/// IQ4_XS (`x86_512::pack_transposed`: each group unpacks straight into the vectors
-/// the kernel multiplies, without the per-group shuffles, and each block's scales are
-/// loaded instead of gathered).
+/// The types whose tiles may be packed transposed ([`pack_transposed`]): their
+/// unpacking works byte by byte on fields at dword offsets.
+fn transposable(dt: DType) -> bool {
+    matches!(dt, DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS)
+}
+
+/// Whether `isa`'s tiles of `dt` are packed transposed: both kernel sets, the K-quants
+/// and IQ4_XS (each group unpacks straight into the vectors the kernel multiplies,
+/// without per-group shuffles or horizontal adds, and each block's scales are loaded
+/// instead of gathered).
 fn transposes(isa: Isa, dt: DType) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        (isa == Isa::Avx512Vnni && x86_512::transposes(dt)) || (isa == Isa::Avx2 && x86_256::transposes(dt))
+    packs(isa) && transposable(dt)
+}
+
+/// Bytes of one block of a transposed tile (block bytes `bb`): a `vector`-byte vector
+/// (the kernel set's width: 64 AVX-512, 32 AVX2) per dword of the block.
+#[cfg(target_arch = "x86_64")]
+fn transposed_block_bytes(bb: usize, vector: usize) -> usize {
+    bb.div_ceil(4) * vector
+}
+
+/// Fills one transposed tile of `lanes.len()` rows (zero past `rows`): block `b` of
+/// the tile is `transposed_block_bytes(bb, vector)` bytes at `b * that`, its vector
+/// `k` (`vector` bytes at `vector * tag::slot(k)`) holding in dword lane `l` bytes
+/// `4k .. 4k + 4` of block `b` of row `tile * lanes.len() + lanes[l]` (zero past the
+/// block's end; `lanes` is the kernel set's lane order: `x86_512::LANE`, the identity
+/// for AVX2). Every field the kernels unpack starts at a dword offset and unpacking
+/// is byte-wise, so a group unpacks into dwords of the tile's rows, one row per lane.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn pack_transposed(
+    dt: DType,
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    tile: usize,
+    lanes: &[usize],
+    vector: usize,
+    dst: &mut [u8],
+) {
+    let bb = dt.block_bytes();
+    let tb = transposed_block_bytes(bb, vector);
+    for (l, &lr) in lanes.iter().enumerate() {
+        let r = tile * lanes.len() + lr;
+        if r >= rows {
+            continue;
+        }
+        for (b, blk) in w[r * row_bytes..(r + 1) * row_bytes].chunks_exact(bb).enumerate() {
+            for (k, d) in blk.chunks(4).enumerate() {
+                let o = b * tb + tag::slot(tag::of(dt), k) * vector + l * 4;
+                dst[o..o + d.len()].copy_from_slice(d);
+            }
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (isa, dt);
-        false
+}
+
+/// The lane order and vector width of `isa`'s transposed tiles.
+#[cfg(target_arch = "x86_64")]
+fn transposed_shape(isa: Isa) -> (&'static [usize], usize) {
+    const IDENTITY: [usize; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
+    if isa == Isa::Avx512Vnni {
+        (&x86_512::LANE, 64)
+    } else {
+        (&IDENTITY, 32)
     }
+}
+
+/// Where the rows of a product are, for the kernel sets: as stored (`row_bytes`
+/// apart), or tiles of [`tile_rows`] rows `tile_bytes` apart, the first at row 0 of
+/// the slice ([`Packed`]): rows interleaved chunk by chunk, or transposed
+/// ([`pack_transposed`]).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+enum Src<'a> {
+    Rows { w: &'a [u8], row_bytes: usize },
+    Packed { tiles: &'a [u8], tile_bytes: usize },
+    Transposed { tiles: &'a [u8], tile_bytes: usize },
 }
 
 /// Bytes of one row's piece in a packed tile's chunk: the span the kernels walk
@@ -291,7 +354,7 @@ pub(crate) struct Packed {
     pub(crate) cols: usize,
     /// The kernel set the layout is for.
     pub(crate) isa: Isa,
-    /// Tiles transposed for the AVX-512 kernels ([`transposes`]).
+    /// Tiles transposed ([`transposes`]).
     transposed: bool,
 }
 
@@ -320,12 +383,9 @@ impl Packed {
         let tile_bytes = if transposed {
             #[cfg(target_arch = "x86_64")]
             {
-                let tb = if isa == Isa::Avx512Vnni {
-                    x86_512::transposed_block_bytes(dt.block_bytes())
-                } else {
-                    x86_256::transposed_block_bytes(dt.block_bytes())
-                };
-                (cols / dt.block_elems() * tb).div_ceil(64) * 64
+                (cols / dt.block_elems() * transposed_block_bytes(dt.block_bytes(), transposed_shape(isa).1))
+                    .div_ceil(64)
+                    * 64
             }
             #[cfg(not(target_arch = "x86_64"))]
             unreachable!()
@@ -335,11 +395,8 @@ impl Packed {
         let fill = |tile: usize, dst: &mut [u8]| {
             #[cfg(target_arch = "x86_64")]
             if transposed {
-                return if isa == Isa::Avx512Vnni {
-                    x86_512::pack_transposed(dt, w, row_bytes, rows, tile, dst)
-                } else {
-                    x86_256::pack_transposed(dt, w, row_bytes, rows, tile, dst)
-                };
+                let (lanes, vector) = transposed_shape(isa);
+                return pack_transposed(dt, w, row_bytes, rows, tile, lanes, vector, dst);
             }
             for r in tile * p..((tile + 1) * p).min(rows) {
                 let row = &w[r * row_bytes..(r + 1) * row_bytes];
@@ -367,15 +424,18 @@ pub(crate) fn gemm_packed(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &m
     assert_eq!(out.len(), nrows * a.t);
     let tb = p.tiles.group_bytes();
     let tiles = &p.tiles.bytes()[r0 / tr * tb..(r0 + nrows).div_ceil(tr) * tb];
+    #[cfg(target_arch = "x86_64")]
+    let src =
+        if p.transposed { Src::Transposed { tiles, tile_bytes: tb } } else { Src::Packed { tiles, tile_bytes: tb } };
     match p.isa {
         // SAFETY: a `Packed` is only built for `packs(isa)` kernel sets, and only when `isa()`
         // chose that set on this CPU (AVX2 + FMA + F16C); the tiles read are in bounds
         // (sliced above) and the lengths of `a` and `out` asserted.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86_256::gemm_packed(p.dtype, tiles, tb, p.transposed, nrows, a, out) },
+        Isa::Avx2 => unsafe { x86_256::gemm_packed(p.dtype, src, nrows, a, out) },
         // SAFETY: as above, for AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => unsafe { x86_512::gemm_packed(p.dtype, tiles, tb, p.transposed, nrows, a, out) },
+        Isa::Avx512Vnni => unsafe { x86_512::gemm_packed(p.dtype, src, nrows, a, out) },
         other => unreachable!("no packed grouped kernels for {other:?}"),
     }
 }

@@ -43,6 +43,7 @@ const TC: usize = 32;
 const PF: usize = 2;
 
 use super::tag::*;
+use super::Src;
 
 /// A scale (and offset) per 16 values.
 const fn halves(t: u8) -> bool {
@@ -124,26 +125,6 @@ pub(super) unsafe fn gemm(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a
     unsafe { by_type(dt, Src::Rows { w, row_bytes }, nrows, a, out) }
 }
 
-/// Where the rows of a product are: as stored (`row_bytes` apart), or packed
-/// ([`super::Packed`]: tiles of 8 rows, `tile_bytes` apart, the first at row 0 of the
-/// slice; unit `u` of a tile is its 8 rows' unit `u` back to back, [`unit_bytes`] each).
-#[derive(Clone, Copy)]
-pub(super) enum Src<'a> {
-    Rows {
-        w: &'a [u8],
-        row_bytes: usize,
-    },
-    Packed {
-        tiles: &'a [u8],
-        tile_bytes: usize,
-    },
-    /// Tiles of 8 rows transposed ([`pack_transposed`]), `tile_bytes` apart.
-    Transposed {
-        tiles: &'a [u8],
-        tile_bytes: usize,
-    },
-}
-
 /// Bytes of one unit of one row (the last unit of a small-block row may use fewer).
 pub(super) fn unit_bytes(dt: DType) -> usize {
     if dt.block_elems() == GROUP {
@@ -153,23 +134,14 @@ pub(super) fn unit_bytes(dt: DType) -> usize {
     }
 }
 
-/// The product over packed rows: `tiles` starts at a tile of 8 rows and holds the
-/// `nrows.div_ceil(8)` tiles read (`tile_bytes` each, the layout of [`super::Packed`]
-/// for this kernel set).
+/// The product over packed rows: `src` ([`Src::Packed`] or [`Src::Transposed`]) starts at
+/// a tile of 8 rows and holds the `nrows.div_ceil(8)` tiles read, in the layout of
+/// [`super::Packed`] for this kernel set.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `gq::gemm_packed`'s assertions hold.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn gemm_packed(
-    dt: DType,
-    tiles: &[u8],
-    tile_bytes: usize,
-    transposed: bool,
-    nrows: usize,
-    a: &QAct,
-    out: &mut [f32],
-) {
-    let src = if transposed { Src::Transposed { tiles, tile_bytes } } else { Src::Packed { tiles, tile_bytes } };
+pub(super) unsafe fn gemm_packed(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, out: &mut [f32]) {
     // SAFETY: same contract as this function's.
     unsafe { by_type(dt, src, nrows, a, out) }
 }
@@ -233,7 +205,7 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
             R * ub
         }
         Src::Transposed { tiles, tile_bytes } => {
-            let tb = transposed_block_bytes(block_bytes(T));
+            let tb = super::transposed_block_bytes(block_bytes(T), 32);
             assert!(!small && tile_bytes >= units * tb && tiles.len() >= nrows.div_ceil(R) * tile_bytes);
             tb
         }
@@ -340,7 +312,7 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
 }
 
 /// Where byte `off` of a row's block is, from `p`: `p + off` for rows as stored; in
-/// a transposed tile (`TR`, [`pack_transposed`]) `p` is the block's start plus
+/// a transposed tile (`TR`, [`super::pack_transposed`]) `p` is the block's start plus
 /// `4 r` for row `r`, and the byte is in the block's vector `off / 4`.
 #[inline(always)]
 fn at<const T: u8, const TR: bool>(p: *const u8, off: usize) -> *const u8 {
@@ -552,11 +524,11 @@ unsafe fn qgroup<const T: u8>(p: *const u8, g: usize, lv: __m256i) -> __m256i {
 }
 
 /// Dword `m` (values `4m .. 4m + 4`) of group `g` of the 8 rows of a transposed
-/// tile's block at `blk` ([`pack_transposed`]), row `r` in lane `r`, as [`qgroup`]
+/// tile's block at `blk` ([`super::pack_transposed`]), row `r` in lane `r`, as [`qgroup`]
 /// gives those values (the same byte-wise steps on the same bytes).
 ///
 /// # Safety
-/// `blk` points at a whole transposed block of type `T` (one of [`transposes`]).
+/// `blk` points at a whole transposed block of type `T` (one of [`super::transposable`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn qgroup_t<const T: u8>(blk: *const u8, g: usize, m: usize, lv: __m256i) -> __m256i {
@@ -591,39 +563,6 @@ unsafe fn qgroup_t<const T: u8>(blk: *const u8, g: usize, m: usize, lv: __m256i)
             _mm256_or_si256(_mm256_and_si256(nib, m4), _mm256_slli_epi16::<4>(crumbs(ld(128 + 32 * h, m), k)))
         }
         _ => unreachable!("type tag {T} is not packed transposed"),
-    }
-}
-
-/// The types whose tiles may be packed transposed ([`pack_transposed`]).
-pub(super) fn transposes(dt: DType) -> bool {
-    matches!(dt, DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS)
-}
-
-/// Bytes of one block of a transposed tile: a 32-byte vector per dword of the block.
-pub(super) fn transposed_block_bytes(bb: usize) -> usize {
-    bb.div_ceil(4) * 32
-}
-
-/// Fills one transposed tile (rows `8 tile ..`, zero past `rows`): block `b` is
-/// `transposed_block_bytes` bytes at `b * that`, its vector `k` (32 bytes at `32 tag::slot(k)`)
-/// holding in dword lane `r` bytes `4k .. 4k + 4` of block `b` of row `8 tile + r` (zero
-/// past the block's end). Unpacking is byte-wise on fields at dword offsets, so a
-/// group comes out as dwords of 8 rows ([`qgroup_t`]), and [`lane_sums`] needs no
-/// horizontal adds.
-pub(super) fn pack_transposed(dt: DType, w: &[u8], row_bytes: usize, rows: usize, tile: usize, dst: &mut [u8]) {
-    let bb = dt.block_bytes();
-    let tb = transposed_block_bytes(bb);
-    for l in 0..R {
-        let r = tile * R + l;
-        if r >= rows {
-            continue;
-        }
-        for (b, blk) in w[r * row_bytes..(r + 1) * row_bytes].chunks_exact(bb).enumerate() {
-            for (k, d) in blk.chunks(4).enumerate() {
-                let o = b * tb + slot(of(dt), k) * 32 + l * 4;
-                dst[o..o + d.len()].copy_from_slice(d);
-            }
-        }
     }
 }
 
@@ -779,7 +718,7 @@ const fn narrow_lanes(t: u8) -> bool {
     matches!(t, T_Q2_K | T_Q3_K | T_Q4_K | T_Q5_K)
 }
 
-/// [`row_sums`] from a transposed tile's group ([`pack_transposed`]): `q(m)` holds
+/// [`row_sums`] from a transposed tile's group ([`super::pack_transposed`]): `q(m)` holds
 /// dword `m` (values `4m .. 4m + 4`) of the 8 rows, row `r` in lane `r`; each is
 /// multiplied with activation dword `m` broadcast (`xp`: the group's 32 activations),
 /// so each row's products stay in its own lane: no horizontal adds.

@@ -42,6 +42,7 @@ const PF: usize = 384;
 const PF_SPAN: usize = 256;
 
 use super::tag::*;
+use super::Src;
 
 /// What is added to each weight integer to make it an unsigned byte.
 const fn bias(k: u8) -> i32 {
@@ -77,7 +78,7 @@ const fn fields(k: u8) -> &'static [usize] {
 /// The row of each f32 lane (the *lane order*): what the reduction tree ([`reduce`])
 /// and the transpose ([`transpose`]) give without a final permute. Scales are
 /// gathered, and results stored, in this order.
-const LANE: [usize; R] = [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15];
+pub(super) const LANE: [usize; R] = [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15];
 
 /// IQ4 levels biased by 128 (as unsigned bytes), repeated in each 128-bit lane.
 const fn iq4_table() -> [u8; 64] {
@@ -511,68 +512,12 @@ macro_rules! dispatch {
     };
 }
 
-/// Where the rows of a product are: as stored (`row_bytes` apart), or packed
-/// ([`super::Packed`]: tiles of 16 rows, `tile_bytes` apart, the first at row 0 of
-/// the slice; block `b` of a tile is its 16 rows' block `b` back to back).
-#[derive(Clone, Copy)]
-pub(super) enum Src<'a> {
-    Rows {
-        w: &'a [u8],
-        row_bytes: usize,
-    },
-    Packed {
-        tiles: &'a [u8],
-        tile_bytes: usize,
-    },
-    /// Tiles of 16 rows transposed ([`pack_transposed`]), `tile_bytes` apart.
-    Transposed {
-        tiles: &'a [u8],
-        tile_bytes: usize,
-    },
-}
-
-/// The types whose tiles may be packed transposed ([`pack_transposed`]): their
-/// unpacking works byte by byte on fields at dword offsets.
-pub(super) fn transposes(dt: DType) -> bool {
-    matches!(dt, DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS)
-}
-
-/// Bytes of one block of a transposed tile (block bytes `bb`): a 64-byte vector
-/// per dword of the block.
-pub(super) fn transposed_block_bytes(bb: usize) -> usize {
-    bb.div_ceil(4) * 64
-}
-
-/// Fills one transposed tile (rows `16 tile ..`, zero past `rows`): block `b` of the
-/// tile is `transposed_block_bytes` bytes at `b * that`, vector `k` of it (64 bytes
-/// at `64 tag::slot(k)`) holding in its dword lane `l` bytes `4k .. 4k + 4` of block `b` of row
-/// `16 tile + LANE[l]` (zero past the block's end). Every field the kernels unpack
-/// starts at a dword offset, and unpacking is byte-wise, so group `g`'s unpacked
-/// vectors come out as [`transpose`] leaves them: no shuffles per group, and the
-/// scales of 16 rows are one load instead of a gather.
-pub(super) fn pack_transposed(dt: DType, w: &[u8], row_bytes: usize, rows: usize, tile: usize, dst: &mut [u8]) {
-    let bb = dt.block_bytes();
-    let tb = transposed_block_bytes(bb);
-    for (l, &lr) in LANE.iter().enumerate() {
-        let r = tile * R + lr;
-        if r >= rows {
-            continue;
-        }
-        for (b, blk) in w[r * row_bytes..(r + 1) * row_bytes].chunks_exact(bb).enumerate() {
-            for (k, d) in blk.chunks(4).enumerate() {
-                let o = b * tb + slot(of(dt), k) * 64 + l * 4;
-                dst[o..o + d.len()].copy_from_slice(d);
-            }
-        }
-    }
-}
-
-/// Group `g` of a transposed tile's block at `blk` ([`pack_transposed`]) unpacked
+/// Group `g` of a transposed tile's block at `blk` ([`super::pack_transposed`]) unpacked
 /// as [`transpose`] leaves [`unpack2`]'s vectors: vector `m` holds dword `m` (values
 /// `4m .. 4m + 4`, biased as `unpack2` biases them) of each row in the lane order.
 ///
 /// # Safety
-/// `blk` points at a whole transposed block of type `K` (one of [`transposes`]).
+/// `blk` points at a whole transposed block of type `K` (one of [`super::transposable`]).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn unpack_t<const K: u8>(blk: *const u8, g: usize) -> [__m512i; 8] {
@@ -656,7 +601,7 @@ unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o
                 let bs = match src {
                     Src::Transposed { tiles, tile_bytes } => {
                         rows = [tiles.as_ptr().add(i / R * tile_bytes); R];
-                        transposed_block_bytes(bb)
+                        super::transposed_block_bytes(bb, 64)
                     }
                     Src::Rows { w, row_bytes } => {
                         for r in 0..R {
@@ -736,26 +681,17 @@ pub(super) unsafe fn gemm(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a
     unsafe { by_type(dt, Src::Rows { w, row_bytes }, nrows, a, out) }
 }
 
-/// The product over packed rows: `tiles` starts at a tile of 16 rows and holds the
-/// `nrows.div_ceil(16)` tiles read (`tile_bytes` each, in the layout of
-/// [`super::Packed`] for this kernel set).
+/// The product over packed rows: `src` ([`Src::Packed`] or [`Src::Transposed`]) starts at
+/// a tile of 16 rows and holds the `nrows.div_ceil(16)` tiles read, in the layout of
+/// [`super::Packed`] for this kernel set.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C; `gq::gemm_packed`'s
 /// assertions hold.
-pub(super) unsafe fn gemm_packed(
-    dt: DType,
-    tiles: &[u8],
-    tile_bytes: usize,
-    transposed: bool,
-    nrows: usize,
-    a: &QAct,
-    out: &mut [f32],
-) {
+pub(super) unsafe fn gemm_packed(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, out: &mut [f32]) {
     if nrows == 0 || a.t == 0 {
         return;
     }
-    let src = if transposed { Src::Transposed { tiles, tile_bytes } } else { Src::Packed { tiles, tile_bytes } };
     // SAFETY: as `gemm`; the gather offsets are below `16 * block_bytes` (at most 3,360).
     unsafe { by_type(dt, src, nrows, a, out) }
 }
