@@ -21,7 +21,7 @@ pub(crate) mod groups;
 mod q4_0;
 mod q8_0;
 
-pub(crate) use float::f16_bits_to_f32;
+pub(crate) use float::{bf16_bits_to_f32, f16_bits_to_f32};
 use groups::QK_K;
 
 /// Elements per Q8_0 / Q4_0 block.

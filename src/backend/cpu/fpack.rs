@@ -1,45 +1,50 @@
-//! F16 weights repacked at load for the AVX-512 kernels: 32 rows interleaved per
-//! column, so that prefill runs a broadcast micro-kernel (64 rows x up to 6
-//! tokens per tile: four 16-row weight vectors per column, one broadcast
-//! activation per token) and decode streams 4 groups side by side.
+//! F16 and BF16 weights repacked at load for the AVX-512 and AVX2 kernels: 32 rows
+//! interleaved per column, so that prefill runs a broadcast micro-kernel (AVX-512:
+//! 64 rows x up to 6 tokens per tile, four 16-row weight vectors per column; AVX2:
+//! 16 rows x up to 6 tokens, two 8-row vectors, the group's two halves in turn; one
+//! broadcast activation per token) and decode streams 4 (AVX2: 2) groups side by side.
 //!
-//! This is the "sequential order" of an F16 row's dot product, used on AVX-512
-//! CPUs for F16 matrices (packed or not):
+//! This is the "sequential order" of an F16 or BF16 row's dot product, used on
+//! AVX-512 and AVX2 CPUs for those matrices (packed or not), so both give the same
+//! bits (`w[k]` widened exactly to f32: F16C for F16, a 16-bit shift for BF16):
 //!
 //! ```text
-//! acc = 0; for k in 0..n: acc = fma(f16(w[k]), x[k], acc)
+//! acc = 0; for k in 0..n: acc = fma(f32(w[k]), x[k], acc)
 //! ```
 //!
 //! Layout of one group of 32 rows (rows past the matrix's end are zero): for each
-//! column `k` in turn, the 32 rows' f16 values of that column (64 bytes, one
+//! column `k` in turn, the 32 rows' 16-bit values of that column (64 bytes, one
 //! cache line). Groups are `cols * 64` bytes, 64-byte aligned.
 
 use super::groups::Groups;
 use super::isa::Isa;
-use crate::quant::{f16_bits_to_f32, DType};
+use crate::quant::{bf16_bits_to_f32, f16_bits_to_f32, DType};
 use crate::Result;
 
 /// Rows per packed group (two 512-bit vectors of f32 lanes).
 pub const GROUP: usize = 32;
 
-/// An F16 matrix in the packed layout (see the module docs).
+/// An F16 or BF16 matrix in the packed layout (see the module docs).
 pub struct Packed {
     groups: Groups,
+    /// F16 or BF16.
+    pub dtype: DType,
     pub rows: usize,
     pub cols: usize,
 }
 
-/// Whether `isa` computes F16 dot products in the sequential order (and so wants
-/// packed weights).
+/// Whether `isa` computes dot products of `dt` rows in the sequential order (and so
+/// wants packed weights).
 pub fn sequential_order(isa: Isa, dt: DType) -> bool {
-    isa == Isa::Avx512Vnni && dt == DType::F16
+    matches!(isa, Isa::Avx512Vnni | Isa::Avx2) && matches!(dt, DType::F16 | DType::BF16)
 }
 
 impl Packed {
-    /// Repacks `rows` rows of an F16 matrix of `cols` columns (`w`: rows of
-    /// `2 * cols` bytes) on up to `threads` threads. `name` is for the error when
-    /// the memory cannot be had.
-    pub fn new(w: &[u8], rows: usize, cols: usize, name: &str, threads: usize) -> Result<Packed> {
+    /// Repacks `rows` rows of an F16 or BF16 (`dt`) matrix of `cols` columns (`w`:
+    /// rows of `2 * cols` bytes) on up to `threads` threads. `name` is for the error
+    /// when the memory cannot be had.
+    pub fn new(dt: DType, w: &[u8], rows: usize, cols: usize, name: &str, threads: usize) -> Result<Packed> {
+        assert!(matches!(dt, DType::F16 | DType::BF16), "{dt} is not packed by fpack");
         assert!(w.len() >= rows * cols * 2);
         let group_bytes = cols * 64;
         let pack_group = |g: usize, dst: &mut [u8]| {
@@ -51,17 +56,27 @@ impl Packed {
                 }
             }
         };
-        let what = || format!("tensor '{name}' (F16, {rows} x {cols})");
+        let what = || format!("tensor '{name}' ({dt}, {rows} x {cols})");
         let groups = Groups::build(rows.div_ceil(GROUP), group_bytes, threads, what, pack_group)?;
-        Ok(Packed { groups, rows, cols })
+        Ok(Packed { groups, dtype: dt, rows, cols })
     }
 }
 
-/// Reference sequential-order dot of one stored F16 row with `x`.
-pub fn dot_sequential_ref(row: &[u8], x: &[f32]) -> f32 {
+/// One stored 16-bit value of `dt` (F16 or BF16) widened to f32 (exactly).
+fn widen(dt: DType, v: [u8; 2]) -> f32 {
+    let bits = u16::from_le_bytes(v);
+    if dt == DType::BF16 {
+        bf16_bits_to_f32(bits)
+    } else {
+        f16_bits_to_f32(bits)
+    }
+}
+
+/// Reference sequential-order dot of one stored F16 or BF16 (`dt`) row with `x`.
+pub fn dot_sequential_ref(dt: DType, row: &[u8], x: &[f32]) -> f32 {
     let mut acc = 0f32;
     for (v, &xi) in row.chunks_exact(2).zip(x) {
-        acc = f16_bits_to_f32(u16::from_le_bytes([v[0], v[1]])).mul_add(xi, acc);
+        acc = widen(dt, [v[0], v[1]]).mul_add(xi, acc);
     }
     acc
 }
@@ -80,6 +95,9 @@ pub fn gemm(isa: Isa, p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut 
         // FMA and F16C; the groups and activation rows read are inside `p` and `x`
         // (lengths asserted above).
         Isa::Avx512Vnni => unsafe { x86::gemm(p, r0, nrows, x, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Avx2` is only chosen on CPUs with AVX2, FMA and F16C; bounds as above.
+        Isa::Avx2 => unsafe { x86_256::gemm(p, r0, nrows, x, out) },
         _ => gemm_portable(p, r0, nrows, x, out),
     }
 }
@@ -94,7 +112,7 @@ fn gemm_portable(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]
         for c in 0..t {
             let mut acc = 0f32;
             for k in 0..cols {
-                let w = f16_bits_to_f32(u16::from_le_bytes([bytes[go + k * 64], bytes[go + k * 64 + 1]]));
+                let w = widen(p.dtype, [bytes[go + k * 64], bytes[go + k * 64 + 1]]);
                 acc = w.mul_add(x[c * cols + k], acc);
             }
             out[i * t + c] = acc;
@@ -107,12 +125,30 @@ fn gemm_portable(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]
 mod x86 {
     use super::{Packed, GROUP};
     use crate::backend::cpu::isa::token_chunk;
+    use crate::quant::DType;
     use std::arch::x86_64::*;
+
+    /// 16 values (32 bytes at `p`, 32-byte aligned) widened to f32: F16C for F16,
+    /// a 16-bit shift for BF16 (`BF`); both exact.
+    ///
+    /// # Safety
+    /// 32 readable bytes at `p`, aligned.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
+    unsafe fn ld16<const BF: bool>(p: *const u8) -> __m512 {
+        // SAFETY: the caller guarantees the 32 bytes.
+        let v = unsafe { _mm256_load_si256(p as *const __m256i) };
+        if BF {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
+        } else {
+            _mm512_cvtph_ps(v)
+        }
+    }
 
     /// One group (32 rows at `g`) x C activation rows (`x`, stride `cols`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-    unsafe fn tile<const NG: usize, const C: usize>(
+    unsafe fn tile<const BF: bool, const NG: usize, const C: usize>(
         g: *const u8,
         gs: usize,
         cols: usize,
@@ -132,8 +168,8 @@ mod x86 {
                 for j in 0..NG {
                     let p = g.add(j * gs + k * 64);
                     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(1024) as *const i8);
-                    w[j][0] = _mm512_cvtph_ps(_mm256_load_si256(p as *const __m256i));
-                    w[j][1] = _mm512_cvtph_ps(_mm256_load_si256(p.add(32) as *const __m256i));
+                    w[j][0] = ld16::<BF>(p);
+                    w[j][1] = ld16::<BF>(p.add(32));
                 }
                 for c in 0..C {
                     let xb = _mm512_set1_ps(*x.add(c * cols + k));
@@ -160,7 +196,7 @@ mod x86 {
     /// One activation row against G groups side by side (decode).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-    unsafe fn gemv<const G: usize>(
+    unsafe fn gemv<const BF: bool, const G: usize>(
         g: *const u8,
         gstride: usize,
         cols: usize,
@@ -178,8 +214,8 @@ mod x86 {
                 for j in 0..G {
                     let p = g.add(j * gstride + k * 64);
                     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(2048) as *const i8);
-                    let w0 = _mm512_cvtph_ps(_mm256_load_si256(p as *const __m256i));
-                    let w1 = _mm512_cvtph_ps(_mm256_load_si256(p.add(32) as *const __m256i));
+                    let w0 = ld16::<BF>(p);
+                    let w1 = ld16::<BF>(p.add(32));
                     acc[j][0] = _mm512_fmadd_ps(w0, xb, acc[j][0]);
                     acc[j][1] = _mm512_fmadd_ps(w1, xb, acc[j][1]);
                 }
@@ -197,39 +233,55 @@ mod x86 {
     }
 
     macro_rules! dispatch1 {
-        ($ct:expr, $($args:expr),*) => {
+        ($bf:ident, $ct:expr, $($args:expr),*) => {
             match $ct {
-                12 => tile::<1, 12>($($args),*),
-                11 => tile::<1, 11>($($args),*),
-                10 => tile::<1, 10>($($args),*),
-                9 => tile::<1, 9>($($args),*),
-                8 => tile::<1, 8>($($args),*),
-                7 => tile::<1, 7>($($args),*),
-                6 => tile::<1, 6>($($args),*),
-                5 => tile::<1, 5>($($args),*),
-                4 => tile::<1, 4>($($args),*),
-                3 => tile::<1, 3>($($args),*),
-                2 => tile::<1, 2>($($args),*),
-                _ => tile::<1, 1>($($args),*),
+                12 => tile::<$bf, 1, 12>($($args),*),
+                11 => tile::<$bf, 1, 11>($($args),*),
+                10 => tile::<$bf, 1, 10>($($args),*),
+                9 => tile::<$bf, 1, 9>($($args),*),
+                8 => tile::<$bf, 1, 8>($($args),*),
+                7 => tile::<$bf, 1, 7>($($args),*),
+                6 => tile::<$bf, 1, 6>($($args),*),
+                5 => tile::<$bf, 1, 5>($($args),*),
+                4 => tile::<$bf, 1, 4>($($args),*),
+                3 => tile::<$bf, 1, 3>($($args),*),
+                2 => tile::<$bf, 1, 2>($($args),*),
+                _ => tile::<$bf, 1, 1>($($args),*),
             }
         };
     }
 
     macro_rules! dispatch2 {
-        ($ct:expr, $($args:expr),*) => {
+        ($bf:ident, $ct:expr, $($args:expr),*) => {
             match $ct {
-                6 => tile::<2, 6>($($args),*),
-                5 => tile::<2, 5>($($args),*),
-                4 => tile::<2, 4>($($args),*),
-                3 => tile::<2, 3>($($args),*),
-                2 => tile::<2, 2>($($args),*),
-                _ => tile::<2, 1>($($args),*),
+                6 => tile::<$bf, 2, 6>($($args),*),
+                5 => tile::<$bf, 2, 5>($($args),*),
+                4 => tile::<$bf, 2, 4>($($args),*),
+                3 => tile::<$bf, 2, 3>($($args),*),
+                2 => tile::<$bf, 2, 2>($($args),*),
+                _ => tile::<$bf, 2, 1>($($args),*),
             }
         };
     }
 
+    /// `super::gemm` on AVX-512.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL, AVX2, FMA and F16C; `super::gemm`'s assertions hold.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
     pub unsafe fn gemm(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if p.dtype == DType::BF16 {
+                gemm_t::<true>(p, r0, nrows, x, out)
+            } else {
+                gemm_t::<false>(p, r0, nrows, x, out)
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
+    unsafe fn gemm_t<const BF: bool>(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
         const MAXC: usize = 12;
         let cols = p.cols;
         let t = x.len() / cols;
@@ -247,10 +299,10 @@ mod x86 {
                 while i < nrows {
                     let g = base.add((r0 + i) / GROUP * gs);
                     if nrows - i > (G - 1) * GROUP {
-                        gemv::<G>(g, gs, cols, x.as_ptr(), o.add(i), (nrows - i - (G - 1) * GROUP).min(GROUP));
+                        gemv::<BF, G>(g, gs, cols, x.as_ptr(), o.add(i), (nrows - i - (G - 1) * GROUP).min(GROUP));
                         i += G * GROUP;
                     } else {
-                        gemv::<1>(g, gs, cols, x.as_ptr(), o.add(i), (nrows - i).min(GROUP));
+                        gemv::<BF, 1>(g, gs, cols, x.as_ptr(), o.add(i), (nrows - i).min(GROUP));
                         i += GROUP;
                     }
                 }
@@ -273,13 +325,213 @@ mod x86 {
                         let ct = (t1 - c).min(maxc);
                         let (xp, op) = (x.as_ptr().add(c * cols), o.add(i * t + c));
                         if two {
-                            dispatch2!(ct, g, gs, cols, xp, op, t, valid);
+                            dispatch2!(BF, ct, g, gs, cols, xp, op, t, valid);
                         } else {
-                            dispatch1!(ct, g, gs, cols, xp, op, t, valid);
+                            dispatch1!(BF, ct, g, gs, cols, xp, op, t, valid);
                         }
                         c += ct;
                     }
                     i += if two { 2 * GROUP } else { GROUP };
+                }
+                t0 = t1;
+            }
+        }
+    }
+}
+
+/// The AVX2 kernels: the same layout and the same sequential order as `x86` (the
+/// same bits), eight rows per f32 vector.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)]
+mod x86_256 {
+    use super::{Packed, GROUP};
+    use crate::backend::cpu::isa::token_chunk;
+    use crate::quant::DType;
+    use std::arch::x86_64::*;
+
+    /// 8 values (16 bytes at `p`, 16-byte aligned) widened to f32: F16C for F16, a
+    /// 16-bit shift for BF16 (`BF`); both exact.
+    ///
+    /// # Safety
+    /// 16 readable bytes at `p`, aligned.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,fma")]
+    unsafe fn ld8<const BF: bool>(p: *const u8) -> __m256 {
+        // SAFETY: the caller guarantees the 16 bytes.
+        let v = unsafe { _mm_load_si128(p as *const __m128i) };
+        if BF {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(v)))
+        } else {
+            _mm256_cvtph_ps(v)
+        }
+    }
+
+    /// Rows `h * 16 .. h * 16 + 16` of one group (at `g`) x C activation rows (`x`,
+    /// stride `cols`): two weight vectors and C broadcasts per column, 2 C FMAs (C = 6:
+    /// 12 accumulators, 15 of the 16 registers). Row `r < valid` (of the 16) of token
+    /// `c` goes to `out[r * ostride + c]`.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,fma")]
+    unsafe fn tile<const BF: bool, const C: usize>(
+        g: *const u8,
+        h: usize,
+        cols: usize,
+        x: *const f32,
+        out: *mut f32,
+        ostride: usize,
+        valid: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); C]; 2];
+        // SAFETY: (whole body) the CPU has this function's target features (reached only through
+        // the kernel set `isa()` detected); the group holds `cols` lines of 64 bytes, of which
+        // bytes `32 h .. 32 h + 32` are read; C rows of `cols` f32 at `x`; `valid` rows x C
+        // tokens of outputs at `out` (the driver checks); prefetches never fault.
+        unsafe {
+            let g = g.add(32 * h);
+            for k in 0..cols {
+                let p = g.add(k * 64);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(1024) as *const i8);
+                let w0 = ld8::<BF>(p);
+                let w1 = ld8::<BF>(p.add(16));
+                for c in 0..C {
+                    let xb = _mm256_broadcast_ss(&*x.add(c * cols + k));
+                    acc[0][c] = _mm256_fmadd_ps(w0, xb, acc[0][c]);
+                    acc[1][c] = _mm256_fmadd_ps(w1, xb, acc[1][c]);
+                }
+            }
+            for c in 0..C {
+                let mut v = [0f32; 16];
+                _mm256_storeu_ps(v.as_mut_ptr(), acc[0][c]);
+                _mm256_storeu_ps(v.as_mut_ptr().add(8), acc[1][c]);
+                for r in 0..valid.min(16) {
+                    *out.add(r * ostride + c) = v[r];
+                }
+            }
+        }
+    }
+
+    /// One activation row against G groups side by side (decode): four weight vectors
+    /// (32 rows) per group and column, 4 G independent accumulators.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,fma")]
+    unsafe fn gemv<const BF: bool, const G: usize>(
+        g: *const u8,
+        gstride: usize,
+        cols: usize,
+        x: *const f32,
+        out: *mut f32,
+        valid: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); 4]; G];
+        // SAFETY: (whole body) the CPU has this function's target features; G groups of `cols`
+        // lines at `g + j * gstride`, one row of `cols` f32 at `x`; `32 (G - 1) + valid`
+        // outputs at `out` (the driver checks); prefetches never fault.
+        unsafe {
+            for k in 0..cols {
+                let xb = _mm256_broadcast_ss(&*x.add(k));
+                for j in 0..G {
+                    let p = g.add(j * gstride + k * 64);
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(2048) as *const i8);
+                    for q in 0..4 {
+                        let w = ld8::<BF>(p.add(16 * q));
+                        acc[j][q] = _mm256_fmadd_ps(w, xb, acc[j][q]);
+                    }
+                }
+            }
+            for j in 0..G {
+                let mut v = [0f32; GROUP];
+                for q in 0..4 {
+                    _mm256_storeu_ps(v.as_mut_ptr().add(8 * q), acc[j][q]);
+                }
+                let n = if j + 1 == G { valid } else { GROUP };
+                for r in 0..n {
+                    *out.add(j * GROUP + r) = v[r];
+                }
+            }
+        }
+    }
+
+    macro_rules! dispatch {
+        ($bf:ident, $ct:expr, $($args:expr),*) => {
+            match $ct {
+                6 => tile::<$bf, 6>($($args),*),
+                5 => tile::<$bf, 5>($($args),*),
+                4 => tile::<$bf, 4>($($args),*),
+                3 => tile::<$bf, 3>($($args),*),
+                2 => tile::<$bf, 2>($($args),*),
+                _ => tile::<$bf, 1>($($args),*),
+            }
+        };
+    }
+
+    /// `super::gemm` on AVX2 (same arguments, the same bits as every kernel set).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `super::gemm`'s assertions hold.
+    #[target_feature(enable = "avx2,f16c,fma")]
+    pub unsafe fn gemm(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if p.dtype == DType::BF16 {
+                gemm_t::<true>(p, r0, nrows, x, out)
+            } else {
+                gemm_t::<false>(p, r0, nrows, x, out)
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,f16c,fma")]
+    unsafe fn gemm_t<const BF: bool>(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
+        const MAXC: usize = 6;
+        let cols = p.cols;
+        let t = x.len() / cols;
+        let gs = cols * 64;
+        let base = p.groups.bytes().as_ptr();
+        let o = out.as_mut_ptr();
+        // SAFETY: (whole body) the CPU has this function's target features (reached only
+        // through the kernel set `isa()` detected); groups from `r0 / 32` up to row `r0 + nrows`
+        // are in `p`, token rows `c..c + ct <= t` in `x`, outputs `i * t + c` for `i < nrows`
+        // in `out` (the safe wrapper checked the lengths).
+        unsafe {
+            if t == 1 {
+                const G: usize = 2;
+                let mut i = 0;
+                while i < nrows {
+                    let g = base.add((r0 + i) / GROUP * gs);
+                    if nrows - i > (G - 1) * GROUP {
+                        gemv::<BF, G>(g, gs, cols, x.as_ptr(), o.add(i), (nrows - i - (G - 1) * GROUP).min(GROUP));
+                        i += G * GROUP;
+                    } else {
+                        gemv::<BF, 1>(g, gs, cols, x.as_ptr(), o.add(i), (nrows - i).min(GROUP));
+                        i += GROUP;
+                    }
+                }
+                return;
+            }
+            // Token chunks whose activations stay in the L2 cache while a group's halves
+            // stream past them.
+            let tc = (token_chunk(t, cols * 4) / MAXC * MAXC).max(MAXC);
+            let mut t0 = 0;
+            while t0 < t {
+                let t1 = (t0 + tc).min(t);
+                let mut i = 0;
+                while i < nrows {
+                    let g = base.add((r0 + i) / GROUP * gs);
+                    for h in 0..2 {
+                        let rows = (nrows - i).min(GROUP);
+                        if rows <= 16 * h {
+                            break;
+                        }
+                        let valid = rows - 16 * h;
+                        let mut c = t0;
+                        while c < t1 {
+                            let ct = (t1 - c).min(MAXC);
+                            let (xp, op) = (x.as_ptr().add(c * cols), o.add((i + 16 * h) * t + c));
+                            dispatch!(BF, ct, g, h, cols, xp, op, t, valid);
+                            c += ct;
+                        }
+                    }
+                    i += GROUP;
                 }
                 t0 = t1;
             }
@@ -303,24 +555,33 @@ mod tests {
             &[(32usize, 64usize, 1usize), (200, 48, 1), (131, 37, 1), (45, 100, 13), (64, 16, 25), (7, 5, 3)]
         {
             let x = rnd(t * cols);
-            let w: Vec<u8> =
-                rnd(rows * cols).iter().flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes()).collect();
-            let p = Packed::new(&w, rows, cols, "test", 1 + rows % 3).unwrap();
-            for isa in available() {
-                for r0 in (0..rows).step_by(GROUP) {
-                    let n = rows - r0;
-                    let mut got = vec![f32::NAN; n * t];
-                    gemm(isa, &p, r0, n, &x, &mut got);
-                    for i in 0..n {
-                        for c in 0..t {
-                            let r = r0 + i;
-                            let want =
-                                dot_sequential_ref(&w[r * cols * 2..(r + 1) * cols * 2], &x[c * cols..(c + 1) * cols]);
-                            assert_eq!(
-                                got[i * t + c].to_bits(),
-                                want.to_bits(),
-                                "{isa:?} rows={rows} cols={cols} t={t} r={r} c={c}"
-                            );
+            for dt in [DType::F16, DType::BF16] {
+                let v = rnd(rows * cols);
+                let w: Vec<u8> = if dt == DType::F16 {
+                    v.iter().flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes()).collect()
+                } else {
+                    v.iter().flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes()).collect()
+                };
+                let p = Packed::new(dt, &w, rows, cols, "test", 1 + rows % 3).unwrap();
+                for isa in available() {
+                    for r0 in (0..rows).step_by(GROUP) {
+                        let n = rows - r0;
+                        let mut got = vec![f32::NAN; n * t];
+                        gemm(isa, &p, r0, n, &x, &mut got);
+                        for i in 0..n {
+                            for c in 0..t {
+                                let r = r0 + i;
+                                let want = dot_sequential_ref(
+                                    dt,
+                                    &w[r * cols * 2..(r + 1) * cols * 2],
+                                    &x[c * cols..(c + 1) * cols],
+                                );
+                                assert_eq!(
+                                    got[i * t + c].to_bits(),
+                                    want.to_bits(),
+                                    "{dt} {isa:?} rows={rows} cols={cols} t={t} r={r} c={c}"
+                                );
+                            }
                         }
                     }
                 }

@@ -250,21 +250,6 @@ pub(crate) fn token_chunk(t: usize, act_row_bytes: usize) -> usize {
     fit.min(t).max(1)
 }
 
-/// `acc + sum over groups of 4 of u8(a) * i8(b)` with AVX2 (VPMADDUBSW, which
-/// saturates at i16: callers keep |u8 * i8| pairs within range).
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(crate) unsafe fn dpbusd_avx2(
-    acc: std::arch::x86_64::__m256i,
-    a: std::arch::x86_64::__m256i,
-    b: std::arch::x86_64::__m256i,
-) -> std::arch::x86_64::__m256i {
-    use std::arch::x86_64::*;
-    let p = _mm256_maddubs_epi16(a, b);
-    _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
-}
-
 #[cfg(target_arch = "x86_64")]
 /// `acc + sum over groups of 4 of u8(a) * i8(b)` (VPDPBUSD on zmm; exact).
 #[inline]

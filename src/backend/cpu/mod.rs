@@ -67,8 +67,8 @@ impl CpuBackend {
             let mut done = 0;
             for m in mats {
                 if let std::collections::hash_map::Entry::Vacant(slot) = packed.entry((m.file, m.offset)) {
-                    slot.insert(if m.dtype == DType::F16 {
-                        Pack::F(fpack::Packed::new(m.bytes(&w), m.rows, m.cols, &m.name, threads)?)
+                    slot.insert(if matches!(m.dtype, DType::F16 | DType::BF16) {
+                        Pack::F(fpack::Packed::new(m.dtype, m.bytes(&w), m.rows, m.cols, &m.name, threads)?)
                     } else if m.dtype.is_grouped() {
                         Pack::G(gq::Packed::new(
                             isa,

@@ -1,9 +1,10 @@
-//! Q8_0 / Q4_0 weights repacked at load for the AVX-512 VNNI kernels: 16 rows
-//! interleaved per block, so that one 512-bit VPDPBUSD works on 16 rows at once
-//! and each row's block sum stays in one integer lane until the block is done.
+//! Q8_0 / Q4_0 weights repacked at load for the AVX-512 VNNI and AVX2 kernels: 16
+//! rows interleaved per block, so that one 512-bit VPDPBUSD works on 16 rows at once
+//! (AVX2: `vpmaddubsw` on 8, each half of a group in turn) and each row's block sum
+//! stays in one integer lane until the block is done.
 //!
 //! This is the "block order" of the quantized dot product (used on AVX-512 VNNI
-//! CPUs, for packed and unpacked weights alike):
+//! and AVX2 CPUs, for packed and unpacked weights alike, so both give the same bits):
 //!
 //! ```text
 //! acc = 0
@@ -49,7 +50,7 @@ pub struct Packed {
 /// Whether `isa` computes quantized dot products in the block order (and so
 /// wants packed weights).
 pub fn block_order(isa: Isa) -> bool {
-    isa == Isa::Avx512Vnni
+    matches!(isa, Isa::Avx512Vnni | Isa::Avx2)
 }
 
 /// Bytes of one group's weight values per block in the packed layout.
@@ -149,6 +150,9 @@ pub fn gemm(isa: Isa, p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [
         // AVX2, FMA and F16C; the groups and activation rows the kernel reads
         // are inside `p` and `a` (lengths asserted above).
         Isa::Avx512Vnni => unsafe { x86::gemm(p, r0, nrows, a, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Avx2` is only chosen on CPUs with AVX2, FMA and F16C; bounds as above.
+        Isa::Avx2 => unsafe { x86_256::gemm(p, r0, nrows, a, out) },
         _ => gemm_portable(p, r0, nrows, a, out),
     }
 }
@@ -397,6 +401,243 @@ mod x86 {
                     let sg = base.add(r / ALIGN * gs);
                     let j = (r % ALIGN) / GROUP;
                     let (v, s) = (sg.add(j * vb), sg.add(SUPER * vb + 32 * j));
+                    let mut c = t0;
+                    while c < t1 {
+                        let ct = (t1 - c).min(MAXC);
+                        dispatch!(ct, q4, v, s, bs, nb, a, c, o.add(i * t + c), t, valid);
+                        c += ct;
+                    }
+                }
+                t0 = t1;
+            }
+        }
+    }
+}
+
+/// The AVX2 kernels over the same layout, in the same block order (the same bits):
+/// eight rows (half a group) per vector of i32 lanes. Integer block sums by
+/// `vpmaddubsw` (u8 x i8 pairs into i16) and `vpmaddwd` (into i32), exact: Q4_0's
+/// nibbles (0..15) against activations in -128..127 keep each i16 sum of 16 products
+/// within 30,720, so a block's eight products add in i16 before one widening; Q8_0
+/// multiplies `|w|` by the activation with `w`'s sign ([`isum_q8`]), as the AVX2
+/// kernels over rows as stored did.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+mod x86_256 {
+    use super::{block_stride, vals_per_block, Packed, ALIGN, GROUP, SUPER};
+    use crate::backend::cpu::isa::{token_chunk, QAct};
+    use crate::quant::{DType, QK};
+    use std::arch::x86_64::*;
+
+    /// Software prefetch distance of decode, in blocks of the super-group stream.
+    const PFB: usize = 2;
+
+    /// The exact block sums of 8 rows (Q8_0; their 8 value vectors `w`, stored as
+    /// `w + 128`) with activation block `x` (8 dwords), plus `init`: `|w| * sign(x, w)`
+    /// pairs, each at most 2 x 128 x 127 = 32,512 (within i16: `QAct`'s values are
+    /// within -127..127, its scale maps a block's maximum to 127), widened at once.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn isum_q8(w: &[__m256i; 8], x: *const i32, init: __m256i) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = init;
+        // SAFETY: `x` points at 8 readable dwords (caller).
+        unsafe {
+            for m in 0..8 {
+                let ws = _mm256_xor_si256(w[m], _mm256_set1_epi8(-128));
+                let xb = _mm256_set1_epi32(x.add(m).read_unaligned());
+                let p = _mm256_maddubs_epi16(_mm256_abs_epi8(ws), _mm256_sign_epi8(xb, ws));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+            }
+        }
+        acc
+    }
+
+    /// The exact block sums of 8 rows (Q4_0; `w[m]` the low nibbles of stored
+    /// vector m, `w[4 + m]` its high nibbles, each 0..15) with activation block `x`,
+    /// plus `init` (the `-8 * sum(x)` correction).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn isum_q4(w: &[__m256i; 8], x: *const i32, init: __m256i) -> __m256i {
+        // SAFETY: `x` points at 8 readable dwords (caller).
+        unsafe {
+            let xb = |m: usize| _mm256_set1_epi32(x.add(m).read_unaligned());
+            let mut p = _mm256_maddubs_epi16(w[0], xb(0));
+            for m in 1..8 {
+                p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[m], xb(m)));
+            }
+            _mm256_add_epi32(init, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+        }
+    }
+
+    /// The value vectors of 8 rows of one block (stored vectors at `p`, 64 bytes
+    /// apart; this half's 32 bytes of each): Q4_0 split into nibbles.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_w<const Q4: bool>(p: *const u8) -> [__m256i; 8] {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut w = [_mm256_setzero_si256(); 8];
+        // SAFETY: the caller guarantees the block's vectors at `p + 64 m`.
+        unsafe {
+            if Q4 {
+                for m in 0..4 {
+                    let v = _mm256_loadu_si256(p.add(64 * m) as *const __m256i);
+                    w[m] = _mm256_and_si256(v, m4);
+                    w[4 + m] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                }
+            } else {
+                for m in 0..8 {
+                    w[m] = _mm256_loadu_si256(p.add(64 * m) as *const __m256i);
+                }
+            }
+        }
+        w
+    }
+
+    /// Rows `8 h .. 8 h + 8` of one group (values of block 0 at `v`, scales at `s`,
+    /// block `b` at `b * bs` from them) x C activation rows from `c0`, all `nb` blocks;
+    /// row `r < valid` of token `c` to `out[r * ostride + c]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile<const C: usize, const Q4: bool>(
+        v: *const u8,
+        s: *const u8,
+        bs: usize,
+        nb: usize,
+        a: &QAct,
+        c0: usize,
+        out: *mut f32,
+        ostride: usize,
+        valid: usize,
+    ) {
+        let corr = if Q4 { -8 } else { 0 };
+        let mut acc = [_mm256_setzero_ps(); C];
+        // SAFETY: (whole body) the CPU has this function's target features (reached only through
+        // the kernel set `isa()` detected); the half group's `nb` blocks of values and scales lie
+        // at `v + b * bs` and `s + b * bs`; activation rows `c0..c0 + C` exist in `a` (the
+        // driver checks); `valid` rows x C outputs at `out`.
+        unsafe {
+            let xq = a.qs.as_ptr().add(c0 * a.cols);
+            let xd = a.d.as_ptr().add(c0 * nb);
+            let xs = a.sums.as_ptr().add(c0 * nb);
+            for b in 0..nb {
+                let w = load_w::<Q4>(v.add(b * bs));
+                let ws = _mm256_cvtph_ps(_mm_loadu_si128(s.add(b * bs) as *const __m128i));
+                for c in 0..C {
+                    let x = xq.add(c * a.cols + b * QK) as *const i32;
+                    let init = _mm256_set1_epi32(corr * *xs.add(c * nb + b));
+                    let isum = if Q4 { isum_q4(&w, x, init) } else { isum_q8(&w, x, init) };
+                    let sc = _mm256_mul_ps(ws, _mm256_set1_ps(*xd.add(c * nb + b)));
+                    acc[c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(isum), acc[c]);
+                }
+            }
+            for c in 0..C {
+                let mut o = [0f32; 8];
+                _mm256_storeu_ps(o.as_mut_ptr(), acc[c]);
+                for r in 0..valid.min(8) {
+                    *out.add(r * ostride + c) = o[r];
+                }
+            }
+        }
+    }
+
+    /// One activation row against one super-group (64 rows) at `sg`, read as one
+    /// stream; the first `valid` rows to `out`. Same order as `tile`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn gemv<const Q4: bool>(sg: *const u8, nb: usize, a: &QAct, out: *mut f32, valid: usize) {
+        let vb = if Q4 { 256 } else { 512 };
+        let bs = SUPER * (vb + 32);
+        let corr = if Q4 { -8 } else { 0 };
+        let mut acc = [_mm256_setzero_ps(); 2 * SUPER];
+        // SAFETY: (whole body) the CPU has this function's target features; the super-group's
+        // `nb` blocks of `bs` bytes at `sg`, one activation row in `a`; `valid` (<= 64) floats
+        // at `out` (the driver checks); prefetches never fault.
+        unsafe {
+            for b in 0..nb {
+                let x = a.qs.as_ptr().add(b * QK) as *const i32;
+                let init = _mm256_set1_epi32(corr * *a.sums.as_ptr().add(b));
+                let dx = _mm256_set1_ps(*a.d.as_ptr().add(b));
+                let blk = sg.add(b * bs);
+                let ahead = blk.wrapping_add(PFB * bs);
+                for l in (0..bs).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l) as *const i8);
+                }
+                for j in 0..SUPER {
+                    let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(SUPER * vb + 32 * j) as *const __m128i));
+                    let ws2 = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(SUPER * vb + 32 * j + 16) as *const __m128i));
+                    for h in 0..2 {
+                        let w = load_w::<Q4>(blk.add(j * vb + 32 * h));
+                        let isum = if Q4 { isum_q4(&w, x, init) } else { isum_q8(&w, x, init) };
+                        let sc = _mm256_mul_ps(if h == 0 { ws } else { ws2 }, dx);
+                        acc[2 * j + h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(isum), acc[2 * j + h]);
+                    }
+                }
+            }
+            let mut o = [0f32; ALIGN];
+            for k in 0..2 * SUPER {
+                _mm256_storeu_ps(o.as_mut_ptr().add(8 * k), acc[k]);
+            }
+            std::ptr::copy_nonoverlapping(o.as_ptr(), out, valid);
+        }
+    }
+
+    macro_rules! dispatch {
+        ($ct:expr, $q4:expr, $($args:expr),*) => {
+            match ($ct, $q4) {
+                (4, true) => tile::<4, true>($($args),*),
+                (3, true) => tile::<3, true>($($args),*),
+                (2, true) => tile::<2, true>($($args),*),
+                (_, true) => tile::<1, true>($($args),*),
+                (4, false) => tile::<4, false>($($args),*),
+                (3, false) => tile::<3, false>($($args),*),
+                (2, false) => tile::<2, false>($($args),*),
+                (_, false) => tile::<1, false>($($args),*),
+            }
+        };
+    }
+
+    /// `super::gemm` on AVX2.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `super::gemm`'s assertions hold.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn gemm(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+        const MAXC: usize = 4;
+        let q4 = p.dtype == DType::Q4_0;
+        let nb = p.cols / QK;
+        let (vb, bs) = (vals_per_block(p.dtype), block_stride(p.dtype));
+        let gs = p.groups.group_bytes();
+        let t = a.t;
+        let tc = (token_chunk(t, a.cols) / MAXC * MAXC).max(MAXC);
+        let base = p.groups.bytes().as_ptr();
+        let o = out.as_mut_ptr();
+        // SAFETY: (whole loop nest) the CPU has this function's target features (reached only
+        // through the kernel set `isa()` detected); super-groups `r0 / 64 ..` up to row `r0 +
+        // nrows` are inside `p`, activation rows `c..c + ct <= t` inside `a`, and the outputs
+        // `i * t + c` for `i < nrows` inside `out` (the safe wrapper checked).
+        unsafe {
+            if t == 1 {
+                for i in (0..nrows).step_by(ALIGN) {
+                    let sg = base.add((r0 + i) / ALIGN * gs);
+                    let valid = (nrows - i).min(ALIGN);
+                    if q4 {
+                        gemv::<true>(sg, nb, a, o.add(i), valid);
+                    } else {
+                        gemv::<false>(sg, nb, a, o.add(i), valid);
+                    }
+                }
+                return;
+            }
+            let mut t0 = 0;
+            while t0 < t {
+                let t1 = (t0 + tc).min(t);
+                for i in (0..nrows).step_by(8) {
+                    let valid = (nrows - i).min(8);
+                    let r = r0 + i;
+                    let sg = base.add(r / ALIGN * gs);
+                    let (j, h) = ((r % ALIGN) / GROUP, (r % GROUP) / 8);
+                    let (v, s) = (sg.add(j * vb + 32 * h), sg.add(SUPER * vb + 32 * j + 16 * h));
                     let mut c = t0;
                     while c < t1 {
                         let ct = (t1 - c).min(MAXC);

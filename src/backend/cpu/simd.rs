@@ -20,10 +20,12 @@
 //! summed by `reduce8`. The kernel set is fixed per CPU, so a given machine
 //! always uses one order.
 //!
-//! On AVX-512 VNNI CPUs the quantized kernels use the block order of
-//! `super::qpack` instead (one rounding per 32-element block), and F16 the
-//! sequential order of `super::fpack`, over weights repacked at load;
-//! `gemm_q` / `gemm_f` there take the reference over rows as stored.
+//! On AVX-512 VNNI and AVX2 CPUs the quantized kernels use the block order of
+//! `super::qpack` instead (one rounding per 32-element block), and F16 / BF16 the
+//! sequential order of `super::fpack`, over weights repacked at load (the same
+//! bits on both kernel sets); `gemm_q` / `gemm_f` there take the reference over
+//! rows as stored. The lane orders above remain for F32 (and for Q8_0 / Q4_0 on
+//! NEON and the scalar set).
 //!
 //! The SIMD versions compute exactly these operations (the integer sums are
 //! exact in any order), so they are bit-identical to the reference; the unit
@@ -34,7 +36,7 @@
 //! `simd/x86_256.rs` (AVX2), `simd/x86_512.rs` (AVX-512 floats), `simd/neon.rs`.
 //! Depends on `isa` (the kernel set, reductions, `QAct`) and on `qpack` / `fpack`
 //! (their block and sequential references, for rows as stored on AVX-512 VNNI
-//! CPUs); nothing below `ops` depends on this file.
+//! and AVX2 CPUs); nothing below `ops` depends on this file.
 
 #[cfg(test)]
 use super::isa::wide;
@@ -211,7 +213,7 @@ pub(crate) fn gemm_ref(
                     &a.d[c * cols / QK..(c + 1) * cols / QK],
                 ),
                 None if fpack::sequential_order(isa, dt) => {
-                    fpack::dot_sequential_ref(row, &x[c * cols..(c + 1) * cols])
+                    fpack::dot_sequential_ref(dt, row, &x[c * cols..(c + 1) * cols])
                 }
                 None => dot_f_ref_lanes(dt, wide(isa), row, &x[c * cols..(c + 1) * cols]),
             };
@@ -235,7 +237,7 @@ pub(crate) fn gemm_q(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usi
     match isa {
         // The block order's fast kernels read packed weights (`qpack`); rows as
         // stored (only tests and odd callers) take the reference.
-        Isa::Avx512Vnni => {
+        _ if qpack::block_order(isa) => {
             for r in 0..nrows {
                 let row = &w[r * row_bytes..(r + 1) * row_bytes];
                 for c in 0..a.t {
@@ -248,9 +250,6 @@ pub(crate) fn gemm_q(isa: Isa, dt: DType, w: &[u8], row_bytes: usize, nrows: usi
                 }
             }
         }
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Avx2` is only chosen when the CPU has AVX2, FMA and F16C; lengths asserted above.
-        Isa::Avx2 => unsafe { x86_256::gemm_q(dt == DType::Q4_0, w.as_ptr(), row_bytes, nrows, nb, a, out) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: `Neon` is only chosen when the CPU has NEON; lengths asserted above.
         Isa::Neon => unsafe { neon::gemm_q(dt == DType::Q4_0, w.as_ptr(), row_bytes, nrows, nb, a, out) },
@@ -293,11 +292,11 @@ pub(crate) fn gemm_f(
     match isa {
         // F16 in the sequential order: the fast kernels read packed weights
         // (`fpack`); rows as stored (tests, odd callers) take the reference.
-        Isa::Avx512Vnni if fpack::sequential_order(isa, dt) => {
+        _ if fpack::sequential_order(isa, dt) => {
             for r in 0..nrows {
                 let row = &w[r * row_bytes..(r + 1) * row_bytes];
                 for c in 0..t {
-                    out[r * t + c] = fpack::dot_sequential_ref(row, &x[c * cols..(c + 1) * cols]);
+                    out[r * t + c] = fpack::dot_sequential_ref(dt, row, &x[c * cols..(c + 1) * cols]);
                 }
             }
         }

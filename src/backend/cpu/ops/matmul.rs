@@ -78,7 +78,7 @@ impl<'a> Bound<'a> {
         let qa = if quant { Some(act.quantized()?) } else { None };
         let packed = m.packed.filter(|p| match p {
             Pack::Q(q) => quant && q.rows == m.rows && q.cols == cols && q.dtype == m.dtype,
-            Pack::F(f) => m.dtype == DType::F16 && f.rows == m.rows && f.cols == cols,
+            Pack::F(f) => m.dtype == f.dtype && f.rows == m.rows && f.cols == cols,
             Pack::G(g) => g.dtype == m.dtype && g.rows == m.rows && g.cols == cols && g.isa == isa::isa(),
         });
         Ok(Bound { m: Weight { packed, ..m }, qa, x: act.x, cols, isa: isa::isa() })
@@ -249,7 +249,7 @@ mod tests {
                             (true, DType::Q4_0 | DType::Q8_0) => {
                                 Some(Pack::Q(qpack::Packed::new(dt, w, rb, r, cols, "t", 2).unwrap()))
                             }
-                            (true, DType::F16) => Some(Pack::F(fpack::Packed::new(w, r, cols, "t", 2).unwrap())),
+                            (true, DType::F16) => Some(Pack::F(fpack::Packed::new(dt, w, r, cols, "t", 2).unwrap())),
                             (true, DType::Q4_K | DType::Q6_K) if gq::packs(isa::isa()) => {
                                 Some(Pack::G(gq::Packed::new(isa::isa(), dt, w, rb, r, cols, "t", 2).unwrap()))
                             }

@@ -1,174 +1,22 @@
-//! The AVX2 + FMA + F16C kernels of the 8-lane orders (see `simd`'s docs):
-//! quantized (Q8_0 / Q4_0 times [`QAct`]) and float (F32 / F16 / BF16 times f32)
-//! tiles of 4 weight rows x up to 3 activation rows, and attention's f32 dot.
+//! The AVX2 + FMA + F16C kernels of the 8-lane float order (see `simd`'s docs):
+//! F32 (and F16 / BF16 rows as stored) times f32, tiles of 4 weight rows x up to 3
+//! activation rows, and attention's f32 dot. (Q8_0 / Q4_0, F16 and BF16 weights are
+//! packed at load for the block-order and sequential-order kernels of `qpack` and
+//! `fpack`.)
 //! Only reached through `simd`'s safe entry points, when `isa()` chose `Avx2` (or
 //! `Avx512Vnni`, whose CPUs have these features too).
 //!
-//! Depends on `isa` (reductions, `QAct`, `token_chunk`, `dpbusd_avx2`) and `crate::quant`.
+//! Depends on `isa` (reductions, `token_chunk`) and `crate::quant`.
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments, unused_unsafe)]
 
 use super::for_each_tile;
-use crate::backend::cpu::isa::{dpbusd_avx2, reduce8, token_chunk, QAct};
-use crate::quant::QK;
+use crate::backend::cpu::isa::{reduce8, token_chunk};
 use std::arch::x86_64::*;
-
-macro_rules! dispatch_c {
-    ($R:literal, $ct:expr, $q4:expr, $($args:expr),*) => {
-        match ($ct, $q4) {
-            (4, false) => tile_q::<$R, 4, false>($($args),*),
-            (3, false) => tile_q::<$R, 3, false>($($args),*),
-            (2, false) => tile_q::<$R, 2, false>($($args),*),
-            (_, false) => tile_q::<$R, 1, false>($($args),*),
-            (4, true) => tile_q::<$R, 4, true>($($args),*),
-            (3, true) => tile_q::<$R, 3, true>($($args),*),
-            (2, true) => tile_q::<$R, 2, true>($($args),*),
-            (_, true) => tile_q::<$R, 1, true>($($args),*),
-        }
-    };
-}
 
 /// The kernels, written once as a macro over the feature set so that every
 /// function (tiles included) is compiled with the features it needs.
 macro_rules! x86_kernels {
-    ($feat:literal, $vnni:expr) => {
-        const VNNI: bool = $vnni;
-
-        /// `acc + sum over groups of 4 of u8(a) * i8(b)`.
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-            // SAFETY: this module's kernels only run on CPUs with `$feat`.
-            unsafe { dpbusd_avx2(acc, a, b) }
-        }
-
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn store_reduce(v: __m256) -> f32 {
-            let mut a = [0f32; 8];
-            // SAFETY: `a` is 8 f32, the size of a __m256; unaligned store.
-            unsafe { _mm256_storeu_ps(a.as_mut_ptr(), v) };
-            reduce8(a)
-        }
-
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn f16_scale(p: *const u8) -> __m256 {
-            // SAFETY: the caller passes a pointer to a block's 2 scale bytes.
-            let bits = unsafe { (p as *const u16).read_unaligned() };
-            _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-        }
-
-        /// R weight rows x C activation rows, the whole row length.
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn tile_q<const R: usize, const C: usize, const Q4: bool>(
-            w: *const u8,
-            row_bytes: usize,
-            nb: usize,
-            xq: *const i8,
-            xstride: usize,
-            xd: *const f32,
-            dstride: usize,
-            out: *mut f32,
-            ostride: usize,
-        ) {
-            let bb = if Q4 { 2 + QK / 2 } else { 2 + QK };
-            let zero = _mm256_setzero_si256();
-            let mut acc = [[_mm256_setzero_ps(); C]; R];
-            // SAFETY: (whole body) the CPU has this function's target features (it is reached only
-            // through the kernel set `isa()` detected); the driver passes pointers to R rows of
-            // `nb` blocks each and C activation rows of `nb * 32` bytes and
-            // `nb` scales; every load below stays inside those.
-            unsafe {
-                for b in 0..nb {
-                    let mut wv = [zero; R];
-                    let mut aux = [zero; R];
-                    let mut wd = [_mm256_setzero_ps(); R];
-                    for r in 0..R {
-                        let p = w.add(r * row_bytes + b * bb);
-                        // Weights stream from memory once: fetch the same block of
-                        // the next tile's rows (hardware prefetchers lose track of
-                        // several short interleaved row streams).
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(R * row_bytes) as *const i8);
-                        wd[r] = f16_scale(p);
-                        if Q4 {
-                            let v = _mm_loadu_si128(p.add(2) as *const __m128i);
-                            let hi = _mm_srli_epi16(v, 4);
-                            wv[r] = _mm256_and_si256(_mm256_set_m128i(hi, v), _mm256_set1_epi8(0x0F));
-                        } else {
-                            wv[r] = _mm256_loadu_si256(p.add(2) as *const __m256i);
-                            aux[r] = if VNNI {
-                                // -128 * (sum of each group of 4 weights)
-                                _mm256_sub_epi32(zero, dpbusd(zero, _mm256_set1_epi8(-128), wv[r]))
-                            } else {
-                                _mm256_abs_epi8(wv[r])
-                            };
-                        }
-                    }
-                    for c in 0..C {
-                        let xv = _mm256_loadu_si256(xq.add(c * xstride + b * QK) as *const __m256i);
-                        let xs = _mm256_broadcast_ss(&*xd.add(c * dstride + b));
-                        // Q4: the nibbles are unsigned (q + 8): subtract 8 * sum(x) per group.
-                        let negcorr =
-                            if Q4 { _mm256_sub_epi32(zero, dpbusd(zero, _mm256_set1_epi8(8), xv)) } else { zero };
-                        let xu = _mm256_xor_si256(xv, _mm256_set1_epi8(-128));
-                        for r in 0..R {
-                            let isum = if Q4 {
-                                dpbusd(negcorr, wv[r], xv)
-                            } else if VNNI {
-                                // (x + 128) * w, minus 128 * w.
-                                dpbusd(aux[r], xu, wv[r])
-                            } else {
-                                dpbusd(zero, aux[r], _mm256_sign_epi8(xv, wv[r]))
-                            };
-                            let s = _mm256_mul_ps(wd[r], xs);
-                            acc[r][c] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(isum), acc[r][c]);
-                        }
-                    }
-                }
-                for r in 0..R {
-                    for c in 0..C {
-                        *out.add(r * ostride + c) = store_reduce(acc[r][c]);
-                    }
-                }
-            }
-        }
-
-        /// `out[r * t + c]` for `nrows` rows at `w` and all rows of `a`.
-        #[target_feature(enable = $feat)]
-        pub unsafe fn gemm_q(
-            q4: bool,
-            w: *const u8,
-            row_bytes: usize,
-            nrows: usize,
-            nb: usize,
-            a: &QAct,
-            out: &mut [f32],
-        ) {
-            let t = a.t;
-            // 4 x 4 tiles with the 32 registers of AVX-512VL, 4 x 2 with AVX2's 16.
-            let maxc = if VNNI { 4 } else { 2 };
-            let tc = (token_chunk(t, a.cols) / maxc * maxc).max(maxc);
-            let o = out.as_mut_ptr();
-            for_each_tile(nrows, t, tc, maxc, true, |r, rt, c, ct| {
-                // SAFETY: the CPU has this function's target features (it is reached only
-                // through the kernel set `isa()` detected); rows `r..r + rt <= nrows` of `w`,
-                // activation rows `c..c + ct <= t` and outputs `r * t + c` are all in bounds
-                // (the safe wrapper checked the lengths).
-                unsafe {
-                    let wp = w.add(r * row_bytes);
-                    let xq = a.qs.as_ptr().add(c * a.cols);
-                    let xd = a.d.as_ptr().add(c * nb);
-                    let op = o.add(r * t + c);
-                    if rt == 4 {
-                        dispatch_c!(4, ct, q4, wp, row_bytes, nb, xq, a.cols, xd, nb, op, t);
-                    } else {
-                        dispatch_c!(1, ct, q4, wp, row_bytes, nb, xq, a.cols, xd, nb, op, t);
-                    }
-                }
-            });
-        }
-
+    ($feat:literal) => {
         /// Eight weights of kind `K` (0 f32, 1 f16, 2 bf16) from `p` as f32.
         #[inline]
         #[target_feature(enable = $feat)]
@@ -260,9 +108,8 @@ macro_rules! x86_kernels {
             out: &mut [f32],
         ) {
             let t = x.len() / cols;
-            // 4 x 6 tiles keep 24 accumulators in the 32 registers of AVX-512VL;
-            // plain AVX2 has 16 registers: 4 x 3.
-            let maxc = if VNNI { 4 } else { 3 };
+            // AVX2 has 16 registers: 4 x 3 tiles (12 accumulators).
+            let maxc = 3;
             let tc = token_chunk(t, cols * 4) / maxc * maxc;
             let tc = tc.max(maxc);
             let o = out.as_mut_ptr();
@@ -292,4 +139,4 @@ macro_rules! x86_kernels {
     };
 }
 
-x86_kernels!("avx2,fma,f16c", false);
+x86_kernels!("avx2,fma,f16c");
