@@ -665,19 +665,21 @@ mod tests {
         }
         let mut r = XorShift::new(7);
         let (rows, cols) = (4096, 4096);
-        // The packed Q4_0 kernels (`qpack`: 18 bytes per 32 values, as Q4_K) for scale.
-        let rb = DType::Q4_0.row_bytes(cols).unwrap();
-        let w: Vec<u8> = (0..rows * rb).map(|i| if i % 18 == 1 { 0x30 } else { r.next_u64() as u8 }).collect();
-        let p = crate::backend::cpu::qpack::Packed::new(DType::Q4_0, &w, rb, rows, cols, "bench", 1).unwrap();
-        for isa in crate::backend::cpu::isa::available().into_iter().filter(|&i| i != Isa::Scalar) {
-            for (t, nr) in [(1usize, rows), (32, 256)] {
-                let a = QAct::quantize(&r.vec(t * cols, -1.0, 1.0), cols);
-                let mut out = vec![0f32; nr * t];
-                let s = best(|| crate::backend::cpu::qpack::gemm(isa, &p, 0, nr, &a, &mut out));
-                if t == 1 {
-                    eprintln!("Q4_0 packed {isa:?} decode {:.2} GB/s", (nr * rb) as f64 / s / 1e9);
-                } else {
-                    eprintln!("Q4_0 packed {isa:?} prefill {:.1} Gmac/s", (nr * cols * t) as f64 / s / 1e9);
+        // The packed Q4_0 / Q8_0 kernels (`qpack`; Q4_0: 18 bytes per 32 values, as Q4_K) for scale.
+        for qt in [DType::Q4_0, DType::Q8_0] {
+            let (rb, bb) = (qt.row_bytes(cols).unwrap(), qt.block_bytes());
+            let w: Vec<u8> = (0..rows * rb).map(|i| if i % bb == 1 { 0x30 } else { r.next_u64() as u8 }).collect();
+            let p = crate::backend::cpu::qpack::Packed::new(qt, &w, rb, rows, cols, "bench", 1).unwrap();
+            for isa in crate::backend::cpu::isa::available().into_iter().filter(|&i| i != Isa::Scalar) {
+                for (t, nr) in [(1usize, rows), (32, 256)] {
+                    let a = QAct::quantize(&r.vec(t * cols, -1.0, 1.0), cols);
+                    let mut out = vec![0f32; nr * t];
+                    let s = best(|| crate::backend::cpu::qpack::gemm(isa, &p, 0, nr, &a, &mut out));
+                    if t == 1 {
+                        eprintln!("{qt} packed {isa:?} decode {:.2} GB/s", (nr * rb) as f64 / s / 1e9);
+                    } else {
+                        eprintln!("{qt} packed {isa:?} prefill {:.1} Gmac/s", (nr * cols * t) as f64 / s / 1e9);
+                    }
                 }
             }
         }
