@@ -89,16 +89,43 @@ pub fn gemm(isa: Isa, p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut 
     assert!(p.cols > 0 && x.len().is_multiple_of(p.cols));
     let t = x.len() / p.cols;
     assert_eq!(out.len(), nrows * t);
+    #[cfg(target_arch = "x86_64")]
+    let bf = p.dtype == DType::BF16;
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx512Vnni` is only chosen on CPUs with AVX-512 F/VL/BW, AVX2,
         // FMA and F16C; the groups and activation rows read are inside `p` and `x`
         // (lengths asserted above).
-        Isa::Avx512Vnni => unsafe { x86::gemm(p, r0, nrows, x, out) },
+        Isa::Avx512Vnni => unsafe {
+            if bf {
+                x86::gemm::<true>(p, r0, nrows, x, out)
+            } else {
+                x86::gemm::<false>(p, r0, nrows, x, out)
+            }
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx2` is only chosen on CPUs with AVX2, FMA and F16C; bounds as above.
-        Isa::Avx2 => unsafe { x86_256::gemm(p, r0, nrows, x, out) },
+        Isa::Avx2 => unsafe {
+            if bf {
+                x86_256::gemm::<true>(p, r0, nrows, x, out)
+            } else {
+                x86_256::gemm::<false>(p, r0, nrows, x, out)
+            }
+        },
         _ => gemm_portable(p, r0, nrows, x, out),
+    }
+}
+
+/// Decode's walk over the groups of rows `0..nrows` of a product: `f(i, n, valid)` for
+/// `n` groups side by side from row `i` (`wide`, or 1 for the last few), the last of
+/// them with `valid` rows (a kernel set's `gemv::<BF, n>` at row `i`).
+#[cfg(target_arch = "x86_64")]
+fn decode_walk(nrows: usize, wide: usize, mut f: impl FnMut(usize, usize, usize)) {
+    let mut i = 0;
+    while i < nrows {
+        let n = if nrows - i > (wide - 1) * GROUP { wide } else { 1 };
+        f(i, n, (nrows - i - (n - 1) * GROUP).min(GROUP));
+        i += n * GROUP;
     }
 }
 
@@ -125,7 +152,6 @@ fn gemm_portable(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]
 mod x86 {
     use super::{Packed, GROUP};
     use crate::backend::cpu::isa::token_chunk;
-    use crate::quant::DType;
     use std::arch::x86_64::*;
 
     /// 16 values (32 bytes at `p`, 32-byte aligned) widened to f32: F16C for F16,
@@ -264,24 +290,12 @@ mod x86 {
         };
     }
 
-    /// `super::gemm` on AVX-512.
+    /// `super::gemm` on AVX-512 (`BF`: the matrix is BF16, else F16).
     ///
     /// # Safety
     /// The CPU has AVX-512 F/BW/VL, AVX2, FMA and F16C; `super::gemm`'s assertions hold.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-    pub unsafe fn gemm(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            if p.dtype == DType::BF16 {
-                gemm_t::<true>(p, r0, nrows, x, out)
-            } else {
-                gemm_t::<false>(p, r0, nrows, x, out)
-            }
-        }
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-    unsafe fn gemm_t<const BF: bool>(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
+    pub unsafe fn gemm<const BF: bool>(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
         const MAXC: usize = 12;
         let cols = p.cols;
         let t = x.len() / cols;
@@ -295,17 +309,14 @@ mod x86 {
         unsafe {
             if t == 1 {
                 const G: usize = 4;
-                let mut i = 0;
-                while i < nrows {
+                super::decode_walk(nrows, G, |i, n, valid| {
                     let g = base.add((r0 + i) / GROUP * gs);
-                    if nrows - i > (G - 1) * GROUP {
-                        gemv::<BF, G>(g, gs, cols, x.as_ptr(), o.add(i), (nrows - i - (G - 1) * GROUP).min(GROUP));
-                        i += G * GROUP;
+                    if n == G {
+                        gemv::<BF, G>(g, gs, cols, x.as_ptr(), o.add(i), valid);
                     } else {
-                        gemv::<BF, 1>(g, gs, cols, x.as_ptr(), o.add(i), (nrows - i).min(GROUP));
-                        i += GROUP;
+                        gemv::<BF, 1>(g, gs, cols, x.as_ptr(), o.add(i), valid);
                     }
-                }
+                });
                 return;
             }
             let tc = (token_chunk(t, cols * 4) / MAXC * MAXC).max(MAXC);
@@ -346,7 +357,6 @@ mod x86 {
 mod x86_256 {
     use super::{Packed, GROUP};
     use crate::backend::cpu::isa::token_chunk;
-    use crate::quant::DType;
     use std::arch::x86_64::*;
 
     /// 8 values (16 bytes at `p`, 16-byte aligned) widened to f32: F16C for F16, a
@@ -464,24 +474,13 @@ mod x86_256 {
         };
     }
 
-    /// `super::gemm` on AVX2 (same arguments, the same bits as every kernel set).
+    /// `super::gemm` on AVX2 (`BF`: the matrix is BF16, else F16; the same bits as every
+    /// kernel set).
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C; `super::gemm`'s assertions hold.
     #[target_feature(enable = "avx2,f16c,fma")]
-    pub unsafe fn gemm(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            if p.dtype == DType::BF16 {
-                gemm_t::<true>(p, r0, nrows, x, out)
-            } else {
-                gemm_t::<false>(p, r0, nrows, x, out)
-            }
-        }
-    }
-
-    #[target_feature(enable = "avx2,f16c,fma")]
-    unsafe fn gemm_t<const BF: bool>(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
+    pub unsafe fn gemm<const BF: bool>(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
         const MAXC: usize = 6;
         let cols = p.cols;
         let t = x.len() / cols;
@@ -495,17 +494,14 @@ mod x86_256 {
         unsafe {
             if t == 1 {
                 const G: usize = 2;
-                let mut i = 0;
-                while i < nrows {
+                super::decode_walk(nrows, G, |i, n, valid| {
                     let g = base.add((r0 + i) / GROUP * gs);
-                    if nrows - i > (G - 1) * GROUP {
-                        gemv::<BF, G>(g, gs, cols, x.as_ptr(), o.add(i), (nrows - i - (G - 1) * GROUP).min(GROUP));
-                        i += G * GROUP;
+                    if n == G {
+                        gemv::<BF, G>(g, gs, cols, x.as_ptr(), o.add(i), valid);
                     } else {
-                        gemv::<BF, 1>(g, gs, cols, x.as_ptr(), o.add(i), (nrows - i).min(GROUP));
-                        i += GROUP;
+                        gemv::<BF, 1>(g, gs, cols, x.as_ptr(), o.add(i), valid);
                     }
-                }
+                });
                 return;
             }
             // Token chunks whose activations stay in the L2 cache while a group's halves
