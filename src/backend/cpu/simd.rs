@@ -47,29 +47,17 @@ use crate::quant::{f16_bits_to_f32, DType, QK};
 // The kernel-set query, reached at this path by the bench binary.
 pub use super::isa::isa;
 
-/// The float tiles of `x86_256` and `x86_512` by (token count, weight kind).
+/// The F32 tiles of `x86_256` and `x86_512` by token count.
 #[cfg(target_arch = "x86_64")]
 macro_rules! dispatch_f {
-    ($R:literal, $ct:expr, $k:expr, $($args:expr),*) => {
-        match ($ct, $k) {
-            (6, 0) => tile_f::<$R, 6, 0>($($args),*),
-            (5, 0) => tile_f::<$R, 5, 0>($($args),*),
-            (6, 1) => tile_f::<$R, 6, 1>($($args),*),
-            (5, 1) => tile_f::<$R, 5, 1>($($args),*),
-            (6, 2) => tile_f::<$R, 6, 2>($($args),*),
-            (5, 2) => tile_f::<$R, 5, 2>($($args),*),
-            (4, 0) => tile_f::<$R, 4, 0>($($args),*),
-            (3, 0) => tile_f::<$R, 3, 0>($($args),*),
-            (2, 0) => tile_f::<$R, 2, 0>($($args),*),
-            (_, 0) => tile_f::<$R, 1, 0>($($args),*),
-            (4, 1) => tile_f::<$R, 4, 1>($($args),*),
-            (3, 1) => tile_f::<$R, 3, 1>($($args),*),
-            (2, 1) => tile_f::<$R, 2, 1>($($args),*),
-            (_, 1) => tile_f::<$R, 1, 1>($($args),*),
-            (4, _) => tile_f::<$R, 4, 2>($($args),*),
-            (3, _) => tile_f::<$R, 3, 2>($($args),*),
-            (2, _) => tile_f::<$R, 2, 2>($($args),*),
-            (_, _) => tile_f::<$R, 1, 2>($($args),*),
+    ($R:literal, $ct:expr, $($args:expr),*) => {
+        match $ct {
+            6 => tile_f::<$R, 6>($($args),*),
+            5 => tile_f::<$R, 5>($($args),*),
+            4 => tile_f::<$R, 4>($($args),*),
+            3 => tile_f::<$R, 3>($($args),*),
+            2 => tile_f::<$R, 2>($($args),*),
+            _ => tile_f::<$R, 1>($($args),*),
         }
     };
 }
@@ -283,15 +271,10 @@ pub(crate) fn gemm_f(
     assert!(cols > 0 && x.len().is_multiple_of(cols));
     let t = x.len() / cols;
     assert_eq!(out.len(), nrows * t);
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-    let kind = match dt {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        _ => 2,
-    };
     match isa {
-        // F16 in the sequential order: the fast kernels read packed weights
-        // (`fpack`); rows as stored (tests, odd callers) take the reference.
+        // F16 / BF16 in the sequential order: the fast kernels read packed weights
+        // (`fpack`); rows as stored (tests, odd callers) take the reference. So the
+        // x86 lane-order kernels below only see F32.
         _ if fpack::sequential_order(isa, dt) => {
             for r in 0..nrows {
                 let row = &w[r * row_bytes..(r + 1) * row_bytes];
@@ -302,10 +285,10 @@ pub(crate) fn gemm_f(
         }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2/FMA/F16C present whenever these sets are chosen; lengths asserted above.
-        Isa::Avx512Vnni => unsafe { x86_512::gemm_f(kind, w.as_ptr(), row_bytes, nrows, x, cols, out) },
+        Isa::Avx512Vnni => unsafe { x86_512::gemm_f(w.as_ptr(), row_bytes, nrows, x, cols, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2/FMA/F16C present whenever this set is chosen; lengths asserted above.
-        Isa::Avx2 => unsafe { x86_256::gemm_f(kind, w.as_ptr(), row_bytes, nrows, x, cols, out) },
+        Isa::Avx2 => unsafe { x86_256::gemm_f(w.as_ptr(), row_bytes, nrows, x, cols, out) },
         _ => {
             for r in 0..nrows {
                 let row = &w[r * row_bytes..(r + 1) * row_bytes];

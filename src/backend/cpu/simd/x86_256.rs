@@ -1,6 +1,6 @@
 //! The AVX2 + FMA + F16C kernels of the 8-lane float order (see `simd`'s docs):
-//! F32 (and F16 / BF16 rows as stored) times f32, tiles of 4 weight rows x up to 3
-//! activation rows, and attention's f32 dot. (Q8_0 / Q4_0, F16 and BF16 weights are
+//! F32 times f32, tiles of 4 weight rows x up to 3 activation rows, and attention's
+//! f32 dot. (Q8_0 / Q4_0, F16 and BF16 weights are
 //! packed at load for the block-order and sequential-order kernels of `qpack` and
 //! `fpack`.)
 //! Only reached through `simd`'s safe entry points, when `isa()` chose `Avx2` (or
@@ -17,39 +17,24 @@ use std::arch::x86_64::*;
 /// function (tiles included) is compiled with the features it needs.
 macro_rules! x86_kernels {
     ($feat:literal) => {
-        /// Eight weights of kind `K` (0 f32, 1 f16, 2 bf16) from `p` as f32.
+        /// Eight f32 weights from `p`.
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn load_w<const K: u8>(p: *const u8) -> __m256 {
-            // SAFETY: the caller passes a pointer to 8 elements of kind K.
-            unsafe {
-                match K {
-                    0 => _mm256_loadu_ps(p as *const f32),
-                    1 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
-                    _ => _mm256_castsi256_ps(_mm256_slli_epi32(
-                        _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)),
-                        16,
-                    )),
-                }
-            }
+        unsafe fn load_w(p: *const u8) -> __m256 {
+            // SAFETY: the caller passes a pointer to 8 f32.
+            unsafe { _mm256_loadu_ps(p as *const f32) }
         }
 
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn load_w1<const K: u8>(p: *const u8, i: usize) -> f32 {
+        unsafe fn load_w1(p: *const u8, i: usize) -> f32 {
             // SAFETY: the caller passes a row pointer with more than `i` elements.
-            unsafe {
-                match K {
-                    0 => (p as *const f32).add(i).read_unaligned(),
-                    1 => crate::quant::f16_bits_to_f32((p as *const u16).add(i).read_unaligned()),
-                    _ => f32::from_bits(((p as *const u16).add(i).read_unaligned() as u32) << 16),
-                }
-            }
+            unsafe { (p as *const f32).add(i).read_unaligned() }
         }
 
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn tile_f<const R: usize, const C: usize, const K: u8>(
+        unsafe fn tile_f<const R: usize, const C: usize>(
             w: *const u8,
             row_bytes: usize,
             n: usize,
@@ -58,7 +43,7 @@ macro_rules! x86_kernels {
             out: *mut f32,
             ostride: usize,
         ) {
-            let es = if K == 0 { 4 } else { 2 };
+            let es = 4;
             let n8 = n / 8 * 8;
             let mut acc = [[_mm256_setzero_ps(); C]; R];
             // SAFETY: (whole body) the CPU has this function's target features (it is reached only
@@ -73,7 +58,7 @@ macro_rules! x86_kernels {
                         if (i * es) % 64 == 0 {
                             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(R * row_bytes) as *const i8);
                         }
-                        wv[r] = load_w::<K>(p);
+                        wv[r] = load_w(p);
                     }
                     for c in 0..C {
                         let xv = _mm256_loadu_ps(x.add(c * xstride + i));
@@ -88,7 +73,7 @@ macro_rules! x86_kernels {
                         let mut a = [0f32; 8];
                         _mm256_storeu_ps(a.as_mut_ptr(), acc[r][c]);
                         for i in n8..n {
-                            let wi = load_w1::<K>(w.add(r * row_bytes), i);
+                            let wi = load_w1(w.add(r * row_bytes), i);
                             a[i - n8] = wi.mul_add(*x.add(c * xstride + i), a[i - n8]);
                         }
                         *out.add(r * ostride + c) = reduce8(a);
@@ -98,15 +83,7 @@ macro_rules! x86_kernels {
         }
 
         #[target_feature(enable = $feat)]
-        pub unsafe fn gemm_f(
-            kind: u8,
-            w: *const u8,
-            row_bytes: usize,
-            nrows: usize,
-            x: &[f32],
-            cols: usize,
-            out: &mut [f32],
-        ) {
+        pub unsafe fn gemm_f(w: *const u8, row_bytes: usize, nrows: usize, x: &[f32], cols: usize, out: &mut [f32]) {
             let t = x.len() / cols;
             // AVX2 has 16 registers: 4 x 3 tiles (12 accumulators).
             let maxc = 3;
@@ -121,9 +98,9 @@ macro_rules! x86_kernels {
                     let xp = x.as_ptr().add(c * cols);
                     let op = o.add(r * t + c);
                     if rt == 4 {
-                        dispatch_f!(4, ct, kind, wp, row_bytes, cols, xp, cols, op, t);
+                        dispatch_f!(4, ct, wp, row_bytes, cols, xp, cols, op, t);
                     } else {
-                        dispatch_f!(1, ct, kind, wp, row_bytes, cols, xp, cols, op, t);
+                        dispatch_f!(1, ct, wp, row_bytes, cols, xp, cols, op, t);
                     }
                 }
             });
@@ -133,7 +110,7 @@ macro_rules! x86_kernels {
         pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
             let mut o = 0f32;
             // SAFETY: one row of `a.len()` f32 each (equal lengths checked by the caller).
-            unsafe { tile_f::<1, 1, 0>(a.as_ptr() as *const u8, 0, a.len(), b.as_ptr(), 0, &mut o, 0) };
+            unsafe { tile_f::<1, 1>(a.as_ptr() as *const u8, 0, a.len(), b.as_ptr(), 0, &mut o, 0) };
             o
         }
     };

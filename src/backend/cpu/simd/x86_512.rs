@@ -1,8 +1,7 @@
 //! The AVX-512 float kernels of the 16-lane ("wide") orders (see `simd`'s docs):
-//! F32 / BF16 (and F16 over rows as stored) times f32, tiles of 4 weight rows x up
-//! to 6 activation rows. Only reached through `simd::gemm_f` when `isa()` chose
-//! `Avx512Vnni`. (The quantized and F16 kernels of those CPUs read packed
-//! weights: `qpack`, `fpack`.)
+//! F32 times f32, tiles of 4 weight rows x up to 6 activation rows. Only reached
+//! through `simd::gemm_f` when `isa()` chose `Avx512Vnni`. (The quantized, F16 and
+//! BF16 kernels of those CPUs read packed weights: `qpack`, `fpack`.)
 //!
 //! Depends on `isa` (reductions, `token_chunk`) and `crate::quant`.
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
@@ -24,38 +23,24 @@ unsafe fn reduce16_v(v: __m512) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)))
 }
 
-/// Sixteen weights of kind `K` (0 f32, 1 f16, 2 bf16) from `p` as f32.
+/// Sixteen f32 weights from `p`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-unsafe fn load_w<const K: u8>(p: *const u8) -> __m512 {
-    // SAFETY: the caller passes a pointer to 16 elements of kind K.
-    unsafe {
-        match K {
-            0 => _mm512_loadu_ps(p as *const f32),
-            1 => _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
-            _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
-                p as *const __m256i,
-            )))),
-        }
-    }
+unsafe fn load_w(p: *const u8) -> __m512 {
+    // SAFETY: the caller passes a pointer to 16 f32.
+    unsafe { _mm512_loadu_ps(p as *const f32) }
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-unsafe fn load_w1<const K: u8>(p: *const u8, i: usize) -> f32 {
+unsafe fn load_w1(p: *const u8, i: usize) -> f32 {
     // SAFETY: the caller passes a row pointer with more than `i` elements.
-    unsafe {
-        match K {
-            0 => (p as *const f32).add(i).read_unaligned(),
-            1 => crate::quant::f16_bits_to_f32((p as *const u16).add(i).read_unaligned()),
-            _ => f32::from_bits(((p as *const u16).add(i).read_unaligned() as u32) << 16),
-        }
-    }
+    unsafe { (p as *const f32).add(i).read_unaligned() }
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-unsafe fn tile_f<const R: usize, const C: usize, const K: u8>(
+unsafe fn tile_f<const R: usize, const C: usize>(
     w: *const u8,
     row_bytes: usize,
     n: usize,
@@ -64,7 +49,7 @@ unsafe fn tile_f<const R: usize, const C: usize, const K: u8>(
     out: *mut f32,
     ostride: usize,
 ) {
-    let es = if K == 0 { 4 } else { 2 };
+    let es = 4;
     let n16 = n / 16 * 16;
     let mut acc = [[_mm512_setzero_ps(); C]; R];
     // SAFETY: (whole body) the CPU has this function's target features (it is reached only
@@ -77,7 +62,7 @@ unsafe fn tile_f<const R: usize, const C: usize, const K: u8>(
         let step = |i: usize, acc: &mut [[__m512; C]; R]| {
             let mut wv = [_mm512_setzero_ps(); R];
             for r in 0..R {
-                wv[r] = load_w::<K>(w.add(r * row_bytes + i * es));
+                wv[r] = load_w(w.add(r * row_bytes + i * es));
             }
             for c in 0..C {
                 let xv = _mm512_loadu_ps(x.add(c * xstride + i));
@@ -86,16 +71,14 @@ unsafe fn tile_f<const R: usize, const C: usize, const K: u8>(
                 }
             }
         };
-        // 32 elements per turn: one prefetch per row per 64 bytes (f16/bf16),
-        // two for f32; each lane still sums its elements in increasing order.
+        // 32 elements per turn: two prefetches per row (128 bytes of f32); each lane
+        // still sums its elements in increasing order.
         let mut i = 0;
         while i + 32 <= n16 {
             for r in 0..R {
                 let p = w.add(r * row_bytes + i * es).wrapping_add(ahead);
                 _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
-                if K == 0 {
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64) as *const i8);
-                }
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64) as *const i8);
             }
             step(i, &mut acc);
             step(i + 16, &mut acc);
@@ -115,7 +98,7 @@ unsafe fn tile_f<const R: usize, const C: usize, const K: u8>(
                     let mut a = [0f32; 16];
                     _mm512_storeu_ps(a.as_mut_ptr(), acc[r][c]);
                     for i in n16..n {
-                        let wi = load_w1::<K>(w.add(r * row_bytes), i);
+                        let wi = load_w1(w.add(r * row_bytes), i);
                         a[i - n16] = wi.mul_add(*x.add(c * xstride + i), a[i - n16]);
                     }
                     reduce16(a)
@@ -126,7 +109,7 @@ unsafe fn tile_f<const R: usize, const C: usize, const K: u8>(
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")]
-pub unsafe fn gemm_f(kind: u8, w: *const u8, row_bytes: usize, nrows: usize, x: &[f32], cols: usize, out: &mut [f32]) {
+pub unsafe fn gemm_f(w: *const u8, row_bytes: usize, nrows: usize, x: &[f32], cols: usize, out: &mut [f32]) {
     const MAXC: usize = 6;
     let t = x.len() / cols;
     let tc = (token_chunk(t, cols * 4) / MAXC * MAXC).max(MAXC);
@@ -142,9 +125,9 @@ pub unsafe fn gemm_f(kind: u8, w: *const u8, row_bytes: usize, nrows: usize, x: 
             let xp = x.as_ptr().add(c * cols);
             let op = o.add(r * t + c);
             if rt == 4 {
-                dispatch_f!(4, ct, kind, wp, row_bytes, cols, xp, cols, op, t);
+                dispatch_f!(4, ct, wp, row_bytes, cols, xp, cols, op, t);
             } else {
-                dispatch_f!(1, ct, kind, wp, row_bytes, cols, xp, cols, op, t);
+                dispatch_f!(1, ct, wp, row_bytes, cols, xp, cols, op, t);
             }
         }
     });
