@@ -212,6 +212,18 @@ typedef struct llmrt_model_options {
    * Passed to `progress`.
    */
   void *progress_user_data;
+  /**
+   * 1: on a model whose every layer has a sliding window (Mistral 7B v0.1's 4096),
+   * each cache keeps only the blocks of the last window positions and books only
+   * those against the KV pool (about 2 windows plus a chunk of 64 or the window, however
+   * long its capacity), so many long caches fit where one did; a prefill longer than the
+   * window runs in chunks of the window inside the call (same results). Truncating a
+   * cache below the window of its new end then fails (LLMRT_INVALID_ARGUMENT), and a
+   * saved state holds only the kept positions. 0 (default): every position is kept.
+   * No effect on a model with a full-attention layer; `llmrt_model_info.kv_window` says
+   * whether it took effect. A later field: a caller with an older, smaller struct gets 0.
+   */
+  uint32_t kv_window_only;
 } llmrt_model_options;
 
 /**
@@ -299,6 +311,12 @@ typedef struct llmrt_model_info {
    * The device's memory (0 on the CPU).
    */
   uint64_t device_total_bytes;
+  /**
+   * The positions each cache keeps when `options.kv_window_only` took effect (the
+   * largest layer window), else 0 (every position kept). A later field (not written
+   * for an older, smaller struct).
+   */
+  uint32_t kv_window;
 } llmrt_model_info;
 
 /**
@@ -416,6 +434,11 @@ typedef bool (*llmrt_token_callback)(void *user_data,
                                      uint32_t token,
                                      const char *piece,
                                      size_t piece_len);
+
+/**
+ * Index of a physical block in a backend's storage.
+ */
+typedef uint32_t BlockId;
 
 #ifdef __cplusplus
 extern "C" {

@@ -8,7 +8,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Seq, Want};
 use crate::chat::ChatInfo;
 use crate::format::gguf::Gguf;
-use crate::kv::{KvManager, BLOCK_POSITIONS};
+use crate::kv::{KvManager, WindowKv, BLOCK_POSITIONS};
 use crate::model::weights::Weights;
 use crate::model::Config;
 use crate::sample::{self, SamplerParams};
@@ -156,6 +156,10 @@ pub struct LoadOptions<'a> {
     pub max_context: u32,
     /// KV pool budget in bytes; 0 = backend default.
     pub kv_cache_bytes: u64,
+    /// On a model whose every layer has a sliding window: caches keep (and book) only
+    /// the positions of the window (`crate::kv`'s windowed caches); truncating below it
+    /// then fails. No effect on other models (`ModelInfo::kv_window` says which).
+    pub kv_window_only: bool,
     /// Called with the fraction loaded, 0.0 ..= 1.0.
     pub progress: Option<&'a mut dyn FnMut(f32)>,
 }
@@ -168,6 +172,7 @@ impl Default for LoadOptions<'_> {
             threads: 0,
             max_context: 0,
             kv_cache_bytes: 0,
+            kv_window_only: false,
             progress: None,
         }
     }
@@ -200,6 +205,9 @@ pub struct ModelInfo {
     /// Mixture of experts: (experts, experts used per token, bytes of all the routed
     /// experts' matrices, shared experts and routers excluded); `None` for a dense model.
     pub experts: Option<(u32, u32, u64)>,
+    /// The positions a cache keeps when `kv_window_only` took effect (every layer has a
+    /// window: the largest), else 0 (caches keep every position).
+    pub kv_window: u32,
 }
 
 struct State {
@@ -338,7 +346,7 @@ impl Model {
     /// probe answers `LLMRT_UNSUPPORTED` (no driver, no device); any other failure,
     /// including one while opening the device, is returned.
     pub fn load(path: &Path, opts: LoadOptions<'_>) -> Result<Model> {
-        let LoadOptions { backend, device, threads, max_context, kv_cache_bytes, mut progress } = opts;
+        let LoadOptions { backend, device, threads, max_context, kv_cache_bytes, kv_window_only, mut progress } = opts;
         check_threads(threads)?;
         let mut report = |f: f32| {
             if let Some(p) = progress.as_mut() {
@@ -368,14 +376,25 @@ impl Model {
             report(0.1);
             bind_gguf(file, bind_share, &mut report)?
         };
-        Self::finish(path, kind, cfg, weights, tokenizer, device, threads, max_context, kv_cache_bytes, &mut report)
+        Self::finish(
+            path,
+            kind,
+            cfg,
+            weights,
+            tokenizer,
+            device,
+            threads,
+            max_context,
+            (kv_cache_bytes, kv_window_only),
+            &mut report,
+        )
     }
 
     /// Loads a GGUF model held in memory (tests, fuzzing, generated models): as
     /// [`Self::load`] of a file with these bytes; `name` stands for the file name in
     /// error messages.
     pub fn load_gguf_bytes(bytes: Vec<u8>, name: &str, opts: LoadOptions<'_>) -> Result<Model> {
-        let LoadOptions { backend, device, threads, max_context, kv_cache_bytes, mut progress } = opts;
+        let LoadOptions { backend, device, threads, max_context, kv_cache_bytes, kv_window_only, mut progress } = opts;
         check_threads(threads)?;
         let mut report = |f: f32| {
             if let Some(p) = progress.as_mut() {
@@ -399,7 +418,7 @@ impl Model {
             device,
             threads,
             max_context,
-            kv_cache_bytes,
+            (kv_cache_bytes, kv_window_only),
             &mut report,
         )
     }
@@ -414,7 +433,7 @@ impl Model {
         device: i32,
         threads: u32,
         max_context: u32,
-        kv_cache_bytes: u64,
+        (kv_cache_bytes, kv_window_only): (u64, bool),
         report: &mut dyn FnMut(f32),
     ) -> Result<Model> {
         let context = if max_context == 0 { cfg.context_length } else { cfg.context_length.min(max_context as usize) };
@@ -465,6 +484,12 @@ impl Model {
         let per_pos = be.kv_bytes_per_position();
         let block_bytes = per_pos * BLOCK_POSITIONS as u64;
         let mem = be.memory();
+        // Windowed caches: only when no layer attends to every position.
+        let windows: Option<Vec<usize>> = (0..cfg.n_layers).map(|l| cfg.window(l)).collect();
+        let kv_window = windows
+            .filter(|_| kv_window_only)
+            .and_then(|w| w.into_iter().max())
+            .map(|w| WindowKv::new(w.min(u32::MAX as usize) as u32));
         let info = ModelInfo {
             vocab_size: cfg.vocab_size as u32,
             context_length: context,
@@ -485,6 +510,7 @@ impl Model {
             device_total_bytes: mem.device_total_bytes,
             architecture: cfg.arch.name.clone(),
             device_name: be.device_name(),
+            kv_window: kv_window.map_or(0, |w| w.window),
         };
         let state_geometry = crate::kv::state::Geometry {
             fingerprint,
@@ -506,7 +532,17 @@ impl Model {
             debug_panic: AtomicU8::new(DebugPanic::None as u8),
             grammar: Default::default(),
             abort: Mutex::new(None),
-            state: Mutex::new(State { kv: KvManager::new(blocks, block_bytes), backend: be, file_changed: None }),
+            state: Mutex::new(State {
+                kv: {
+                    let mut kv = KvManager::new(blocks, block_bytes);
+                    if let Some(w) = kv_window {
+                        kv.set_window(w);
+                    }
+                    kv
+                },
+                backend: be,
+                file_changed: None,
+            }),
         })
     }
 
@@ -703,11 +739,12 @@ impl Model {
     /// Bytes of cache `cache`'s saved state now (see [`Self::cache_save_into`]).
     pub fn cache_state_size(&self, cache: u64) -> Result<usize> {
         let st = self.lock()?;
-        self.state_size_of(st.kv.get(cache)?.len)
+        let s = st.kv.get(cache)?;
+        self.state_size_of(s.len, s.live_from)
     }
 
-    fn state_size_of(&self, len: u32) -> Result<usize> {
-        self.state_geometry.state_bytes(len).ok_or_else(|| {
+    fn state_size_of(&self, len: u32, first: u32) -> Result<usize> {
+        self.state_geometry.state_bytes(len, first).ok_or_else(|| {
             Error::out_of_memory(format!("the saved state of {len} positions is larger than the address space"))
         })
     }
@@ -715,20 +752,23 @@ impl Model {
     /// Saves cache `cache` (its KV, its tokens: the penalties' history, its capacity)
     /// into `out` in the format of `crate::kv::state`, and returns the state's size. When
     /// `out` is shorter, nothing is written and only the size is returned (compare it
-    /// with `out.len()`). The cache is not changed.
+    /// with `out.len()`). The cache is not changed. A windowed cache whose first positions
+    /// were freed saves the positions it holds (format version 2).
     pub fn cache_save_into(&self, cache: u64, out: &mut [u8]) -> Result<usize> {
         let mut st = self.lock()?;
         let State { kv, backend, .. } = &mut *st;
         let s = kv.get(cache)?;
-        let n = self.state_size_of(s.len)?;
+        let first = s.live_from.min(s.len);
+        let n = self.state_size_of(s.len, first)?;
         if out.len() < n {
             return Ok(n);
         }
         let out = &mut out[..n];
-        crate::kv::state::write_header(&self.state_geometry, s.capacity, &s.tokens, out);
-        let at = crate::kv::state::Geometry::kv_offset(s.len);
+        crate::kv::state::write_header(&self.state_geometry, s.capacity, &s.tokens, first, out);
+        let at = crate::kv::state::Geometry::kv_offset(s.len, first);
         let body = n - crate::kv::state::CHECKSUM_BYTES;
-        guarded(|| backend.read_kv(&s.blocks, s.len as usize, &mut out[at..body]))?;
+        let held = (s.len - first) as usize;
+        guarded(|| backend.read_kv(s.live_blocks(), held, &mut out[at..body]))?;
         crate::kv::state::seal(out);
         Ok(n)
     }
@@ -771,10 +811,46 @@ impl Model {
         }
         let mut st = self.lock()?;
         let State { kv, backend, .. } = &mut *st;
-        let id = kv.create_filled(capacity, self.info.context_length, p.tokens)?;
-        let blocks = try_collect(kv.get(id)?.blocks.iter().copied(), "the loaded cache's block table")
-            .and_then(|b| guarded(|| backend.write_kv(&b, len as usize, p.kv)));
-        if let Err(e) = blocks {
+        // What the new cache holds: every position, or (windowed) those of the window.
+        let keep_from = match kv.window() {
+            Some(w) => (w.horizon(len) as usize / BLOCK_POSITIONS * BLOCK_POSITIONS) as u32,
+            None if p.first > 0 => {
+                return Err(Error::invalid(format!(
+                    "the state holds positions {}..{len} only (saved from a windowed cache: a model loaded with \
+                     kv_window_only); this model keeps every position: load it with kv_window_only",
+                    p.first
+                )))
+            }
+            None => 0,
+        };
+        if keep_from < p.first {
+            return Err(Error::invalid(format!(
+                "the state holds positions {}..{len}; the next query reads positions from {} (sliding window of \
+                 {}): another model's window",
+                p.first,
+                kv.window().map_or(0, |w| w.horizon(len)),
+                kv.window().map_or(0, |w| w.window)
+            )));
+        }
+        // The held positions keep_from..len of the state's first..len, section by section.
+        let kv_part: std::borrow::Cow<'_, [u8]> = if keep_from == p.first {
+            p.kv.into()
+        } else {
+            let g = &self.state_geometry;
+            let row = g.kv_dim() * g.dtype.bytes();
+            let (have, keep) = ((len - p.first) as usize, (len - keep_from) as usize);
+            let mut v = try_vec(2 * g.n_layers as usize * keep * row, 0u8, "the loaded state's window")?;
+            for (dst, src) in v.chunks_exact_mut(keep * row).zip(p.kv.chunks_exact(have * row)) {
+                dst.copy_from_slice(&src[(have - keep) * row..]);
+            }
+            v.into()
+        };
+        let id = kv.create_filled(capacity, self.info.context_length, p.tokens, keep_from)?;
+        let done = kv.get(id).and_then(|s| {
+            let blocks = try_collect(s.live_blocks().iter().copied(), "the loaded cache's block table")?;
+            guarded(|| backend.write_kv(&blocks, (len - keep_from) as usize, &kv_part))
+        });
+        if let Err(e) = done {
             kv.release(id)?;
             return Err(e);
         }
@@ -928,7 +1004,10 @@ impl Model {
     }
 
     /// Validates everything, then prepares blocks, runs the step (polling the abort
-    /// hook read under the model's lock), commits lengths.
+    /// hook read under the model's lock), commits lengths. Windowed caches (see
+    /// `crate::kv`) free their blocks out of the window after the commit, and a step
+    /// giving one of them more than a chunk of tokens runs in chunks
+    /// ([`Self::step_chunked`]).
     fn run(&self, caches: &[u64], tokens: &[&[u32]], want: Want, mut out: Out<'_>) -> Result<()> {
         let v = self.info.vocab_size as usize;
         let rows: usize = match want {
@@ -956,6 +1035,40 @@ impl Model {
         self.check_files(&mut st)?;
         // From here on only invisible changes happen until the commit.
         let State { kv, backend, file_changed } = &mut *st;
+        if let Some(chunk) = kv.window().map(|w| w.chunk as usize).filter(|&n| tokens.iter().any(|t| t.len() > n)) {
+            let hidden = matches!(out, Out::Hidden(_));
+            let width = if hidden { self.info.hidden_size as usize } else { v };
+            let mut buf = try_vec(rows.saturating_mul(width), 0f32, "the step's output rows")?;
+            let drawn = self
+                .step_chunked(kv, backend.as_mut(), caches, tokens, want, hidden, chunk, &mut buf)
+                .and_then(|()| self.check_files_in(file_changed))
+                .and_then(|()| match &mut out {
+                    Out::Sample(params, hook, _) => self.draw(kv, caches, tokens, &buf, params, hook),
+                    _ => Ok(Vec::new()),
+                });
+            let drawn = match drawn {
+                Ok(d) => d,
+                Err(e) => {
+                    for &c in caches {
+                        kv.abandon_step(c);
+                    }
+                    return Err(e);
+                }
+            };
+            commit_all(kv, caches, tokens);
+            match out {
+                Out::Logits(Some(l)) => l[..buf.len()].copy_from_slice(&buf),
+                Out::Logits(None) => {}
+                Out::Sample(_, _, next) => next.copy_from_slice(&drawn),
+                Out::Hidden(dst) => dst.copy_from_slice(&buf),
+                Out::Greedy(next) => {
+                    for (o, row) in next.iter_mut().zip(buf.chunks_exact(v)) {
+                        *o = crate::util::argmax(row);
+                    }
+                }
+            }
+            return Ok(());
+        }
         for (&c, t) in caches.iter().zip(tokens) {
             let copies = kv.prepare_append(c, t.len())?;
             if let Err(e) = guarded(|| backend.copy_blocks(&copies)) {
@@ -989,32 +1102,12 @@ impl Model {
                     Ok(())
                 })?;
                 self.check_files_in(file_changed)?;
-                // The draws happen before the commit (a failed one changes nothing): the
-                // history is the cache's tokens then the one being appended, the position
-                // the new token's. Every cache was checked live under this lock.
-                let mut drawn = match &out {
-                    Out::Sample(..) => try_vec(caches.len(), 0u32, "the step's sampled ids")?,
+                // The draws happen before the commit (a failed one changes nothing).
+                let drawn = match &mut out {
+                    Out::Sample(params, hook, _) => self.draw(kv, caches, tokens, &buf, params, hook)?,
                     _ => Vec::new(),
                 };
-                if let Out::Sample(params, hook, _) = &mut out {
-                    for (i, ((o, row), (&c, t))) in
-                        drawn.iter_mut().zip(buf.chunks_exact(v)).zip(caches.iter().zip(tokens)).enumerate()
-                    {
-                        let s = kv.get(c)?;
-                        let p = &params[if params.len() == 1 { 0 } else { i }];
-                        let (h, pos) = (&[&s.tokens[..], t][..], s.len as u64 + t.len() as u64);
-                        *o = match hook {
-                            Some(hook) => hook.sample(i, row, p, h, pos)?,
-                            None => sample::try_sample(row, p, h, pos)?,
-                        };
-                    }
-                    if let Some(hook) = hook {
-                        hook.commit(&drawn)?;
-                    }
-                }
-                for (&c, t) in caches.iter().zip(tokens) {
-                    kv.commit(c, t);
-                }
+                commit_all(kv, caches, tokens);
                 match out {
                     Out::Logits(Some(l)) => l[..buf.len()].copy_from_slice(&buf),
                     Out::Sample(_, _, next) => next.copy_from_slice(&drawn),
@@ -1026,9 +1119,7 @@ impl Model {
                     try_vec(rows.saturating_mul(self.info.hidden_size as usize), 0f32, "the step's hidden states")?;
                 guarded(|| backend.step_hidden(&seqs, &mut buf))?;
                 self.check_files_in(file_changed)?;
-                for (&c, t) in caches.iter().zip(tokens) {
-                    kv.commit(c, t);
-                }
+                commit_all(kv, caches, tokens);
                 dst.copy_from_slice(&buf);
             }
             Out::Greedy(next) => {
@@ -1041,13 +1132,164 @@ impl Model {
                     Ok(())
                 })?;
                 self.check_files_in(file_changed)?;
-                for (&c, t) in caches.iter().zip(tokens) {
-                    kv.commit(c, t);
-                }
+                commit_all(kv, caches, tokens);
                 next.copy_from_slice(&ids);
             }
         }
         Ok(())
+    }
+
+    /// Each cache's token drawn from its last row of `buf` (one row per cache): the
+    /// history is the cache's tokens then the ones being appended, the position the new
+    /// token's. Every cache was checked live under this lock. Nothing changes here; a hook
+    /// joins the commit.
+    fn draw(
+        &self,
+        kv: &KvManager,
+        caches: &[u64],
+        tokens: &[&[u32]],
+        buf: &[f32],
+        params: &[SamplerParams],
+        hook: &mut Option<&mut dyn SampleHook>,
+    ) -> Result<Vec<u32>> {
+        let v = self.info.vocab_size as usize;
+        let mut drawn = try_vec(caches.len(), 0u32, "the step's sampled ids")?;
+        for (i, ((o, row), (&c, t))) in
+            drawn.iter_mut().zip(buf.chunks_exact(v)).zip(caches.iter().zip(tokens)).enumerate()
+        {
+            let s = kv.get(c)?;
+            let p = &params[if params.len() == 1 { 0 } else { i }];
+            let (h, pos) = (&[&s.tokens[..], t][..], s.len as u64 + t.len() as u64);
+            *o = match hook {
+                Some(hook) => hook.sample(i, row, p, h, pos)?,
+                None => sample::try_sample(row, p, h, pos)?,
+            };
+        }
+        if let Some(hook) = hook {
+            hook.commit(&drawn)?;
+        }
+        Ok(drawn)
+    }
+
+    /// Runs a step of windowed caches in chunks of at most `chunk` tokens per cache,
+    /// chunk `k` taking tokens `k chunk ..` of every cache that has them, and writes
+    /// the wanted rows (`width` floats each, logits or with `hidden` the final norm's
+    /// output) into `buf` as one step would. Between chunks the step's own blocks that
+    /// fell out of the window are freed (`KvManager::free_step_blocks`), so a cache holds
+    /// at most its booking; nothing is committed. On an error the caller abandons the
+    /// step (`KvManager::abandon_step`). Same results as one step: every row depends
+    /// only on its own token and the cache (see docs/ARCHITECTURE.md, batch invariance).
+    #[allow(clippy::too_many_arguments)]
+    fn step_chunked(
+        &self,
+        kv: &mut KvManager,
+        backend: &mut dyn Backend,
+        caches: &[u64],
+        tokens: &[&[u32]],
+        want: Want,
+        hidden: bool,
+        chunk: usize,
+        buf: &mut [f32],
+    ) -> Result<()> {
+        let n_chunks = tokens.iter().map(|t| t.len().div_ceil(chunk)).max().unwrap_or(0);
+        // Each cache's first row in `buf`.
+        let mut row0: Vec<usize> = try_with_capacity(caches.len(), "the step's row offsets")?;
+        let mut r = 0;
+        for t in tokens {
+            row0.push(r);
+            r += match want {
+                Want::Nothing => 0,
+                Want::Last => 1,
+                Want::All => t.len(),
+            };
+        }
+        let width = buf.len().checked_div(r).unwrap_or(0);
+        for k in 0..n_chunks {
+            // (cache index, its tokens of this chunk, their first position)
+            let mut parts: Vec<(usize, &[u32], usize)> = try_with_capacity(caches.len(), "the chunk's sequences")?;
+            for (i, (&c, t)) in caches.iter().zip(tokens).enumerate() {
+                let lo = k * chunk;
+                if lo < t.len() {
+                    let start = kv.get(c)?.len as usize + lo;
+                    if k > 0 {
+                        kv.free_step_blocks(c, start);
+                    }
+                    let part = &t[lo..t.len().min(lo + chunk)];
+                    let copies = kv.prepare_range(c, start, part.len())?;
+                    if let Err(e) = guarded(|| backend.copy_blocks(&copies)) {
+                        kv.undo_copies(c, &copies);
+                        return Err(e);
+                    }
+                    parts.push((i, part, start));
+                }
+            }
+            if k == 0 && self.take_debug_panic(DebugPanic::Bookkeeping) {
+                panic!("debug panic in the bookkeeping (llmrt test hook)");
+            }
+            let mut tables: Vec<Vec<u32>> = try_with_capacity(parts.len(), "the chunk's block tables")?;
+            for &(i, _, _) in &parts {
+                tables.push(try_collect(kv.get(caches[i])?.blocks.iter().copied(), "a block table of the chunk")?);
+            }
+            let last = |i: usize, part: &[u32], start: usize| start + part.len() == kv_end(kv, caches[i], tokens[i]);
+            let seqs: Vec<Seq<'_>> = try_collect(
+                parts.iter().zip(&tables).map(|(&(i, part, start), blocks)| Seq {
+                    tokens: part,
+                    start,
+                    blocks,
+                    want: match want {
+                        Want::Last if !last(i, part, start) => Want::Nothing,
+                        w => w,
+                    },
+                }),
+                "the chunk's sequence list",
+            )?;
+            let rows: usize = seqs
+                .iter()
+                .map(|s| match s.want {
+                    Want::Nothing => 0,
+                    Want::Last => 1,
+                    Want::All => s.tokens.len(),
+                })
+                .sum();
+            let mut out = try_vec(rows.saturating_mul(width), 0f32, "the chunk's output rows")?;
+            guarded(|| {
+                if hidden {
+                    backend.step_hidden(&seqs, &mut out)?;
+                } else {
+                    backend.step(&seqs, &mut out)?;
+                }
+                if k == 0 && self.take_debug_panic(DebugPanic::Compute) {
+                    panic!("debug panic in a step's compute (llmrt test hook)");
+                }
+                Ok(())
+            })?;
+            let mut from = out.chunks_exact(width.max(1));
+            for (s, &(i, _, _)) in seqs.iter().zip(&parts) {
+                let (at, n) = match s.want {
+                    Want::Nothing => continue,
+                    Want::Last => (row0[i], 1),
+                    Want::All => (row0[i] + k * chunk, s.tokens.len()),
+                };
+                for row in buf[at * width..(at + n) * width].chunks_exact_mut(width) {
+                    row.copy_from_slice(from.next().expect("one row per wanted token"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The position after a step appending `t` to cache `c` (its length is the step's start).
+fn kv_end(kv: &KvManager, c: u64, t: &[u32]) -> usize {
+    kv.get(c).map_or(0, |s| s.len as usize) + t.len()
+}
+
+/// Commits a successful step: each cache's new tokens, then (windowed caches) the
+/// blocks that fell out of the window are freed.
+fn commit_all(kv: &mut KvManager, caches: &[u64], tokens: &[&[u32]]) {
+    for (&c, t) in caches.iter().zip(tokens) {
+        kv.commit(c, t);
+        kv.free_out_of_window(c);
     }
 }
 

@@ -139,6 +139,16 @@ pub struct llmrt_model_options {
     pub progress: llmrt_progress_fn,
     /// Passed to `progress`.
     pub progress_user_data: *mut c_void,
+    /// 1: on a model whose every layer has a sliding window (Mistral 7B v0.1's 4096),
+    /// each cache keeps only the blocks of the last window positions and books only
+    /// those against the KV pool (about 2 windows plus a chunk of 64 or the window, however
+    /// long its capacity), so many long caches fit where one did; a prefill longer than the
+    /// window runs in chunks of the window inside the call (same results). Truncating a
+    /// cache below the window of its new end then fails (LLMRT_INVALID_ARGUMENT), and a
+    /// saved state holds only the kept positions. 0 (default): every position is kept.
+    /// No effect on a model with a full-attention layer; `llmrt_model_info.kv_window` says
+    /// whether it took effect. A later field: a caller with an older, smaller struct gets 0.
+    pub kv_window_only: u32,
 }
 
 /// What a loaded model is and what the load chose. The caller sets `struct_size`
@@ -187,6 +197,10 @@ pub struct llmrt_model_info {
     pub device_free_bytes: u64,
     /// The device's memory (0 on the CPU).
     pub device_total_bytes: u64,
+    /// The positions each cache keeps when `options.kv_window_only` took effect (the
+    /// largest layer window), else 0 (every position kept). A later field (not written
+    /// for an older, smaller struct).
+    pub kv_window: u32,
 }
 
 thread_local! {
@@ -303,6 +317,7 @@ fn default_options() -> llmrt_model_options {
         kv_cache_bytes: 0,
         progress: None,
         progress_user_data: std::ptr::null_mut(),
+        kv_window_only: 0,
     }
 }
 
@@ -338,7 +353,7 @@ pub unsafe extern "C" fn llmrt_model_options_init(options: *mut llmrt_model_opti
             llmrt_model_options,
             default_options(),
             size,
-            [backend, device, threads, max_context, kv_cache_bytes, progress, progress_user_data]
+            [backend, device, threads, max_context, kv_cache_bytes, progress, progress_user_data, kv_window_only]
         );
     }
 }
@@ -355,7 +370,7 @@ unsafe fn read_options(p: *const llmrt_model_options) -> Result<llmrt_model_opti
         default_options(),
         "options",
         "llmrt_model_options_default",
-        [backend, device, threads, max_context, kv_cache_bytes, progress, progress_user_data]
+        [backend, device, threads, max_context, kv_cache_bytes, progress, progress_user_data, kv_window_only]
     )
 }
 
@@ -417,6 +432,11 @@ pub unsafe extern "C" fn llmrt_model_load(
             threads: o.threads,
             max_context: o.max_context,
             kv_cache_bytes: o.kv_cache_bytes,
+            kv_window_only: match o.kv_window_only {
+                0 => false,
+                1 => true,
+                v => return Err(Error::invalid(format!("options.kv_window_only = {v}: 0 or 1"))),
+            },
             progress: Some(&mut report),
         };
         let model = Model::load(path, opts)?;
@@ -521,6 +541,7 @@ pub unsafe extern "C" fn llmrt_model_get_info(
             scratch_bytes: i.scratch_bytes,
             device_free_bytes: i.device_free_bytes,
             device_total_bytes: i.device_total_bytes,
+            kv_window: i.kv_window,
         };
         copy_cstr(&mut info.architecture, &i.architecture);
         copy_cstr(&mut info.device_name, &i.device_name);
@@ -554,7 +575,8 @@ pub unsafe extern "C" fn llmrt_model_get_info(
             kv_pool_bytes,
             scratch_bytes,
             device_free_bytes,
-            device_total_bytes
+            device_total_bytes,
+            kv_window
         );
         Ok(())
     })

@@ -8,6 +8,18 @@
 //! written (copy-on-write), so only a partially filled tail is ever copied.
 //! Truncate returns the blocks past the new length.
 //!
+//! Windowed caches ([`KvManager::set_window`], the load option `kv_window_only` on a
+//! model whose every layer has a sliding window `W`): after each step the blocks whose
+//! positions all fell out of the window (`p <= len - W`: no later query reads them) are
+//! freed and their table entries become [`FREED`]. A cache then holds at most
+//! [`WindowKv::live_blocks`] blocks at once, and reserve books only that (or its
+//! capacity, when smaller). A step of more than [`WindowKv::chunk`] tokens runs in
+//! chunks of that size (the runtime's `step_chunked`), freeing between chunks the new
+//! blocks that fell out of the window while keeping the blocks of the step's start
+//! until it succeeds, so a failed step still changes nothing. Truncation must keep the
+//! window of the new end: `truncate` to `p` needs positions `p + 1 - W ..` held (or
+//! `p = 0`).
+//!
 //! Why physical allocation can never fail: every cache's table holds at most its
 //! reserved number of blocks, and distinct physical blocks in use are at most the
 //! sum of table lengths, hence at most the sum of reservations, which the budget
@@ -30,6 +42,43 @@ pub const BLOCK_POSITIONS: usize = 16;
 /// Index of a physical block in a backend's storage.
 pub type BlockId = u32;
 
+/// A block-table entry whose block was freed: its positions fell out of every layer's
+/// sliding window. Never a valid block (backends treat it as out of the pool; attention
+/// reads only the window's blocks).
+pub const FREED: BlockId = BlockId::MAX;
+
+/// Tokens per chunk of a windowed step at least (see [`WindowKv::chunk`]).
+const MIN_CHUNK: u32 = 64;
+
+/// The sliding-window bookkeeping of a model whose every layer has a window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowKv {
+    /// `W`, the largest layer window: a query at `p` reads keys `p + 1 - W ..= p`.
+    pub window: u32,
+    /// The most tokens of one cache a backend step takes: `max(W, 64)`.
+    pub chunk: u32,
+}
+
+impl WindowKv {
+    /// The bookkeeping of window `window` (at least 1).
+    pub fn new(window: u32) -> WindowKv {
+        let window = window.max(1);
+        WindowKv { window, chunk: window.max(MIN_CHUNK) }
+    }
+
+    /// The most blocks a cache holds at once: those of the window before a step (kept
+    /// until it succeeds) plus those of a chunk and its window.
+    pub fn live_blocks(&self) -> usize {
+        let w = self.window as usize - 1;
+        w.div_ceil(BLOCK_POSITIONS) + (w + self.chunk as usize).div_ceil(BLOCK_POSITIONS) + 2
+    }
+
+    /// The first position a cache of `len` positions must still hold.
+    pub fn horizon(&self, len: u32) -> u32 {
+        (len + 1).saturating_sub(self.window)
+    }
+}
+
 /// Cache ids are unique across every model in the process, so an id from
 /// another model is reported as unknown rather than silently aliased.
 static NEXT_CACHE_ID: AtomicU64 = AtomicU64::new(1);
@@ -45,7 +94,17 @@ pub struct CacheState {
     pub blocks: Vec<BlockId>,
     /// The token at each position (`len` of them): repetition penalties, diagnostics.
     pub tokens: Vec<u32>,
+    /// The first position still held (a multiple of [`BLOCK_POSITIONS`]): the entries of
+    /// `blocks` before `live_from / BLOCK_POSITIONS` are [`FREED`]. 0 unless windowed.
+    pub live_from: u32,
     reserved_blocks: usize,
+}
+
+impl CacheState {
+    /// The block table from `live_from` on (the positions `live_from..`).
+    pub fn live_blocks(&self) -> &[BlockId] {
+        &self.blocks[(self.live_from as usize / BLOCK_POSITIONS).min(self.blocks.len())..]
+    }
 }
 
 /// A copy the backend must perform before a step writes into `dst`.
@@ -64,6 +123,7 @@ pub struct KvManager {
     refcount: Vec<u32>,
     free: Vec<BlockId>,
     caches: HashMap<u64, CacheState>,
+    window: Option<WindowKv>,
 }
 
 fn blocks_for(positions: u32) -> usize {
@@ -81,7 +141,25 @@ impl KvManager {
             refcount: Vec::new(),
             free: Vec::new(),
             caches: HashMap::new(),
+            window: None,
         }
+    }
+
+    /// Makes every cache of this pool windowed (see the module comment). Call before
+    /// the first reserve.
+    pub fn set_window(&mut self, w: WindowKv) {
+        self.window = Some(w);
+    }
+
+    /// The window bookkeeping, when the caches are windowed.
+    pub fn window(&self) -> Option<WindowKv> {
+        self.window
+    }
+
+    /// Blocks booked for a cache of `capacity` positions.
+    fn booking(&self, capacity: u32) -> usize {
+        let all = blocks_for(capacity);
+        self.window.map_or(all, |w| all.min(w.live_blocks()))
     }
 
     /// Blocks in the pool.
@@ -116,12 +194,19 @@ impl KvManager {
                 "cannot reserve {positions} positions: the context length is {context}"
             )));
         }
-        let need = blocks_for(positions);
+        let need = self.booking(positions);
         self.book(need, positions)?;
         let id = NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed);
         self.caches.insert(
             id,
-            CacheState { capacity: positions, len: 0, blocks: Vec::new(), tokens: Vec::new(), reserved_blocks: need },
+            CacheState {
+                capacity: positions,
+                len: 0,
+                blocks: Vec::new(),
+                tokens: Vec::new(),
+                live_from: 0,
+                reserved_blocks: need,
+            },
         );
         Ok(id)
     }
@@ -143,10 +228,12 @@ impl KvManager {
     }
 
     /// A new cache of `capacity` positions already holding `tokens` (a loaded state):
-    /// books the capacity as [`Self::reserve`] does and hands out the blocks of
-    /// `tokens.len()` positions, unshared. The backend then writes their contents; when
-    /// it cannot, [`Self::release`] undoes this. On an error nothing changed.
-    pub fn create_filled(&mut self, capacity: u32, context: u32, tokens: Vec<u32>) -> Result<u64> {
+    /// books the capacity as [`Self::reserve`] does and hands out, unshared, the blocks
+    /// of the positions `live_from..tokens.len()` (`live_from` a multiple of
+    /// [`BLOCK_POSITIONS`]; the entries before it are [`FREED`]). The backend then writes
+    /// their contents; when it cannot, [`Self::release`] undoes this. On an error nothing
+    /// changed.
+    pub fn create_filled(&mut self, capacity: u32, context: u32, tokens: Vec<u32>, live_from: u32) -> Result<u64> {
         if capacity > context {
             return Err(Error::context_full(format!(
                 "cannot reserve {capacity} positions: the context length is {context}"
@@ -158,11 +245,20 @@ impl KvManager {
                 tokens.len()
             )));
         }
-        let need = blocks_for(capacity);
+        let need = self.booking(capacity);
         let n = blocks_for(tokens.len() as u32);
+        let first = (live_from as usize / BLOCK_POSITIONS).min(n);
+        if live_from as usize % BLOCK_POSITIONS != 0 || n - first > need {
+            return Err(Error::internal(format!(
+                "a loaded cache holding positions {live_from}..{} ({} blocks) in a booking of {need} blocks",
+                tokens.len(),
+                n - first
+            )));
+        }
         let mut blocks = crate::util::try_with_capacity(n, "the loaded cache's block table")?;
         self.book(need, capacity)?;
-        for _ in 0..n {
+        blocks.resize(first, FREED);
+        for _ in first..n {
             match self.alloc() {
                 Ok(b) => blocks.push(b),
                 Err(e) => {
@@ -176,7 +272,8 @@ impl KvManager {
         }
         let id = NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed);
         let len = tokens.len() as u32;
-        self.caches.insert(id, CacheState { capacity, len, blocks, tokens, reserved_blocks: need });
+        let live_from = (first * BLOCK_POSITIONS) as u32;
+        self.caches.insert(id, CacheState { capacity, len, blocks, tokens, live_from, reserved_blocks: need });
         Ok(id)
     }
 
@@ -194,7 +291,7 @@ impl KvManager {
     pub fn fork(&mut self, source: u64) -> Result<u64> {
         let src = self.get(source)?.clone();
         self.book(src.reserved_blocks, src.capacity)?;
-        for &b in &src.blocks {
+        for &b in src.blocks.iter().filter(|&&b| b != FREED) {
             self.refcount[b as usize] += 1;
         }
         let id = NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed);
@@ -205,13 +302,16 @@ impl KvManager {
                 len: src.len,
                 blocks: src.blocks,
                 tokens: src.tokens,
+                live_from: src.live_from,
                 reserved_blocks: src.reserved_blocks,
             },
         );
         Ok(id)
     }
 
-    /// Keeps the first `positions` positions of cache `id`.
+    /// Keeps the first `positions` positions of cache `id`. A windowed cache must still
+    /// hold the window of the new end (or be emptied): else `LLMRT_INVALID_ARGUMENT`
+    /// naming the positions it lacks, and nothing changes.
     pub fn truncate(&mut self, id: u64, positions: u32) -> Result<()> {
         let state = self.caches.get(&id).ok_or_else(|| unknown(id))?;
         if positions > state.len {
@@ -220,11 +320,26 @@ impl KvManager {
                 state.len
             )));
         }
+        if let Some(w) = self.window {
+            if positions > 0 && w.horizon(positions) < state.live_from {
+                return Err(Error::invalid(format!(
+                    "cannot truncate cache {id} to {positions} positions: its positions 0..{} fell out of the \
+                     sliding window of {} and were freed (the model was loaded with kv_window_only); truncate \
+                     to 0 or to at least {} positions",
+                    state.live_from,
+                    w.window,
+                    (state.live_from + w.window).saturating_sub(1).min(state.len)
+                )));
+            }
+        }
         let keep = blocks_for(positions);
         let state = self.caches.get_mut(&id).expect("checked above");
         let dropped: Vec<BlockId> = state.blocks.drain(keep..).collect();
         state.len = positions;
         state.tokens.truncate(positions as usize);
+        if positions == 0 {
+            state.live_from = 0;
+        }
         for b in dropped {
             self.unref(b);
         }
@@ -249,10 +364,25 @@ impl KvManager {
     /// the backend must do before writing. Call [`Self::check_append`] first for
     /// every cache of a step, so that a step that fails changes nothing visible.
     pub fn prepare_append(&mut self, id: u64, n: usize) -> Result<Vec<BlockCopy>> {
-        self.check_append(id, n)?;
+        let len = self.get(id)?.len as usize;
+        self.prepare_range(id, len, n)
+    }
+
+    /// [`Self::prepare_append`] for positions `start .. start + n`, `start` at or past the
+    /// cache's length with the positions before it prepared (the chunks of one step).
+    pub fn prepare_range(&mut self, id: u64, start: usize, n: usize) -> Result<Vec<BlockCopy>> {
+        let s = self.get(id)?;
+        if start < s.len as usize || start.div_ceil(BLOCK_POSITIONS) > s.blocks.len() {
+            return Err(Error::internal(format!(
+                "cache {id}: positions from {start} prepared with {} held and {} blocks",
+                s.len,
+                s.blocks.len()
+            )));
+        }
+        self.check_append(id, start - s.len as usize + n)?;
         let (len, mut blocks) = {
             let s = self.caches.get_mut(&id).expect("checked");
-            (s.len as usize, std::mem::take(&mut s.blocks))
+            (start, std::mem::take(&mut s.blocks))
         };
         let mut copies = Vec::new();
         let first = len / BLOCK_POSITIONS;
@@ -315,6 +445,54 @@ impl KvManager {
         }
     }
 
+    /// Frees the blocks of cache `id` out of the window of its length (windowed caches;
+    /// else nothing): after a committed step, or a loaded state.
+    pub fn free_out_of_window(&mut self, id: u64) {
+        let Some(w) = self.window else { return };
+        let Some(s) = self.caches.get_mut(&id) else { return };
+        let to = (w.horizon(s.len) as usize / BLOCK_POSITIONS).min(s.blocks.len());
+        let from = s.live_from as usize / BLOCK_POSITIONS;
+        if to <= from {
+            return;
+        }
+        let dead: Vec<BlockId> = s.blocks[from..to].iter_mut().map(|b| std::mem::replace(b, FREED)).collect();
+        s.live_from = (to * BLOCK_POSITIONS) as u32;
+        for b in dead.into_iter().filter(|&b| b != FREED) {
+            self.unref(b);
+        }
+    }
+
+    /// Between the chunks of a step of cache `id` that started at its length: frees the
+    /// step's own blocks (from the first block past the length) out of the window of
+    /// position `next`, the next chunk's start. The blocks of committed positions stay
+    /// until the step succeeds ([`Self::free_out_of_window`]).
+    pub fn free_step_blocks(&mut self, id: u64, next: usize) {
+        let Some(w) = self.window else { return };
+        let Some(s) = self.caches.get_mut(&id) else { return };
+        let from = (s.len as usize).div_ceil(BLOCK_POSITIONS);
+        let to = (w.horizon(next as u32) as usize / BLOCK_POSITIONS).min(s.blocks.len());
+        let mut dead = Vec::new();
+        for b in s.blocks.iter_mut().take(to).skip(from) {
+            if *b != FREED {
+                dead.push(std::mem::replace(b, FREED));
+            }
+        }
+        for b in dead {
+            self.unref(b);
+        }
+    }
+
+    /// Undoes a failed chunked step of cache `id`: the blocks past its committed
+    /// positions (some of them freed between chunks) leave the table.
+    pub fn abandon_step(&mut self, id: u64) {
+        let Some(s) = self.caches.get_mut(&id) else { return };
+        let keep = blocks_for(s.len).min(s.blocks.len());
+        let dropped: Vec<BlockId> = s.blocks.drain(keep..).collect();
+        for b in dropped.into_iter().filter(|&b| b != FREED) {
+            self.unref(b);
+        }
+    }
+
     /// Ids of every live cache.
     pub fn cache_ids(&self) -> Vec<u64> {
         self.caches.keys().copied().collect()
@@ -337,6 +515,9 @@ impl KvManager {
     }
 
     fn unref(&mut self, b: BlockId) {
+        if b == FREED {
+            return;
+        }
         let r = &mut self.refcount[b as usize];
         *r -= 1;
         if *r == 0 {
@@ -415,15 +596,15 @@ mod tests {
         let a = kv.reserve(16, 64).unwrap();
         kv.prepare_append(a, 16).unwrap();
         kv.commit(a, &[1; 16]);
-        let b = kv.create_filled(40, 64, vec![5; 17]).unwrap(); // 3 blocks booked, 2 held
+        let b = kv.create_filled(40, 64, vec![5; 17], 0).unwrap(); // 3 blocks booked, 2 held
         let s = kv.get(b).unwrap();
         assert_eq!((s.len, s.capacity, s.blocks.len(), s.tokens.len()), (17, 40, 2, 17));
         assert!(!s.blocks.contains(&kv.get(a).unwrap().blocks[0]));
         assert_eq!((kv.reserved_blocks(), kv.blocks_in_use()), (4, 3));
         // Past the budget, past the context, more tokens than capacity: nothing changes.
-        assert_eq!(kv.create_filled(48, 64, vec![]).unwrap_err().status, crate::Status::LLMRT_OUT_OF_MEMORY);
-        assert_eq!(kv.create_filled(65, 64, vec![]).unwrap_err().status, crate::Status::LLMRT_CONTEXT_FULL);
-        assert_eq!(kv.create_filled(1, 64, vec![1, 2]).unwrap_err().status, crate::Status::LLMRT_INVALID_ARGUMENT);
+        assert_eq!(kv.create_filled(48, 64, vec![], 0).unwrap_err().status, crate::Status::LLMRT_OUT_OF_MEMORY);
+        assert_eq!(kv.create_filled(65, 64, vec![], 0).unwrap_err().status, crate::Status::LLMRT_CONTEXT_FULL);
+        assert_eq!(kv.create_filled(1, 64, vec![1, 2], 0).unwrap_err().status, crate::Status::LLMRT_INVALID_ARGUMENT);
         assert_eq!((kv.reserved_blocks(), kv.blocks_in_use()), (4, 3));
         kv.release(b).unwrap();
         kv.release(a).unwrap();
@@ -441,5 +622,131 @@ mod tests {
         kv.truncate(a, 0).unwrap();
         assert_eq!(kv.get(a).unwrap().blocks.len(), 0);
         assert_eq!(kv.get(0).unwrap_err().status, crate::Status::LLMRT_UNKNOWN_CACHE);
+    }
+
+    /// Blocks a cache's table holds (not freed).
+    fn held(kv: &KvManager, id: u64) -> usize {
+        kv.get(id).unwrap().blocks.iter().filter(|&&b| b != FREED).count()
+    }
+
+    /// A step of `n` tokens as the runtime runs it: chunks of `chunk`, freeing the step's
+    /// own blocks between them; checks the booking bound after every chunk.
+    fn windowed_step(kv: &mut KvManager, id: u64, n: usize) {
+        let chunk = kv.window().unwrap().chunk as usize;
+        let (len, booked) = (kv.get(id).unwrap().len as usize, kv.get(id).unwrap().reserved_blocks);
+        for lo in (0..n).step_by(chunk) {
+            if lo > 0 {
+                kv.free_step_blocks(id, len + lo);
+            }
+            kv.prepare_range(id, len + lo, chunk.min(n - lo)).unwrap();
+            assert!(held(kv, id) <= booked, "{} blocks held, {booked} booked", held(kv, id));
+        }
+        kv.commit(id, &vec![1; n]);
+        kv.free_out_of_window(id);
+        assert!(held(kv, id) <= booked);
+    }
+
+    #[test]
+    fn windowed_caches_book_and_hold_only_the_window() {
+        let w = WindowKv::new(20);
+        assert_eq!((w.chunk, w.live_blocks()), (64, 2 + 6 + 2));
+        let mut kv = KvManager::new(30, 1);
+        kv.set_window(w);
+        // Three caches of 1000 positions (63 blocks each unwindowed) in 30 blocks.
+        let ids: Vec<u64> = (0..3).map(|_| kv.reserve(1000, 1000).unwrap()).collect();
+        assert_eq!(kv.reserved_blocks(), 30);
+        assert_eq!(kv.reserve(16, 1000).unwrap_err().status, crate::Status::LLMRT_OUT_OF_MEMORY);
+        // A small capacity books its own blocks only.
+        kv.release(ids[2]).unwrap();
+        let small = kv.reserve(40, 1000).unwrap();
+        assert_eq!(kv.get(small).unwrap().reserved_blocks, 3);
+        // Decode one position at a time, prefill in chunks, mixed: the window stays held.
+        let a = ids[0];
+        windowed_step(&mut kv, a, 5);
+        for _ in 0..100 {
+            windowed_step(&mut kv, a, 1);
+        }
+        windowed_step(&mut kv, a, 300);
+        windowed_step(&mut kv, ids[1], 999);
+        for &c in &ids[..2] {
+            let s = kv.get(c).unwrap();
+            let h = w.horizon(s.len) as usize;
+            assert!(s.live_from as usize <= h && h - (s.live_from as usize) < BLOCK_POSITIONS);
+            assert!(s.blocks[..s.live_from as usize / BLOCK_POSITIONS].iter().all(|&b| b == FREED));
+            assert!(s.blocks[s.live_from as usize / BLOCK_POSITIONS..].iter().all(|&b| b != FREED));
+            assert_eq!(s.tokens.len(), s.len as usize, "the whole token history stays");
+        }
+        assert_eq!(kv.get(a).unwrap().len, 405);
+        assert_eq!(kv.check_append(a, 596).unwrap_err().status, crate::Status::LLMRT_CONTEXT_FULL);
+        for c in [a, ids[1], small] {
+            kv.release(c).unwrap();
+        }
+        assert_eq!((kv.reserved_blocks(), kv.blocks_in_use()), (0, 0));
+    }
+
+    #[test]
+    fn windowed_truncate_keeps_the_window_of_the_new_end() {
+        let mut kv = KvManager::new(64, 1);
+        kv.set_window(WindowKv::new(20));
+        let a = kv.reserve(1000, 1000).unwrap();
+        windowed_step(&mut kv, a, 200);
+        // Positions 0..176 freed: the window of 200 starts at 181.
+        assert_eq!(kv.get(a).unwrap().live_from, 176);
+        let e = kv.truncate(a, 190).unwrap_err();
+        assert_eq!(e.status, crate::Status::LLMRT_INVALID_ARGUMENT);
+        assert!(e.message.contains("positions 0..176 fell out of the sliding window of 20"), "{}", e.message);
+        assert!(e.message.contains("at least 195 positions"), "{}", e.message);
+        assert_eq!(kv.get(a).unwrap().len, 200);
+        kv.truncate(a, 195).unwrap();
+        assert_eq!(kv.get(a).unwrap().len, 195);
+        windowed_step(&mut kv, a, 10);
+        // A fork shares the held blocks; both free on their own.
+        let b = kv.fork(a).unwrap();
+        windowed_step(&mut kv, b, 70);
+        windowed_step(&mut kv, a, 1);
+        assert_eq!(kv.get(a).unwrap().len, 206);
+        kv.truncate(a, 0).unwrap();
+        assert_eq!((kv.get(a).unwrap().live_from, held(&kv, a)), (0, 0));
+        kv.release(a).unwrap();
+        kv.release(b).unwrap();
+        assert_eq!(kv.blocks_in_use(), 0);
+    }
+
+    #[test]
+    fn an_abandoned_chunked_step_restores_the_table() {
+        let mut kv = KvManager::new(64, 1);
+        kv.set_window(WindowKv::new(20));
+        let a = kv.reserve(1000, 1000).unwrap();
+        windowed_step(&mut kv, a, 37);
+        let before = kv.get(a).unwrap().clone();
+        let in_use = kv.blocks_in_use();
+        // Three chunks prepared, the step's early blocks freed, then a failure.
+        for lo in [0usize, 64, 128] {
+            if lo > 0 {
+                kv.free_step_blocks(a, 37 + lo);
+            }
+            kv.prepare_range(a, 37 + lo, 64).unwrap();
+        }
+        assert!(kv.get(a).unwrap().blocks[3..8].contains(&FREED));
+        kv.abandon_step(a);
+        let after = kv.get(a).unwrap();
+        assert_eq!((after.len, &after.blocks, after.live_from), (before.len, &before.blocks, before.live_from));
+        assert_eq!(kv.blocks_in_use(), in_use);
+        // A prepared range must start at or past the length, on prepared blocks.
+        assert_eq!(kv.prepare_range(a, 36, 1).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+        assert_eq!(kv.prepare_range(a, 80, 1).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+    }
+
+    #[test]
+    fn a_windowed_loaded_cache_holds_its_window() {
+        let mut kv = KvManager::new(64, 1);
+        kv.set_window(WindowKv::new(20));
+        let a = kv.create_filled(1000, 1000, vec![3; 200], 176).unwrap();
+        let s = kv.get(a).unwrap();
+        assert_eq!((s.len, s.live_from, s.blocks.len(), held(&kv, a)), (200, 176, 13, 2));
+        assert_eq!(s.live_blocks().len(), 2);
+        // More positions than the booking: refused, nothing taken.
+        assert_eq!(kv.create_filled(1000, 1000, vec![3; 200], 0).unwrap_err().status, crate::Status::LLMRT_INTERNAL);
+        assert_eq!(kv.blocks_in_use(), 2);
     }
 }

@@ -1,7 +1,8 @@
 //! A cache's saved state: its KV and its token history as bytes, and back
 //! (`llmrt_cache_save` / `llmrt_cache_load`, `Model::cache_save` / `cache_load`).
 //!
-//! Format version 1, every integer little-endian:
+//! Format versions 1 and 2, every integer little-endian. Version 1 (a cache holding
+//! every position):
 //!
 //! | offset | size | field |
 //! |---:|---:|---|
@@ -18,6 +19,13 @@
 //! | 48 | 4 n | the token at each position (the sampler's penalty history) |
 //! | 48 + 4 n | L 2 n D e | KV: for each layer, K then V, for each position, `D` = heads x head dim values of `e` bytes |
 //! | end - 4 | 4 | CRC-32 ([`crate::util::crc32`]) of every byte before it |
+//!
+//! Version 2 is written only for a windowed cache (`crate::kv`: the load option
+//! `kv_window_only`) whose first positions were freed: the same header, then at offset
+//! 48 the first position held `f` (4 bytes, a multiple of 16, `0 < f <= n`), then the
+//! `n` tokens at 52, then the KV of the positions `f..n` only (`L 2 (n - f) D e` bytes,
+//! laid out as version 1's for `n - f` positions), then the CRC-32. It loads only into
+//! a model whose caches are windowed with a window the held positions cover.
 //!
 //! The KV section is laid out by position, not by block: a state does not depend on
 //! the block size or on which physical blocks the cache happened to hold, and loads
@@ -38,10 +46,14 @@ use crate::{Error, Result};
 
 /// The first 8 bytes of every state.
 pub const MAGIC: [u8; 8] = *b"LLMRTKV\0";
-/// The format version this library writes and reads.
+/// The format version of a state holding every position.
 pub const VERSION: u32 = 1;
-/// Bytes before the tokens.
+/// The format version of a windowed cache's state without its first positions.
+pub const VERSION_WINDOW: u32 = 2;
+/// Bytes before the tokens (version 1; version 2 has 4 more: [`OFF_FIRST`]).
 pub const HEADER_BYTES: usize = 48;
+/// Version 2: the first position held.
+const OFF_FIRST: usize = 48;
 /// The trailing checksum.
 pub const CHECKSUM_BYTES: usize = 4;
 
@@ -122,14 +134,27 @@ impl Geometry {
             .checked_mul(self.dtype.bytes())
     }
 
-    /// Bytes of a whole state of `len` positions (None past `usize`).
-    pub fn state_bytes(&self, len: u32) -> Option<usize> {
-        (len as usize).checked_mul(4)?.checked_add(HEADER_BYTES + CHECKSUM_BYTES)?.checked_add(self.kv_bytes(len)?)
+    /// Bytes of a whole state of `len` positions holding those from `first` on (None
+    /// past `usize`).
+    pub fn state_bytes(&self, len: u32, first: u32) -> Option<usize> {
+        (len as usize)
+            .checked_mul(4)?
+            .checked_add(header_bytes(first) + CHECKSUM_BYTES)?
+            .checked_add(self.kv_bytes(len.checked_sub(first)?)?)
     }
 
-    /// Where the KV section of a state of `len` positions starts.
-    pub fn kv_offset(len: u32) -> usize {
-        HEADER_BYTES + 4 * len as usize
+    /// Where the KV section of a state of `len` positions from `first` on starts.
+    pub fn kv_offset(len: u32, first: u32) -> usize {
+        header_bytes(first) + 4 * len as usize
+    }
+}
+
+/// Bytes before the tokens of a state holding the positions from `first` on.
+fn header_bytes(first: u32) -> usize {
+    if first == 0 {
+        HEADER_BYTES
+    } else {
+        HEADER_BYTES + 4
     }
 }
 
@@ -160,12 +185,13 @@ pub fn check_section(
     Ok(())
 }
 
-/// Writes the header and the tokens of a state into the start of `out` (at least
-/// `HEADER_BYTES + 4 * tokens.len()` bytes); the KV section follows, then [`seal`].
-pub fn write_header(g: &Geometry, capacity: u32, tokens: &[u32], out: &mut [u8]) {
+/// Writes the header and the tokens of a state holding the positions from `first` on
+/// (version 1 when 0, else 2) into the start of `out` (at least
+/// `Geometry::kv_offset(tokens.len(), first)` bytes); the KV section follows, then [`seal`].
+pub fn write_header(g: &Geometry, capacity: u32, tokens: &[u32], first: u32, out: &mut [u8]) {
     out[..8].copy_from_slice(&MAGIC);
     let put = |out: &mut [u8], off: usize, v: u32| out[off..off + 4].copy_from_slice(&v.to_le_bytes());
-    put(out, OFF_VERSION, VERSION);
+    put(out, OFF_VERSION, if first == 0 { VERSION } else { VERSION_WINDOW });
     put(out, OFF_DTYPE, g.dtype.code());
     out[OFF_FINGERPRINT..OFF_FINGERPRINT + 8].copy_from_slice(&g.fingerprint.to_le_bytes());
     put(out, OFF_LAYERS, g.n_layers);
@@ -174,7 +200,11 @@ pub fn write_header(g: &Geometry, capacity: u32, tokens: &[u32], out: &mut [u8])
     put(out, OFF_VOCAB, g.vocab_size);
     put(out, OFF_CAPACITY, capacity);
     put(out, OFF_LENGTH, tokens.len() as u32);
-    for (d, t) in out[HEADER_BYTES..HEADER_BYTES + 4 * tokens.len()].chunks_exact_mut(4).zip(tokens) {
+    if first > 0 {
+        put(out, OFF_FIRST, first);
+    }
+    let at = header_bytes(first);
+    for (d, t) in out[at..at + 4 * tokens.len()].chunks_exact_mut(4).zip(tokens) {
         d.copy_from_slice(&t.to_le_bytes());
     }
 }
@@ -193,7 +223,9 @@ pub struct Parsed<'a> {
     pub capacity: u32,
     /// The token at each position, each below the vocabulary size.
     pub tokens: Vec<u32>,
-    /// The KV section (`Geometry::kv_bytes(len)` bytes).
+    /// The first position the KV section holds (0, or a version 2 state's).
+    pub first: u32,
+    /// The KV section (`Geometry::kv_bytes(len - first)` bytes).
     pub kv: &'a [u8],
 }
 
@@ -218,9 +250,10 @@ pub fn parse<'a>(g: &Geometry, data: &'a [u8]) -> Result<Parsed<'a>> {
         return bad(format!("offset 0: magic {:02x?} is not \"LLMRTKV\\0\": not an llmrt cache state", &data[..8]));
     }
     let version = u32_at(data, OFF_VERSION);
-    if version != VERSION {
+    if version != VERSION && version != VERSION_WINDOW {
         return bad(format!(
-            "offset {OFF_VERSION}: format version {version}; this library reads version {VERSION} only"
+            "offset {OFF_VERSION}: format version {version}; this library reads versions {VERSION} and \
+             {VERSION_WINDOW} only"
         ));
     }
     let code = u32_at(data, OFF_DTYPE);
@@ -260,13 +293,34 @@ pub fn parse<'a>(g: &Geometry, data: &'a [u8]) -> Result<Parsed<'a>> {
     if capacity < len {
         return bad(format!("offset {OFF_CAPACITY}: capacity {capacity} is below the length {len} (offset 44)"));
     }
-    let need = g.state_bytes(len);
+    let first = if version == VERSION_WINDOW {
+        if data.len() < fixed + 4 {
+            return bad(format!(
+                "{} bytes, shorter than the {} bytes of a version {VERSION_WINDOW} state's header and checksum",
+                data.len(),
+                fixed + 4
+            ));
+        }
+        let f = u32_at(data, OFF_FIRST);
+        if f == 0 || f > len || f as usize % crate::kv::BLOCK_POSITIONS != 0 {
+            return bad(format!(
+                "offset {OFF_FIRST}: first position held {f} is not a multiple of {} in 1..={len}",
+                crate::kv::BLOCK_POSITIONS
+            ));
+        }
+        f
+    } else {
+        0
+    };
+    let need = g.state_bytes(len, first);
     if need != Some(data.len()) {
         let need = need.map_or_else(|| "more than the address space".to_string(), |n| format!("{n} bytes"));
         return bad(format!(
-            "offset {OFF_LENGTH}: length {len} positions needs {need} ({HEADER_BYTES} header + 4 per token + \
-             {} per position of KV + {CHECKSUM_BYTES} checksum); the state has {} bytes (truncated or corrupt)",
+            "offset {OFF_LENGTH}: length {len} positions needs {need} ({} header + 4 per token + {} per position \
+             of KV{} + {CHECKSUM_BYTES} checksum); the state has {} bytes (truncated or corrupt)",
+            header_bytes(first),
             g.kv_bytes(1).unwrap_or(0),
+            if first > 0 { format!(" from position {first}") } else { String::new() },
             data.len()
         ));
     }
@@ -279,21 +333,21 @@ pub fn parse<'a>(g: &Geometry, data: &'a [u8]) -> Result<Parsed<'a>> {
              state is corrupt"
         ));
     }
-    let kv_at = Geometry::kv_offset(len);
+    let (tok_at, kv_at) = (header_bytes(first), Geometry::kv_offset(len, first));
     // len * 4 <= data.len(): the allocation is bounded by the caller's buffer.
     let mut tokens = try_with_capacity(len as usize, "the state's token history")?;
-    for (i, c) in data[HEADER_BYTES..kv_at].chunks_exact(4).enumerate() {
+    for (i, c) in data[tok_at..kv_at].chunks_exact(4).enumerate() {
         let t = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         if t >= g.vocab_size {
             return bad(format!(
                 "offset {}: token {t} at position {i} is outside the vocabulary (size {})",
-                HEADER_BYTES + 4 * i,
+                tok_at + 4 * i,
                 g.vocab_size
             ));
         }
         tokens.push(t);
     }
-    Ok(Parsed { capacity, tokens, kv: &data[kv_at..body] })
+    Ok(Parsed { capacity, tokens, first, kv: &data[kv_at..body] })
 }
 
 /// Bytes of a matrix the fingerprint reads: all of it up to 3 windows, else windows at
@@ -409,10 +463,14 @@ mod tests {
     }
 
     fn state(g: &Geometry, capacity: u32, tokens: &[u32]) -> Vec<u8> {
-        let n = g.state_bytes(tokens.len() as u32).unwrap();
+        state_from(g, capacity, tokens, 0)
+    }
+
+    fn state_from(g: &Geometry, capacity: u32, tokens: &[u32], first: u32) -> Vec<u8> {
+        let n = g.state_bytes(tokens.len() as u32, first).unwrap();
         let mut s = vec![0u8; n];
-        write_header(g, capacity, tokens, &mut s);
-        let kv = Geometry::kv_offset(tokens.len() as u32);
+        write_header(g, capacity, tokens, first, &mut s);
+        let kv = Geometry::kv_offset(tokens.len() as u32, first);
         for (i, b) in s[kv..n - 4].iter_mut().enumerate() {
             *b = i as u8;
         }
@@ -431,6 +489,32 @@ mod tests {
         assert_eq!(p.kv[5], 5);
         let empty = state(&g, 0, &[]);
         assert!(parse(&g, &empty).unwrap().tokens.is_empty());
+        // Version 2: positions 16..20 held of 20.
+        let toks: Vec<u32> = (0..20).map(|i| i % 10).collect();
+        let s = state_from(&g, 40, &toks, 16);
+        assert_eq!(u32_at(&s, 8), 2);
+        assert_eq!(s.len(), 52 + 80 + 2 * 2 * 4 * 2 * 4 + 4);
+        let p = parse(&g, &s).unwrap();
+        assert_eq!((p.capacity, p.first, p.tokens.as_slice(), p.kv.len()), (40, 16, &toks[..], 128));
+    }
+
+    #[test]
+    fn a_version_2_first_position_is_checked() {
+        let g = geo();
+        let toks: Vec<u32> = (0..20).map(|i| i % 10).collect();
+        let s = state_from(&g, 40, &toks, 16);
+        for f in [0u32, 8, 32] {
+            let mut t = s.clone();
+            t[48..52].copy_from_slice(&f.to_le_bytes());
+            seal(&mut t);
+            let e = parse(&g, &t).unwrap_err();
+            assert!(e.message.contains(&format!("offset 48: first position held {f} is not")), "{}", e.message);
+        }
+        // A version 1 state relabelled 2: its sizes no longer add up.
+        let mut t = state(&g, 40, &toks);
+        t[8..12].copy_from_slice(&2u32.to_le_bytes());
+        seal(&mut t);
+        assert_eq!(parse(&g, &t).unwrap_err().status, crate::Status::LLMRT_INVALID_ARGUMENT);
     }
 
     #[test]
@@ -445,7 +529,7 @@ mod tests {
             t
         };
         for (bytes, want) in [
-            (with(8, 2), "offset 8: format version 2"),
+            (with(8, 3), "offset 8: format version 3"),
             (with(12, 2), "offset 12: the state holds f16"),
             (with(12, 7), "offset 12: KV element type 7"),
             (with(24, 3), "offset 24: layers 3"),

@@ -662,7 +662,9 @@ impl Plan {
                 )));
             }
             for (j, &b) in s.blocks[..need].iter().enumerate() {
-                if b as usize >= n_blocks {
+                // A freed entry (out of every layer's window) stays u32::MAX: the kernels
+                // read only the window's blocks and give a NaN row for one outside the pool.
+                if b != crate::kv::FREED && b as usize >= n_blocks {
                     return Err(Error::internal(format!("KV block {b} outside the pool of {n_blocks} blocks")));
                 }
                 p.block_tables[si * max_blocks + j] = b;
