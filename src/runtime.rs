@@ -1258,7 +1258,7 @@ impl Model {
                 } else {
                     backend.step(&seqs, &mut out)?;
                 }
-                if k == 0 && self.take_debug_panic(DebugPanic::Compute) {
+                if k + 1 == n_chunks && self.take_debug_panic(DebugPanic::Compute) {
                     panic!("debug panic in a step's compute (llmrt test hook)");
                 }
                 Ok(())

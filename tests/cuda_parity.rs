@@ -465,6 +465,68 @@ fn sliding_window_and_gemma_hf_match_cpu() {
     }
 }
 
+/// `kv_window_only` on CUDA (mistral with window 8, a context of 2048): a 150-token
+/// prefill runs in chunks with freed blocks (u32::MAX entries the kernels must never
+/// read: one would give a NaN row) and matches the CPU keeping every position; the
+/// decodes after it, and those of a saved (version 2) and reloaded cache, too.
+#[test]
+fn windowed_kv_cache_matches_cpu() {
+    if devices().is_none() {
+        return;
+    }
+    use llmrt::format::gguf::{Gguf, Value};
+    use llmrt::format::gguf_write::GgufWriter;
+    let f = fixtures_present().into_iter().find(|f| f.name == "mistral").unwrap();
+    let g = Gguf::open(&f.gguf("f32")).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        if k != "general.alignment" && k != "llama.context_length" {
+            w.kv(&k, v);
+        }
+    }
+    w.kv("llama.attention.sliding_window", Value::U32(8));
+    w.kv("llama.context_length", Value::U32(2048));
+    for t in &g.tensors {
+        w.tensor_raw(&t.name, &t.ne, t.ggml_type, g.tensor_data(t).to_vec());
+    }
+    let dir = std::env::temp_dir().join(format!("llmrt-cuda-kvwin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("mistral.window8.f32.gguf");
+    w.write(&path).unwrap();
+    let load = |backend, kv_window_only| {
+        let o = llmrt::LoadOptions { backend, kv_cache_bytes: KV_BYTES, kv_window_only, ..Default::default() };
+        llmrt::Model::load(&path, o).unwrap()
+    };
+    let (c, gm) = (load(llmrt::BackendKind::Cpu, false), load(llmrt::BackendKind::Cuda, true));
+    assert_eq!(gm.info().kv_window, 8);
+    let v = c.info().vocab_size as usize;
+    let toks: Vec<u32> = (0..150u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % v as u32).collect();
+    let (cc, gc) = (c.cache_reserve(0).unwrap(), gm.cache_reserve(0).unwrap());
+    let rows = |m: &llmrt::Model, cache, t: &[u32]| {
+        let mut out = vec![0f32; t.len() * v];
+        m.prefill(cache, t, Some(&mut out), true).unwrap();
+        out
+    };
+    let step = |m: &llmrt::Model, cache, t: u32| {
+        let mut out = vec![0f32; v];
+        m.decode(&[cache], &[t], Some(&mut out)).unwrap();
+        out
+    };
+    let mut worst = Worst::new("mistral window 8, kv_window_only".into());
+    worst.rows(&rows(&gm, gc, &toks), &rows(&c, cc, &toks), v, "chunked prefill", bound("f32"));
+    assert!(gm.kv_usage().1 <= gm.kv_usage().0, "blocks held past the booking");
+    let saved = gm.cache_save(gc).unwrap();
+    assert_eq!(u32::from_le_bytes(saved[8..12].try_into().unwrap()), 2);
+    let back = gm.cache_load(&saved, 0).unwrap();
+    for t in 0..4u32 {
+        let want = step(&c, cc, t);
+        worst.rows(&step(&gm, gc, t), &want, v, &format!("decode {t}"), bound("f32"));
+        worst.rows(&step(&gm, back, t), &want, v, &format!("reloaded decode {t}"), bound("f32"));
+    }
+    worst.print();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `llmrt_embed` on CUDA against the CPU: every token's row (a prefill), the mean and
 /// the last row, and a one-token sequence (the decode path, graphed where graphs are on).
 #[test]

@@ -45,14 +45,21 @@ fn window_check(f: &Fixture) -> (usize, Vec<f32>, Vec<f32>) {
 
 /// A copy of `src` with `key` = `value` added to its metadata.
 fn with_key(src: &Path, dst: &Path, key: &str, value: Value) {
+    with_keys(src, dst, vec![(key, value)])
+}
+
+/// A copy of `src` with each `(key, value)` set in its metadata (added or replaced).
+fn with_keys(src: &Path, dst: &Path, keys: Vec<(&str, Value)>) {
     let g = Gguf::open(src).unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in g.metadata() {
-        if k != "general.alignment" {
+        if k != "general.alignment" && keys.iter().all(|(key, _)| *key != k) {
             w.kv(&k, v);
         }
     }
-    w.kv(key, value);
+    for (key, value) in keys {
+        w.kv(key, value);
+    }
     for t in &g.tensors {
         w.tensor_raw(&t.name, &t.ne, t.ggml_type, g.tensor_data(t).to_vec());
     }
@@ -158,5 +165,202 @@ fn gemma2_gguf_window_pattern_key() {
     };
     assert_eq!(st, llmrt::Status::LLMRT_BAD_MODEL, "{msg}");
     assert!(msg.contains(key) && msg.contains("2 entries for 3 layers"), "{msg}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The mistral fixture's F32 GGUF with `llama.attention.sliding_window` `w` and a
+/// context of 2048 (the fixture's is 256), in `d`.
+fn windowed_gguf(f: &Fixture, w: usize, d: &Path) -> PathBuf {
+    let p = d.join("mistral.window.f32.gguf");
+    let keys =
+        vec![("llama.attention.sliding_window", Value::U32(w as u32)), ("llama.context_length", Value::U32(2048))];
+    with_keys(&f.gguf("f32"), &p, keys);
+    p
+}
+
+fn load_rs(p: &Path, window_only: bool) -> llmrt::Model {
+    let opts = llmrt::LoadOptions {
+        backend: llmrt::BackendKind::Cpu,
+        threads: 2,
+        kv_cache_bytes: 8 << 20,
+        kv_window_only: window_only,
+        ..Default::default()
+    };
+    llmrt::Model::load(p, opts).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn prefill_rows(m: &llmrt::Model, c: u64, toks: &[u32], all: bool) -> Vec<f32> {
+    let v = m.info().vocab_size as usize;
+    let mut out = vec![0f32; if all { toks.len() } else { 1 } * v];
+    m.prefill(c, toks, Some(&mut out), all).unwrap_or_else(|e| panic!("prefill of {}: {e}", toks.len()));
+    out
+}
+
+fn decode_row(m: &llmrt::Model, c: u64, t: u32) -> Vec<f32> {
+    let mut out = vec![0f32; m.info().vocab_size as usize];
+    m.decode(&[c], &[t], Some(&mut out)).unwrap_or_else(|e| panic!("decode: {e}"));
+    out
+}
+
+/// `n` ids spread over the vocabulary (deterministic).
+fn ids(vocab: u32, n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(salt.wrapping_mul(40_503)) >> 7) % vocab)
+        .collect()
+}
+
+/// `kv_window_only` on mistral with window 8: the same logits as transformers' windowed
+/// model (and bit for bit those of the same model keeping every position), token by
+/// token and in one prefill, while each cache books and holds only the window's blocks.
+#[test]
+fn windowed_kv_matches_transformers_and_holds_only_the_window() {
+    let f = fixture("mistral");
+    let (w, full, _) = window_check(&f);
+    let d = scratch("kvwin");
+    let p = windowed_gguf(&f, w, &d);
+    let (keep, win) = (load_rs(&p, false), load_rs(&p, true));
+    assert_eq!((keep.info().kv_window, win.info().kv_window), (0, w as u32));
+    let a = win.cache_reserve(0).unwrap();
+    let ctx = win.info().context_length as usize;
+    let live = llmrt::kv::WindowKv::new(w as u32).live_blocks();
+    assert!(ctx.div_ceil(16) > live, "the context ({ctx}) must be longer than the booking for this test");
+    assert_eq!(win.kv_usage().0, live, "books the window's blocks, not the context's");
+    let got = prefill_rows(&win, a, &f.tokens, true);
+    let e = worst_row(&got, &full, f.vocab);
+    assert!(e < 1e-4, "windowed prefill vs transformers: {e:.3e}");
+    let k = keep.cache_reserve(0).unwrap();
+    assert_eq!(bits(&got), bits(&prefill_rows(&keep, k, &f.tokens, true)));
+    // Token by token: blocks out of the window are freed after each step.
+    let b = win.cache_reserve(0).unwrap();
+    let mut steps = prefill_rows(&win, b, &f.tokens[..3], true);
+    for &t in &f.tokens[3..] {
+        steps.extend(decode_row(&win, b, t));
+        assert!(win.kv_usage().1 <= 2 * live);
+    }
+    assert_eq!(bits(&steps), bits(&got), "decode past the window equals the prefill");
+    // 24 positions, window 8: position 16.. held; truncating below the window is refused.
+    let e = win.cache_truncate(b, 20).unwrap_err();
+    assert_eq!(e.status, llmrt::Status::LLMRT_INVALID_ARGUMENT);
+    assert!(e.message.contains("fell out of the sliding window of 8"), "{}", e.message);
+    assert_eq!(win.cache_length(b).unwrap(), 24);
+    keep.cache_truncate(k, 23).unwrap();
+    win.cache_truncate(b, 23).unwrap();
+    assert_eq!(bits(&decode_row(&win, b, 5)), bits(&decode_row(&keep, k, 5)));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A prefill longer than the chunk (and the window) runs in chunks: every row, the
+/// last row, greedy ids, embeddings and the decodes after it are bit for bit those of
+/// the model keeping every position; a saved state holds only the window (version 2)
+/// and continues exactly; states move between the two modes where they can.
+#[test]
+fn a_long_windowed_prefill_runs_in_chunks_with_the_same_bits() {
+    let f = fixture("mistral");
+    let d = scratch("kvchunk");
+    let p = windowed_gguf(&f, 8, &d);
+    let (keep, win) = (load_rs(&p, false), load_rs(&p, true));
+    let vocab = win.info().vocab_size;
+    let toks = ids(vocab, 300, 1);
+    assert!(toks.len() > 2 * llmrt::kv::WindowKv::new(8).chunk as usize);
+    let (k, a) = (keep.cache_reserve(0).unwrap(), win.cache_reserve(0).unwrap());
+    let booked = win.kv_usage().0;
+    // A step that fails in its last chunk (after the step's early blocks were freed)
+    // changes nothing: the cache is empty again and holds no block.
+    let before = win.kv_usage();
+    win.debug_panic_next_step(llmrt::runtime::DebugPanic::Compute);
+    let mut out = vec![0f32; toks.len() * vocab as usize];
+    let e = win.prefill(a, &toks, Some(&mut out), true).unwrap_err();
+    assert_eq!(e.status, llmrt::Status::LLMRT_INTERNAL, "{e}");
+    assert_eq!((win.cache_length(a).unwrap(), win.kv_usage()), (0, before));
+    let want = prefill_rows(&keep, k, &toks, true);
+    assert_eq!(bits(&prefill_rows(&win, a, &toks, true)), bits(&want), "every row");
+    assert!(win.kv_usage().1 <= booked, "blocks held {} > booked {booked}", win.kv_usage().1);
+    let (k2, a2) = (keep.cache_reserve(0).unwrap(), win.cache_reserve(0).unwrap());
+    let last = prefill_rows(&win, a2, &toks[..200], false);
+    assert_eq!(bits(&last), bits(&prefill_rows(&keep, k2, &toks[..200], false)), "the last row");
+    assert_eq!(bits(&last), bits(&want[199 * vocab as usize..200 * vocab as usize]));
+    let (mut gk, mut gw) = (vec![0u32], vec![0u32]);
+    keep.decode_greedy(&[k2], &toks[200..201], &mut gk).unwrap();
+    win.decode_greedy(&[a2], &toks[200..201], &mut gw).unwrap();
+    assert_eq!(gk, gw);
+    let pool = llmrt::Pooling::Mean;
+    assert_eq!(bits(&win.embed(&toks, pool, false).unwrap()), bits(&keep.embed(&toks, pool, false).unwrap()));
+    for t in 0..5 {
+        assert_eq!(bits(&decode_row(&win, a, t)), bits(&decode_row(&keep, k, t)), "decode {t}");
+    }
+    // Save: only the held positions (16-aligned, the window of 305 from 297 on).
+    let state = win.cache_save(a).unwrap();
+    assert_eq!(u32::from_le_bytes(state[8..12].try_into().unwrap()), 2, "format version 2");
+    assert_eq!(u32::from_le_bytes(state[48..52].try_into().unwrap()), 288);
+    let full_state = keep.cache_save(k).unwrap();
+    assert!(state.len() < full_state.len() / 10);
+    let e = keep.cache_load(&state, 0).unwrap_err();
+    assert_eq!(e.status, llmrt::Status::LLMRT_INVALID_ARGUMENT);
+    assert!(e.message.contains("holds positions 288..305 only"), "{}", e.message);
+    let (b, b2) = (win.cache_load(&state, 0).unwrap(), win.cache_load(&full_state, 0).unwrap());
+    for t in 10..14 {
+        let r = decode_row(&keep, k, t);
+        for c in [a, b, b2] {
+            assert_eq!(bits(&decode_row(&win, c, t)), bits(&r), "cache {c}, decode {t}");
+        }
+    }
+    // Many long caches in the pool of one: a capacity of the whole context each.
+    let (booked_each, total) = (win.kv_usage().0 / 4, win.kv_usage().2);
+    assert!(total / booked_each >= 8, "{total} blocks, {booked_each} per cache");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Through the C API: `llmrt_model_options.kv_window_only` = 1 takes effect on the
+/// windowed model (`llmrt_model_info.kv_window`), not on gemma2 (global layers); a value
+/// other than 0 or 1 is refused naming the field; an older, smaller options struct (the
+/// field past its size) keeps every position.
+#[test]
+fn kv_window_only_through_the_c_api() {
+    use llmrt::ffi::*;
+    use llmrt::Status;
+    let f = fixture("mistral");
+    let d = scratch("kvwin-ffi");
+    let p = windowed_gguf(&f, 8, &d);
+    let load = |path: &Path, value: u32, size: usize| -> Result<u32, (Status, String)> {
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        let mut o = std::mem::MaybeUninit::<llmrt_model_options>::zeroed();
+        // SAFETY: a zeroed local options struct, written by the default call in full.
+        unsafe { llmrt_model_options_default(o.as_mut_ptr()) };
+        // SAFETY: filled in just above.
+        let mut o = unsafe { o.assume_init() };
+        o.backend = 1;
+        o.threads = 1;
+        o.kv_cache_bytes = 1 << 20;
+        o.kv_window_only = value;
+        o.struct_size = size as u32;
+        let mut m = std::ptr::null_mut();
+        // SAFETY: c is NUL-terminated, o a filled local, m a local out-pointer.
+        let s = unsafe { llmrt_model_load(c.as_ptr(), &o, &mut m) };
+        if s != Status::LLMRT_OK {
+            return Err((s, last_error()));
+        }
+        let mut info = std::mem::MaybeUninit::<llmrt_model_info>::zeroed();
+        // SAFETY: struct_size is the first field of the zeroed local.
+        unsafe { (*info.as_mut_ptr()).struct_size = std::mem::size_of::<llmrt_model_info>() as u32 };
+        // SAFETY: m is a live model, info a local of the size given.
+        ok(unsafe { llmrt_model_get_info(m, info.as_mut_ptr()) }, "get_info");
+        // SAFETY: m was loaded above and is freed once.
+        unsafe { llmrt_model_free(m) };
+        // SAFETY: filled in by get_info.
+        Ok(unsafe { info.assume_init() }.kv_window)
+    };
+    let full = std::mem::size_of::<llmrt_model_options>();
+    let older = std::mem::offset_of!(llmrt_model_options, kv_window_only);
+    assert_eq!(load(&p, 1, full), Ok(8));
+    assert_eq!(load(&p, 0, full), Ok(0));
+    assert_eq!(load(&p, 1, older), Ok(0), "a struct without the field: the default");
+    assert_eq!(load(&fixture("gemma2").gguf("f32"), 1, full), Ok(0), "a model with global layers");
+    let (s, e) = load(&p, 2, full).unwrap_err();
+    assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
+    assert!(e.contains("options.kv_window_only = 2"), "{e}");
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -85,6 +85,10 @@ type Options struct {
 	MaxContext   uint32                 // cap on positions per cache; 0 = the model's context
 	KVCacheBytes uint64                 // KV pool budget; 0 = backend default
 	Progress     func(fraction float32) // called during Load with 0..1; may be nil
+	// KVWindowOnly: on a model whose every layer has a sliding window, each cache keeps
+	// (and books) only the window's positions; truncating below the window then fails
+	// (llmrt_model_options.kv_window_only). Info.KVWindow says whether it took effect.
+	KVWindowOnly bool
 }
 
 // Info describes a loaded model (llmrt_model_info).
@@ -107,6 +111,7 @@ type Info struct {
 	ScratchBytes       uint64 // device scratch set aside at load (0 on the CPU)
 	DeviceFreeBytes    uint64 // device memory free after the load (0 on the CPU)
 	DeviceTotalBytes   uint64 // the device's memory (0 on the CPU)
+	KVWindow           uint32 // positions a cache keeps under Options.KVWindowOnly; 0 = all
 }
 
 // NoToken is Info.BOSToken / EOSToken for a model without that token.
@@ -146,6 +151,9 @@ func Load(path string, opts *Options) (*Model, error) {
 		copts.threads = C.uint32_t(opts.Threads)
 		copts.max_context = C.uint32_t(opts.MaxContext)
 		copts.kv_cache_bytes = C.uint64_t(opts.KVCacheBytes)
+		if opts.KVWindowOnly {
+			copts.kv_window_only = 1
+		}
 		if opts.Progress != nil {
 			h := cgo.NewHandle(opts.Progress)
 			defer h.Delete()
@@ -182,6 +190,7 @@ func Load(path string, opts *Options) (*Model, error) {
 		ScratchBytes:       uint64(ci.scratch_bytes),
 		DeviceFreeBytes:    uint64(ci.device_free_bytes),
 		DeviceTotalBytes:   uint64(ci.device_total_bytes),
+		KVWindow:           uint32(ci.kv_window),
 	}
 	runtime.SetFinalizer(m, func(m *Model) { _ = m.Close() })
 	return m, nil

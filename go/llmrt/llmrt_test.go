@@ -182,3 +182,24 @@ func TestHappyPath(t *testing.T) {
 		t.Errorf("second Close: %v", err)
 	}
 }
+
+// KVWindowOnly reaches the library: on a model with full attention (llama_gqa) it takes
+// no effect (Info.KVWindow 0) and truncation stays free. The windowed case is tested in
+// tests/sliding_window.rs, on models built there.
+func TestKVWindowOnlyWithoutWindows(t *testing.T) {
+	m, err := Load(modelPath(), &Options{Backend: BackendCPU, Threads: 1, KVWindowOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if w := m.Info().KVWindow; w != 0 {
+		t.Fatalf("KVWindow %d on a model without sliding windows", w)
+	}
+	c := must(m.Reserve(64))
+	if _, err := c.Prefill([]uint32{1, 2, 3, 4, 5}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Truncate(1); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -248,7 +248,7 @@ impl KvManager {
         let need = self.booking(capacity);
         let n = blocks_for(tokens.len() as u32);
         let first = (live_from as usize / BLOCK_POSITIONS).min(n);
-        if live_from as usize % BLOCK_POSITIONS != 0 || n - first > need {
+        if !(live_from as usize).is_multiple_of(BLOCK_POSITIONS) || n - first > need {
             return Err(Error::internal(format!(
                 "a loaded cache holding positions {live_from}..{} ({} blocks) in a booking of {need} blocks",
                 tokens.len(),

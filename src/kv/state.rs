@@ -302,7 +302,7 @@ pub fn parse<'a>(g: &Geometry, data: &'a [u8]) -> Result<Parsed<'a>> {
             ));
         }
         let f = u32_at(data, OFF_FIRST);
-        if f == 0 || f > len || f as usize % crate::kv::BLOCK_POSITIONS != 0 {
+        if f == 0 || f > len || !(f as usize).is_multiple_of(crate::kv::BLOCK_POSITIONS) {
             return bad(format!(
                 "offset {OFF_FIRST}: first position held {f} is not a multiple of {} in 1..={len}",
                 crate::kv::BLOCK_POSITIONS
