@@ -141,9 +141,10 @@ pub struct llmrt_model_options {
     pub progress_user_data: *mut c_void,
     /// 1: on a model whose every layer has a sliding window (Mistral 7B v0.1's 4096),
     /// each cache keeps only the blocks of the last window positions and books only
-    /// those against the KV pool (about 2 windows plus a chunk of 64 or the window, however
-    /// long its capacity), so many long caches fit where one did; a prefill longer than the
-    /// window runs in chunks of the window inside the call (same results). Truncating a
+    /// those against the KV pool (about two windows plus 512 positions, however long its
+    /// capacity: 546 blocks for a window of 4096), so several long caches fit where one
+    /// did; a prefill longer than the chunk (the window within 64..=512 tokens) runs in
+    /// chunks inside the call (same results). Truncating a
     /// cache below the window of its new end then fails (LLMRT_INVALID_ARGUMENT), and a
     /// saved state holds only the kept positions. 0 (default): every position is kept.
     /// No effect on a model with a full-attention layer; `llmrt_model_info.kv_window` says

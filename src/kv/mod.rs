@@ -47,15 +47,17 @@ pub type BlockId = u32;
 /// reads only the window's blocks).
 pub const FREED: BlockId = BlockId::MAX;
 
-/// Tokens per chunk of a windowed step at least (see [`WindowKv::chunk`]).
+/// Tokens per chunk of a windowed step at least and at most (see [`WindowKv::chunk`]).
 const MIN_CHUNK: u32 = 64;
+const MAX_CHUNK: u32 = 512;
 
 /// The sliding-window bookkeeping of a model whose every layer has a window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WindowKv {
     /// `W`, the largest layer window: a query at `p` reads keys `p + 1 - W ..= p`.
     pub window: u32,
-    /// The most tokens of one cache a backend step takes: `max(W, 64)`.
+    /// The most tokens of one cache a backend step takes: `W` within `64 ..= 512` (a
+    /// chunk costs as many blocks as its positions; 512 tokens keep prefill matrices wide).
     pub chunk: u32,
 }
 
@@ -63,7 +65,7 @@ impl WindowKv {
     /// The bookkeeping of window `window` (at least 1).
     pub fn new(window: u32) -> WindowKv {
         let window = window.max(1);
-        WindowKv { window, chunk: window.max(MIN_CHUNK) }
+        WindowKv { window, chunk: window.clamp(MIN_CHUNK, MAX_CHUNK) }
     }
 
     /// The most blocks a cache holds at once: those of the window before a step (kept
