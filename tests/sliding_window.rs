@@ -39,7 +39,9 @@ fn window_check(f: &Fixture) -> (usize, Vec<f32>, Vec<f32>) {
     let w = j["sliding_window"].as_u64().unwrap() as usize;
     assert!(w < f.tokens.len());
     let full = read_f32(&f.dir.join(j["files"]["logits"].as_str().unwrap()));
-    let bf16 = read_f32(&f.dir.join(j["files"]["hf_bf16"].as_str().unwrap()));
+    // Over the weights rounded to hf/'s dtype (bf16, or f16 for qwen3 and the MoE fixtures).
+    let rounded = j["files"].get("hf_bf16").or_else(|| j["files"].get("hf_f16")).unwrap();
+    let bf16 = read_f32(&f.dir.join(rounded.as_str().unwrap()));
     (w, full, bf16)
 }
 
@@ -363,4 +365,55 @@ fn kv_window_only_through_the_c_api() {
     assert_eq!(s, Status::LLMRT_INVALID_ARGUMENT);
     assert!(e.contains("options.kv_window_only = 2"), "{e}");
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Qwen's HF windows (`use_sliding_window`, `sliding_window` 8, `max_window_layers` 1)
+/// against transformers 5.24 (tools/make_fixtures.py --qwen-window-check): qwen2 and qwen3
+/// window layer 1, qwen2_moe layer 0, qwen3_moe every layer (window_check.json:layer_types).
+/// Without `use_sliding_window` (the committed configs) full attention, as before.
+#[test]
+fn qwen_hf_sliding_window_matches_transformers() {
+    for name in ["qwen2", "qwen3", "qwen2moe", "qwen3moe"] {
+        let f = fixture(name);
+        let (w, full, bf16) = window_check(&f);
+        let d = scratch(&format!("hf-{name}"));
+        for e in std::fs::read_dir(f.dir.join("hf")).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
+        }
+        let cfg_path = d.join("config.json");
+        let mut c: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+        assert_eq!(c["use_sliding_window"], serde_json::Value::Bool(false), "{name}");
+        c["use_sliding_window"] = serde_json::json!(true);
+        c["sliding_window"] = serde_json::json!(w);
+        c["max_window_layers"] = serde_json::json!(1);
+        // transformers saved the layer types it computed (all full): without them the
+        // model type's rule picks the layers, as in the reference.
+        let saved = c.as_object_mut().unwrap().remove("layer_types");
+        assert!(saved.is_some() || name == "qwen3moe", "{name}");
+        std::fs::write(&cfg_path, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+        let got = logits(&d, &f.tokens);
+        let (e_bf16, e_full) = (worst_row(&got, &bf16, f.vocab), worst_row(&got, &full, f.vocab));
+        println!(
+            "{name} hf/ window {w}: vs transformers over hf/'s weights {e_bf16:.3e}, over f32 weights {e_full:.3e}"
+        );
+        assert!(e_bf16 < 1e-4, "{name}: {e_bf16:.3e}");
+        let rounding = worst_row(&bf16, &full, f.vocab);
+        assert!(e_full < rounding + 1e-4, "{name}: {e_full:.3e} vs transformers' own rounding {rounding:.3e}");
+        assert!(worst_row(&got, &f.logits, f.vocab) > 1e-2, "{name}: the window must matter");
+        // qwen3_moe windows every layer: kv_window_only takes effect, same bits.
+        let m = load_rs(&d, name == "qwen3moe");
+        assert_eq!(m.info().kv_window, if name == "qwen3moe" { w as u32 } else { 0 }, "{name}");
+        let cache = m.cache_reserve(0).unwrap();
+        assert_eq!(bits(&prefill_rows(&m, cache, &f.tokens, true)), bits(&got), "{name}");
+        // The layer types written out (as transformers saves them) give the same logits.
+        let j: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(f.dir.join("window_check.json")).unwrap()).unwrap();
+        if !j["layer_types"].is_null() {
+            c["layer_types"] = j["layer_types"].clone();
+            std::fs::write(&cfg_path, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+            assert_eq!(bits(&logits(&d, &f.tokens)), bits(&got), "{name} with layer_types");
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
 }

@@ -27,7 +27,10 @@ llama_gqa, llama_mha_tied, llama3_rope, mistral, qwen2, qwen3 -- see MODELS belo
 (3 layers) and gemma3 (6 layers), 32-token sequences against a sliding window of 8, soft caps
 small enough to matter (reference.json:checks says by how much each feature moves the logits).
 `--window-check` (re)makes only mistral/logits.window8*.f32 and window_check.json: the mistral
-model rebuilt from its seed with sliding_window 8. Mixture of experts: mixtral (8 experts, top 2,
+model rebuilt from its seed with sliding_window 8. `--qwen-window-check` (re)makes only
+qwen2/, qwen3/, qwen2moe/, qwen3moe/ logits.window8*.f32 and window_check.json: those models rebuilt
+from their seeds with use_sliding_window, sliding_window 8 and max_window_layers 1 (which layers
+that windows differs per model type; window_check.json:layer_types). Mixture of experts: mixtral (8 experts, top 2,
 arch llama in GGUF), qwen2moe (8, top 2, shared expert with a sigmoid gate, no top-k
 renormalization) and qwen3moe (32, top 8, hidden 48); their seeds must also route every expert of
 every layer at least once over the fixture's tokens with the k-th / (k+1)-th router probability
@@ -1121,6 +1124,60 @@ def window_check(out: Path, conv: Path, vers: dict, command: str):
     log(f"mistral window {WINDOW_CHECK}: {info}")
 
 
+# ----------------------------------------------------------------------------- Qwen windows
+QWEN_WINDOW = {"use_sliding_window": True, "sliding_window": WINDOW_CHECK, "max_window_layers": 1}
+
+
+def qwen_window_check(out: Path, vers: dict, command: str):
+    """<out>/{qwen2,qwen3,qwen2moe,qwen3moe}/logits.window8.f32 (+ .hf_bf16 / .hf_f16, hf/'s dtype): the fixture's model rebuilt from the seed
+    in its reference.json with QWEN_WINDOW (transformers: layers i >= max_window_layers take the
+    window when use_sliding_window); window_check.json says how much the window moves the logits
+    and which layers transformers windowed. The rest of each fixture is left as it is."""
+    import copy
+    import torch
+    # transformers 5.24's layer choice: qwen2/qwen3 window layers i >= max_window_layers,
+    # qwen2_moe the even i < max_window_layers, qwen3_moe every layer (no layer_types).
+    expect = {"qwen2": ["full_attention", "sliding_attention"], "qwen3": ["full_attention", "sliding_attention"],
+              "qwen2moe": ["sliding_attention", "full_attention"], "qwen3moe": None}
+    for name in expect:
+        spec = next(m for m in MODELS if m["name"] == name)
+        odir = out / name
+        ref = json.loads((odir / "reference.json").read_text())
+        tokens = ref["tokens"]
+        base = build_model(spec, ref["seed"]).double()
+        bl = hf_logits(base, tokens)
+        committed = np.fromfile(odir / "logits.f32", dtype="<f4").reshape(bl.shape)
+        same = rel_l2_rows(bl, committed)
+        assert same < 1e-6, f"rebuilt {name} model differs from the committed logits ({same})"
+        win = build_model(spec, ref["seed"], cfg_override=QWEN_WINDOW)
+        win.load_state_dict(base.state_dict())
+        win.double()
+        wl = hf_logits(win, tokens)
+        # Over the weights rounded to hf/'s dtype: the exact answer for that directory.
+        hf_dtype = ref["hf"]["dtype"]
+        short = {"bfloat16": "bf16", "float16": "f16"}[hf_dtype]
+        rounded = copy.deepcopy(win)
+        with torch.no_grad():
+            for p in rounded.parameters():
+                p.copy_(p.to(getattr(torch, hf_dtype)).to(torch.float64))
+        rl = hf_logits(rounded, tokens)
+        files = {"logits": f"logits.window{WINDOW_CHECK}.f32", f"hf_{short}": f"logits.window{WINDOW_CHECK}.hf_{short}.f32"}
+        wl.astype("<f4").tofile(odir / files["logits"])
+        rl.astype("<f4").tofile(odir / files[f"hf_{short}"])
+        lt = getattr(win.config, "layer_types", None)
+        info = {"config": QWEN_WINDOW, "layer_types": None if lt is None else list(lt),
+                "sliding_window": WINDOW_CHECK, "tokens": "reference.json:tokens", "n_tokens": len(tokens),
+                "files": files, "convention": "transformers: query at p attends keys k with p - W < k <= p",
+                "window_vs_full_worst_row_rel_l2": rel_l2_rows(wl, bl),
+                "window_vs_full_max_abs_logit_change": float(np.max(np.abs(wl - bl))),
+                "rebuilt_vs_committed_worst_row_rel_l2": same,
+                "seed": ref["seed"], "versions": vers, "command": command}
+        assert info["layer_types"] == expect[name], info["layer_types"]
+        assert info["window_vs_full_worst_row_rel_l2"] > 1e-2
+        (odir / "window_check.json").write_text(json.dumps(info, indent=2) + "\n")
+        log(f"{name} window {WINDOW_CHECK}: {info}")
+
+
 # ----------------------------------------------------------------------------- README
 def write_readme(out: Path, report: dict, vers: dict, command: str):
     lines = []
@@ -1246,6 +1303,8 @@ def main():
     ap.add_argument("--models", default=",".join(m["name"] for m in MODELS))
     ap.add_argument("--window-check", action="store_true",
                     help="only (re)make the mistral sliding-window check files (see window_check)")
+    ap.add_argument("--qwen-window-check", action="store_true",
+                    help="only (re)make the qwen2/qwen3 sliding-window check files (see qwen_window_check)")
     args = ap.parse_args()
     command = "python3 tools/make_fixtures.py " + " ".join(sys.argv[1:])
     wanted = args.models.split(",")
@@ -1259,6 +1318,9 @@ def main():
     log(json.dumps(vers, indent=2))
     if args.window_check:
         window_check(args.out, conv, vers, command)
+        return
+    if args.qwen_window_check:
+        qwen_window_check(args.out, vers, command)
         return
     report = {}
     for i, spec in enumerate(MODELS):

@@ -41,9 +41,9 @@
 //! Sliding windows (see `model::SlidingWindow`): Mistral's `sliding_window` on every
 //! layer; gemma's `sliding_window` (4096) on the layers `layer_types` marks
 //! `sliding_attention`, else gemma2's even layers and gemma3's
-//! `sliding_window_pattern` (6: five local layers, then a global one). Not applied:
-//! Qwen's `sliding_window` (transformers' Qwen2 windows depend on
-//! `use_sliding_window` and `max_window_layers`; full attention is used).
+//! `sliding_window_pattern` (6: five local layers, then a global one); Qwen's (qwen2,
+//! qwen3 and their MoE) only with `use_sliding_window`, on the layers transformers picks
+//! (`layer_types`, else by `max_window_layers`: see `qwen_sliding_window`).
 //! Phi-3's `sliding_window` is not applied either (llama.cpp disables it too).
 //!
 //! Mixture of experts (see `model::MoeConfig`): `mixtral` (`num_local_experts` (8),
@@ -457,8 +457,8 @@ fn local_rope(k: &Keys<'_>, local: Option<&Map<String, Value>>) -> Result<super:
 /// (null or absent: none); gemma2 / gemma3_text: `sliding_window` (4096 when absent)
 /// on the layers `layer_types` marks `sliding_attention`, or when there is no
 /// `layer_types` gemma2's even layers / gemma3's pattern (`sliding_window_pattern`,
-/// 6: every sixth layer is global), as transformers fills `layer_types`. Others
-/// (llama, qwen2, qwen3): none.
+/// 6: every sixth layer is global), as transformers fills `layer_types`; Qwen's:
+/// [`qwen_sliding_window`]. Others (llama): none.
 fn sliding_window(
     k: &Keys<'_>,
     model_type: &str,
@@ -468,6 +468,9 @@ fn sliding_window(
     use super::{SlidingWindow, SwaLayers};
     let file = k.file;
     let gemma = matches!(model_type, "gemma2" | "gemma3_text");
+    if matches!(model_type, "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe") {
+        return qwen_sliding_window(k, model_type, n_layers);
+    }
     if !(gemma || model_type == "mistral" || model_type == "mixtral") {
         return Ok(None);
     }
@@ -480,32 +483,68 @@ fn sliding_window(
         return Ok(Some(SlidingWindow { window, layers: SwaLayers::All, rope: None }));
     }
     let layers = match k.c.get("layer_types") {
-        Some(Value::Array(a)) => {
-            if a.len() != n_layers {
-                return Err(Error::bad_model(format!(
-                    "{file}: layer_types has {} entries for {n_layers} layers",
-                    a.len()
-                )));
-            }
-            let mut flags = Vec::with_capacity(a.len());
-            for (i, t) in a.iter().enumerate() {
-                flags.push(match t.as_str() {
-                    Some("sliding_attention") => true,
-                    Some("full_attention") => false,
-                    _ => {
-                        return Err(Error::unsupported(format!(
-                            "{file}: layer_types[{i}] = {t} is not supported (sliding_attention, full_attention are)"
-                        )))
-                    }
-                });
-            }
-            SwaLayers::List(flags)
-        }
+        Some(Value::Array(a)) => layer_types(a, n_layers, file)?,
         None | Some(Value::Null) if model_type == "gemma2" => SwaLayers::Pattern(2),
         None | Some(Value::Null) => SwaLayers::Pattern(k.opt_usize("sliding_window_pattern")?.unwrap_or(6)),
         Some(v) => return Err(Error::bad_model(format!("{file}: key layer_types = {v} is not a list"))),
     };
     Ok(Some(SlidingWindow { window, layers, rope }))
+}
+
+/// `layer_types` (one of `sliding_attention`, `full_attention` per layer) as flags.
+fn layer_types(a: &[Value], n_layers: usize, file: &str) -> Result<super::SwaLayers> {
+    if a.len() != n_layers {
+        return Err(Error::bad_model(format!("{file}: layer_types has {} entries for {n_layers} layers", a.len())));
+    }
+    let mut flags = Vec::with_capacity(a.len());
+    for (i, t) in a.iter().enumerate() {
+        flags.push(match t.as_str() {
+            Some("sliding_attention") => true,
+            Some("full_attention") => false,
+            _ => {
+                return Err(Error::unsupported(format!(
+                    "{file}: layer_types[{i}] = {t} is not supported (sliding_attention, full_attention are)"
+                )))
+            }
+        });
+    }
+    Ok(super::SwaLayers::List(flags))
+}
+
+/// Qwen's windows as transformers 5.24 configures them: none unless `use_sliding_window`;
+/// then `sliding_window` (4096 when absent, null: none) on the layers `layer_types` marks
+/// `sliding_attention`, else on qwen2 / qwen3 the layers `i >= max_window_layers` (28 when
+/// absent), on qwen2_moe the even layers `i < max_window_layers`; qwen3_moe windows every
+/// layer (its attention reads `sliding_window` alone).
+fn qwen_sliding_window(k: &Keys<'_>, model_type: &str, n_layers: usize) -> Result<Option<super::SlidingWindow>> {
+    use super::{SlidingWindow, SwaLayers};
+    let file = k.file;
+    match k.c.get("use_sliding_window") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => return Ok(None),
+        Some(Value::Bool(true)) => {}
+        Some(v) => return Err(Error::bad_model(format!("{file}: key use_sliding_window = {v} is not a boolean"))),
+    }
+    let window = match k.c.get("sliding_window") {
+        None => 4096,
+        Some(Value::Null) => return Ok(None),
+        Some(_) => k.req_usize("sliding_window")?,
+    };
+    let max_window_layers = match k.c.get("max_window_layers") {
+        None | Some(Value::Null) => 28,
+        Some(v) => v.as_u64().map(|n| n.min(u32::MAX as u64) as usize).ok_or_else(|| {
+            Error::bad_model(format!("{file}: key max_window_layers = {v} is not a non-negative integer"))
+        })?,
+    };
+    let layers = match (model_type, k.c.get("layer_types")) {
+        ("qwen3_moe", _) => SwaLayers::All,
+        (_, Some(Value::Array(a))) => layer_types(a, n_layers, file)?,
+        (_, Some(v)) if !v.is_null() => {
+            return Err(Error::bad_model(format!("{file}: key layer_types = {v} is not a list")))
+        }
+        ("qwen2_moe", _) => SwaLayers::List((0..n_layers).map(|i| i % 2 == 0 && i < max_window_layers).collect()),
+        _ => SwaLayers::List((0..n_layers).map(|i| i >= max_window_layers).collect()),
+    };
+    Ok(Some(SlidingWindow { window, layers, rope: None }))
 }
 
 /// Llama-3 RoPE scaling as per-frequency divisors of `theta^(-2i/d)`, computed
@@ -855,6 +894,45 @@ mod tests {
 
     /// The experts of config.json: transformers' defaults, each key read, and what is
     /// refused (dense layers among expert ones, impossible counts).
+    #[test]
+    fn qwen_windows_as_transformers_configures_them() {
+        let layers = |c: &Config| (0..4).map(|l| c.window(l)).collect::<Vec<_>>();
+        let q = |ty: &str, extra: &str| {
+            let (c, _) = cfg(&format!(r#""model_type": "{ty}", "num_hidden_layers": 4, {extra}"#)).unwrap();
+            layers(&c)
+        };
+        let on = r#""use_sliding_window": true, "sliding_window": 8, "max_window_layers": 2"#;
+        let (n, w) = (None, Some(8));
+        // Off (the shipped configs), whatever the other keys say.
+        assert_eq!(q("qwen2", r#""use_sliding_window": false, "sliding_window": 8"#), [n; 4]);
+        assert_eq!(
+            q(
+                "qwen3",
+                r#""sliding_window": 8, "layer_types": ["sliding_attention",
+            "sliding_attention", "sliding_attention", "sliding_attention"]"#
+            ),
+            [n; 4]
+        );
+        assert_eq!(q("qwen2", on), [n, n, w, w]);
+        assert_eq!(q("qwen3", on), [n, n, w, w]);
+        let moe = "\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 8, \"shared_expert_intermediate_size\": 8";
+        assert_eq!(q("qwen2_moe", &format!("{on}, {moe}")), [w, n, n, n]);
+        assert_eq!(q("qwen3_moe", &format!("{on}, {moe}")), [w; 4]);
+        assert_eq!(q("qwen2", r#""use_sliding_window": true, "max_window_layers": 0"#), [Some(4096); 4]);
+        assert_eq!(q("qwen2", r#""use_sliding_window": true, "sliding_window": null"#), [n; 4]);
+        let listed = r#""layer_types": ["full_attention", "sliding_attention", "full_attention", "sliding_attention"]"#;
+        assert_eq!(q("qwen2", &format!("{on}, {listed}")), [n, w, n, w]);
+        for (extra, needle) in [
+            (r#""use_sliding_window": 1"#, "use_sliding_window = 1 is not a boolean"),
+            (r#""use_sliding_window": true, "max_window_layers": -1"#, "max_window_layers = -1"),
+            (r#""use_sliding_window": true, "sliding_window": 0"#, "sliding_window = 0"),
+            (r#""use_sliding_window": true, "layer_types": ["full_attention"]"#, "layer_types has 1 entries"),
+        ] {
+            let e = cfg(&format!(r#""model_type": "qwen2", "num_hidden_layers": 4, {extra}"#)).unwrap_err();
+            assert!(e.message.contains(needle), "{extra}: {}", e.message);
+        }
+    }
+
     #[test]
     fn moe_options_defaults_and_errors() {
         use super::super::MoeConfig;
