@@ -459,6 +459,21 @@ fn sliding_window_and_gemma_hf_match_cpu() {
     let path = dir.join("mistral.window8.f32.gguf");
     w.write(&path).unwrap();
     compare_file(&path, &f.tokens, bound("f32"));
+    // Qwen's windows (use_sliding_window, max_window_layers 1: layer 1 of qwen2 windowed).
+    let q = fixtures_present().into_iter().find(|f| f.name == "qwen2").unwrap();
+    let hf = dir.join("qwen2").join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    for e in std::fs::read_dir(q.dir.join("hf")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), hf.join(e.file_name())).unwrap();
+    }
+    let mut c: serde_json::Value = serde_json::from_slice(&std::fs::read(hf.join("config.json")).unwrap()).unwrap();
+    c.as_object_mut().unwrap().remove("layer_types");
+    c["use_sliding_window"] = serde_json::json!(true);
+    c["sliding_window"] = serde_json::json!(8);
+    c["max_window_layers"] = serde_json::json!(1);
+    std::fs::write(hf.join("config.json"), serde_json::to_vec(&c).unwrap()).unwrap();
+    compare_file(&hf, &q.tokens, bound("f16"));
     let _ = std::fs::remove_dir_all(&dir);
     for f in fixtures_present().into_iter().filter(|f| f.name.starts_with("gemma")) {
         compare_file(&f.dir.join("hf"), &f.tokens, bound("f16"));
