@@ -289,6 +289,14 @@ fn a_long_windowed_prefill_runs_in_chunks_with_the_same_bits() {
     keep.decode_greedy(&[k2], &toks[200..201], &mut gk).unwrap();
     win.decode_greedy(&[a2], &toks[200..201], &mut gw).unwrap();
     assert_eq!(gk, gw);
+    // No logits wanted: the chunks want nothing; the next decode is the same.
+    let (k3, a3) = (keep.cache_reserve(0).unwrap(), win.cache_reserve(0).unwrap());
+    keep.prefill(k3, &toks, None, false).unwrap();
+    win.prefill(a3, &toks, None, false).unwrap();
+    assert_eq!(bits(&decode_row(&win, a3, 3)), bits(&decode_row(&keep, k3, 3)), "after a prefill without logits");
+    for (m, c) in [(&keep, k3), (&win, a3)] {
+        m.cache_release(c).unwrap();
+    }
     let pool = llmrt::Pooling::Mean;
     assert_eq!(bits(&win.embed(&toks, pool, false).unwrap()), bits(&keep.embed(&toks, pool, false).unwrap()));
     for t in 0..5 {
