@@ -1010,11 +1010,7 @@ impl Model {
     /// ([`Self::step_chunked`]).
     fn run(&self, caches: &[u64], tokens: &[&[u32]], want: Want, mut out: Out<'_>) -> Result<()> {
         let v = self.info.vocab_size as usize;
-        let rows: usize = match want {
-            Want::Nothing => 0,
-            Want::Last => caches.len(),
-            Want::All => tokens.iter().map(|t| t.len()).sum(),
-        };
+        let rows: usize = tokens.iter().map(|t| want.rows(t.len())).sum();
         let mut st = self.lock()?;
         let _abort = crate::abort::install(self.abort_hook());
         for (&c, t) in caches.iter().zip(tokens) {
@@ -1197,16 +1193,13 @@ impl Model {
         let mut r = 0;
         for t in tokens {
             row0.push(r);
-            r += match want {
-                Want::Nothing => 0,
-                Want::Last => 1,
-                Want::All => t.len(),
-            };
+            r += want.rows(t.len());
         }
         let width = buf.len().checked_div(r).unwrap_or(0);
         for k in 0..n_chunks {
-            // (cache index, its tokens of this chunk, their first position)
-            let mut parts: Vec<(usize, &[u32], usize)> = try_with_capacity(caches.len(), "the chunk's sequences")?;
+            // (cache index, its tokens of this chunk, their first position, what it wants)
+            let mut parts: Vec<(usize, &[u32], usize, Want)> =
+                try_with_capacity(caches.len(), "the chunk's sequences")?;
             for (i, (&c, t)) in caches.iter().zip(tokens).enumerate() {
                 let lo = k * chunk;
                 if lo < t.len() {
@@ -1220,37 +1213,28 @@ impl Model {
                         kv.undo_copies(c, &copies);
                         return Err(e);
                     }
-                    parts.push((i, part, start));
+                    // Only the chunk holding a cache's last token gives its last row.
+                    let w = if want == Want::Last && lo + part.len() < t.len() { Want::Nothing } else { want };
+                    parts.push((i, part, start, w));
                 }
             }
             if k == 0 && self.take_debug_panic(DebugPanic::Bookkeeping) {
                 panic!("debug panic in the bookkeeping (llmrt test hook)");
             }
             let mut tables: Vec<Vec<u32>> = try_with_capacity(parts.len(), "the chunk's block tables")?;
-            for &(i, _, _) in &parts {
+            for &(i, ..) in &parts {
                 tables.push(try_collect(kv.get(caches[i])?.blocks.iter().copied(), "a block table of the chunk")?);
             }
-            let last = |i: usize, part: &[u32], start: usize| start + part.len() == kv_end(kv, caches[i], tokens[i]);
             let seqs: Vec<Seq<'_>> = try_collect(
-                parts.iter().zip(&tables).map(|(&(i, part, start), blocks)| Seq {
-                    tokens: part,
+                parts.iter().zip(&tables).map(|(&(_, tokens, start, want), blocks)| Seq {
+                    tokens,
                     start,
                     blocks,
-                    want: match want {
-                        Want::Last if !last(i, part, start) => Want::Nothing,
-                        w => w,
-                    },
+                    want,
                 }),
                 "the chunk's sequence list",
             )?;
-            let rows: usize = seqs
-                .iter()
-                .map(|s| match s.want {
-                    Want::Nothing => 0,
-                    Want::Last => 1,
-                    Want::All => s.tokens.len(),
-                })
-                .sum();
+            let rows: usize = seqs.iter().map(|s| s.want.rows(s.tokens.len())).sum();
             let mut out = try_vec(rows.saturating_mul(width), 0f32, "the chunk's output rows")?;
             guarded(|| {
                 if hidden {
@@ -1264,7 +1248,7 @@ impl Model {
                 Ok(())
             })?;
             let mut from = out.chunks_exact(width.max(1));
-            for (s, &(i, _, _)) in seqs.iter().zip(&parts) {
+            for (s, &(i, ..)) in seqs.iter().zip(&parts) {
                 let (at, n) = match s.want {
                     Want::Nothing => continue,
                     Want::Last => (row0[i], 1),
@@ -1277,11 +1261,6 @@ impl Model {
         }
         Ok(())
     }
-}
-
-/// The position after a step appending `t` to cache `c` (its length is the step's start).
-fn kv_end(kv: &KvManager, c: u64, t: &[u32]) -> usize {
-    kv.get(c).map_or(0, |s| s.len as usize) + t.len()
 }
 
 /// Commits a successful step: each cache's new tokens, then (windowed caches) the

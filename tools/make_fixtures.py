@@ -1083,42 +1083,66 @@ def make_one(idx: int, spec: dict, out: Path, work: Path, conv: Path, vers: dict
 
 
 # ----------------------------------------------------------------------------- Mistral window
-def window_check(out: Path, conv: Path, vers: dict, command: str):
-    """<out>/mistral/logits.window8.f32 (+ .hf_bf16): the mistral fixture's model, rebuilt from the
-    seed in its reference.json, with sliding_window = WINDOW_CHECK; window_check.json says how much
-    the window moves the logits. The rest of the fixture is left as it is."""
-    import copy
-    import torch
-    idx, spec = next((i, m) for i, m in enumerate(MODELS) if m["name"] == "mistral")
-    odir = out / "mistral"
+def rebuild_windowed(out: Path, name: str, cfg_override: dict):
+    """The fixture `name`'s model rebuilt from the seed in its reference.json (checked against its
+    committed logits) and the same weights with `cfg_override`, both float64: (fixture folder,
+    reference.json, windowed model, logits without and with the override, rebuilt-vs-committed
+    worst row rel L2)."""
+    spec = next(m for m in MODELS if m["name"] == name)
+    odir = out / name
     ref = json.loads((odir / "reference.json").read_text())
     tokens = ref["tokens"]
     base = build_model(spec, ref["seed"]).double()
     bl = hf_logits(base, tokens)
     committed = np.fromfile(odir / "logits.f32", dtype="<f4").reshape(bl.shape)
     same = rel_l2_rows(bl, committed)
-    assert same < 1e-6, f"rebuilt mistral model differs from the committed logits ({same})"
-    win = build_model(spec, ref["seed"], cfg_override={"sliding_window": WINDOW_CHECK})
+    assert same < 1e-6, f"rebuilt {name} model differs from the committed logits ({same})"
+    win = build_model(spec, ref["seed"], cfg_override=cfg_override)
     win.load_state_dict(base.state_dict())
     win.double()
-    wl = hf_logits(win, tokens)
-    fields, ts = load_gguf_f64(odir / "mistral.f32.gguf")
-    e = rel_err(np_forward(fields, ts, tokens, window=WINDOW_CHECK), wl)
-    assert e < REL_TOL, f"numpy windowed forward does not match transformers ({e})"
+    return odir, ref, win, bl, hf_logits(win, tokens), same
+
+
+def write_window_logits(odir: Path, win, wl, tokens, hf_dtype: str) -> dict:
+    """logits.window8.f32 (`wl`) and logits.window8.hf_<bf16|f16>.f32: transformers float64 over
+    `win`'s weights rounded to hf/'s dtype, the exact answer for that directory. Returns the
+    files by role ("logits", "hf_bf16" or "hf_f16")."""
+    import copy
+    import torch
+    short = {"bfloat16": "bf16", "float16": "f16"}[hf_dtype]
     rounded = copy.deepcopy(win)
     with torch.no_grad():
         for p in rounded.parameters():
-            p.copy_(p.to(torch.bfloat16).to(torch.float64))
+            p.copy_(p.to(getattr(torch, hf_dtype)).to(torch.float64))
     rl = hf_logits(rounded, tokens)
-    files = {"logits": f"logits.window{WINDOW_CHECK}.f32", "hf_bf16": f"logits.window{WINDOW_CHECK}.hf_bf16.f32"}
+    files = {"logits": f"logits.window{WINDOW_CHECK}.f32", f"hf_{short}": f"logits.window{WINDOW_CHECK}.hf_{short}.f32"}
     wl.astype("<f4").tofile(odir / files["logits"])
-    rl.astype("<f4").tofile(odir / files["hf_bf16"])
-    info = {"sliding_window": WINDOW_CHECK, "tokens": "reference.json:tokens", "n_tokens": len(tokens),
-            "files": files, "convention": "transformers: query at p attends keys k with p - W < k <= p",
-            "window_vs_full_worst_row_rel_l2": rel_l2_rows(wl, bl),
-            "window_vs_full_max_abs_logit_change": float(np.max(np.abs(wl - bl))),
-            "numpy_vs_hf_rel_err_f32_gguf_window": e, "rebuilt_vs_committed_worst_row_rel_l2": same,
-            "seed": ref["seed"], "versions": vers, "command": command}
+    rl.astype("<f4").tofile(odir / files[f"hf_{short}"])
+    return files
+
+
+def window_info(files: dict, tokens, wl, bl, same: float, ref: dict, vers: dict, command: str, **extra) -> dict:
+    """window_check.json: what the window moves, `extra` fields first."""
+    return dict(extra, **{
+        "sliding_window": WINDOW_CHECK, "tokens": "reference.json:tokens", "n_tokens": len(tokens),
+        "files": files, "convention": "transformers: query at p attends keys k with p - W < k <= p",
+        "window_vs_full_worst_row_rel_l2": rel_l2_rows(wl, bl),
+        "window_vs_full_max_abs_logit_change": float(np.max(np.abs(wl - bl))),
+        "rebuilt_vs_committed_worst_row_rel_l2": same,
+        "seed": ref["seed"], "versions": vers, "command": command})
+
+
+def window_check(out: Path, conv: Path, vers: dict, command: str):
+    """<out>/mistral/logits.window8.f32 (+ .hf_bf16): the mistral fixture's model, rebuilt from the
+    seed in its reference.json, with sliding_window = WINDOW_CHECK; window_check.json says how much
+    the window moves the logits. The rest of the fixture is left as it is."""
+    odir, ref, win, bl, wl, same = rebuild_windowed(out, "mistral", {"sliding_window": WINDOW_CHECK})
+    tokens = ref["tokens"]
+    fields, ts = load_gguf_f64(odir / "mistral.f32.gguf")
+    e = rel_err(np_forward(fields, ts, tokens, window=WINDOW_CHECK), wl)
+    assert e < REL_TOL, f"numpy windowed forward does not match transformers ({e})"
+    files = write_window_logits(odir, win, wl, tokens, "bfloat16")
+    info = window_info(files, tokens, wl, bl, same, ref, vers, command, numpy_vs_hf_rel_err_f32_gguf_window=e)
     assert info["window_vs_full_worst_row_rel_l2"] > 1e-2
     (odir / "window_check.json").write_text(json.dumps(info, indent=2) + "\n")
     log(f"mistral window {WINDOW_CHECK}: {info}")
@@ -1129,49 +1153,21 @@ QWEN_WINDOW = {"use_sliding_window": True, "sliding_window": WINDOW_CHECK, "max_
 
 
 def qwen_window_check(out: Path, vers: dict, command: str):
-    """<out>/{qwen2,qwen3,qwen2moe,qwen3moe}/logits.window8.f32 (+ .hf_bf16 / .hf_f16, hf/'s dtype): the fixture's model rebuilt from the seed
-    in its reference.json with QWEN_WINDOW (transformers: layers i >= max_window_layers take the
-    window when use_sliding_window); window_check.json says how much the window moves the logits
-    and which layers transformers windowed. The rest of each fixture is left as it is."""
-    import copy
-    import torch
+    """<out>/{qwen2,qwen3,qwen2moe,qwen3moe}/logits.window8.f32 (+ .hf_bf16 / .hf_f16, hf/'s dtype):
+    the fixture's model rebuilt from the seed in its reference.json with QWEN_WINDOW;
+    window_check.json says how much the window moves the logits and which layers transformers
+    windowed. The rest of each fixture is left as it is."""
     # transformers 5.24's layer choice: qwen2/qwen3 window layers i >= max_window_layers,
     # qwen2_moe the even i < max_window_layers, qwen3_moe every layer (no layer_types).
     expect = {"qwen2": ["full_attention", "sliding_attention"], "qwen3": ["full_attention", "sliding_attention"],
               "qwen2moe": ["sliding_attention", "full_attention"], "qwen3moe": None}
     for name in expect:
-        spec = next(m for m in MODELS if m["name"] == name)
-        odir = out / name
-        ref = json.loads((odir / "reference.json").read_text())
+        odir, ref, win, bl, wl, same = rebuild_windowed(out, name, QWEN_WINDOW)
         tokens = ref["tokens"]
-        base = build_model(spec, ref["seed"]).double()
-        bl = hf_logits(base, tokens)
-        committed = np.fromfile(odir / "logits.f32", dtype="<f4").reshape(bl.shape)
-        same = rel_l2_rows(bl, committed)
-        assert same < 1e-6, f"rebuilt {name} model differs from the committed logits ({same})"
-        win = build_model(spec, ref["seed"], cfg_override=QWEN_WINDOW)
-        win.load_state_dict(base.state_dict())
-        win.double()
-        wl = hf_logits(win, tokens)
-        # Over the weights rounded to hf/'s dtype: the exact answer for that directory.
-        hf_dtype = ref["hf"]["dtype"]
-        short = {"bfloat16": "bf16", "float16": "f16"}[hf_dtype]
-        rounded = copy.deepcopy(win)
-        with torch.no_grad():
-            for p in rounded.parameters():
-                p.copy_(p.to(getattr(torch, hf_dtype)).to(torch.float64))
-        rl = hf_logits(rounded, tokens)
-        files = {"logits": f"logits.window{WINDOW_CHECK}.f32", f"hf_{short}": f"logits.window{WINDOW_CHECK}.hf_{short}.f32"}
-        wl.astype("<f4").tofile(odir / files["logits"])
-        rl.astype("<f4").tofile(odir / files[f"hf_{short}"])
+        files = write_window_logits(odir, win, wl, tokens, ref["hf"]["dtype"])
         lt = getattr(win.config, "layer_types", None)
-        info = {"config": QWEN_WINDOW, "layer_types": None if lt is None else list(lt),
-                "sliding_window": WINDOW_CHECK, "tokens": "reference.json:tokens", "n_tokens": len(tokens),
-                "files": files, "convention": "transformers: query at p attends keys k with p - W < k <= p",
-                "window_vs_full_worst_row_rel_l2": rel_l2_rows(wl, bl),
-                "window_vs_full_max_abs_logit_change": float(np.max(np.abs(wl - bl))),
-                "rebuilt_vs_committed_worst_row_rel_l2": same,
-                "seed": ref["seed"], "versions": vers, "command": command}
+        info = window_info(files, tokens, wl, bl, same, ref, vers, command,
+                           config=QWEN_WINDOW, layer_types=None if lt is None else list(lt))
         assert info["layer_types"] == expect[name], info["layer_types"]
         assert info["window_vs_full_worst_row_rel_l2"] > 1e-2
         (odir / "window_check.json").write_text(json.dumps(info, indent=2) + "\n")

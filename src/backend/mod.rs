@@ -23,6 +23,17 @@ pub enum Want {
     All,
 }
 
+impl Want {
+    /// The rows a sequence of `n` tokens gives back.
+    pub fn rows(self, n: usize) -> usize {
+        match self {
+            Want::Nothing => 0,
+            Want::Last => 1,
+            Want::All => n,
+        }
+    }
+}
+
 /// One sequence of a step.
 #[derive(Clone, Debug)]
 pub struct Seq<'a> {

@@ -450,17 +450,11 @@ impl KvManager {
     /// Frees the blocks of cache `id` out of the window of its length (windowed caches;
     /// else nothing): after a committed step, or a loaded state.
     pub fn free_out_of_window(&mut self, id: u64) {
-        let Some(w) = self.window else { return };
-        let Some(s) = self.caches.get_mut(&id) else { return };
-        let to = (w.horizon(s.len) as usize / BLOCK_POSITIONS).min(s.blocks.len());
-        let from = s.live_from as usize / BLOCK_POSITIONS;
-        if to <= from {
-            return;
-        }
-        let dead: Vec<BlockId> = s.blocks[from..to].iter_mut().map(|b| std::mem::replace(b, FREED)).collect();
-        s.live_from = (to * BLOCK_POSITIONS) as u32;
-        for b in dead.into_iter().filter(|&b| b != FREED) {
-            self.unref(b);
+        let (Some(w), Some(s)) = (self.window, self.caches.get(&id)) else { return };
+        let (from, to) = (s.live_from as usize / BLOCK_POSITIONS, w.horizon(s.len) as usize / BLOCK_POSITIONS);
+        if let Some(to) = self.free_blocks(id, from, to) {
+            let s = self.caches.get_mut(&id).expect("checked above");
+            s.live_from = (to * BLOCK_POSITIONS) as u32;
         }
     }
 
@@ -469,19 +463,25 @@ impl KvManager {
     /// position `next`, the next chunk's start. The blocks of committed positions stay
     /// until the step succeeds ([`Self::free_out_of_window`]).
     pub fn free_step_blocks(&mut self, id: u64, next: usize) {
-        let Some(w) = self.window else { return };
-        let Some(s) = self.caches.get_mut(&id) else { return };
+        let (Some(w), Some(s)) = (self.window, self.caches.get(&id)) else { return };
         let from = (s.len as usize).div_ceil(BLOCK_POSITIONS);
-        let to = (w.horizon(next as u32) as usize / BLOCK_POSITIONS).min(s.blocks.len());
-        let mut dead = Vec::new();
-        for b in s.blocks.iter_mut().take(to).skip(from) {
-            if *b != FREED {
-                dead.push(std::mem::replace(b, FREED));
-            }
+        self.free_blocks(id, from, w.horizon(next as u32) as usize / BLOCK_POSITIONS);
+    }
+
+    /// Frees the blocks at table indices `from..to` (`to` at most the table's length) of
+    /// cache `id`: their entries become [`FREED`]. Returns that end, or None when the
+    /// range is empty (nothing changed).
+    fn free_blocks(&mut self, id: u64, from: usize, to: usize) -> Option<usize> {
+        let s = self.caches.get_mut(&id)?;
+        let to = to.min(s.blocks.len());
+        if to <= from {
+            return None;
         }
+        let dead: Vec<BlockId> = s.blocks[from..to].iter_mut().map(|b| std::mem::replace(b, FREED)).collect();
         for b in dead {
             self.unref(b);
         }
+        Some(to)
     }
 
     /// Undoes a failed chunked step of cache `id`: the blocks past its committed
@@ -490,7 +490,7 @@ impl KvManager {
         let Some(s) = self.caches.get_mut(&id) else { return };
         let keep = blocks_for(s.len).min(s.blocks.len());
         let dropped: Vec<BlockId> = s.blocks.drain(keep..).collect();
-        for b in dropped.into_iter().filter(|&b| b != FREED) {
+        for b in dropped {
             self.unref(b);
         }
     }

@@ -147,14 +147,7 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], out: &mut [f32], head:
     }
 
     // Final norm and LM head, only for the rows wanted.
-    let wanted: usize = seqs
-        .iter()
-        .map(|s| match s.want {
-            Want::Nothing => 0,
-            Want::Last => 1,
-            Want::All => s.tokens.len(),
-        })
-        .sum();
+    let wanted: usize = seqs.iter().map(|s| s.want.rows(s.tokens.len())).sum();
     let mut rows: Vec<usize> = try_with_capacity(wanted, "the step's logits row list")?;
     let mut t0 = 0;
     for s in seqs {

@@ -134,14 +134,7 @@ impl CpuBackend {
     /// A step with rows of logits (`head`) or of final hidden states.
     fn run(&mut self, seqs: &[Seq<'_>], out: &mut [f32], head: bool) -> Result<()> {
         self.ensure_pool()?;
-        let wanted: usize = seqs
-            .iter()
-            .map(|s| match s.want {
-                Want::Nothing => 0,
-                Want::Last => 1,
-                Want::All => s.tokens.len(),
-            })
-            .sum();
+        let wanted: usize = seqs.iter().map(|s| s.want.rows(s.tokens.len())).sum();
         let width = if head { self.cfg.vocab_size } else { self.cfg.hidden };
         if out.len() != wanted * width {
             return Err(Error::internal(format!(
