@@ -440,39 +440,22 @@ fn sliding_window_and_gemma_hf_match_cpu() {
     if devices().is_none() {
         return;
     }
-    use llmrt::format::gguf::{Gguf, Value};
-    use llmrt::format::gguf_write::GgufWriter;
+    use llmrt::format::gguf::Value;
     let f = fixtures_present().into_iter().find(|f| f.name == "mistral").unwrap();
-    let g = Gguf::open(&f.gguf("f32")).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in g.metadata() {
-        if k != "general.alignment" {
-            w.kv(&k, v);
-        }
-    }
-    w.kv("llama.attention.sliding_window", Value::U32(8));
-    for t in &g.tensors {
-        w.tensor_raw(&t.name, &t.ne, t.ggml_type, g.tensor_data(t).to_vec());
-    }
     let dir = std::env::temp_dir().join(format!("llmrt-cuda-swa-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("mistral.window8.f32.gguf");
-    w.write(&path).unwrap();
+    gguf_with_keys(&f.gguf("f32"), &path, vec![("llama.attention.sliding_window", Value::U32(8))]);
     compare_file(&path, &f.tokens, bound("f32"));
     // Qwen's windows (use_sliding_window, max_window_layers 1: layer 1 of qwen2 windowed).
     let q = fixtures_present().into_iter().find(|f| f.name == "qwen2").unwrap();
     let hf = dir.join("qwen2").join("hf");
-    std::fs::create_dir_all(&hf).unwrap();
-    for e in std::fs::read_dir(q.dir.join("hf")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), hf.join(e.file_name())).unwrap();
-    }
-    let mut c: serde_json::Value = serde_json::from_slice(&std::fs::read(hf.join("config.json")).unwrap()).unwrap();
-    c.as_object_mut().unwrap().remove("layer_types");
-    c["use_sliding_window"] = serde_json::json!(true);
-    c["sliding_window"] = serde_json::json!(8);
-    c["max_window_layers"] = serde_json::json!(1);
-    std::fs::write(hf.join("config.json"), serde_json::to_vec(&c).unwrap()).unwrap();
+    hf_dir_with_config(&q.dir.join("hf"), &hf, |c| {
+        c.as_object_mut().unwrap().remove("layer_types");
+        c["use_sliding_window"] = serde_json::json!(true);
+        c["sliding_window"] = serde_json::json!(8);
+        c["max_window_layers"] = serde_json::json!(1);
+    });
     compare_file(&hf, &q.tokens, bound("f16"));
     let _ = std::fs::remove_dir_all(&dir);
     for f in fixtures_present().into_iter().filter(|f| f.name.starts_with("gemma")) {
@@ -489,25 +472,13 @@ fn windowed_kv_cache_matches_cpu() {
     if devices().is_none() {
         return;
     }
-    use llmrt::format::gguf::{Gguf, Value};
-    use llmrt::format::gguf_write::GgufWriter;
+    use llmrt::format::gguf::Value;
     let f = fixtures_present().into_iter().find(|f| f.name == "mistral").unwrap();
-    let g = Gguf::open(&f.gguf("f32")).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in g.metadata() {
-        if k != "general.alignment" && k != "llama.context_length" {
-            w.kv(&k, v);
-        }
-    }
-    w.kv("llama.attention.sliding_window", Value::U32(8));
-    w.kv("llama.context_length", Value::U32(2048));
-    for t in &g.tensors {
-        w.tensor_raw(&t.name, &t.ne, t.ggml_type, g.tensor_data(t).to_vec());
-    }
     let dir = std::env::temp_dir().join(format!("llmrt-cuda-kvwin-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("mistral.window8.f32.gguf");
-    w.write(&path).unwrap();
+    let keys = vec![("llama.attention.sliding_window", Value::U32(8)), ("llama.context_length", Value::U32(2048))];
+    gguf_with_keys(&f.gguf("f32"), &path, keys);
     let load = |backend, kv_window_only| {
         let o = llmrt::LoadOptions { backend, kv_cache_bytes: KV_BYTES, kv_window_only, ..Default::default() };
         llmrt::Model::load(&path, o).unwrap()

@@ -6,8 +6,7 @@
 //! window equal to their prefill.
 mod common;
 use common::*;
-use llmrt::format::gguf::{Gguf, Value};
-use llmrt::format::gguf_write::GgufWriter;
+use llmrt::format::gguf::Value;
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> Fixture {
@@ -47,25 +46,7 @@ fn window_check(f: &Fixture) -> (usize, Vec<f32>, Vec<f32>) {
 
 /// A copy of `src` with `key` = `value` added to its metadata.
 fn with_key(src: &Path, dst: &Path, key: &str, value: Value) {
-    with_keys(src, dst, vec![(key, value)])
-}
-
-/// A copy of `src` with each `(key, value)` set in its metadata (added or replaced).
-fn with_keys(src: &Path, dst: &Path, keys: Vec<(&str, Value)>) {
-    let g = Gguf::open(src).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in g.metadata() {
-        if k != "general.alignment" && keys.iter().all(|(key, _)| *key != k) {
-            w.kv(&k, v);
-        }
-    }
-    for (key, value) in keys {
-        w.kv(key, value);
-    }
-    for t in &g.tensors {
-        w.tensor_raw(&t.name, &t.ne, t.ggml_type, g.tensor_data(t).to_vec());
-    }
-    w.write(dst).unwrap();
+    gguf_with_keys(src, dst, vec![(key, value)])
 }
 
 #[test]
@@ -73,15 +54,10 @@ fn mistral_hf_sliding_window_matches_transformers() {
     let f = fixture("mistral");
     let (w, full, bf16) = window_check(&f);
     let d = scratch("hf");
-    for e in std::fs::read_dir(f.dir.join("hf")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
-    }
-    let cfg_path = d.join("config.json");
-    let mut c: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
-    assert_eq!(c["sliding_window"], serde_json::Value::Null);
-    c["sliding_window"] = serde_json::json!(w);
-    std::fs::write(&cfg_path, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+    hf_dir_with_config(&f.dir.join("hf"), &d, |c| {
+        assert_eq!(c["sliding_window"], serde_json::Value::Null);
+        c["sliding_window"] = serde_json::json!(w);
+    });
     let got = logits(&d, &f.tokens);
     let (e_bf16, e_full) = (worst_row(&got, &bf16, f.vocab), worst_row(&got, &full, f.vocab));
     println!("mistral hf/ window {w}: vs transformers over bf16 weights {e_bf16:.3e}, over f32 weights {e_full:.3e}");
@@ -176,7 +152,7 @@ fn windowed_gguf(f: &Fixture, w: usize, d: &Path) -> PathBuf {
     let p = d.join("mistral.window.f32.gguf");
     let keys =
         vec![("llama.attention.sliding_window", Value::U32(w as u32)), ("llama.context_length", Value::U32(2048))];
-    with_keys(&f.gguf("f32"), &p, keys);
+    gguf_with_keys(&f.gguf("f32"), &p, keys);
     p
 }
 
@@ -330,38 +306,20 @@ fn a_long_windowed_prefill_runs_in_chunks_with_the_same_bits() {
 /// field past its size) keeps every position.
 #[test]
 fn kv_window_only_through_the_c_api() {
-    use llmrt::ffi::*;
+    use llmrt::ffi::llmrt_model_options;
     use llmrt::Status;
     let f = fixture("mistral");
     let d = scratch("kvwin-ffi");
     let p = windowed_gguf(&f, 8, &d);
     let load = |path: &Path, value: u32, size: usize| -> Result<u32, (Status, String)> {
-        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-        let mut o = std::mem::MaybeUninit::<llmrt_model_options>::zeroed();
-        // SAFETY: a zeroed local options struct, written by the default call in full.
-        unsafe { llmrt_model_options_default(o.as_mut_ptr()) };
-        // SAFETY: filled in just above.
-        let mut o = unsafe { o.assume_init() };
-        o.backend = 1;
-        o.threads = 1;
-        o.kv_cache_bytes = 1 << 20;
-        o.kv_window_only = value;
-        o.struct_size = size as u32;
-        let mut m = std::ptr::null_mut();
-        // SAFETY: c is NUL-terminated, o a filled local, m a local out-pointer.
-        let s = unsafe { llmrt_model_load(c.as_ptr(), &o, &mut m) };
-        if s != Status::LLMRT_OK {
-            return Err((s, last_error()));
-        }
-        let mut info = std::mem::MaybeUninit::<llmrt_model_info>::zeroed();
-        // SAFETY: struct_size is the first field of the zeroed local.
-        unsafe { (*info.as_mut_ptr()).struct_size = std::mem::size_of::<llmrt_model_info>() as u32 };
-        // SAFETY: m is a live model, info a local of the size given.
-        ok(unsafe { llmrt_model_get_info(m, info.as_mut_ptr()) }, "get_info");
-        // SAFETY: m was loaded above and is freed once.
-        unsafe { llmrt_model_free(m) };
-        // SAFETY: filled in by get_info.
-        Ok(unsafe { info.assume_init() }.kv_window)
+        let m = try_load_opts(path, |o| {
+            o.backend = 1;
+            o.threads = 1;
+            o.kv_cache_bytes = 1 << 20;
+            o.kv_window_only = value;
+            o.struct_size = size as u32;
+        })?;
+        Ok(m.info().kv_window)
     };
     let full = std::mem::size_of::<llmrt_model_options>();
     let older = std::mem::offset_of!(llmrt_model_options, kv_window_only);
@@ -385,21 +343,17 @@ fn qwen_hf_sliding_window_matches_transformers() {
         let f = fixture(name);
         let (w, full, bf16) = window_check(&f);
         let d = scratch(&format!("hf-{name}"));
-        for e in std::fs::read_dir(f.dir.join("hf")).unwrap() {
-            let e = e.unwrap();
-            std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
-        }
-        let cfg_path = d.join("config.json");
-        let mut c: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
-        assert_eq!(c["use_sliding_window"], serde_json::Value::Bool(false), "{name}");
-        c["use_sliding_window"] = serde_json::json!(true);
-        c["sliding_window"] = serde_json::json!(w);
-        c["max_window_layers"] = serde_json::json!(1);
-        // transformers saved the layer types it computed (all full): without them the
-        // model type's rule picks the layers, as in the reference.
-        let saved = c.as_object_mut().unwrap().remove("layer_types");
-        assert!(saved.is_some() || name == "qwen3moe", "{name}");
-        std::fs::write(&cfg_path, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+        let window_on = |c: &mut serde_json::Value| {
+            assert_eq!(c["use_sliding_window"], serde_json::Value::Bool(false), "{name}");
+            c["use_sliding_window"] = serde_json::json!(true);
+            c["sliding_window"] = serde_json::json!(w);
+            c["max_window_layers"] = serde_json::json!(1);
+            // transformers saved the layer types it computed (all full): without them the
+            // model type's rule picks the layers, as in the reference.
+            let saved = c.as_object_mut().unwrap().remove("layer_types");
+            assert!(saved.is_some() || name == "qwen3moe", "{name}");
+        };
+        hf_dir_with_config(&f.dir.join("hf"), &d, window_on);
         let got = logits(&d, &f.tokens);
         let (e_bf16, e_full) = (worst_row(&got, &bf16, f.vocab), worst_row(&got, &full, f.vocab));
         println!(
@@ -418,8 +372,10 @@ fn qwen_hf_sliding_window_matches_transformers() {
         let j: serde_json::Value =
             serde_json::from_slice(&std::fs::read(f.dir.join("window_check.json")).unwrap()).unwrap();
         if !j["layer_types"].is_null() {
-            c["layer_types"] = j["layer_types"].clone();
-            std::fs::write(&cfg_path, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+            hf_dir_with_config(&f.dir.join("hf"), &d, |c| {
+                window_on(c);
+                c["layer_types"] = j["layer_types"].clone();
+            });
             assert_eq!(bits(&logits(&d, &f.tokens)), bits(&got), "{name} with layer_types");
         }
         let _ = std::fs::remove_dir_all(&d);

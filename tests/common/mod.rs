@@ -69,6 +69,16 @@ pub fn try_load_with(
     threads: u32,
     kv_bytes: u64,
 ) -> Result<M, (Status, String)> {
+    try_load_opts(path, |o| {
+        o.backend = backend as u32;
+        o.device = device;
+        o.threads = threads;
+        o.kv_cache_bytes = kv_bytes;
+    })
+}
+
+/// Loads with the default options as `edit` changes them (`struct_size` included).
+pub fn try_load_opts(path: &Path, edit: impl FnOnce(&mut llmrt_model_options)) -> Result<M, (Status, String)> {
     let c = CString::new(path.to_str().unwrap()).unwrap();
     let mut o = std::mem::MaybeUninit::<llmrt_model_options>::uninit();
     // SAFETY: struct_size is the first field of the local; the caller sets it (its size).
@@ -77,10 +87,7 @@ pub fn try_load_with(
     unsafe { llmrt_model_options_default(o.as_mut_ptr()) };
     // SAFETY: filled in by the llmrt_*_default (or get_info) call just above.
     let mut o = unsafe { o.assume_init() };
-    o.backend = backend as u32;
-    o.device = device;
-    o.threads = threads;
-    o.kv_cache_bytes = kv_bytes;
+    edit(&mut o);
     let mut m = std::ptr::null_mut();
     // SAFETY: c is a NUL-terminated CString, o filled options, m a local out-pointer.
     let s = unsafe { llmrt_model_load(c.as_ptr(), &o, &mut m) };
@@ -277,4 +284,36 @@ impl Fixture {
     pub fn greedy_ids(&self) -> Vec<u32> {
         ids(&self.json["greedy_ids"])
     }
+}
+
+/// A copy of the GGUF `src` at `dst` with each `(key, value)` set in its metadata
+/// (added or replaced); tensors as they are.
+pub fn gguf_with_keys(src: &Path, dst: &Path, keys: Vec<(&str, llmrt::format::gguf::Value)>) {
+    let g = llmrt::format::gguf::Gguf::open(src).unwrap();
+    let mut w = llmrt::format::gguf_write::GgufWriter::new();
+    for (k, v) in g.metadata() {
+        if k != "general.alignment" && keys.iter().all(|(key, _)| *key != k) {
+            w.kv(&k, v);
+        }
+    }
+    for (key, value) in keys {
+        w.kv(key, value);
+    }
+    for t in &g.tensors {
+        w.tensor_raw(&t.name, &t.ne, t.ggml_type, g.tensor_data(t).to_vec());
+    }
+    w.write(dst).unwrap();
+}
+
+/// A copy of the HF directory `src` at `dst` (made) with its config.json as `edit` changes it.
+pub fn hf_dir_with_config(src: &Path, dst: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    let cfg = dst.join("config.json");
+    let mut c: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    edit(&mut c);
+    std::fs::write(&cfg, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
 }
