@@ -23,6 +23,8 @@
 # Environment (all optional):
 #   SHAPE=tinyllama   synthetic model shape (tinyllama | llama3-8b)
 #   TYPES="f16 q8_0 q4_0"  THREADS="1 2"  PP=128  TG=64  REPS=3  ROUNDS=2  ISAS="native avx2"
+#   DEPTH=0           tokens already in the cache before each test (llama-bench's -d): both tools
+#                     prefill DEPTH tokens first, untimed, so pp and tg run against a deeper cache
 #   MODELS_DIR=DIR    where synthetic and quantized models are written/reused (default: a temp dir)
 #   LLAMA_BUILD_NATIVE=DIR, LLAMA_BUILD_AVX2=DIR  reuse (or keep) llama.cpp build folders
 #   LLAMACPP_SRC=DIR  reuse an unpacked vendor/llama.cpp
@@ -37,6 +39,7 @@ TYPES="${TYPES:-f16 q8_0 q4_0}"
 THREADS="${THREADS:-1 2}"
 PP="${PP:-128}"
 TG="${TG:-64}"
+DEPTH="${DEPTH:-0}"
 REPS="${REPS:-3}"
 ROUNDS="${ROUNDS:-2}"
 if grep -qw avx512f /proc/cpuinfo; then ISAS="${ISAS:-native avx2}"; else ISAS="${ISAS:-native}"; fi
@@ -134,11 +137,11 @@ run_one() { # tool isa ty threads p n round
   local tool="$1" isa="$2" ty="$3" t="$4" p="$5" n="$6" round="$7" out kernels=
   [ "$isa" = avx2 ] && kernels=avx2
   if [ "$tool" = llama.cpp ]; then
-    out="$("${LBENCH[$isa]}" -m "${FILE[$ty]}" -t "$t" -p "$p" -n "$n" -r "$REPS" -o json 2>/dev/null)"
+    out="$("${LBENCH[$isa]}" -m "${FILE[$ty]}" -t "$t" -p "$p" -n "$n" -d "$DEPTH" -r "$REPS" -o json 2>/dev/null)"
   else
     # tg rows: the read bandwidth is probed in the same process right before and
     # after the repetitions, with the same thread count (the row's bytes bound).
-    out="$(LLMRT_CPU_KERNELS=$kernels "$LLMRT_BENCH" -m "${FILE[$ty]}" -t "$t" -p "$p" -n "$n" -r "$REPS" -o json $([ "$n" -gt 0 ] && echo --membw))"
+    out="$(LLMRT_CPU_KERNELS=$kernels "$LLMRT_BENCH" -m "${FILE[$ty]}" -t "$t" -p "$p" -n "$n" -d "$DEPTH" -r "$REPS" -o json $([ "$n" -gt 0 ] && echo --membw))"
   fi
   python3 -c 'import json,sys; [print(json.dumps({"tool":sys.argv[1],"isa":sys.argv[4],"type":sys.argv[2],"round":int(sys.argv[3]),"n_threads":r["n_threads"],"n_prompt":r["n_prompt"],"n_gen":r["n_gen"],"avg_ts":r["avg_ts"],"stddev_ts":r["stddev_ts"],"bound_ts":r.get("bound_ts"),"fraction":r.get("fraction_of_bound")})) for r in json.loads(sys.stdin.read())]' "$tool" "$ty" "$round" "$isa" <<<"$out" >> "$RES"
 }
@@ -162,10 +165,12 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 echo "== load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
-python3 - "$RES" "$SHAPE" "$PP" "$TG" <<'EOF'
+python3 - "$RES" "$SHAPE" "$PP" "$TG" "$DEPTH" <<'EOF'
 import json, sys, statistics
 rows = [json.loads(l) for l in open(sys.argv[1])]
 shape, pp, tg = sys.argv[2], sys.argv[3], sys.argv[4]
+if sys.argv[5] != "0":
+    pp, tg = pp + " @ d" + sys.argv[5], tg + " @ d" + sys.argv[5]
 def agg(tool, isa, ty, t, test):
     v = [r["avg_ts"] for r in rows if r["tool"] == tool and r["isa"] == isa and r["type"] == ty and r["n_threads"] == t
          and ((r["n_prompt"] > 0) if test == "pp" else (r["n_gen"] > 0))]

@@ -38,5 +38,12 @@ pub mod bench {
     pub fn cpu_kernels() -> &'static str {
         crate::backend::cpu::simd::isa().name()
     }
+
+    /// This thread's arithmetic ceilings with the kernel set this process runs:
+    /// `(f32 FMA GFLOP/s, 8-bit integer-dot Gop/s)` over `iters` loop trips (see
+    /// `backend::cpu::peak`); None where the kernel set has no probe.
+    pub fn cpu_peak(iters: usize) -> Option<(f64, f64)> {
+        crate::backend::cpu::peak::peak(crate::backend::cpu::simd::isa(), iters)
+    }
 }
 pub use runtime::{BackendKind, LoadOptions, Model, ModelInfo, Pooling};

@@ -548,7 +548,16 @@ mod tests {
         let mut rng = crate::util::XorShift::new(0x9E37_79B9_7F4A_7C15);
         let mut rnd = |n: usize| rng.vec(n, -1.0, 1.0);
         for &(rows, cols, t) in
-            &[(32usize, 64usize, 1usize), (200, 48, 1), (131, 37, 1), (45, 100, 13), (64, 16, 25), (7, 5, 3)]
+            // (20, 4100, 40): two token chunks of the AVX2 prefill (32 + 8 at this row length).
+            &[
+                (32usize, 64usize, 1usize),
+                (200, 48, 1),
+                (131, 37, 1),
+                (45, 100, 13),
+                (64, 16, 25),
+                (7, 5, 3),
+                (20, 4100, 40),
+            ]
         {
             let x = rnd(t * cols);
             for dt in [DType::F16, DType::BF16] {

@@ -6,6 +6,7 @@ pub(crate) mod fpack;
 pub(crate) mod gq;
 mod isa;
 mod kv;
+pub(crate) mod peak;
 // `pub` for the bench binary's bandwidth probe (`groups::HostBuf`).
 pub(crate) mod groups;
 pub(crate) mod ops;

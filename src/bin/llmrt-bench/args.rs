@@ -9,6 +9,7 @@ pub(crate) fn usage() -> ! {
          \x20                  [-b N,..] [-d N,..] [--ttft N,..] [-r N] [-o md|json] [--kv-bytes N] [--membw] [--d2d] [--gemm N] [--json FILE]\n\
          \x20      llmrt-bench --synth tinyllama|llama3-8b|moe-mini --type f16|q8_0|q4_0 --out DIR\n\
          \x20      llmrt-bench --membw [-t N,..]\n\
+         \x20      llmrt-bench --peak [-t N,..]\n\
          \x20      llmrt-bench --d2d [--gemm N]\n\
          \x20      llmrt-bench --grammar json|regex|lark (-m FILE | --vocab VOCAB.gguf) [-r N] [-n N] [-t N]\n\
          \x20      llmrt-bench --perplexity FILE -m FILE[,...] [-c N] [-t N] [--backend cpu|cuda]"
@@ -32,6 +33,8 @@ pub(crate) struct Args {
     pub(crate) ty: String,
     pub(crate) out: PathBuf,
     pub(crate) membw: bool,
+    /// `--peak`: the FMA and integer-dot ceilings of the kernel set (per thread count).
+    pub(crate) peak: bool,
     pub(crate) backend: BackendKind,
     pub(crate) depth: Vec<usize>,
     pub(crate) ttft: Vec<usize>,
@@ -61,6 +64,7 @@ pub(crate) fn parse() -> Args {
         ty: "q4_0".into(),
         out: PathBuf::from("."),
         membw: false,
+        peak: false,
         backend: BackendKind::Cpu,
         depth: vec![0],
         ttft: Vec::new(),
@@ -92,6 +96,7 @@ pub(crate) fn parse() -> Args {
             "--type" => a.ty = val(&mut i).to_lowercase(),
             "--out" => a.out = PathBuf::from(val(&mut i)),
             "--membw" => a.membw = true,
+            "--peak" => a.peak = true,
             "--backend" => {
                 a.backend = match val(&mut i).as_str() {
                     "cpu" => BackendKind::Cpu,

@@ -8,6 +8,7 @@
 //!             [--d2d] [--gemm 8192] [--json FILE]
 //! llmrt-bench --synth tinyllama|llama3-8b|moe-mini --type f16|q8_0|q4_0 --out DIR
 //! llmrt-bench --membw [-t 1,2]
+//! llmrt-bench --peak [-t 1,2]              (CPU arithmetic ceilings: f32 FMA, 8-bit dot)
 //! llmrt-bench --d2d [--gemm 8192]          (CUDA ceilings only)
 //! llmrt-bench --grammar json|regex|lark (-m FILE | --vocab VOCAB.gguf) [-r 5] [-n 128]
 //! llmrt-bench --perplexity FILE -m FILE[,...] [-c N] [-t N] [--backend cpu|cuda]
@@ -20,7 +21,8 @@
 //! t/s is tokens per second (mean ± sample stddev over the repetitions). `-b N`
 //! (N > 1) runs the tg tests as batched decode of N sequences per step (t/s counts
 //! all N sequences' tokens). `-d D` (llama-bench's depth) first fills each cache
-//! with D positions (one prefill, then forks for the other sequences; not timed).
+//! with D positions (one prefill, then forks for the other sequences; not timed), for
+//! the pp tests as for the tg tests (`pp N @ dD` prefills N more after the D).
 //! `--ttft N`: time to first token, from reserving a cache to holding the first
 //! generated id on the host (a prefill of N tokens and the argmax of its last row).
 //! On CUDA, tg steps are `decode_greedy` (one id per sequence comes back); on the CPU
@@ -49,6 +51,9 @@
 //! so bound and speed see the same machine state (repetitions whose two probes
 //! differ by more than 15% are left out: the state changed during them, unless
 //! no repetition was steady); alone, `--membw` prints the probe.
+//! `--peak`: the f32 FMA and 8-bit integer-dot rates of the kernel set this process
+//! runs (`LLMRT_CPU_KERNELS` applies), with each thread count (one probe per thread,
+//! rates summed, best of 5): the ceilings the prefill GEMMs are held against.
 
 mod args;
 mod gpu;
@@ -86,6 +91,31 @@ fn main() {
         for &t in &a.threads {
             let (bw, [four, one]) = membw(t, 5);
             println!("read bandwidth, {t} thread(s): {bw:.2} GB/s (4 streams {four:.2}, 1 stream + prefetch {one:.2})");
+        }
+        return;
+    }
+    if a.peak {
+        // The arithmetic ceilings of the prefill GEMMs: t threads, each running the
+        // probe on its own core; the best of 5 runs of the summed rates.
+        let kernels = llmrt::bench::cpu_kernels();
+        for &t in &a.threads {
+            let mut best = (0f64, 0f64);
+            for _ in 0..5 {
+                let rates: Vec<Option<(f64, f64)>> = std::thread::scope(|sc| {
+                    let hs: Vec<_> = (0..t).map(|_| sc.spawn(|| llmrt::bench::cpu_peak(200_000_000))).collect();
+                    hs.into_iter().map(|h| h.join().expect("peak thread")).collect()
+                });
+                let Some(sum) = rates.iter().try_fold((0.0, 0.0), |acc, r| r.map(|(f, i)| (acc.0 + f, acc.1 + i)))
+                else {
+                    eprintln!("llmrt-bench: kernel set {kernels} has no peak probe");
+                    std::process::exit(1);
+                };
+                best = (best.0.max(sum.0), best.1.max(sum.1));
+            }
+            println!(
+                "peak, {t} thread(s), {kernels}: f32 FMA {:.1} GFLOP/s, 8-bit integer dot {:.1} Gop/s",
+                best.0, best.1
+            );
         }
         return;
     }
@@ -154,7 +184,10 @@ fn main() {
                     info.device_total_bytes as f64 / 1e9
                 );
             }
-            let mut tests: Vec<Test> = a.prompt.iter().filter(|&&p| p > 0).map(|&p| Test::Pp(p)).collect();
+            let mut tests: Vec<Test> = Vec::new();
+            for &n in a.prompt.iter().filter(|&&p| p > 0) {
+                tests.extend(a.depth.iter().map(|&depth| Test::Pp { n, depth }));
+            }
             for &n in a.gen.iter().filter(|&&n| n > 0) {
                 for &d in &a.depth {
                     for &b in &a.batch {
@@ -218,7 +251,7 @@ fn main() {
                         bound_ts = d2d_gbs.map(bound);
                     }
                 }
-                if let (Test::Pp(_), Some(_)) = (test, gemm_tflops) {
+                if let (Test::Pp { .. }, Some(_)) = (test, gemm_tflops) {
                     let (m_ts, _) = mean_sd(&ts);
                     tflops = Some(desc.flops_per_token * m_ts / 1e12);
                 }
@@ -290,7 +323,8 @@ fn json_record(r: &Record, d2d_gbs: Option<f64>, gemm_tflops: Option<f64>) -> se
     let nsf: Vec<f64> = r.samples_ns.iter().map(|&v| v as f64).collect();
     let (avg_ns, stddev_ns) = mean_sd(&nsf);
     let (n_prompt, n_gen, n_seqs, n_depth) = match r.test {
-        Test::Pp(n) | Test::Ttft(n) => (n, 0, 1, 0),
+        Test::Pp { n, depth } => (n, 0, 1, depth),
+        Test::Ttft(n) => (n, 0, 1, 0),
         Test::Tg { n, seqs, depth } => (0, n, seqs, depth),
     };
     let cpu_info = if r.backend == "CPU" { llmrt::bench::cpu_kernels().to_string() } else { String::new() };

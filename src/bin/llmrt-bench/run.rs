@@ -10,8 +10,9 @@ use std::time::Instant;
 /// What one test measured.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Test {
-    /// Prefill of N tokens into an empty cache.
-    Pp(usize),
+    /// Prefill of `n` tokens into a cache already holding `depth` positions (filled
+    /// untimed first, as llama-bench's `-d`; 0: an empty cache).
+    Pp { n: usize, depth: usize },
     /// N decode steps of `seqs` sequences each holding `depth` positions first.
     Tg { n: usize, seqs: usize, depth: usize },
     /// Time to first token of an N-token prompt.
@@ -21,7 +22,8 @@ pub(crate) enum Test {
 impl Test {
     pub(crate) fn name(self) -> String {
         match self {
-            Test::Pp(n) => format!("pp{n}"),
+            Test::Pp { n, depth: 0 } => format!("pp{n}"),
+            Test::Pp { n, depth } => format!("pp{n} @ d{depth}"),
             Test::Tg { n, seqs, depth } => {
                 let mut t = format!("tg{n}");
                 if seqs > 1 {
@@ -39,7 +41,7 @@ impl Test {
     /// Tokens a repetition counts.
     pub(crate) fn tokens(self) -> usize {
         match self {
-            Test::Pp(n) => n,
+            Test::Pp { n, .. } => n,
             Test::Tg { n, seqs, .. } => n * seqs,
             Test::Ttft(_) => 1,
         }
@@ -84,7 +86,19 @@ pub(crate) fn run_test(m: &Model, test: Test, greedy: bool, rng: &mut XorShift) 
     let vocab = m.info().vocab_size as u64;
     let mut tok = || (rng.next_u64() % vocab) as u32;
     match test {
-        Test::Pp(n) | Test::Ttft(n) => {
+        Test::Pp { n, depth } if depth > 0 => {
+            let c = m.cache_reserve((depth + n + 1) as u32).unwrap_or_else(|e| fail("cache_reserve", e));
+            let fill: Vec<u32> = (0..depth).map(|_| tok()).collect();
+            m.prefill(c, &fill, None, false).unwrap_or_else(|e| fail("prefill (depth)", e));
+            let toks: Vec<u32> = (0..n).map(|_| tok()).collect();
+            let mut logits = vec![0f32; vocab as usize];
+            let t0 = Instant::now();
+            m.prefill(c, &toks, Some(&mut logits), false).unwrap_or_else(|e| fail("prefill", e));
+            let dt = t0.elapsed().as_secs_f64();
+            m.cache_release(c).unwrap_or_else(|e| fail("cache_release", e));
+            dt
+        }
+        Test::Pp { n, .. } | Test::Ttft(n) => {
             let toks: Vec<u32> = (0..n).map(|_| tok()).collect();
             let mut logits = vec![0f32; vocab as usize];
             let t0 = Instant::now();
