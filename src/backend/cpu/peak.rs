@@ -15,7 +15,6 @@
 //! None for a kernel set without a probe (scalar, NEON).
 
 use super::isa::Isa;
-use std::time::Instant;
 
 /// Operations per second (flops or 8-bit ops) of `iters` loop trips on this
 /// thread: `(float, int8)`, in G/s.
@@ -23,7 +22,7 @@ pub fn peak(isa: Isa, iters: usize) -> Option<(f64, f64)> {
     #[cfg(target_arch = "x86_64")]
     {
         let time = |f: &dyn Fn() -> f64| {
-            let t0 = Instant::now();
+            let t0 = std::time::Instant::now();
             std::hint::black_box(f());
             t0.elapsed().as_secs_f64()
         };
@@ -47,7 +46,7 @@ pub fn peak(isa: Isa, iters: usize) -> Option<(f64, f64)> {
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (isa, iters, Instant::now);
+        let _ = (isa, iters);
         None
     }
 }

@@ -86,23 +86,25 @@ pub(crate) fn run_test(m: &Model, test: Test, greedy: bool, rng: &mut XorShift) 
     let vocab = m.info().vocab_size as u64;
     let mut tok = || (rng.next_u64() % vocab) as u32;
     match test {
-        Test::Pp { n, depth } if depth > 0 => {
-            let c = m.cache_reserve((depth + n + 1) as u32).unwrap_or_else(|e| fail("cache_reserve", e));
-            let fill: Vec<u32> = (0..depth).map(|_| tok()).collect();
-            m.prefill(c, &fill, None, false).unwrap_or_else(|e| fail("prefill (depth)", e));
+        Test::Pp { .. } | Test::Ttft(_) => {
+            let (n, depth) = match test {
+                Test::Pp { n, depth } => (n, depth),
+                Test::Ttft(n) => (n, 0),
+                Test::Tg { .. } => unreachable!("a tg test in the prefill arm"),
+            };
+            let reserve = || m.cache_reserve((depth + n + 1) as u32).unwrap_or_else(|e| fail("cache_reserve", e));
+            // With a depth the cache is reserved and filled before the clock starts;
+            // without one, reserving the cache is part of the timed prefill.
+            let filled = (depth > 0).then(|| {
+                let c = reserve();
+                let fill: Vec<u32> = (0..depth).map(|_| tok()).collect();
+                m.prefill(c, &fill, None, false).unwrap_or_else(|e| fail("prefill (depth)", e));
+                c
+            });
             let toks: Vec<u32> = (0..n).map(|_| tok()).collect();
             let mut logits = vec![0f32; vocab as usize];
             let t0 = Instant::now();
-            m.prefill(c, &toks, Some(&mut logits), false).unwrap_or_else(|e| fail("prefill", e));
-            let dt = t0.elapsed().as_secs_f64();
-            m.cache_release(c).unwrap_or_else(|e| fail("cache_release", e));
-            dt
-        }
-        Test::Pp { n, .. } | Test::Ttft(n) => {
-            let toks: Vec<u32> = (0..n).map(|_| tok()).collect();
-            let mut logits = vec![0f32; vocab as usize];
-            let t0 = Instant::now();
-            let c = m.cache_reserve((n + 1) as u32).unwrap_or_else(|e| fail("cache_reserve", e));
+            let c = filled.unwrap_or_else(reserve);
             m.prefill(c, &toks, Some(&mut logits), false).unwrap_or_else(|e| fail("prefill", e));
             if matches!(test, Test::Ttft(_)) {
                 std::hint::black_box(argmax(&logits));
