@@ -1,12 +1,15 @@
 //! The CPU backend's KV storage: one f32 buffer per cache block, allocated on
-//! first use, laid out `[layer][K|V][slot][kv_dim]`.
+//! first use, laid out `[layer][K|V]`, with the K page transposed (`[kv_dim][slot]`:
+//! a head's 16 positions of one dimension side by side, the lanes of
+//! `attn`'s score kernels) and the V page by rows (`[slot][kv_dim]`).
 //!
 //! Depends on `crate::kv` (block ids, positions per block) only.
 
 use crate::kv::{BlockId, BLOCK_POSITIONS};
 use crate::{Error, Result};
 
-/// KV storage: one f32 buffer per block, laid out `[layer][K|V][slot][kv_dim]`.
+/// KV storage: one f32 buffer per block, laid out `[layer][K|V]`, K as
+/// `[kv_dim][slot]`, V as `[slot][kv_dim]`.
 pub(crate) struct KvStore {
     blocks: Vec<Option<Box<[f32]>>>,
     n_layers: usize,
@@ -48,9 +51,10 @@ impl KvStore {
             })?;
             for layer in 0..self.n_layers {
                 for v in 0..2 {
-                    let o = self.offset(layer, v, 0);
+                    let o = self.offset(layer, v);
                     let at = crate::kv::state::kv_index(layer, v, len, start, d) * 4;
-                    for (dst, x) in out[at..at + n * d * 4].chunks_exact_mut(4).zip(&data[o..o + n * d]) {
+                    for (i, dst) in out[at..at + n * d * 4].chunks_exact_mut(4).enumerate() {
+                        let x = data[o + Self::at(v, i / d, i % d, d)];
                         dst.copy_from_slice(&x.to_le_bytes());
                     }
                 }
@@ -73,11 +77,11 @@ impl KvStore {
             let n = (len - start).min(BLOCK_POSITIONS);
             for layer in 0..self.n_layers {
                 for v in 0..2 {
-                    let o = self.offset(layer, v, 0);
+                    let o = self.offset(layer, v);
                     let at = crate::kv::state::kv_index(layer, v, len, start, d) * 4;
-                    let dst = &mut self.blocks[b as usize].as_mut().expect("ensured above")[o..o + n * d];
-                    for (x, src) in dst.iter_mut().zip(data[at..at + n * d * 4].chunks_exact(4)) {
-                        *x = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+                    let dst = &mut self.blocks[b as usize].as_mut().expect("ensured above")[o..o + BLOCK_POSITIONS * d];
+                    for (i, src) in data[at..at + n * d * 4].chunks_exact(4).enumerate() {
+                        dst[Self::at(v, i / d, i % d, d)] = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
                     }
                 }
             }
@@ -107,20 +111,36 @@ impl KvStore {
         Ok(())
     }
 
-    fn offset(&self, layer: usize, v: usize, slot: usize) -> usize {
-        ((layer * 2 + v) * BLOCK_POSITIONS + slot) * self.kv_dim
+    /// Where the K (v = 0) or V (v = 1) page of `layer` starts in a block.
+    fn offset(&self, layer: usize, v: usize) -> usize {
+        (layer * 2 + v) * BLOCK_POSITIONS * self.kv_dim
     }
 
-    /// The K (v = 0) or V (v = 1) rows of `layer` for all slots of block `b`.
+    /// Where value `j` of slot `slot` lies in a K (v = 0: transposed) or V page.
+    #[inline]
+    fn at(v: usize, slot: usize, j: usize, kv_dim: usize) -> usize {
+        if v == 0 {
+            j * BLOCK_POSITIONS + slot
+        } else {
+            slot * kv_dim + j
+        }
+    }
+
+    /// The K (v = 0: `[kv_dim][slot]`) or V (v = 1: `[slot][kv_dim]`) page of `layer`
+    /// of block `b`.
     pub(crate) fn page(&self, b: BlockId, layer: usize, v: usize) -> &[f32] {
-        let o = self.offset(layer, v, 0);
+        let o = self.offset(layer, v);
         &self.blocks[b as usize].as_ref().expect("block storage ensured before use")
             [o..o + BLOCK_POSITIONS * self.kv_dim]
     }
 
-    pub(crate) fn row_mut(&mut self, b: BlockId, layer: usize, v: usize, slot: usize) -> &mut [f32] {
-        let o = self.offset(layer, v, slot);
-        let kv_dim = self.kv_dim;
-        &mut self.blocks[b as usize].as_mut().expect("block storage ensured before use")[o..o + kv_dim]
+    /// Stores the K and V rows (`kv_dim` values each) of slot `slot` of block `b`.
+    pub(crate) fn write(&mut self, b: BlockId, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
+        let (d, ko, vo) = (self.kv_dim, self.offset(layer, 0), self.offset(layer, 1));
+        let data = self.blocks[b as usize].as_mut().expect("block storage ensured before use");
+        for (j, &x) in k[..d].iter().enumerate() {
+            data[ko + j * BLOCK_POSITIONS + slot] = x;
+        }
+        data[vo + slot * d..vo + (slot + 1) * d].copy_from_slice(&v[..d]);
     }
 }

@@ -1,6 +1,7 @@
 //! CPU backend: f32 KV blocks in host memory, the forward pass over mapped
 //! weights, worker threads per `options.threads`.
 
+pub(crate) mod attn;
 mod forward;
 pub(crate) mod fpack;
 pub(crate) mod gq;

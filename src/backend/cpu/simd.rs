@@ -40,7 +40,7 @@
 
 #[cfg(test)]
 use super::isa::wide;
-use super::isa::{reduce16, reduce8, Isa, QAct};
+use super::isa::{reduce16, Isa, QAct};
 use super::{fpack, qpack};
 use crate::quant::{f16_bits_to_f32, DType, QK};
 
@@ -300,28 +300,6 @@ pub(crate) fn gemm_f(
     }
 }
 
-/// `dot_f32` in the float order (used by attention): f32 · f32.
-pub(crate) fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX2/FMA present whenever these sets are chosen; equal lengths asserted.
-        Isa::Avx512Vnni | Isa::Avx2 => unsafe { x86_256::dot_f32(a, b) },
-        _ => {
-            let n = a.len();
-            let n8 = n / 8 * 8;
-            let mut acc = [0f32; 8];
-            for i in 0..n8 {
-                acc[i % 8] = a[i].mul_add(b[i], acc[i % 8]);
-            }
-            for i in n8..n {
-                acc[i - n8] = a[i].mul_add(b[i], acc[i - n8]);
-            }
-            reduce8(acc)
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,11 +351,6 @@ mod tests {
                     let (gb, wb): (Vec<u32>, Vec<u32>) =
                         (got.iter().map(|v| v.to_bits()).collect(), want.iter().map(|v| v.to_bits()).collect());
                     assert_eq!(gb, wb, "{dt} {isa:?} rows={rows} cols={cols} t={t}");
-                }
-                for isa in available() {
-                    let a = &x[..cols];
-                    let b = &x[x.len() - cols..];
-                    assert_eq!(dot_f32(isa, a, b).to_bits(), dot_f32(Isa::Scalar, a, b).to_bits());
                 }
             }
         }

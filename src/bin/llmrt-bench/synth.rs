@@ -31,7 +31,9 @@ const TINYLLAMA: Shape = Shape {
     kv_heads: 4,
     ffn: 5632,
     vocab: 32000,
-    ctx: 2048,
+    // TinyLlama itself says 2048; 4096 lets the depth rows (pp512 / tg64 at depth
+    // 2048, llama-bench's `-d`) fit in both tools' contexts. The weights are random.
+    ctx: 4096,
     theta: 10000.0,
     experts: (0, 0),
 };

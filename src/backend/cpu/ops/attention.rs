@@ -9,13 +9,12 @@
 //! CUDA twin: `backend/cuda/ops/attention.rs`, `kernels/attention.cu` (the K/V
 //! store is fused with RoPE there: `kernels/rope.cu`).
 //!
-//! Depends on `isa` / `simd` (the f32 dot of the scores), `pool` (the work split),
-//! `elementwise` (`axpy`) and `kv` (the backend's `KvStore`).
+//! Depends on `attn` (the page kernels: scores, softmax, weighted sum), `isa` (the
+//! kernel set), `pool` (the work split) and `kv` (the backend's `KvStore`).
 
-use super::elementwise::axpy;
 use crate::backend::cpu::kv::KvStore;
 use crate::backend::cpu::pool::{par_units, Pool};
-use crate::backend::cpu::{isa, simd};
+use crate::backend::cpu::{attn, isa};
 use crate::backend::Seq;
 use crate::kv::BLOCK_POSITIONS;
 
@@ -34,8 +33,7 @@ pub(crate) fn kv_write(kv: &mut KvStore, seqs: &[Seq<'_>], toks: &[Tok], layer: 
     for (t, tok) in toks.iter().enumerate() {
         let b = seqs[tok.seq].blocks[tok.pos / BLOCK_POSITIONS];
         let slot = tok.pos % BLOCK_POSITIONS;
-        kv.row_mut(b, layer, 0, slot).copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
-        kv.row_mut(b, layer, 1, slot).copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
+        kv.write(b, layer, slot, &k[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd]);
     }
 }
 
@@ -67,23 +65,14 @@ impl Scores {
     pub(crate) fn first(&self, pos: usize) -> usize {
         self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
     }
-
-    /// The score of a dot product.
-    #[inline]
-    pub(crate) fn score(&self, dot: f32) -> f32 {
-        let s = dot * self.scale;
-        if self.softcap > 0.0 {
-            self.softcap * (s / self.softcap).tanh()
-        } else {
-            s
-        }
-    }
 }
 
 /// Causal attention of every token over its cache's positions `0..=pos` (the last
-/// `window` of them with a window), one (token, head) pair per unit of work, walking
-/// the cache page by page: `q` and `out` hold a row of `n_heads * head_dim` per token
-/// of `toks`.
+/// `window` of them with a window): `q` and `out` hold a row of `n_heads * head_dim`
+/// per token of `toks`. The work is split by query head; each piece goes to
+/// `attn::run` in runs of up to `attn::MAX_HEADS` heads of one token that share a KV
+/// head (each K page read once per run), and a head's result does not depend on
+/// the run it is in (`attn`'s docs).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     pool: &Pool,
@@ -101,43 +90,44 @@ pub(crate) fn attention(
     let group = nh / n_kv_heads;
     let isa = isa::isa();
     let max_pos = toks.iter().map(|t| t.pos).max().unwrap_or(0);
-    par_units(pool, out, hd, (max_pos + 1) * hd * 2, 1, |u0, part| {
-        let mut scores = vec![0f32; max_pos + 1];
-        for (i, o) in part.chunks_exact_mut(hd).enumerate() {
+    // Pieces of whole runs where the group splits evenly into them.
+    let run_len = group.min(attn::MAX_HEADS);
+    let align = if group.is_multiple_of(run_len) { run_len } else { 1 };
+    par_units(pool, out, hd, (max_pos + 1) * hd * 2, align, |u0, part| {
+        let (mut scratch, mut kpages, mut vpages) = (Vec::new(), Vec::new(), Vec::new());
+        let units = part.len() / hd;
+        let mut i = 0;
+        while i < units {
             let (t, hq) = ((u0 + i) / nh, (u0 + i) % nh);
+            let kvh = hq / group;
+            let n = ((kvh + 1) * group).min(hq + attn::MAX_HEADS).min(hq + units - i) - hq;
             let tok = &toks[t];
             let blocks = seqs[tok.seq].blocks;
             let len = tok.pos + 1;
             // Positions lo..len, on pages lo / 16 ..= (len - 1) / 16 (a window skips the rest).
             let lo = sc.first(tok.pos);
             let pages = lo / BLOCK_POSITIONS..len.div_ceil(BLOCK_POSITIONS);
-            let kvh = hq / group;
-            let qv = &q[t * qd + hq * hd..t * qd + (hq + 1) * hd];
-            let mut m = f32::NEG_INFINITY;
+            let kcols = kvh * hd * BLOCK_POSITIONS..(kvh + 1) * hd * BLOCK_POSITIONS;
+            kpages.clear();
+            vpages.clear();
             for bi in pages.clone() {
-                let (p0, page) = (bi * BLOCK_POSITIONS, kv.page(blocks[bi], layer, 0));
-                let from = lo.max(p0);
-                let rows = page.chunks_exact(kvd).skip(from - p0);
-                for (s, krow) in scores[from..len.min(p0 + BLOCK_POSITIONS)].iter_mut().zip(rows) {
-                    *s = sc.score(simd::dot_f32(isa, qv, &krow[kvh * hd..(kvh + 1) * hd]));
-                    m = m.max(*s);
-                }
+                kpages.push(&kv.page(blocks[bi], layer, 0)[kcols.clone()]);
+                vpages.push(&kv.page(blocks[bi], layer, 1)[kvh * hd..]);
             }
-            let mut sum = 0f32;
-            for s in scores[lo..len].iter_mut() {
-                *s = (*s - m).exp();
-                sum += *s;
-            }
-            let inv = 1.0 / sum;
-            o.fill(0.0);
-            for bi in pages {
-                let (p0, page) = (bi * BLOCK_POSITIONS, kv.page(blocks[bi], layer, 1));
-                let from = lo.max(p0);
-                let rows = page.chunks_exact(kvd).skip(from - p0);
-                for (&s, vrow) in scores[from..len.min(p0 + BLOCK_POSITIONS)].iter().zip(rows) {
-                    axpy(o, s * inv, &vrow[kvh * hd..(kvh + 1) * hd]);
-                }
-            }
+            let run = attn::Run {
+                q: &q[t * qd + hq * hd..t * qd + (hq + n) * hd],
+                heads: n,
+                hd,
+                kpages: &kpages,
+                vpages: &vpages,
+                vstride: kvd,
+                from: lo - pages.start * BLOCK_POSITIONS,
+                to: len - (pages.end - 1) * BLOCK_POSITIONS,
+                scale: sc.scale,
+                softcap: sc.softcap,
+            };
+            attn::run(isa, &run, &mut scratch, &mut part[i * hd..(i + n) * hd]);
+            i += n;
         }
     });
 }

@@ -105,14 +105,6 @@ macro_rules! x86_kernels {
                 }
             });
         }
-
-        #[target_feature(enable = $feat)]
-        pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-            let mut o = 0f32;
-            // SAFETY: one row of `a.len()` f32 each (equal lengths checked by the caller).
-            unsafe { tile_f::<1, 1>(a.as_ptr() as *const u8, 0, a.len(), b.as_ptr(), 0, &mut o, 0) };
-            o
-        }
     };
 }
 
