@@ -100,9 +100,11 @@ pub(crate) fn exp_neg(x: f32) -> f32 {
 pub(crate) fn run(isa: Isa, r: &Run<'_>, scratch: &mut Vec<f32>, out: &mut [f32]) {
     r.check(out);
     let np = r.kpages.len();
-    scratch.clear();
-    scratch.resize(r.heads * np * P, 0.0);
-    let s = &mut scratch[..];
+    // Every lane of every page is written by the scores before it is read.
+    if scratch.len() < r.heads * np * P {
+        scratch.resize(r.heads * np * P, 0.0);
+    }
+    let s = &mut scratch[..r.heads * np * P];
     let mut m = [f32::NEG_INFINITY; MAX_HEADS];
     let mut sums = [0f32; MAX_HEADS];
     match isa {
@@ -150,6 +152,19 @@ pub(crate) fn run(isa: Isa, r: &Run<'_>, scratch: &mut Vec<f32>, out: &mut [f32]
         Isa::Avx2 => unsafe { x256::values(r, s, &inv, out) },
         _ => values_ref(r, s, &inv, 0, r.hd, out),
     }
+}
+
+/// The page two ahead of page `i` (else the next, else `i`): what the SIMD kernels
+/// prefetch while they compute page `i` (a decode step at depth reads every page from
+/// memory, one 4 KiB run per head and page, too short for the hardware prefetcher
+/// to ramp up).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const AHEAD: usize = 2;
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[inline]
+fn ahead<'a>(pages: &[&'a [f32]], i: usize) -> &'a [f32] {
+    pages.get(i + AHEAD).or(pages.last()).unwrap_or(&pages[i])
 }
 
 fn scores_ref(r: &Run<'_>, s: &mut [f32], m: &mut [f32; MAX_HEADS]) {
@@ -246,9 +261,10 @@ mod x512 {
             let q = r.q.as_ptr().add(h0 * hd);
             let mut mx = [_mm512_set1_ps(f32::NEG_INFINITY); H];
             for (i, kp) in r.kpages.iter().enumerate() {
-                let kt = kp.as_ptr();
+                let (kt, ahead) = (kp.as_ptr(), ahead(r.kpages, i).as_ptr());
                 let mut acc = [_mm512_setzero_ps(); H];
                 for j in 0..hd {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.add(j * P) as *const i8);
                     let k = _mm512_loadu_ps(kt.add(j * P));
                     for h in 0..H {
                         acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(h * hd + j)), k, acc[h]);
@@ -326,10 +342,12 @@ mod x512 {
             let mut acc = [[_mm512_setzero_ps(); C]; H];
             for (i, vp) in r.vpages.iter().enumerate() {
                 let (a, b) = r.valid(i);
+                let ahead = ahead(r.vpages, i).as_ptr();
                 for l in a..b {
                     let row = vp.as_ptr().add(l * r.vstride + j0);
                     let mut v = [_mm512_setzero_ps(); C];
                     for c in 0..C {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.add(l * r.vstride + j0 + 16 * c) as *const i8);
                         v[c] = _mm512_loadu_ps(row.add(16 * c));
                     }
                     for h in 0..H {
@@ -430,9 +448,10 @@ mod x256 {
             let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
             let mut mx = [ninf; H];
             for (i, kp) in r.kpages.iter().enumerate() {
-                let kt = kp.as_ptr();
+                let (kt, ahead) = (kp.as_ptr(), ahead(r.kpages, i).as_ptr());
                 let mut acc = [[_mm256_setzero_ps(); 2]; H];
                 for j in 0..hd {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.add(j * P) as *const i8);
                     let k0 = _mm256_loadu_ps(kt.add(j * P));
                     let k1 = _mm256_loadu_ps(kt.add(j * P + 8));
                     for h in 0..H {
@@ -523,10 +542,12 @@ mod x256 {
             let mut acc = [[_mm256_setzero_ps(); C]; H];
             for (i, vp) in r.vpages.iter().enumerate() {
                 let (a, b) = r.valid(i);
+                let ahead = ahead(r.vpages, i).as_ptr();
                 for l in a..b {
                     let row = vp.as_ptr().add(l * r.vstride + j0);
                     let mut v = [_mm256_setzero_ps(); C];
                     for c in 0..C {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.add(l * r.vstride + j0 + 8 * c) as *const i8);
                         v[c] = _mm256_loadu_ps(row.add(8 * c));
                     }
                     for h in 0..H {

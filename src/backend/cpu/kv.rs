@@ -1,7 +1,8 @@
 //! The CPU backend's KV storage: one f32 buffer per cache block, allocated on
-//! first use, laid out `[layer][K|V]`, with the K page transposed (`[kv_dim][slot]`:
-//! a head's 16 positions of one dimension side by side, the lanes of
-//! `attn`'s score kernels) and the V page by rows (`[slot][kv_dim]`).
+//! first use, laid out `[layer][K|V]`, each page by KV head: K transposed
+//! (`[head][dim][slot]`: a head's 16 positions of one dimension side by side, the
+//! lanes of `attn`'s score kernels), V by rows (`[head][slot][dim]`), so a head's K
+//! and V of a page are 4 KiB each at head size 64, contiguous.
 //!
 //! Depends on `crate::kv` (block ids, positions per block) only.
 
@@ -9,17 +10,20 @@ use crate::kv::{BlockId, BLOCK_POSITIONS};
 use crate::{Error, Result};
 
 /// KV storage: one f32 buffer per block, laid out `[layer][K|V]`, K as
-/// `[kv_dim][slot]`, V as `[slot][kv_dim]`.
+/// `[head][dim][slot]`, V as `[head][slot][dim]`.
 pub(crate) struct KvStore {
     blocks: Vec<Option<Box<[f32]>>>,
     n_layers: usize,
     kv_dim: usize,
+    head_dim: usize,
 }
 
 impl KvStore {
-    /// Empty storage for `n_layers` layers of K and V rows of `kv_dim` values.
-    pub(crate) fn new(n_layers: usize, kv_dim: usize) -> KvStore {
-        KvStore { blocks: Vec::new(), n_layers, kv_dim }
+    /// Empty storage for `n_layers` layers of K and V rows of `kv_dim` values, in
+    /// heads of `head_dim`.
+    pub(crate) fn new(n_layers: usize, kv_dim: usize, head_dim: usize) -> KvStore {
+        assert!(head_dim > 0 && kv_dim.is_multiple_of(head_dim));
+        KvStore { blocks: Vec::new(), n_layers, kv_dim, head_dim }
     }
 
     /// Values in one K or V row.
@@ -41,7 +45,7 @@ impl KvStore {
     /// Positions `0..len` of the blocks `blocks` into `out` in the saved-state layout
     /// (`crate::kv::state`: layer, K|V, position; f32 little-endian).
     pub(crate) fn read_positions(&self, blocks: &[BlockId], len: usize, out: &mut [u8]) -> Result<()> {
-        let d = self.kv_dim;
+        let (d, hd) = (self.kv_dim, self.head_dim);
         crate::kv::state::check_section(self.n_layers, d, 4, blocks, len, out.len())?;
         for (bi, &b) in blocks.iter().enumerate().take(len.div_ceil(BLOCK_POSITIONS)) {
             let start = bi * BLOCK_POSITIONS;
@@ -54,7 +58,7 @@ impl KvStore {
                     let o = self.offset(layer, v);
                     let at = crate::kv::state::kv_index(layer, v, len, start, d) * 4;
                     for (i, dst) in out[at..at + n * d * 4].chunks_exact_mut(4).enumerate() {
-                        let x = data[o + Self::at(v, i / d, i % d, d)];
+                        let x = data[o + Self::at(v, i / d, i % d, hd)];
                         dst.copy_from_slice(&x.to_le_bytes());
                     }
                 }
@@ -66,7 +70,7 @@ impl KvStore {
     /// The reverse of [`Self::read_positions`]: storage is made for every block first
     /// (`LLMRT_OUT_OF_MEMORY` naming it), then the rows are written.
     pub(crate) fn write_positions(&mut self, blocks: &[BlockId], len: usize, data: &[u8]) -> Result<()> {
-        let d = self.kv_dim;
+        let (d, hd) = (self.kv_dim, self.head_dim);
         crate::kv::state::check_section(self.n_layers, d, 4, blocks, len, data.len())?;
         let used = &blocks[..len.div_ceil(BLOCK_POSITIONS)];
         for &b in used {
@@ -81,7 +85,7 @@ impl KvStore {
                     let at = crate::kv::state::kv_index(layer, v, len, start, d) * 4;
                     let dst = &mut self.blocks[b as usize].as_mut().expect("ensured above")[o..o + BLOCK_POSITIONS * d];
                     for (i, src) in data[at..at + n * d * 4].chunks_exact(4).enumerate() {
-                        dst[Self::at(v, i / d, i % d, d)] = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+                        dst[Self::at(v, i / d, i % d, hd)] = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
                     }
                 }
             }
@@ -116,18 +120,21 @@ impl KvStore {
         (layer * 2 + v) * BLOCK_POSITIONS * self.kv_dim
     }
 
-    /// Where value `j` of slot `slot` lies in a K (v = 0: transposed) or V page.
+    /// Where value `j` (of `kv_dim`) of slot `slot` lies in a K (v = 0) or V page of
+    /// heads of `head_dim`.
     #[inline]
-    fn at(v: usize, slot: usize, j: usize, kv_dim: usize) -> usize {
+    fn at(v: usize, slot: usize, j: usize, head_dim: usize) -> usize {
+        let (h, d) = (j / head_dim, j % head_dim);
+        let head = h * head_dim * BLOCK_POSITIONS;
         if v == 0 {
-            j * BLOCK_POSITIONS + slot
+            head + d * BLOCK_POSITIONS + slot
         } else {
-            slot * kv_dim + j
+            head + slot * head_dim + d
         }
     }
 
-    /// The K (v = 0: `[kv_dim][slot]`) or V (v = 1: `[slot][kv_dim]`) page of `layer`
-    /// of block `b`.
+    /// The K (v = 0: `[head][dim][slot]`) or V (v = 1: `[head][slot][dim]`) page of
+    /// `layer` of block `b`.
     pub(crate) fn page(&self, b: BlockId, layer: usize, v: usize) -> &[f32] {
         let o = self.offset(layer, v);
         &self.blocks[b as usize].as_ref().expect("block storage ensured before use")
@@ -136,11 +143,15 @@ impl KvStore {
 
     /// Stores the K and V rows (`kv_dim` values each) of slot `slot` of block `b`.
     pub(crate) fn write(&mut self, b: BlockId, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
-        let (d, ko, vo) = (self.kv_dim, self.offset(layer, 0), self.offset(layer, 1));
+        let (ko, vo, d, hd) = (self.offset(layer, 0), self.offset(layer, 1), self.kv_dim, self.head_dim);
         let data = self.blocks[b as usize].as_mut().expect("block storage ensured before use");
-        for (j, &x) in k[..d].iter().enumerate() {
-            data[ko + j * BLOCK_POSITIONS + slot] = x;
+        for h in 0..d / hd {
+            let page = h * hd * BLOCK_POSITIONS;
+            for (j, &x) in k[h * hd..(h + 1) * hd].iter().enumerate() {
+                data[ko + page + j * BLOCK_POSITIONS + slot] = x;
+            }
+            let row = vo + page + slot * hd;
+            data[row..row + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
         }
-        data[vo + slot * d..vo + (slot + 1) * d].copy_from_slice(&v[..d]);
     }
 }

@@ -53,7 +53,7 @@ impl CpuBackend {
     pub fn new(cfg: Config, w: Arc<Weights>, threads: usize, progress: &mut dyn FnMut(f32)) -> Result<CpuBackend> {
         let inv_freq = cfg.rope_inv_freq(w.rope_freqs.as_deref());
         let inv_freq_local = cfg.rope_inv_freq_local();
-        let kv = KvStore::new(cfg.n_layers, cfg.kv_dim());
+        let kv = KvStore::new(cfg.n_layers, cfg.kv_dim(), cfg.head_dim);
         let threads = threads.max(1);
         let mut packed = HashMap::new();
         let isa = isa::isa();

@@ -86,7 +86,7 @@ pub(crate) fn attention(
     out: &mut [f32],
 ) {
     let Heads { n_heads: nh, n_kv_heads, head_dim: hd } = heads;
-    let (qd, kvd) = (nh * hd, n_kv_heads * hd);
+    let qd = nh * hd;
     let group = nh / n_kv_heads;
     let isa = isa::isa();
     let max_pos = toks.iter().map(|t| t.pos).max().unwrap_or(0);
@@ -107,12 +107,13 @@ pub(crate) fn attention(
             // Positions lo..len, on pages lo / 16 ..= (len - 1) / 16 (a window skips the rest).
             let lo = sc.first(tok.pos);
             let pages = lo / BLOCK_POSITIONS..len.div_ceil(BLOCK_POSITIONS);
+            // The KV head's part of each page (`kv`: K `[dim][slot]`, V `[slot][dim]`).
             let kcols = kvh * hd * BLOCK_POSITIONS..(kvh + 1) * hd * BLOCK_POSITIONS;
             kpages.clear();
             vpages.clear();
             for bi in pages.clone() {
                 kpages.push(&kv.page(blocks[bi], layer, 0)[kcols.clone()]);
-                vpages.push(&kv.page(blocks[bi], layer, 1)[kvh * hd..]);
+                vpages.push(&kv.page(blocks[bi], layer, 1)[kcols.clone()]);
             }
             let run = attn::Run {
                 q: &q[t * qd + hq * hd..t * qd + (hq + n) * hd],
@@ -120,7 +121,7 @@ pub(crate) fn attention(
                 hd,
                 kpages: &kpages,
                 vpages: &vpages,
-                vstride: kvd,
+                vstride: hd,
                 from: lo - pages.start * BLOCK_POSITIONS,
                 to: len - (pages.end - 1) * BLOCK_POSITIONS,
                 scale: sc.scale,
@@ -176,7 +177,7 @@ mod tests {
     fn attention_window_reads_only_the_window_pages() {
         let heads = Heads { n_heads: 2, n_kv_heads: 1, head_dim: 8 };
         let (qd, kvd, hd) = (16, 8, 8);
-        let mut kv = KvStore::new(1, kvd);
+        let mut kv = KvStore::new(1, kvd, hd);
         let table: Vec<u32> = vec![100, 101, 4, 1];
         kv.ensure(4).unwrap();
         kv.ensure(1).unwrap();
@@ -209,7 +210,7 @@ mod tests {
     fn attention_matches_f64_softmax() {
         let heads = Heads { n_heads: 4, n_kv_heads: 2, head_dim: 8 };
         let (qd, kvd, hd) = (32, 16, 8);
-        let mut kv = KvStore::new(2, kvd);
+        let mut kv = KvStore::new(2, kvd, hd);
         let (b0, b1): (Vec<u32>, Vec<u32>) = (vec![5, 2, 7], vec![0, 3]);
         for &b in b0.iter().chain(&b1) {
             kv.ensure(b).unwrap();
