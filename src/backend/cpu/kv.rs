@@ -145,13 +145,9 @@ impl KvStore {
     pub(crate) fn write(&mut self, b: BlockId, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
         let (ko, vo, d, hd) = (self.offset(layer, 0), self.offset(layer, 1), self.kv_dim, self.head_dim);
         let data = self.blocks[b as usize].as_mut().expect("block storage ensured before use");
-        for h in 0..d / hd {
-            let page = h * hd * BLOCK_POSITIONS;
-            for (j, &x) in k[h * hd..(h + 1) * hd].iter().enumerate() {
-                data[ko + page + j * BLOCK_POSITIONS + slot] = x;
-            }
-            let row = vo + page + slot * hd;
-            data[row..row + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+        for j in 0..d {
+            data[ko + Self::at(0, slot, j, hd)] = k[j];
+            data[vo + Self::at(1, slot, j, hd)] = v[j];
         }
     }
 }
