@@ -594,3 +594,37 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod bench {
+    use super::*;
+    use crate::backend::cpu::isa::available;
+
+    /// Kernel speed, one thread (not an assertion: run with `--ignored --nocapture`):
+    /// TinyLlama's prefill shapes (rows x cols) against 128 tokens, in GFLOP/s.
+    #[test]
+    #[ignore]
+    fn fpack_bench() {
+        use std::time::Instant;
+        let mut rng = crate::util::XorShift::new(3);
+        let t = 128;
+        for (rows, cols) in [(2048usize, 2048usize), (5632, 2048), (2048, 5632)] {
+            let v = rng.vec(rows * cols, -1.0, 1.0);
+            let w: Vec<u8> = v.iter().flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes()).collect();
+            let p = Packed::new(DType::F16, &w, rows, cols, "bench", 2).unwrap();
+            let x = rng.vec(t * cols, -1.0, 1.0);
+            let mut out = vec![0f32; rows * t];
+            for isa in available().into_iter().filter(|&i| i != Isa::Scalar) {
+                let n = rows.min(512);
+                gemm(isa, &p, 0, n, &x, &mut out[..n * t]);
+                let mut best = f64::MAX;
+                for _ in 0..5 {
+                    let t0 = Instant::now();
+                    gemm(isa, &p, 0, n, &x, &mut out[..n * t]);
+                    best = best.min(t0.elapsed().as_secs_f64());
+                }
+                eprintln!("F16 {isa:?} {n}x{cols} x {t}: {:.1} GFLOP/s", 2.0 * (n * cols * t) as f64 / best / 1e9);
+            }
+        }
+    }
+}

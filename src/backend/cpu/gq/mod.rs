@@ -173,6 +173,38 @@ use crate::quant::groups::{unpack, Group, GROUP};
 use crate::quant::DType;
 use crate::Result;
 
+/// What each token's activation group brings to a SIMD tile, formed once per call:
+/// the bias corrections `-bias * bsum` (a kernel set's bias for the type) that start
+/// or join the integer sums (per half for the types with a scale per 16, else the
+/// whole group's in `nb[0]`), and the activation sums as f32 for the offsets (`bf`,
+/// the same split). Loaded as broadcasts, so a tile does no scalar work per token.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+#[repr(C, align(16))]
+struct Tok {
+    nb: [i32; 2],
+    bf: [f32; 2],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Tok {
+    /// One entry per activation group of `a` (token-major, as `a.d`).
+    fn table(a: &QAct, halves: bool, bias: i32) -> Vec<Tok> {
+        a.qs.chunks_exact(GROUP)
+            .zip(&a.sums)
+            .map(|(b, &bs)| {
+                if halves {
+                    let b0: i32 = b[..16].iter().map(|&v| v as i32).sum();
+                    let b1 = bs - b0;
+                    Tok { nb: [-bias * b0, -bias * b1], bf: [b0 as f32, b1 as f32] }
+                } else {
+                    Tok { nb: [-bias * bs, 0], bf: [bs as f32, 0.0] }
+                }
+            })
+            .collect()
+    }
+}
+
 /// The group-order dot product of one weight row with one activation row
 /// (`qx`: `cols` values, `dx`: `cols / 32` scales): what the kernels are tested against.
 #[cfg(test)]
@@ -533,7 +565,7 @@ mod tests {
             for &cols in &all_cols {
                 let rb = dt.row_bytes(cols).unwrap();
                 let w: Vec<u8> = (0..9).flat_map(|_| random_row(dt, cols, &mut r)).collect();
-                for &t in &[1usize, 2, 7, 33] {
+                for &t in &[1usize, 2, 7, 14, 33] {
                     for full in 0..3 {
                         // 1: every |qx| 127; 2: a subnormal maximum (quantized like the
                         // block scaled into the normal range: +-127), then every negative
@@ -611,7 +643,7 @@ mod tests {
                 let rb = dt.row_bytes(cols).unwrap();
                 for &rows in &[1usize, 7, 8, 16, 23, 40] {
                     let w: Vec<u8> = (0..rows).flat_map(|_| random_row(dt, cols, &mut r)).collect();
-                    for &t in &[1usize, 2, 9] {
+                    for &t in &[1usize, 2, 9, 31] {
                         let x = r.vec(t * cols, -1.0, 1.0);
                         let a = QAct::quantize(&x, cols);
                         let g = cols / GROUP;

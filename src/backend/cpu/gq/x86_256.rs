@@ -43,7 +43,7 @@ const TC: usize = 32;
 const PF: usize = 2;
 
 use super::tag::*;
-use super::Src;
+use super::{Src, Tok};
 
 /// A scale (and offset) per 16 values.
 const fn halves(t: u8) -> bool {
@@ -216,6 +216,8 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
     let mut un = Unit { q: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2] };
     let mut acc = [zf; TC];
     let lv = levels();
+    // Prefill's per-token bias corrections and offset sums (decode forms its own).
+    let tok = if t > 1 { Tok::table(a, halves(T), bias(T)) } else { Vec::new() };
     for r0 in (0..nrows).step_by(R) {
         let nr = (nrows - r0).min(R);
         let rows: [*const u8; R] = match src {
@@ -266,6 +268,7 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
                     let xq = a.qs.as_ptr().add(c0 * cols + u * U * GROUP);
                     let xd = a.d.as_ptr().add(c0 * groups + u * U);
                     let xs = a.sums.as_ptr().add(c0 * groups + u * U);
+                    let xt = tok.as_ptr().wrapping_add(c0 * groups + u * U);
                     // A transposed tile's group is 8 dwords of 8 rows (`lane_sums`), else
                     // 8 rows of 32 values (`row_sums`); `un.q[g][i]` is the i-th either way.
                     let q = |g: usize, i: usize| {
@@ -275,27 +278,16 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
                             qgroup::<T>(bp[i], g, lv)
                         }
                     };
-                    let sums = |q: &dyn Fn(usize) -> __m256i, xp: *const i8, x: __m256i| {
-                        if TR {
-                            lane_sums::<T>(q, xp)
-                        } else {
-                            row_sums::<T>(q, x)
-                        }
-                    };
                     if ct == 1 {
                         // Decode: each group straight from the weights into the dot product.
-                        acc[0] = dot_unit::<T>(&un, |g, xp, x| sums(&|i| q(g, i), xp, x), ng, xq, xd, xs, acc[0]);
+                        acc[0] = decode_unit::<T, TR>(&un, &bp, lv, ng, xq, xd, xs, acc[0]);
                     } else {
                         for g in 0..ng {
                             for i in 0..R {
                                 un.q[g][i] = q(g, i);
                             }
                         }
-                        let qv = &un.q;
-                        for c in 0..ct {
-                            let (xq, xd, xs) = (xq.add(c * cols), xd.add(c * groups), xs.add(c * groups));
-                            acc[c] = dot_unit::<T>(&un, |g, xp, x| sums(&|i| qv[g][i], xp, x), ng, xq, xd, xs, acc[c]);
-                        }
+                        prefill_unit::<T, TR>(&un, ng, (cols, groups), xq, xd, (xs, xt), &mut acc[..ct]);
                     }
                 }
             }
@@ -308,6 +300,76 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
                 }
             }
         }
+    }
+}
+
+/// Prefill's pass over one unpacked unit (`un.q`) for `acc.len()` tokens (token `c`'s
+/// activations `c * cols` values, its scales, sums and [`Tok`] entries `c * groups` on),
+/// out of line like [`decode_unit`].
+///
+/// # Safety
+/// As `dot_unit` for each token (`gemm_t`'s chunk of tokens).
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn prefill_unit<const T: u8, const TR: bool>(
+    un: &Unit,
+    ng: usize,
+    (cols, groups): (usize, usize),
+    xq: *const i8,
+    xd: *const f32,
+    (xs, xt): (*const i32, *const Tok),
+    acc: &mut [__m256],
+) {
+    let qv = &un.q;
+    let sums = |g: usize, xp: *const i8, x: __m256i| {
+        if TR {
+            // SAFETY: `xp` is the group's 32 activations (`dot_unit`).
+            unsafe { lane_sums::<T>(|i| qv[g][i], xp) }
+        } else {
+            row_sums::<T>(|i| qv[g][i], x)
+        }
+    };
+    for (c, acc) in acc.iter_mut().enumerate() {
+        // SAFETY: the caller's contract: token `c`'s activations, scales and entries.
+        unsafe {
+            let (xq, xd) = (xq.add(c * cols), xd.add(c * groups));
+            let xs = (xs.add(c * groups), xt.add(c * groups));
+            *acc = dot_unit::<T, true>(un, sums, ng, xq, xd, xs, *acc);
+        }
+    }
+}
+
+/// Decode's pass over one unit ([`dot_unit`] with each group unpacked straight into the
+/// dot product), out of line: inlined into the prefill loop it ran 7-8% slower (AVX2
+/// Q6_K tg32, measured).
+///
+/// # Safety
+/// As `dot_unit`, with `bp` the unit's row pointers (`gemm_t`).
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_unit<const T: u8, const TR: bool>(
+    un: &Unit,
+    bp: &[*const u8; R],
+    lv: __m256i,
+    ng: usize,
+    xq: *const i8,
+    xd: *const f32,
+    xs: *const i32,
+    acc: __m256,
+) -> __m256 {
+    // SAFETY: the caller's contract (`gemm_t`'s unit `u` of every row, `ng` groups).
+    unsafe {
+        let q = |g: usize, i: usize| if TR { qgroup_t::<T>(bp[0], g, i, lv) } else { qgroup::<T>(bp[i], g, lv) };
+        let sums = |g: usize, xp: *const i8, x: __m256i| {
+            if TR {
+                lane_sums::<T>(|i| q(g, i), xp)
+            } else {
+                row_sums::<T>(|i| q(g, i), x)
+            }
+        };
+        dot_unit::<T, false>(un, sums, ng, xq, xd, (xs, std::ptr::null()), acc)
     }
 }
 
@@ -718,6 +780,13 @@ const fn narrow_lanes(t: u8) -> bool {
     matches!(t, T_Q2_K | T_Q3_K | T_Q4_K | T_Q5_K)
 }
 
+/// Types whose lane sums may add two `maddubs` results in i16: unsigned integers
+/// below 64 (Q6_K's `q + 32`), a 16-bit lane then sums 4 products with |x| <= 128,
+/// at most 4 * 63 * 128 = 32,256 in magnitude.
+const fn pair_lanes(t: u8) -> bool {
+    matches!(t, T_Q6_K)
+}
+
 /// [`row_sums`] from a transposed tile's group ([`super::pack_transposed`]): `q(m)` holds
 /// dword `m` (values `4m .. 4m + 4`) of the 8 rows, row `r` in lane `r`; each is
 /// multiplied with activation dword `m` broadcast (`xp`: the group's 32 activations),
@@ -729,21 +798,26 @@ const fn narrow_lanes(t: u8) -> bool {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn lane_sums<const T: u8>(q: impl Fn(usize) -> __m256i, xp: *const i8) -> (__m256i, __m256i) {
     let ones16 = _mm256_set1_epi16(1);
-    let p: [__m256i; 8] = std::array::from_fn(|m| {
+    // A loop, not `array::from_fn`: its closure was left out of line in some of the
+    // kernels (decode at 58% of the speed).
+    let mut p = [_mm256_setzero_si256(); 8];
+    for (m, p) in p.iter_mut().enumerate() {
         // SAFETY: dword `m < 8` of the caller's 32 activations.
         let xb = _mm256_set1_epi32(unsafe { (xp.add(4 * m) as *const i32).read_unaligned() });
         let q = q(m);
-        if signed(T) {
+        *p = if signed(T) {
             _mm256_maddubs_epi16(_mm256_abs_epi8(xb), _mm256_sign_epi8(q, xb))
         } else {
             _mm256_maddubs_epi16(q, xb)
-        }
-    });
+        };
+    }
     let add16 = |a, b| _mm256_add_epi16(a, b);
     let add32 = |a, b| _mm256_add_epi32(a, b);
     let md = |v| _mm256_madd_epi16(v, ones16);
     if narrow_lanes(T) {
         (md(add16(add16(p[0], p[1]), add16(p[2], p[3]))), md(add16(add16(p[4], p[5]), add16(p[6], p[7]))))
+    } else if pair_lanes(T) {
+        (add32(md(add16(p[0], p[1])), md(add16(p[2], p[3]))), add32(md(add16(p[4], p[5])), md(add16(p[6], p[7]))))
     } else {
         (
             add32(add32(md(p[0]), md(p[1])), add32(md(p[2]), md(p[3]))),
@@ -755,17 +829,20 @@ unsafe fn lane_sums<const T: u8>(q: impl Fn(usize) -> __m256i, xp: *const i8) ->
 /// The `ng` groups of `un` (its scales; each group's exact half sums from
 /// `sums(g, its 32 activations' address, their vector)`, row `r` in lane `r`) times one
 /// token's activation groups (`xq`: `32 * ng` values, `xd`: `ng` scales, `xs`: their
-/// `ng` sums, which types with one scale per 32 take as `bsum`; the per-16 types sum
-/// the halves here), added to `acc` (row `r` in lane `r`) in the group order.
+/// `ng` sums, which types with one scale per 32 take as `bsum`, and with `TAB` their
+/// `ng` [`Tok`] entries, which then give the bias corrections and offset sums; without,
+/// the per-16 types sum the halves here), added to `acc` (row `r` in lane `r`) in the
+/// group order. Prefill takes `TAB` (AVX2 Q6_K pp128 +20%); decode does not (the
+/// table's loads measured 8% slower there: AVX2 Q6_K tg32 12.0 -> 11.1 t/s).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_unit<const T: u8>(
+unsafe fn dot_unit<const T: u8, const TAB: bool>(
     un: &Unit,
     sums: impl Fn(usize, *const i8, __m256i) -> (__m256i, __m256i),
     ng: usize,
     xq: *const i8,
     xd: *const f32,
-    xs: *const i32,
+    (xs, xt): (*const i32, *const Tok),
     mut acc: __m256,
 ) -> __m256 {
     let ones16 = _mm256_set1_epi16(1);
@@ -775,36 +852,50 @@ unsafe fn dot_unit<const T: u8>(
         // SAFETY: the caller passes `32 * ng` values at `xq` and `ng` scales at `xd`.
         let (x, dx) = unsafe { (_mm256_loadu_si256(xq.add(GROUP * g) as *const __m256i), _mm256_set1_ps(*xd.add(g))) };
         let (i0, i1) = sums(g, xq.wrapping_add(GROUP * g), x);
-        let (bs0, bs1) = if need_bsum && halves(T) {
-            let xs = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16);
-            let s = _mm256_hadd_epi32(xs, xs);
-            let s = _mm256_hadd_epi32(s, s);
-            (_mm256_permute2x128_si256::<0x00>(s, s), _mm256_permute2x128_si256::<0x11>(s, s))
-        } else {
-            (_mm256_setzero_si256(), _mm256_setzero_si256())
-        };
-        if halves(T) {
+        // The integer sums with their bias corrections, and the offsets' activation sums
+        // as f32 (types with one scale per 32: the whole group's in the first of each).
+        let (is0, is1, f0, f1) = if TAB {
+            // SAFETY: with `TAB` the caller passes `ng` entries at `xt`.
+            let tk = unsafe { &*xt.add(g) };
+            let (i0, i1) = if bias(T) != 0 {
+                (_mm256_add_epi32(i0, _mm256_set1_epi32(tk.nb[0])), _mm256_add_epi32(i1, _mm256_set1_epi32(tk.nb[1])))
+            } else {
+                (i0, i1)
+            };
+            (i0, i1, _mm256_set1_ps(tk.bf[0]), _mm256_set1_ps(tk.bf[1]))
+        } else if halves(T) {
+            let (bs0, bs1) = if need_bsum {
+                let xs = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16);
+                let s = _mm256_hadd_epi32(xs, xs);
+                let s = _mm256_hadd_epi32(s, s);
+                (_mm256_permute2x128_si256::<0x00>(s, s), _mm256_permute2x128_si256::<0x11>(s, s))
+            } else {
+                (_mm256_setzero_si256(), _mm256_setzero_si256())
+            };
             let (i0, i1) = if bias(T) != 0 {
                 (_mm256_sub_epi32(i0, times_bias::<T>(bs0)), _mm256_sub_epi32(i1, times_bias::<T>(bs1)))
             } else {
                 (i0, i1)
             };
-            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[0][g]), _mm256_cvtepi32_ps(i0), acc);
-            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[1][g]), _mm256_cvtepi32_ps(i1), acc);
-            if offset(T) {
-                acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[0][g]), _mm256_cvtepi32_ps(bs0), acc);
-                acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[1][g]), _mm256_cvtepi32_ps(bs1), acc);
-            }
+            (i0, i1, _mm256_cvtepi32_ps(bs0), _mm256_cvtepi32_ps(bs1))
         } else {
             // SAFETY: `ng` sums at `xs` (the caller's contract).
-            let bs = if need_bsum { _mm256_set1_epi32(unsafe { *xs.add(g) }) } else { _mm256_add_epi32(bs0, bs1) };
-            let mut i = _mm256_add_epi32(i0, i1);
-            if bias(T) != 0 {
-                i = _mm256_sub_epi32(i, times_bias::<T>(bs));
+            let bs = if need_bsum { _mm256_set1_epi32(unsafe { *xs.add(g) }) } else { _mm256_setzero_si256() };
+            let i0 = if bias(T) != 0 { _mm256_sub_epi32(i0, times_bias::<T>(bs)) } else { i0 };
+            (i0, i1, _mm256_cvtepi32_ps(bs), _mm256_setzero_ps())
+        };
+        if halves(T) {
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[0][g]), _mm256_cvtepi32_ps(is0), acc);
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[1][g]), _mm256_cvtepi32_ps(is1), acc);
+            if offset(T) {
+                acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[0][g]), f0, acc);
+                acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[1][g]), f1, acc);
             }
+        } else {
+            let i = _mm256_add_epi32(is0, is1);
             acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[0][g]), _mm256_cvtepi32_ps(i), acc);
             if offset(T) {
-                acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[0][g]), _mm256_cvtepi32_ps(bs), acc);
+                acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[0][g]), f0, acc);
             }
         }
     }
