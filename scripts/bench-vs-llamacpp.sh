@@ -21,7 +21,7 @@
 # wrote, with its own mix of tensor types (Q4_K_M: Q4_K + Q6_K, ...).
 #
 # Environment (all optional):
-#   SHAPE=tinyllama   synthetic model shape (tinyllama | llama3-8b)
+#   SHAPE=tinyllama   synthetic model shape (tinyllama | llama3-8b | moe-mini | gemma2-2b | phi3-mini)
 #   TYPES="f16 q8_0 q4_0"  THREADS="1 2"  PP=128  TG=64  REPS=3  ROUNDS=2  ISAS="native avx2"
 #   DEPTH=0           tokens already in the cache before each test (llama-bench's -d): both tools
 #                     prefill DEPTH tokens first, untimed, so pp and tg run against a deeper cache

@@ -6,7 +6,7 @@
 //! llmrt-bench -m FILE|synth:SHAPE:TYPE[,...] [--backend cpu|cuda] [-t 1,2] [-p 128] [-n 64]
 //!             [-b 1,4] [-d 0,512] [--ttft 2048] [-r 5] [-o md|json] [--kv-bytes N]
 //!             [--d2d] [--gemm 8192] [--json FILE]
-//! llmrt-bench --synth tinyllama|llama3-8b|moe-mini --type f16|q8_0|q4_0 --out DIR
+//! llmrt-bench --synth tinyllama|llama3-8b|moe-mini|gemma2-2b|phi3-mini --type f16|q8_0|q4_0 --out DIR
 //! llmrt-bench --membw [-t 1,2]
 //! llmrt-bench --peak [-t 1,2]              (CPU arithmetic ceilings: f32 FMA, 8-bit dot)
 //! llmrt-bench --d2d [--gemm 8192]          (CUDA ceilings only)
@@ -28,7 +28,8 @@
 //! On CUDA, tg steps are `decode_greedy` (one id per sequence comes back); on the CPU
 //! `decode` with logits, as before.
 //!
-//! `synth:SHAPE:TYPE` (SHAPE tinyllama, llama3-8b or moe-mini (32 experts, 4 per token), TYPE f16, q8_0 or q4_0) builds a
+//! `synth:SHAPE:TYPE` (SHAPE tinyllama, llama3-8b, moe-mini (32 experts, 4 per token), gemma2-2b
+//! or phi3-mini (their GGUF architectures and tensors), TYPE f16, q8_0 or q4_0) builds a
 //! valid GGUF of that shape in memory with random weights (no disk; all threads
 //! fill it) and loads it with `Model::load_gguf_bytes`.
 //!

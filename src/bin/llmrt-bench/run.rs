@@ -182,7 +182,8 @@ pub(crate) fn describe(name: &str, ty: &str, m: &Model, ffn: u64, untied: bool) 
         Some((n, k, _)) => (attn + 3 * h * ffn * n as u64 + h * n as u64, attn + 3 * h * ffn * k as u64 + h * n as u64),
         None => (attn + 3 * h * ffn, attn + 3 * h * ffn),
     };
-    let params = 2 * v * h + l * layer;
+    // The embeddings, and the output matrix unless it is the embeddings (tied).
+    let params = if untied { 2 } else { 1 } * v * h + l * layer;
     let embd_bytes = if untied { info.weight_bytes * (v * h) / params.max(1) } else { 0 };
     let _ = name;
     Desc {
@@ -224,7 +225,7 @@ pub(crate) fn load(spec: &str, opts: LoadOptions<'_>) -> (Model, Desc) {
             t1.elapsed().as_secs_f64()
         );
         let s = shape_of(shape);
-        let d = describe(spec, ty, &m, s.ffn as u64, true);
+        let d = describe(spec, ty, &m, s.ffn as u64, s.untied());
         (m, d)
     } else {
         let ty = Path::new(spec)

@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 
 pub(crate) struct Shape {
     name: &'static str,
+    /// GGUF architecture: `llama` (also Mixtral's experts), `gemma2` or `phi3`, with the
+    /// tensors llama.cpp's converter writes for it.
+    arch: &'static str,
     hidden: usize,
     layers: usize,
     heads: usize,
@@ -21,6 +24,11 @@ pub(crate) struct Shape {
     /// Mixture of experts (llama architecture, as llama.cpp writes Mixtral): experts and
     /// experts used per token, each `ffn` wide; (0, 0): dense.
     experts: (usize, usize),
+    /// Per-head width when it is not `hidden / heads` (gemma2: 256), else 0.
+    head_dim: usize,
+    /// Sliding window of the windowed layers (gemma2: every other layer), else 0.
+    window: usize,
+    rms_eps: f32,
 }
 
 const TINYLLAMA: Shape = Shape {
@@ -36,6 +44,10 @@ const TINYLLAMA: Shape = Shape {
     ctx: 4096,
     theta: 10000.0,
     experts: (0, 0),
+    arch: "llama",
+    head_dim: 0,
+    window: 0,
+    rms_eps: 1e-5,
 };
 const LLAMA3_8B: Shape = Shape {
     name: "llama3-8b",
@@ -48,6 +60,10 @@ const LLAMA3_8B: Shape = Shape {
     ctx: 8192,
     theta: 500000.0,
     experts: (0, 0),
+    arch: "llama",
+    head_dim: 0,
+    window: 0,
+    rms_eps: 1e-5,
 };
 /// A small mixture of experts for decode's bytes per token: 32 experts of which 4 run
 /// per token (1/8 of the expert bytes read at batch 1, as Qwen3-30B-A3B's 8 of 128 is 1/16).
@@ -62,13 +78,63 @@ const MOE_MINI: Shape = Shape {
     ctx: 4096,
     theta: 1000000.0,
     experts: (32, 4),
+    arch: "llama",
+    head_dim: 0,
+    window: 0,
+    rms_eps: 1e-5,
 };
+/// Gemma 2 2B (google/gemma-2-2b's config): 256-wide heads, GeGLU, post-norms, logit
+/// soft-capping, a 4096 window on alternate layers, the output tied to the embeddings
+/// (as llama.cpp's converter writes it: no `output.weight`).
+const GEMMA2_2B: Shape = Shape {
+    name: "gemma2-2b",
+    arch: "gemma2",
+    hidden: 2304,
+    layers: 26,
+    heads: 8,
+    kv_heads: 4,
+    ffn: 9216,
+    vocab: 256000,
+    ctx: 8192,
+    theta: 10000.0,
+    experts: (0, 0),
+    head_dim: 256,
+    window: 4096,
+    rms_eps: 1e-6,
+};
+/// Phi-3-mini-4k (microsoft/Phi-3-mini-4k-instruct's config, without its 2047 window):
+/// fused QKV and gate/up tensors, as llama.cpp's converter writes them.
+const PHI3_MINI: Shape = Shape {
+    name: "phi3-mini",
+    arch: "phi3",
+    hidden: 3072,
+    layers: 32,
+    heads: 32,
+    kv_heads: 32,
+    ffn: 8192,
+    vocab: 32064,
+    ctx: 4096,
+    theta: 10000.0,
+    experts: (0, 0),
+    head_dim: 0,
+    window: 0,
+    rms_eps: 1e-5,
+};
+
+impl Shape {
+    /// Whether the file has its own `output.weight` (gemma2's output is the embeddings).
+    pub(crate) fn untied(&self) -> bool {
+        self.arch != "gemma2"
+    }
+}
 
 pub(crate) fn shape_of(name: &str) -> &'static Shape {
     match name {
         "tinyllama" | "tinyllama-1.1b" => &TINYLLAMA,
         "llama3-8b" | "llama-3-8b" | "llama3" => &LLAMA3_8B,
         "moe-mini" => &MOE_MINI,
+        "gemma2-2b" | "gemma2" => &GEMMA2_2B,
+        "phi3-mini" | "phi3" => &PHI3_MINI,
         _ => usage(),
     }
 }
@@ -86,9 +152,11 @@ fn dtype_of(ty: &str) -> DType {
 /// The GGUF of a synthetic model with every tensor streamed, and the tensors as
 /// (name, ne0 = row length, rows; rows 0 for the F32 1-D norms).
 fn synth_writer(s: &Shape, dt: DType) -> (GgufWriter, Vec<(String, u64, u64)>) {
-    let hd = s.hidden / s.heads;
+    let hd = if s.head_dim > 0 { s.head_dim } else { s.hidden / s.heads };
+    let a = s.arch;
+    let key = |k: &str| format!("{a}.{k}");
     let mut g = GgufWriter::new();
-    g.kv("general.architecture", Value::Str("llama".into()));
+    g.kv("general.architecture", Value::Str(a.into()));
     g.kv("general.name", Value::Str(format!("synthetic {} ({})", s.name, dt.name())));
     // ggml file types: 0 all F32, 1 mostly F16, 2 mostly Q4_0, 7 mostly Q8_0.
     let ftype = match dt {
@@ -98,19 +166,32 @@ fn synth_writer(s: &Shape, dt: DType) -> (GgufWriter, Vec<(String, u64, u64)>) {
         _ => 7,
     };
     g.kv("general.file_type", Value::U32(ftype));
-    g.kv("llama.context_length", Value::U32(s.ctx as u32));
-    g.kv("llama.embedding_length", Value::U32(s.hidden as u32));
-    g.kv("llama.block_count", Value::U32(s.layers as u32));
-    g.kv("llama.feed_forward_length", Value::U32(s.ffn as u32));
-    g.kv("llama.rope.dimension_count", Value::U32(hd as u32));
-    g.kv("llama.attention.head_count", Value::U32(s.heads as u32));
-    g.kv("llama.attention.head_count_kv", Value::U32(s.kv_heads as u32));
-    g.kv("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
-    g.kv("llama.rope.freq_base", Value::F32(s.theta));
-    g.kv("llama.vocab_size", Value::U32(s.vocab as u32));
+    g.kv(&key("context_length"), Value::U32(s.ctx as u32));
+    g.kv(&key("embedding_length"), Value::U32(s.hidden as u32));
+    g.kv(&key("block_count"), Value::U32(s.layers as u32));
+    g.kv(&key("feed_forward_length"), Value::U32(s.ffn as u32));
+    g.kv(&key("rope.dimension_count"), Value::U32(hd as u32));
+    g.kv(&key("attention.head_count"), Value::U32(s.heads as u32));
+    g.kv(&key("attention.head_count_kv"), Value::U32(s.kv_heads as u32));
+    g.kv(&key("attention.layer_norm_rms_epsilon"), Value::F32(s.rms_eps));
+    g.kv(&key("rope.freq_base"), Value::F32(s.theta));
+    if s.head_dim > 0 {
+        g.kv(&key("attention.key_length"), Value::U32(hd as u32));
+        g.kv(&key("attention.value_length"), Value::U32(hd as u32));
+    }
+    if s.window > 0 {
+        g.kv(&key("attention.sliding_window"), Value::U32(s.window as u32));
+    }
+    if a == "gemma2" {
+        g.kv(&key("attn_logit_softcapping"), Value::F32(50.0));
+        g.kv(&key("final_logit_softcapping"), Value::F32(30.0));
+    }
+    if a == "llama" {
+        g.kv(&key("vocab_size"), Value::U32(s.vocab as u32));
+    }
     if s.experts.0 > 0 {
-        g.kv("llama.expert_count", Value::U32(s.experts.0 as u32));
-        g.kv("llama.expert_used_count", Value::U32(s.experts.1 as u32));
+        g.kv(&key("expert_count"), Value::U32(s.experts.0 as u32));
+        g.kv(&key("expert_used_count"), Value::U32(s.experts.1 as u32));
     }
     // A minimal SentencePiece vocabulary of the right size: <unk> <s> </s>, the
     // 256 byte tokens (llama.cpp looks up <0x0A>), then placeholders.
@@ -136,14 +217,22 @@ fn synth_writer(s: &Shape, dt: DType) -> (GgufWriter, Vec<(String, u64, u64)>) {
     g.kv("tokenizer.ggml.unknown_token_id", Value::U32(0));
 
     // (name, ne0 = row length, rows); 1-D tensors (norms) are F32.
-    let (h, kvd) = (s.hidden as u64, (s.kv_heads * hd) as u64);
+    let (h, qd, kvd) = (s.hidden as u64, (s.heads * hd) as u64, (s.kv_heads * hd) as u64);
+    let (gemma, phi3) = (a == "gemma2", a == "phi3");
     let mut mats: Vec<(String, u64, u64)> = vec![("token_embd.weight".into(), h, s.vocab as u64)];
     for l in 0..s.layers {
         mats.push((format!("blk.{l}.attn_norm.weight"), h, 0));
-        mats.push((format!("blk.{l}.attn_q.weight"), h, h));
-        mats.push((format!("blk.{l}.attn_k.weight"), h, kvd));
-        mats.push((format!("blk.{l}.attn_v.weight"), h, kvd));
-        mats.push((format!("blk.{l}.attn_output.weight"), h, h));
+        if phi3 {
+            mats.push((format!("blk.{l}.attn_qkv.weight"), h, qd + 2 * kvd));
+        } else {
+            mats.push((format!("blk.{l}.attn_q.weight"), h, qd));
+            mats.push((format!("blk.{l}.attn_k.weight"), h, kvd));
+            mats.push((format!("blk.{l}.attn_v.weight"), h, kvd));
+        }
+        mats.push((format!("blk.{l}.attn_output.weight"), qd, h));
+        if gemma {
+            mats.push((format!("blk.{l}.post_attention_norm.weight"), h, 0));
+        }
         mats.push((format!("blk.{l}.ffn_norm.weight"), h, 0));
         let e = s.experts.0 as u64;
         if e > 0 {
@@ -152,14 +241,23 @@ fn synth_writer(s: &Shape, dt: DType) -> (GgufWriter, Vec<(String, u64, u64)>) {
             mats.push((format!("blk.{l}.ffn_gate_exps.weight"), h, s.ffn as u64 * e));
             mats.push((format!("blk.{l}.ffn_up_exps.weight"), h, s.ffn as u64 * e));
             mats.push((format!("blk.{l}.ffn_down_exps.weight"), s.ffn as u64, h * e));
+        } else if phi3 {
+            // Gate and up in one tensor, gate first (llama.cpp's `ffn_up`, 2 x ffn rows).
+            mats.push((format!("blk.{l}.ffn_up.weight"), h, 2 * s.ffn as u64));
+            mats.push((format!("blk.{l}.ffn_down.weight"), s.ffn as u64, h));
         } else {
             mats.push((format!("blk.{l}.ffn_gate.weight"), h, s.ffn as u64));
             mats.push((format!("blk.{l}.ffn_up.weight"), h, s.ffn as u64));
             mats.push((format!("blk.{l}.ffn_down.weight"), s.ffn as u64, h));
         }
+        if gemma {
+            mats.push((format!("blk.{l}.post_ffw_norm.weight"), h, 0));
+        }
     }
     mats.push(("output_norm.weight".into(), h, 0));
-    mats.push(("output.weight".into(), h, s.vocab as u64));
+    if s.untied() {
+        mats.push(("output.weight".into(), h, s.vocab as u64));
+    }
     for (name, n0, rows) in &mats {
         if *rows == 0 {
             g.tensor_streamed(name, &[*n0], DType::F32);
@@ -246,8 +344,10 @@ fn fill_random(dt: DType, n0: usize, out: &mut [u8], seed: u64) {
 /// A synthetic model of `shape_name` in `ty` as GGUF bytes built in memory, every
 /// thread filling its share of each tensor.
 pub(crate) fn synth_bytes(shape_name: &str, ty: &str) -> Vec<u8> {
-    let s = shape_of(shape_name);
-    let dt = dtype_of(ty);
+    synth_bytes_of(shape_of(shape_name), dtype_of(ty))
+}
+
+fn synth_bytes_of(s: &Shape, dt: DType) -> Vec<u8> {
     let (g, mats) = synth_writer(s, dt);
     let (header, ranges) = g.streamed_layout();
     let total = ranges.last().map_or(header.len() as u64, |(o, l)| o + l) as usize;
@@ -291,4 +391,64 @@ pub(crate) fn synth_bytes(shape_name: &str, ty: &str) -> Vec<u8> {
         }
     });
     bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use llmrt::runtime::{LoadOptions, Model};
+
+    /// Each architecture's writer, on a miniature of its shape, makes a file that loads
+    /// as that architecture with those dimensions and runs: a prefill longer than the
+    /// window gives finite logits that differ between tokens (gemma2's within its
+    /// final soft-cap of 30).
+    #[test]
+    fn every_shape_writes_a_model_of_its_architecture_that_runs() {
+        // Hidden 64, 2 layers, a vocabulary of 300, the architecture's own choices kept.
+        let mini = |s: Shape, heads: usize, kv_heads: usize| Shape {
+            hidden: 64,
+            layers: 2,
+            heads,
+            kv_heads,
+            ffn: 128,
+            vocab: 300,
+            ctx: 64,
+            ..s
+        };
+        let minis = [
+            mini(TINYLLAMA, 4, 2),
+            Shape { ffn: 64, ..mini(MOE_MINI, 4, 2) },
+            Shape { head_dim: 48, window: 4, ..mini(GEMMA2_2B, 2, 1) },
+            mini(PHI3_MINI, 2, 2),
+        ];
+        for s in &minis {
+            for dt in [DType::F16, DType::Q8_0, DType::Q4_0] {
+                let bytes = synth_bytes_of(s, dt);
+                let what = format!("{} {}", s.arch, dt.name());
+                let m = Model::load_gguf_bytes(bytes, &what, LoadOptions::default()).expect(&what);
+                let info = m.info();
+                let hd = if s.head_dim > 0 { s.head_dim } else { s.hidden / s.heads };
+                assert_eq!(info.architecture, s.arch, "{what}");
+                assert_eq!(
+                    (info.hidden_size, info.n_heads, info.n_kv_heads, info.head_dim, info.n_layers, info.vocab_size),
+                    (64, s.heads as u32, s.kv_heads as u32, hd as u32, 2, 300),
+                    "{what}"
+                );
+                assert_eq!(
+                    info.experts.map(|(n, k, _)| (n as usize, k as usize)),
+                    (s.experts.0 > 0).then_some(s.experts),
+                    "{what}"
+                );
+                let c = m.cache_reserve(16).expect(&what);
+                let mut logits = vec![0f32; 8 * 300];
+                let toks: Vec<u32> = (0..8).map(|i| 3 + 37 * i).collect();
+                m.prefill(c, &toks, Some(&mut logits), true).expect(&what);
+                assert!(logits.iter().all(|v| v.is_finite()), "{what}");
+                assert!(logits.chunks(300).any(|r| r != &logits[..300]), "{what}: every row alike");
+                if s.arch == "gemma2" {
+                    assert!(logits.iter().all(|v| v.abs() <= 30.0), "{what}: logits above the soft-cap");
+                }
+            }
+        }
+    }
 }
