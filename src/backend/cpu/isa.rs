@@ -54,6 +54,39 @@ pub fn isa() -> Isa {
     })
 }
 
+/// Whether the decode kernels issue their software prefetches (detected once).
+/// `LLMRT_CPU_PREFETCH=0|1` decides (for comparisons); else they do, except on AMD CPUs:
+/// on Zen 4 the packed Q4_0/Q8_0 decode ran 35-40% faster with none (the hardware
+/// prefetchers follow the one stream per super-group; the software prefetches,
+/// issued as one burst per block, held the loads back), while on Intel they were
+/// measured to pay (docs/BENCHMARKS.md, 2026-12-04).
+pub fn soft_prefetch() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("LLMRT_CPU_PREFETCH").ok().as_deref() {
+        Some("0") => false,
+        Some("1") => true,
+        _ => !cpu_is_amd(),
+    })
+}
+
+/// Whether the CPU's vendor is AMD (CPUID leaf 0's vendor string).
+fn cpu_is_amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID leaf 0 exists on every x86-64 CPU.
+        let r = std::arch::x86_64::__cpuid(0);
+        let mut v = [0u8; 12];
+        for (i, w) in [r.ebx, r.edx, r.ecx].into_iter().enumerate() {
+            v[4 * i..4 * i + 4].copy_from_slice(&w.to_le_bytes());
+        }
+        &v == b"AuthenticAMD"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// The best kernel set the CPU supports.
 pub fn detect() -> Isa {
     #[cfg(target_arch = "x86_64")]

@@ -138,6 +138,12 @@ pub fn dot_block_order_ref(dt: DType, row: &[u8], xq: &[i8], xd: &[f32]) -> f32 
 /// `out[i * t + c] = dot(row r0 + i, activation row c)` for `nrows` rows of `p`
 /// starting at `r0` (a multiple of [`ALIGN`]), in the block order.
 pub fn gemm(isa: Isa, p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+    gemm_pf(isa, super::isa::soft_prefetch(), p, r0, nrows, a, out)
+}
+
+/// [`gemm`], decode with (`pf`) or without its software prefetches (the same bits).
+fn gemm_pf(isa: Isa, pf: bool, p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+    let _ = pf; // read by the x86 kernels only
     assert!(r0.is_multiple_of(ALIGN) && r0 + nrows <= p.rows, "rows {r0}..{} of {}", r0 + nrows, p.rows);
     assert_eq!(a.cols, p.cols);
     assert_eq!(a.qs.len(), a.t * a.cols);
@@ -149,10 +155,10 @@ pub fn gemm(isa: Isa, p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [
         // SAFETY: `Avx512Vnni` is only chosen on CPUs with AVX-512 F/VL/BW/VNNI,
         // AVX2, FMA and F16C; the groups and activation rows the kernel reads
         // are inside `p` and `a` (lengths asserted above).
-        Isa::Avx512Vnni => unsafe { x86::gemm(p, r0, nrows, a, out) },
+        Isa::Avx512Vnni => unsafe { x86::gemm(p, pf, r0, nrows, a, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx2` is only chosen on CPUs with AVX2, FMA and F16C; bounds as above.
-        Isa::Avx2 => unsafe { x86_256::gemm(p, r0, nrows, a, out) },
+        Isa::Avx2 => unsafe { x86_256::gemm(p, pf, r0, nrows, a, out) },
         _ => gemm_portable(p, r0, nrows, a, out),
     }
 }
@@ -205,7 +211,8 @@ mod x86 {
     /// Decode's software prefetch distance in blocks of the super-group stream:
     /// one core needs a few KiB in flight to approach its read bandwidth. Measured
     /// (TinyLlama tg64, 1 thread) from 1 to 6 blocks and in between: 4 blocks
-    /// (4.5 KiB) best for Q4_0, 1 block (2.1 KiB) for Q8_0.
+    /// (4.5 KiB) best for Q4_0, 1 block (2.1 KiB) for Q8_0. Where `soft_prefetch` says no
+    /// (AMD), decode issues none.
     const PFB_Q4: usize = 4;
     const PFB_Q8: usize = 1;
     /// The same for prefill tiles, whose group is read again from cache for
@@ -281,7 +288,7 @@ mod x86 {
     /// one stream; the first `valid` rows are written to `out`. Same order as `tile`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")]
-    unsafe fn gemv<const Q4: bool>(sg: *const u8, nb: usize, a: &QAct, out: *mut f32, valid: usize) {
+    unsafe fn gemv<const Q4: bool, const PF: bool>(sg: *const u8, nb: usize, a: &QAct, out: *mut f32, valid: usize) {
         let vb = if Q4 { 256 } else { 512 };
         let bs = SUPER * (vb + 32);
         let corr = if Q4 { -8 } else { -128 };
@@ -311,7 +318,9 @@ mod x86 {
                         // sum is 16 x theirs, shifted back once (exact).
                         let mut hi16 = _mm512_setzero_si512();
                         for m in 0..4 {
-                            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * vb + 64 * m) as *const i8);
+                            if PF {
+                                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * vb + 64 * m) as *const i8);
+                            }
                             let v = _mm512_loadu_si512(p.add(64 * m) as *const __m512i);
                             isum = dpbusd(isum, _mm512_and_si512(v, m4), xb[m]);
                             hi16 = dpbusd(hi16, _mm512_and_si512(v, mf0), xb[4 + m]);
@@ -319,12 +328,14 @@ mod x86 {
                         isum = _mm512_add_epi32(isum, _mm512_srai_epi32::<4>(hi16));
                     } else {
                         for m in 0..8 {
-                            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * vb + 64 * m) as *const i8);
+                            if PF {
+                                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * vb + 64 * m) as *const i8);
+                            }
                             isum = dpbusd(isum, _mm512_loadu_si512(p.add(64 * m) as *const __m512i), xb[m]);
                         }
                     }
                     // The block's scales: two lines after the four groups' values.
-                    if j < 2 {
+                    if PF && j < 2 {
                         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(SUPER * vb + 64 * j) as *const i8);
                     }
                     let ws = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(SUPER * vb + 32 * j) as *const __m256i));
@@ -363,7 +374,7 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")]
-    pub unsafe fn gemm(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+    pub unsafe fn gemm(p: &Packed, pf: bool, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
         const MAXC: usize = 8;
         let q4 = p.dtype == DType::Q4_0;
         let nb = p.cols / QK;
@@ -384,10 +395,11 @@ mod x86 {
                 for i in (0..nrows).step_by(ALIGN) {
                     let sg = base.add((r0 + i) / ALIGN * gs);
                     let valid = (nrows - i).min(ALIGN);
-                    if q4 {
-                        gemv::<true>(sg, nb, a, o.add(i), valid);
-                    } else {
-                        gemv::<false>(sg, nb, a, o.add(i), valid);
+                    match (q4, pf) {
+                        (true, true) => gemv::<true, true>(sg, nb, a, o.add(i), valid),
+                        (true, false) => gemv::<true, false>(sg, nb, a, o.add(i), valid),
+                        (false, true) => gemv::<false, true>(sg, nb, a, o.add(i), valid),
+                        (false, false) => gemv::<false, false>(sg, nb, a, o.add(i), valid),
                     }
                 }
                 return;
@@ -436,7 +448,9 @@ mod x86_256 {
     /// blocks 10.1, 4 7.7, 8 8.9; on AMD EPYC Zen 3 (AVX2 natively), Q8_0 1 thread: 1
     /// block 12.3-13.8, 2 11.9, 4 12.4-13.1; Q4_0 1 thread: 1 block 22.6-26.3, 2
     /// 24.6-28.9, 4 27.3-28.8, 8 28.7-29.2; Q4_0 2 threads: 1 block 30.4-35.8, 4
-    /// 40.1-43.4 (the same distances as the AVX-512 kernels).
+    /// 40.1-43.4 (the same distances as the AVX-512 kernels). On Zen 4 none at all was
+    /// faster still (Q4_0 1 thread 28-31 t/s against 14-17), so where `soft_prefetch`
+    /// says no (AMD), decode issues none.
     const PFB_Q4: usize = 4;
     const PFB_Q8: usize = 1;
 
@@ -553,7 +567,7 @@ mod x86_256 {
     /// stream; the first `valid` rows to `out`. Same order as `tile`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn gemv<const Q4: bool>(sg: *const u8, nb: usize, a: &QAct, out: *mut f32, valid: usize) {
+    unsafe fn gemv<const Q4: bool, const PF: bool>(sg: *const u8, nb: usize, a: &QAct, out: *mut f32, valid: usize) {
         let vb = if Q4 { 256 } else { 512 };
         let bs = SUPER * (vb + 32);
         let corr = if Q4 { -8 } else { 0 };
@@ -572,9 +586,11 @@ mod x86_256 {
                     // Group j's lines (and, with the first two, the scales' lines) of a
                     // block further on, as the group is read.
                     for m in 0..vb / 64 {
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * vb + 64 * m) as *const i8);
+                        if PF {
+                            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * vb + 64 * m) as *const i8);
+                        }
                     }
-                    if j < 2 {
+                    if PF && j < 2 {
                         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(SUPER * vb + 64 * j) as *const i8);
                     }
                     let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(SUPER * vb + 32 * j) as *const __m128i));
@@ -615,7 +631,7 @@ mod x86_256 {
     /// # Safety
     /// The CPU has AVX2, FMA and F16C; `super::gemm`'s assertions hold.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn gemm(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+    pub unsafe fn gemm(p: &Packed, pf: bool, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
         const MAXC: usize = 4;
         let q4 = p.dtype == DType::Q4_0;
         let nb = p.cols / QK;
@@ -634,10 +650,11 @@ mod x86_256 {
                 for i in (0..nrows).step_by(ALIGN) {
                     let sg = base.add((r0 + i) / ALIGN * gs);
                     let valid = (nrows - i).min(ALIGN);
-                    if q4 {
-                        gemv::<true>(sg, nb, a, o.add(i), valid);
-                    } else {
-                        gemv::<false>(sg, nb, a, o.add(i), valid);
+                    match (q4, pf) {
+                        (true, true) => gemv::<true, true>(sg, nb, a, o.add(i), valid),
+                        (true, false) => gemv::<true, false>(sg, nb, a, o.add(i), valid),
+                        (false, true) => gemv::<false, true>(sg, nb, a, o.add(i), valid),
+                        (false, false) => gemv::<false, false>(sg, nb, a, o.add(i), valid),
                     }
                 }
                 return;
@@ -697,11 +714,11 @@ mod tests {
                 }
                 let p = Packed::new(dt, &w, rb, rows, cols, "test", 1 + rows % 3).unwrap();
                 let nb = cols / QK;
-                for isa in available() {
+                for (isa, pf) in available().into_iter().flat_map(|i| [(i, false), (i, true)]) {
                     for r0 in (0..rows).step_by(ALIGN) {
                         let n = rows - r0;
                         let mut got = vec![f32::NAN; n * t];
-                        gemm(isa, &p, r0, n, &a, &mut got);
+                        gemm_pf(isa, pf, &p, r0, n, &a, &mut got);
                         for i in 0..n {
                             let r = r0 + i;
                             for c in 0..t {
@@ -714,7 +731,7 @@ mod tests {
                                 assert_eq!(
                                     got[i * t + c].to_bits(),
                                     want.to_bits(),
-                                    "{dt} {isa:?} rows={rows} cols={cols} t={t} r={r} c={c}"
+                                    "{dt} {isa:?} prefetch {pf} rows={rows} cols={cols} t={t} r={r} c={c}"
                                 );
                             }
                         }
