@@ -85,6 +85,12 @@ pub fn dot_sequential_ref(dt: DType, row: &[u8], x: &[f32]) -> f32 {
 /// at `r0` (a multiple of [`GROUP`]), `x` holding `t` rows of `cols`, in the
 /// sequential order.
 pub fn gemm(isa: Isa, p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
+    gemm_pf(isa, super::isa::soft_prefetch(), p, r0, nrows, x, out)
+}
+
+/// [`gemm`], decode with (`pf`) or without its software prefetches (the same bits).
+fn gemm_pf(isa: Isa, pf: bool, p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
+    let _ = pf; // read by the x86 kernels only
     assert!(r0.is_multiple_of(GROUP) && r0 + nrows <= p.rows, "rows {r0}..{} of {}", r0 + nrows, p.rows);
     assert!(p.cols > 0 && x.len().is_multiple_of(p.cols));
     let t = x.len() / p.cols;
@@ -98,18 +104,18 @@ pub fn gemm(isa: Isa, p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut 
         // (lengths asserted above).
         Isa::Avx512Vnni => unsafe {
             if bf {
-                x86::gemm::<true>(p, r0, nrows, x, out)
+                x86::gemm::<true>(p, pf, r0, nrows, x, out)
             } else {
-                x86::gemm::<false>(p, r0, nrows, x, out)
+                x86::gemm::<false>(p, pf, r0, nrows, x, out)
             }
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx2` is only chosen on CPUs with AVX2, FMA and F16C; bounds as above.
         Isa::Avx2 => unsafe {
             if bf {
-                x86_256::gemm::<true>(p, r0, nrows, x, out)
+                x86_256::gemm::<true>(p, pf, r0, nrows, x, out)
             } else {
-                x86_256::gemm::<false>(p, r0, nrows, x, out)
+                x86_256::gemm::<false>(p, pf, r0, nrows, x, out)
             }
         },
         _ => gemm_portable(p, r0, nrows, x, out),
@@ -222,7 +228,7 @@ mod x86 {
     /// One activation row against G groups side by side (decode).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-    unsafe fn gemv<const BF: bool, const G: usize>(
+    unsafe fn gemv<const BF: bool, const G: usize, const PF: bool>(
         g: *const u8,
         gstride: usize,
         cols: usize,
@@ -239,7 +245,9 @@ mod x86 {
                 let xb = _mm512_set1_ps(*x.add(k));
                 for j in 0..G {
                     let p = g.add(j * gstride + k * 64);
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(2048) as *const i8);
+                    if PF {
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(2048) as *const i8);
+                    }
                     let w0 = ld16::<BF>(p);
                     let w1 = ld16::<BF>(p.add(32));
                     acc[j][0] = _mm512_fmadd_ps(w0, xb, acc[j][0]);
@@ -295,7 +303,7 @@ mod x86 {
     /// # Safety
     /// The CPU has AVX-512 F/BW/VL, AVX2, FMA and F16C; `super::gemm`'s assertions hold.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-    pub unsafe fn gemm<const BF: bool>(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
+    pub unsafe fn gemm<const BF: bool>(p: &Packed, pf: bool, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
         const MAXC: usize = 12;
         let cols = p.cols;
         let t = x.len() / cols;
@@ -311,10 +319,11 @@ mod x86 {
                 const G: usize = 4;
                 super::decode_walk(nrows, G, |i, n, valid| {
                     let g = base.add((r0 + i) / GROUP * gs);
-                    if n == G {
-                        gemv::<BF, G>(g, gs, cols, x.as_ptr(), o.add(i), valid);
-                    } else {
-                        gemv::<BF, 1>(g, gs, cols, x.as_ptr(), o.add(i), valid);
+                    match (n == G, pf) {
+                        (true, true) => gemv::<BF, G, true>(g, gs, cols, x.as_ptr(), o.add(i), valid),
+                        (true, false) => gemv::<BF, G, false>(g, gs, cols, x.as_ptr(), o.add(i), valid),
+                        (false, true) => gemv::<BF, 1, true>(g, gs, cols, x.as_ptr(), o.add(i), valid),
+                        (false, false) => gemv::<BF, 1, false>(g, gs, cols, x.as_ptr(), o.add(i), valid),
                     }
                 });
                 return;
@@ -424,7 +433,7 @@ mod x86_256 {
     /// (32 rows) per group and column, 4 G independent accumulators.
     #[inline]
     #[target_feature(enable = "avx2,f16c,fma")]
-    unsafe fn gemv<const BF: bool, const G: usize>(
+    unsafe fn gemv<const BF: bool, const G: usize, const PF: bool>(
         g: *const u8,
         gstride: usize,
         cols: usize,
@@ -441,7 +450,9 @@ mod x86_256 {
                 let xb = _mm256_broadcast_ss(&*x.add(k));
                 for j in 0..G {
                     let p = g.add(j * gstride + k * 64);
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(2048) as *const i8);
+                    if PF {
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(2048) as *const i8);
+                    }
                     for q in 0..4 {
                         let w = ld8::<BF>(p.add(16 * q));
                         acc[j][q] = _mm256_fmadd_ps(w, xb, acc[j][q]);
@@ -480,7 +491,7 @@ mod x86_256 {
     /// # Safety
     /// The CPU has AVX2, FMA and F16C; `super::gemm`'s assertions hold.
     #[target_feature(enable = "avx2,f16c,fma")]
-    pub unsafe fn gemm<const BF: bool>(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
+    pub unsafe fn gemm<const BF: bool>(p: &Packed, pf: bool, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
         const MAXC: usize = 6;
         let cols = p.cols;
         let t = x.len() / cols;
@@ -496,10 +507,11 @@ mod x86_256 {
                 const G: usize = 2;
                 super::decode_walk(nrows, G, |i, n, valid| {
                     let g = base.add((r0 + i) / GROUP * gs);
-                    if n == G {
-                        gemv::<BF, G>(g, gs, cols, x.as_ptr(), o.add(i), valid);
-                    } else {
-                        gemv::<BF, 1>(g, gs, cols, x.as_ptr(), o.add(i), valid);
+                    match (n == G, pf) {
+                        (true, true) => gemv::<BF, G, true>(g, gs, cols, x.as_ptr(), o.add(i), valid),
+                        (true, false) => gemv::<BF, G, false>(g, gs, cols, x.as_ptr(), o.add(i), valid),
+                        (false, true) => gemv::<BF, 1, true>(g, gs, cols, x.as_ptr(), o.add(i), valid),
+                        (false, false) => gemv::<BF, 1, false>(g, gs, cols, x.as_ptr(), o.add(i), valid),
                     }
                 });
                 return;
@@ -568,11 +580,11 @@ mod tests {
                     v.iter().flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes()).collect()
                 };
                 let p = Packed::new(dt, &w, rows, cols, "test", 1 + rows % 3).unwrap();
-                for isa in available() {
+                for (isa, pf) in available().into_iter().flat_map(|i| [(i, false), (i, true)]) {
                     for r0 in (0..rows).step_by(GROUP) {
                         let n = rows - r0;
                         let mut got = vec![f32::NAN; n * t];
-                        gemm(isa, &p, r0, n, &x, &mut got);
+                        gemm_pf(isa, pf, &p, r0, n, &x, &mut got);
                         for i in 0..n {
                             for c in 0..t {
                                 let r = r0 + i;
@@ -584,7 +596,7 @@ mod tests {
                                 assert_eq!(
                                     got[i * t + c].to_bits(),
                                     want.to_bits(),
-                                    "{dt} {isa:?} rows={rows} cols={cols} t={t} r={r} c={c}"
+                                    "{dt} {isa:?} prefetch {pf} rows={rows} cols={cols} t={t} r={r} c={c}"
                                 );
                             }
                         }

@@ -56,10 +56,10 @@ pub fn isa() -> Isa {
 
 /// Whether the decode kernels issue their software prefetches (detected once).
 /// `LLMRT_CPU_PREFETCH=0|1` decides (for comparisons); else they do, except on AMD CPUs:
-/// on Zen 4 the packed Q4_0/Q8_0 decode ran 35-40% faster with none (the hardware
-/// prefetchers follow the one stream per super-group; the software prefetches,
-/// issued as one burst per block, held the loads back), while on Intel they were
-/// measured to pay (docs/BENCHMARKS.md, 2026-12-04).
+/// on Zen 4 the packed Q4_0 decode ran about twice as fast with none, Q8_0 and F16
+/// 10-15% faster (the hardware prefetchers follow the packed streams; the software
+/// prefetches, Q4_0's issued as one burst per block, held the loads back), while on
+/// Intel they were measured to pay (docs/BENCHMARKS.md, 2026-12-04).
 pub fn soft_prefetch() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| match std::env::var("LLMRT_CPU_PREFETCH").ok().as_deref() {
