@@ -207,6 +207,13 @@ fn synth_writer(s: &Shape, dt: DType) -> (GgufWriter, Vec<(String, u64, u64)>) {
         types.push(Value::I32(1));
         i += 1;
     }
+    if a == "phi3" {
+        // Phi-3's end-of-text token where its vocabulary has it (after Llama's 32000):
+        // llama.cpp looks it up by name in any model named phi3.
+        let at = 32000.min(s.vocab - 1);
+        tokens[at] = Value::Str("<|endoftext|>".into());
+        types[at] = Value::I32(3);
+    }
     let scores = (0..s.vocab).map(|i| Value::F32(-(i as f32))).collect();
     g.kv("tokenizer.ggml.model", Value::Str("llama".into()));
     g.kv("tokenizer.ggml.tokens", Value::Array(tokens));
