@@ -126,6 +126,11 @@ impl Shape {
     pub(crate) fn untied(&self) -> bool {
         self.arch != "gemma2"
     }
+
+    /// Per-head width: `head_dim` where the shape sets it, else `hidden / heads`.
+    fn head_width(&self) -> usize {
+        if self.head_dim > 0 { self.head_dim } else { self.hidden / self.heads }
+    }
 }
 
 pub(crate) fn shape_of(name: &str) -> &'static Shape {
@@ -152,7 +157,7 @@ fn dtype_of(ty: &str) -> DType {
 /// The GGUF of a synthetic model with every tensor streamed, and the tensors as
 /// (name, ne0 = row length, rows; rows 0 for the F32 1-D norms).
 fn synth_writer(s: &Shape, dt: DType) -> (GgufWriter, Vec<(String, u64, u64)>) {
-    let hd = if s.head_dim > 0 { s.head_dim } else { s.hidden / s.heads };
+    let hd = s.head_width();
     let a = s.arch;
     let key = |k: &str| format!("{a}.{k}");
     let mut g = GgufWriter::new();
@@ -434,7 +439,7 @@ mod tests {
                 let what = format!("{} {}", s.arch, dt.name());
                 let m = Model::load_gguf_bytes(bytes, &what, LoadOptions::default()).expect(&what);
                 let info = m.info();
-                let hd = if s.head_dim > 0 { s.head_dim } else { s.hidden / s.heads };
+                let hd = s.head_width();
                 assert_eq!(info.architecture, s.arch, "{what}");
                 assert_eq!(
                     (info.hidden_size, info.n_heads, info.n_kv_heads, info.head_dim, info.n_layers, info.vocab_size),
