@@ -129,7 +129,11 @@ impl Shape {
 
     /// Per-head width: `head_dim` where the shape sets it, else `hidden / heads`.
     fn head_width(&self) -> usize {
-        if self.head_dim > 0 { self.head_dim } else { self.hidden / self.heads }
+        if self.head_dim > 0 {
+            self.head_dim
+        } else {
+            self.hidden / self.heads
+        }
     }
 }
 
