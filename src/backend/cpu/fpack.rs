@@ -17,7 +17,7 @@
 //! cache line). Groups are `cols * 64` bytes, 64-byte aligned.
 
 use super::groups::Groups;
-use super::isa::Isa;
+use super::isa::{Isa, Prefetch};
 use crate::quant::{bf16_bits_to_f32, f16_bits_to_f32, DType};
 use crate::Result;
 
@@ -85,7 +85,7 @@ pub fn dot_sequential_ref(dt: DType, row: &[u8], x: &[f32]) -> f32 {
 /// at `r0` (a multiple of [`GROUP`]), `x` holding `t` rows of `cols`, in the
 /// sequential order.
 pub fn gemm(isa: Isa, p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
-    gemm_pf(isa, super::isa::soft_prefetch(), p, r0, nrows, x, out)
+    gemm_pf(isa, super::isa::prefetch() == Prefetch::L1, p, r0, nrows, x, out)
 }
 
 /// [`gemm`], decode with (`pf`) or without its software prefetches (the same bits).
@@ -636,6 +636,39 @@ mod bench {
                     best = best.min(t0.elapsed().as_secs_f64());
                 }
                 eprintln!("F16 {isa:?} {n}x{cols} x {t}: {:.1} GFLOP/s", 2.0 * (n * cols * t) as f64 / best / 1e9);
+            }
+        }
+    }
+
+    /// Decode speed from memory, one thread (not an assertion): a 128 MiB F16 matrix
+    /// (past any last-level cache here) against one token, each kernel set without and
+    /// with its software prefetches, in GB/s of weights.
+    #[test]
+    #[ignore]
+    fn fpack_decode_bench() {
+        use std::time::Instant;
+        let mut rng = crate::util::XorShift::new(5);
+        let cols = 4096;
+        let rows = (128usize << 20) / (2 * cols);
+        let w: Vec<u8> = rng
+            .vec(rows * cols, -1.0, 1.0)
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes())
+            .collect();
+        let p = Packed::new(DType::F16, &w, rows, cols, "bench", 2).unwrap();
+        drop(w);
+        let x = rng.vec(cols, -1.0, 1.0);
+        let mut out = vec![0f32; rows];
+        for isa in available().into_iter().filter(|&i| i != Isa::Scalar) {
+            for pf in [false, true] {
+                gemm_pf(isa, pf, &p, 0, rows, &x, &mut out);
+                let mut best = f64::MAX;
+                for _ in 0..6 {
+                    let t0 = Instant::now();
+                    gemm_pf(isa, pf, &p, 0, rows, &x, &mut out);
+                    best = best.min(t0.elapsed().as_secs_f64());
+                }
+                eprintln!("F16 {isa:?} prefetch {pf}: {:.2} GB/s", (2 * rows * cols) as f64 / best / 1e9);
             }
         }
     }

@@ -54,18 +54,66 @@ pub fn isa() -> Isa {
     })
 }
 
-/// Whether the decode kernels issue their software prefetches (detected once).
-/// `LLMRT_CPU_PREFETCH=0|1` decides (for comparisons); else they do, except on AMD CPUs:
-/// on Zen 4 the packed Q4_0 decode ran about twice as fast with none, Q8_0 and F16
-/// 10-15% faster (the hardware prefetchers follow the packed streams; the software
-/// prefetches, Q4_0's issued as one burst per block, held the loads back), while on
-/// Intel they were measured to pay (docs/BENCHMARKS.md, 2026-12-04).
-pub fn soft_prefetch() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("LLMRT_CPU_PREFETCH").ok().as_deref() {
-        Some("0") => false,
-        Some("1") => true,
-        _ => !cpu_is_amd(),
+/// Which software prefetches the decode kernels issue (see [`prefetch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefetch {
+    /// None: the hardware prefetchers alone.
+    Off,
+    /// Every decode kernel prefetches into the first-level cache (`prefetcht0`), each at
+    /// its measured distance (Intel).
+    L1,
+    /// Only the kernels whose loads outrun the hardware prefetchers (the AVX-512 packed
+    /// Q8_0 decode) prefetch, into the second-level cache (`prefetcht1`); the others
+    /// issue none (AMD).
+    L2,
+}
+
+impl Prefetch {
+    /// The `_mm_prefetch` hint (`Off`: never issued; any value).
+    #[cfg(target_arch = "x86_64")]
+    pub const fn hint(self) -> i32 {
+        use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1};
+        match self {
+            Prefetch::L2 => _MM_HINT_T1,
+            _ => _MM_HINT_T0,
+        }
+    }
+}
+
+/// One software prefetch of the line at `p` with the hint `HINT` (a
+/// [`Prefetch::hint`]). Into L2 it is issued by inline assembly, which the compiler
+/// keeps where the kernel has it, between the loads: LLVM sinks the intrinsic's
+/// prefetches of a loop body into one burst at its end, and on Zen 4 that burst (34
+/// per Q8_0 block) held decode to 13 GB/s where the same prefetches spread out read 26.
+/// Into L1 it stays the intrinsic, the code measured on Intel.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub fn prefetch_line<const HINT: i32>(p: *const u8) {
+    if HINT == std::arch::x86_64::_MM_HINT_T1 {
+        // SAFETY: a prefetch is a hint: it never faults, whatever the address, and writes
+        // nothing (no memory, registers or flags besides the address operand it reads).
+        unsafe { std::arch::asm!("prefetcht1 [{0}]", in(reg) p, options(nostack, preserves_flags, readonly)) }
+    } else {
+        // SAFETY: as above (`_mm_prefetch` needs only SSE, part of x86-64).
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(p as *const i8) }
+    }
+}
+
+/// The software prefetches of the decode kernels (detected once).
+/// `LLMRT_CPU_PREFETCH=0|1|2` decides (`Off`, `L1`, `L2`; for comparisons). Else `L1` on
+/// Intel, where they were measured to pay, and `L2` on AMD: on Zen 4 the prefetches into
+/// L1 held decode back (packed Q4_0 ran twice as fast with none, F16 10-15% faster),
+/// while with none the AVX-512 Q8_0 kernel, whose loads run ahead fastest (one VNNI step
+/// per line), read 16-18 GB/s of the 26 one core reads; prefetching into L2 one block
+/// ahead it reads 25-28 (docs/BENCHMARKS.md, 2026-12-04).
+pub fn prefetch() -> Prefetch {
+    static PF: OnceLock<Prefetch> = OnceLock::new();
+    *PF.get_or_init(|| match std::env::var("LLMRT_CPU_PREFETCH").ok().as_deref() {
+        Some("0") => Prefetch::Off,
+        Some("1") => Prefetch::L1,
+        Some("2") => Prefetch::L2,
+        _ if cpu_is_amd() => Prefetch::L2,
+        _ => Prefetch::L1,
     })
 }
 

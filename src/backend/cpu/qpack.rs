@@ -28,7 +28,7 @@
 //! bandwidth here, this layout about 100%).
 
 use super::groups::Groups;
-use super::isa::{Isa, QAct};
+use super::isa::{Isa, Prefetch, QAct};
 use crate::quant::{f16_bits_to_f32, DType, QK};
 use crate::Result;
 
@@ -138,11 +138,11 @@ pub fn dot_block_order_ref(dt: DType, row: &[u8], xq: &[i8], xd: &[f32]) -> f32 
 /// `out[i * t + c] = dot(row r0 + i, activation row c)` for `nrows` rows of `p`
 /// starting at `r0` (a multiple of [`ALIGN`]), in the block order.
 pub fn gemm(isa: Isa, p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
-    gemm_pf(isa, super::isa::soft_prefetch(), p, r0, nrows, a, out)
+    gemm_pf(isa, super::isa::prefetch(), p, r0, nrows, a, out)
 }
 
-/// [`gemm`], decode with (`pf`) or without its software prefetches (the same bits).
-fn gemm_pf(isa: Isa, pf: bool, p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+/// [`gemm`], decode with the software prefetches `pf` (any choice gives the same bits).
+fn gemm_pf(isa: Isa, pf: Prefetch, p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
     let _ = pf; // read by the x86 kernels only
     assert!(r0.is_multiple_of(ALIGN) && r0 + nrows <= p.rows, "rows {r0}..{} of {}", r0 + nrows, p.rows);
     assert_eq!(a.cols, p.cols);
@@ -203,16 +203,17 @@ fn gemm_portable(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32])
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 mod x86 {
-    use super::{block_stride, vals_per_block, Packed, ALIGN, GROUP, SUPER};
-    use crate::backend::cpu::isa::{dpbusd512 as dpbusd, token_chunk, QAct};
+    use super::{block_stride, vals_per_block, Packed, Prefetch, ALIGN, GROUP, SUPER};
+    use crate::backend::cpu::isa::{dpbusd512 as dpbusd, prefetch_line, token_chunk, QAct};
     use crate::quant::{DType, QK};
     use std::arch::x86_64::*;
 
     /// Decode's software prefetch distance in blocks of the super-group stream:
     /// one core needs a few KiB in flight to approach its read bandwidth. Measured
     /// (TinyLlama tg64, 1 thread) from 1 to 6 blocks and in between: 4 blocks
-    /// (4.5 KiB) best for Q4_0, 1 block (2.1 KiB) for Q8_0. Where `soft_prefetch` says no
-    /// (AMD), decode issues none.
+    /// (4.5 KiB) best for Q4_0, 1 block (2.1 KiB) for Q8_0, into L1. On AMD
+    /// (`Prefetch::L2`) Q4_0 issues none and Q8_0 prefetches into L2, 1 block ahead
+    /// (Zen 4, `qpack_decode_bench`: 1 to 3 blocks the same, 4 less).
     const PFB_Q4: usize = 4;
     const PFB_Q8: usize = 1;
     /// The same for prefill tiles, whose group is read again from cache for
@@ -288,7 +289,13 @@ mod x86 {
     /// one stream; the first `valid` rows are written to `out`. Same order as `tile`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")]
-    unsafe fn gemv<const Q4: bool, const PF: bool>(sg: *const u8, nb: usize, a: &QAct, out: *mut f32, valid: usize) {
+    unsafe fn gemv<const Q4: bool, const PF: bool, const HINT: i32>(
+        sg: *const u8,
+        nb: usize,
+        a: &QAct,
+        out: *mut f32,
+        valid: usize,
+    ) {
         let vb = if Q4 { 256 } else { 512 };
         let bs = SUPER * (vb + 32);
         let corr = if Q4 { -8 } else { -128 };
@@ -319,7 +326,7 @@ mod x86 {
                         let mut hi16 = _mm512_setzero_si512();
                         for m in 0..4 {
                             if PF {
-                                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * vb + 64 * m) as *const i8);
+                                prefetch_line::<HINT>(ahead.wrapping_add(j * vb + 64 * m));
                             }
                             let v = _mm512_loadu_si512(p.add(64 * m) as *const __m512i);
                             isum = dpbusd(isum, _mm512_and_si512(v, m4), xb[m]);
@@ -329,14 +336,14 @@ mod x86 {
                     } else {
                         for m in 0..8 {
                             if PF {
-                                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * vb + 64 * m) as *const i8);
+                                prefetch_line::<HINT>(ahead.wrapping_add(j * vb + 64 * m));
                             }
                             isum = dpbusd(isum, _mm512_loadu_si512(p.add(64 * m) as *const __m512i), xb[m]);
                         }
                     }
                     // The block's scales: two lines after the four groups' values.
                     if PF && j < 2 {
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(SUPER * vb + 64 * j) as *const i8);
+                        prefetch_line::<HINT>(ahead.wrapping_add(SUPER * vb + 64 * j));
                     }
                     let ws = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(SUPER * vb + 32 * j) as *const __m256i));
                     acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(ws, dx), _mm512_cvtepi32_ps(isum), acc[j]);
@@ -374,7 +381,7 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")]
-    pub unsafe fn gemm(p: &Packed, pf: bool, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+    pub unsafe fn gemm(p: &Packed, pf: Prefetch, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
         const MAXC: usize = 8;
         let q4 = p.dtype == DType::Q4_0;
         let nb = p.cols / QK;
@@ -395,11 +402,17 @@ mod x86 {
                 for i in (0..nrows).step_by(ALIGN) {
                     let sg = base.add((r0 + i) / ALIGN * gs);
                     let valid = (nrows - i).min(ALIGN);
+                    // Q4_0: into L1 (Intel) or none (AMD: with none it reads at the bound).
+                    // Q8_0, whose loads run ahead fastest: into L1 (Intel) or into L2 (AMD),
+                    // spread between the loads (`prefetch_line`).
+                    const T0: i32 = Prefetch::L1.hint();
+                    const T1: i32 = Prefetch::L2.hint();
                     match (q4, pf) {
-                        (true, true) => gemv::<true, true>(sg, nb, a, o.add(i), valid),
-                        (true, false) => gemv::<true, false>(sg, nb, a, o.add(i), valid),
-                        (false, true) => gemv::<false, true>(sg, nb, a, o.add(i), valid),
-                        (false, false) => gemv::<false, false>(sg, nb, a, o.add(i), valid),
+                        (true, Prefetch::L1) => gemv::<true, true, T0>(sg, nb, a, o.add(i), valid),
+                        (true, _) => gemv::<true, false, T0>(sg, nb, a, o.add(i), valid),
+                        (false, Prefetch::L1) => gemv::<false, true, T0>(sg, nb, a, o.add(i), valid),
+                        (false, Prefetch::L2) => gemv::<false, true, T1>(sg, nb, a, o.add(i), valid),
+                        (false, Prefetch::Off) => gemv::<false, false, T0>(sg, nb, a, o.add(i), valid),
                     }
                 }
                 return;
@@ -436,7 +449,7 @@ mod x86 {
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 mod x86_256 {
-    use super::{block_stride, vals_per_block, Packed, ALIGN, GROUP, SUPER};
+    use super::{block_stride, vals_per_block, Packed, Prefetch, ALIGN, GROUP, SUPER};
     use crate::backend::cpu::isa::{token_chunk, QAct};
     use crate::quant::{DType, QK};
     use std::arch::x86_64::*;
@@ -449,8 +462,9 @@ mod x86_256 {
     /// block 12.3-13.8, 2 11.9, 4 12.4-13.1; Q4_0 1 thread: 1 block 22.6-26.3, 2
     /// 24.6-28.9, 4 27.3-28.8, 8 28.7-29.2; Q4_0 2 threads: 1 block 30.4-35.8, 4
     /// 40.1-43.4 (the same distances as the AVX-512 kernels). On Zen 4 none at all was
-    /// faster still (Q4_0 1 thread 28-31 t/s against 14-17), so where `soft_prefetch`
-    /// says no (AMD), decode issues none.
+    /// faster still (Q4_0 1 thread 28-31 t/s against 14-17), and prefetching into L2
+    /// was slower than none for both types (`qpack_decode_bench`), so on AMD
+    /// (`Prefetch::L2`) decode issues none.
     const PFB_Q4: usize = 4;
     const PFB_Q8: usize = 1;
 
@@ -631,7 +645,7 @@ mod x86_256 {
     /// # Safety
     /// The CPU has AVX2, FMA and F16C; `super::gemm`'s assertions hold.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn gemm(p: &Packed, pf: bool, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+    pub unsafe fn gemm(p: &Packed, pf: Prefetch, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
         const MAXC: usize = 4;
         let q4 = p.dtype == DType::Q4_0;
         let nb = p.cols / QK;
@@ -650,7 +664,9 @@ mod x86_256 {
                 for i in (0..nrows).step_by(ALIGN) {
                     let sg = base.add((r0 + i) / ALIGN * gs);
                     let valid = (nrows - i).min(ALIGN);
-                    match (q4, pf) {
+                    // Into L1 (Intel) as measured; on AMD none (`Prefetch::L2` names the
+                    // kernels that outrun the hardware prefetchers, not this one).
+                    match (q4, pf == Prefetch::L1) {
                         (true, true) => gemv::<true, true>(sg, nb, a, o.add(i), valid),
                         (true, false) => gemv::<true, false>(sg, nb, a, o.add(i), valid),
                         (false, true) => gemv::<false, true>(sg, nb, a, o.add(i), valid),
@@ -714,7 +730,9 @@ mod tests {
                 }
                 let p = Packed::new(dt, &w, rb, rows, cols, "test", 1 + rows % 3).unwrap();
                 let nb = cols / QK;
-                for (isa, pf) in available().into_iter().flat_map(|i| [(i, false), (i, true)]) {
+                for (isa, pf) in
+                    available().into_iter().flat_map(|i| [Prefetch::Off, Prefetch::L1, Prefetch::L2].map(|p| (i, p)))
+                {
                     for r0 in (0..rows).step_by(ALIGN) {
                         let n = rows - r0;
                         let mut got = vec![f32::NAN; n * t];
@@ -731,11 +749,49 @@ mod tests {
                                 assert_eq!(
                                     got[i * t + c].to_bits(),
                                     want.to_bits(),
-                                    "{dt} {isa:?} prefetch {pf} rows={rows} cols={cols} t={t} r={r} c={c}"
+                                    "{dt} {isa:?} prefetch {pf:?} rows={rows} cols={cols} t={t} r={r} c={c}"
                                 );
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod bench {
+    use super::*;
+    use crate::backend::cpu::isa::available;
+
+    /// Decode speed from memory, one thread (not an assertion: run with `--ignored
+    /// --nocapture`): a matrix of 128 MiB or more (past any last-level cache here) against one
+    /// token, each kernel set with and without its software prefetches, in GB/s of weights.
+    #[test]
+    #[ignore]
+    fn qpack_decode_bench() {
+        use std::time::Instant;
+        let mut r = crate::util::XorShift::new(11);
+        let cols = 4096;
+        for dt in [DType::Q4_0, DType::Q8_0] {
+            let (rb, bb) = (dt.row_bytes(cols).unwrap(), dt.block_bytes());
+            let rows = ((128usize << 20) / rb).div_ceil(ALIGN) * ALIGN;
+            let w: Vec<u8> = (0..rows * rb).map(|i| if i % bb == 1 { 0x30 } else { r.next_u64() as u8 }).collect();
+            let p = Packed::new(dt, &w, rb, rows, cols, "bench", 2).unwrap();
+            drop(w);
+            let a = QAct::quantize(&r.vec(cols, -1.0, 1.0), cols);
+            let mut out = vec![0f32; rows];
+            for isa in available().into_iter().filter(|&i| i != Isa::Scalar) {
+                for pf in [Prefetch::Off, Prefetch::L1, Prefetch::L2] {
+                    gemm_pf(isa, pf, &p, 0, rows, &a, &mut out);
+                    let mut best = f64::MAX;
+                    for _ in 0..6 {
+                        let t0 = Instant::now();
+                        gemm_pf(isa, pf, &p, 0, rows, &a, &mut out);
+                        best = best.min(t0.elapsed().as_secs_f64());
+                    }
+                    eprintln!("{dt} {isa:?} prefetch {pf:?}: {:.2} GB/s", (rows * rb) as f64 / best / 1e9);
                 }
             }
         }
