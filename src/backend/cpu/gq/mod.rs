@@ -677,6 +677,38 @@ mod tests {
     /// Kernel speed, one thread (not an assertion: run with `--ignored --nocapture`):
     /// decode streams a 4096 x 4096 matrix (several times the last-level caches'
     /// share of one core) against one token, prefill a 256-row slice against 32.
+    /// Decode speed from memory, one thread (not an assertion: run with `--ignored
+    /// --nocapture`): each grouped type's packed kernels against one token over a matrix
+    /// of 128 MiB or more, past any last-level cache here (`gq_bench`'s 4096 x 4096 fits
+    /// a 32 MiB L3), in GB/s of weights.
+    #[test]
+    #[ignore]
+    fn gq_decode_bench() {
+        use std::time::Instant;
+        let mut r = XorShift::new(9);
+        let cols = 4096;
+        for dt in DType::all().into_iter().filter(|d| d.is_grouped()) {
+            let rb = dt.row_bytes(cols).unwrap();
+            let rows = ((128usize << 20) / rb).div_ceil(64) * 64;
+            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(dt, cols, &mut r)).collect();
+            let a = QAct::quantize(&r.vec(cols, -1.0, 1.0), cols);
+            let mut out = vec![0f32; rows];
+            let mut line = format!("{dt:>7}:");
+            for isa in crate::backend::cpu::isa::available().into_iter().filter(|&i| packs(i)) {
+                let p = Packed::new(isa, dt, &w, rb, rows, cols, "bench", 2).unwrap();
+                gemm_packed(&p, 0, rows, &a, &mut out);
+                let mut best = f64::MAX;
+                for _ in 0..4 {
+                    let t0 = Instant::now();
+                    gemm_packed(&p, 0, rows, &a, &mut out);
+                    best = best.min(t0.elapsed().as_secs_f64());
+                }
+                line += &format!(" {isa:?} {:.1} GB/s", (rows * rb) as f64 / best / 1e9);
+            }
+            eprintln!("{line}");
+        }
+    }
+
     #[test]
     #[ignore]
     fn gq_bench() {

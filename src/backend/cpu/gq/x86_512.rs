@@ -40,9 +40,18 @@ const PF: usize = 384;
 /// Bytes of a row covered by one round of prefetches (whole blocks): small blocks
 /// are prefetched a few at a time, so each line is asked for once.
 const PF_SPAN: usize = 256;
+/// Packed decode's prefetch distance into L2 where [`Prefetch::L2`] asks for one (AMD),
+/// bytes ahead in the matrix's one stream (tiles follow each other). Measured on Zen 4
+/// (`gq_decode_bench`, 128 MiB, GB/s, none -> 16 KiB): Q4_K 18.5 -> 26-27, Q5_K 16 ->
+/// 22-23.5, Q6_K 24 -> 24.5-26.5, Q3_K 11-12 -> 15, Q5_1 11.5 -> 17.5, IQ4_NL 15.5 -> 18,
+/// Q2_K, Q4_1 and Q5_0 the same; 8-24 KiB alike, 4 KiB slower than none. TinyLlama tg32
+/// (interleaved, 1 / 2 threads) chose 8 KiB, which 2 threads take better than 16:
+/// docs/BENCHMARKS.md. IQ4_XS issues none (slower with them: 37-39 -> 32 t/s, 1 thread).
+const PF_L2: usize = 8192;
 
 use super::tag::*;
 use super::{Src, Tok};
+use crate::backend::cpu::isa::{prefetch, prefetch_line, Prefetch};
 
 /// What is added to each weight integer to make it an unsigned byte.
 const fn bias(k: u8) -> i32 {
@@ -394,9 +403,12 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
         let base = rows[0];
         let pf_step = (PF_SPAN / bb).max(1);
         let packed = bs != bb;
+        // Decode over a packed tile: its lines `PF_L2` ahead into L2, spread over the groups.
+        let l2 = C == 1 && packed && K != T_IQ4_XS && prefetch() == Prefetch::L2;
+        let (lines, per_g) = (bs.div_ceil(64), bs.div_ceil(64).div_ceil(per));
         for blk in 0..nblk {
             // A packed tile is one stream, which the hardware prefetchers follow: software
-            // prefetches 768 to 12,288 bytes ahead measured no faster.
+            // prefetches into L1 768 to 12,288 bytes ahead measured no faster (Intel).
             if !packed && blk % pf_step == 0 {
                 // The lines starting in the next `pf_step` blocks, `PF` ahead.
                 for &row in rows.iter() {
@@ -424,6 +436,11 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
                 };
             }
             for gi in 0..per {
+                if l2 {
+                    for k in gi * per_g..((gi + 1) * per_g).min(lines) {
+                        prefetch_line::<{ _MM_HINT_T1 }>(base.wrapping_add(blk * bs + PF_L2 + 64 * k));
+                    }
+                }
                 let g = blk * per + gi;
                 let [s0, s1, o0, o1] = scales::<K>(&raw, gi);
                 // Several tokens: transposed once, then no reduction per token; packed
