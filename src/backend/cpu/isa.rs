@@ -63,8 +63,8 @@ pub enum Prefetch {
     /// its measured distance (Intel).
     L1,
     /// Only the kernels whose loads outrun the hardware prefetchers (the AVX-512 packed
-    /// Q8_0 decode) prefetch, into the second-level cache (`prefetcht1`); the others
-    /// issue none (AMD).
+    /// Q8_0 and grouped-type decode, IQ4_XS excepted) prefetch, into the second-level
+    /// cache (`prefetcht1`); the others issue none (AMD).
     L2,
 }
 
