@@ -28,7 +28,7 @@
 //! Depends on `isa` (`QAct`, `token_chunk`) and `quant::groups`.
 #![allow(clippy::needless_range_loop)]
 
-use crate::backend::cpu::isa::{token_chunk, QAct};
+use crate::backend::cpu::isa::{prefetch, token_chunk, Prefetch, QAct};
 use crate::quant::groups::{GROUP, IQ4_LEVELS};
 use crate::quant::DType;
 use std::arch::x86_64::*;
@@ -239,6 +239,13 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
             }),
         };
         let packed = !matches!(src, Src::Rows { .. });
+        // Packed tiles' prefetches: prefill keeps them (measured); so does decode on Intel
+        // (`Prefetch::L1`), and on AMD over the legacy types' tiles, while the transposed
+        // (K-quant, IQ4_XS) tiles' decode reads faster with none there: Zen 4,
+        // `gq_decode_bench`, GB/s with -> none: Q4_K 17.7 -> 19, Q6_K 13.2 -> 19, IQ4_XS
+        // 12-16 -> 17, Q5_K 16.5 -> 12-18, Q2_K/Q3_K the same; Q4_1 13.5 -> 8.5, Q5_0
+        // 10.4 -> 6.3 (into L2 instead: no better than either).
+        let pf = t > 1 || !TR || prefetch() == Prefetch::L1;
         for c0 in (0..t).step_by(tc) {
             let ct = (t - c0).min(tc);
             acc[..ct].fill(zf);
@@ -252,8 +259,10 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
                     if packed {
                         // One stream: the tile's unit `PF` ahead, 8 rows back to back.
                         let next = rows[0].wrapping_add((u + PF) * us);
-                        for l in (0..us).step_by(64) {
-                            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(l) as *const i8);
+                        if pf {
+                            for l in (0..us).step_by(64) {
+                                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(l) as *const i8);
+                            }
                         }
                     } else {
                         for &p in &rows {
