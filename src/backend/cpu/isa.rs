@@ -64,7 +64,8 @@ pub enum Prefetch {
     L1,
     /// Only the kernels whose loads outrun the hardware prefetchers (the AVX-512 packed
     /// Q8_0 and grouped-type decode, IQ4_XS excepted) prefetch, into the second-level
-    /// cache (`prefetcht1`); the others issue none (AMD).
+    /// cache (`prefetcht1`); the other packed decode kernels issue none, except the AVX2
+    /// legacy grouped types' (Q4_1, Q5_0, Q5_1, IQ4_NL), which keep theirs into L1 (AMD).
     L2,
 }
 
