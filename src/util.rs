@@ -144,6 +144,25 @@ impl Fnv1a64 {
     }
 }
 
+/// Seconds of the fastest of several runs of `f` after one untimed warm-up: at least 5,
+/// and more until half a second has passed (the kernel benchmarks' timer; on a shared
+/// machine the minimum is the least disturbed run).
+#[cfg(test)]
+pub fn best_secs(mut f: impl FnMut()) -> f64 {
+    use std::time::Instant;
+    f();
+    let (mut m, t0) = (f64::MAX, Instant::now());
+    for n in 0.. {
+        let t = Instant::now();
+        f();
+        m = m.min(t.elapsed().as_secs_f64());
+        if n >= 4 && t0.elapsed().as_secs_f64() > 0.5 {
+            break;
+        }
+    }
+    m
+}
+
 /// xorshift64*: a deterministic generator for synthetic weights and test inputs
 /// (not for sampling: the sampler's draw is `sample::draw(seed, position)`).
 #[derive(Clone, Debug)]

@@ -617,7 +617,6 @@ mod bench {
     #[test]
     #[ignore]
     fn fpack_bench() {
-        use std::time::Instant;
         let mut rng = crate::util::XorShift::new(3);
         let t = 128;
         for (rows, cols) in [(2048usize, 2048usize), (5632, 2048), (2048, 5632)] {
@@ -628,13 +627,7 @@ mod bench {
             let mut out = vec![0f32; rows * t];
             for isa in available().into_iter().filter(|&i| i != Isa::Scalar) {
                 let n = rows.min(512);
-                gemm(isa, &p, 0, n, &x, &mut out[..n * t]);
-                let mut best = f64::MAX;
-                for _ in 0..5 {
-                    let t0 = Instant::now();
-                    gemm(isa, &p, 0, n, &x, &mut out[..n * t]);
-                    best = best.min(t0.elapsed().as_secs_f64());
-                }
+                let best = crate::util::best_secs(|| gemm(isa, &p, 0, n, &x, &mut out[..n * t]));
                 eprintln!("F16 {isa:?} {n}x{cols} x {t}: {:.1} GFLOP/s", 2.0 * (n * cols * t) as f64 / best / 1e9);
             }
         }
@@ -646,7 +639,6 @@ mod bench {
     #[test]
     #[ignore]
     fn fpack_decode_bench() {
-        use std::time::Instant;
         let mut rng = crate::util::XorShift::new(5);
         let cols = 4096;
         let rows = (128usize << 20) / (2 * cols);
@@ -661,13 +653,7 @@ mod bench {
         let mut out = vec![0f32; rows];
         for isa in available().into_iter().filter(|&i| i != Isa::Scalar) {
             for pf in [false, true] {
-                gemm_pf(isa, pf, &p, 0, rows, &x, &mut out);
-                let mut best = f64::MAX;
-                for _ in 0..6 {
-                    let t0 = Instant::now();
-                    gemm_pf(isa, pf, &p, 0, rows, &x, &mut out);
-                    best = best.min(t0.elapsed().as_secs_f64());
-                }
+                let best = crate::util::best_secs(|| gemm_pf(isa, pf, &p, 0, rows, &x, &mut out));
                 eprintln!("F16 {isa:?} prefetch {pf}: {:.2} GB/s", (2 * rows * cols) as f64 / best / 1e9);
             }
         }

@@ -771,7 +771,6 @@ mod bench {
     #[test]
     #[ignore]
     fn qpack_decode_bench() {
-        use std::time::Instant;
         let mut r = crate::util::XorShift::new(11);
         let cols = 4096;
         for dt in [DType::Q4_0, DType::Q8_0] {
@@ -784,13 +783,7 @@ mod bench {
             let mut out = vec![0f32; rows];
             for isa in available().into_iter().filter(|&i| i != Isa::Scalar) {
                 for pf in [Prefetch::Off, Prefetch::L1, Prefetch::L2] {
-                    gemm_pf(isa, pf, &p, 0, rows, &a, &mut out);
-                    let mut best = f64::MAX;
-                    for _ in 0..6 {
-                        let t0 = Instant::now();
-                        gemm_pf(isa, pf, &p, 0, rows, &a, &mut out);
-                        best = best.min(t0.elapsed().as_secs_f64());
-                    }
+                    let best = crate::util::best_secs(|| gemm_pf(isa, pf, &p, 0, rows, &a, &mut out));
                     eprintln!("{dt} {isa:?} prefetch {pf:?}: {:.2} GB/s", (rows * rb) as f64 / best / 1e9);
                 }
             }

@@ -674,9 +674,6 @@ mod tests {
         }
     }
 
-    /// Kernel speed, one thread (not an assertion: run with `--ignored --nocapture`):
-    /// decode streams a 4096 x 4096 matrix (several times the last-level caches'
-    /// share of one core) against one token, prefill a 256-row slice against 32.
     /// Decode speed from memory, one thread (not an assertion: run with `--ignored
     /// --nocapture`): each grouped type's packed kernels against one token over a matrix
     /// of 128 MiB or more, past any last-level cache here (`gq_bench`'s 4096 x 4096 fits
@@ -684,7 +681,6 @@ mod tests {
     #[test]
     #[ignore]
     fn gq_decode_bench() {
-        use std::time::Instant;
         let mut r = XorShift::new(9);
         let cols = 4096;
         for dt in DType::all().into_iter().filter(|d| d.is_grouped()) {
@@ -696,37 +692,21 @@ mod tests {
             let mut line = format!("{dt:>7}:");
             for isa in crate::backend::cpu::isa::available().into_iter().filter(|&i| packs(i)) {
                 let p = Packed::new(isa, dt, &w, rb, rows, cols, "bench", 2).unwrap();
-                gemm_packed(&p, 0, rows, &a, &mut out);
-                let mut best = f64::MAX;
-                for _ in 0..4 {
-                    let t0 = Instant::now();
-                    gemm_packed(&p, 0, rows, &a, &mut out);
-                    best = best.min(t0.elapsed().as_secs_f64());
-                }
+                let best = crate::util::best_secs(|| gemm_packed(&p, 0, rows, &a, &mut out));
                 line += &format!(" {isa:?} {:.1} GB/s", (rows * rb) as f64 / best / 1e9);
             }
             eprintln!("{line}");
         }
     }
 
+    /// Kernel speed, one thread (not an assertion: run with `--ignored --nocapture`):
+    /// decode streams a 4096 x 4096 matrix against one token (past the last-level cache
+    /// share of one core on the Intel VMs; within a 32 MiB L3, as on Zen 4, an L3 figure:
+    /// `gq_decode_bench` reads from memory), prefill a 256-row slice against 32.
     #[test]
     #[ignore]
     fn gq_bench() {
-        use std::time::Instant;
-        // The fastest of several runs (the machine is shared: the minimum is the least disturbed).
-        fn best(mut f: impl FnMut()) -> f64 {
-            f();
-            let (mut m, t0) = (f64::MAX, Instant::now());
-            for n in 0.. {
-                let t = Instant::now();
-                f();
-                m = m.min(t.elapsed().as_secs_f64());
-                if n >= 4 && t0.elapsed().as_secs_f64() > 0.5 {
-                    break;
-                }
-            }
-            m
-        }
+        use crate::util::best_secs as best;
         let mut r = XorShift::new(7);
         let (rows, cols) = (4096, 4096);
         // The packed Q4_0 / Q8_0 kernels (`qpack`; Q4_0: 18 bytes per 32 values, as Q4_K) for scale.
