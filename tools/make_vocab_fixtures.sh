@@ -11,6 +11,10 @@
 # this script do nothing). LLMRT_VOCAB_SDIST=<path to llama_cpp_python-0.3.36.tar.gz> uses a
 # copy already downloaded instead of `pip download`. The archive is checked against its
 # sha256. Any failure exits non-zero: `make test` stops rather than skipping the suite.
+#
+# This script only fetches. The loadable copies the suite also runs (each vocab's tokenizer.*
+# keys verbatim plus a tiny random F32 llama, so it loads through llmrt_model_load) are built
+# by tests/tokenizer_vocab.rs itself (`model_copy`), at test time, in a temp dir it removes.
 set -eu
 VERSION=0.3.36
 SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
