@@ -103,9 +103,10 @@ endif
 -include scripts/fuzz.mk
 -include scripts/cuda-emu.mk
 
-# Rust integration tests under valgrind memcheck (docs/RELIABILITY.md): about two
+# Rust integration tests under valgrind memcheck (docs/RELIABILITY.md): two to three
 # minutes. The stress test runs a shorter sequence there (valgrind serialises threads).
-VALGRIND_RUST_TESTS ?= cache_semantics formats reference_parity text_api hf_parity tokenizer reliability stress
+VALGRIND_RUST_TESTS ?= cache_semantics formats reference_parity text_api hf_parity tokenizer reliability stress \
+  moe sliding_window tokenizer_special tokenizer_unsupported tokenizer_normalizers
 valgrind-rust:
 	LLMRT_STRESS_OPS=60 CARGO="$(CARGO)" sh scripts/valgrind-tests.sh $(VALGRIND_RUST_TESTS)
 

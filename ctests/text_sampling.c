@@ -1,5 +1,5 @@
 /* Text and sampling through the C API (llmrt_tokenize, llmrt_detokenize,
- * llmrt_token_piece, llmrt_sampler_params_default, llmrt_decode_sample,
+ * llmrt_tokenize_ex, llmrt_token_piece, llmrt_sampler_params_default, llmrt_decode_sample,
  * llmrt_decode_sample_each, llmrt_sample_logits) on the
  * fixtures: reference ids (tests/fixtures/tokenizer/vectors.json), add_bos, the
  * buffer-size protocol, round trips, streaming pieces, seeded sampling. The
@@ -202,6 +202,77 @@ static void check_round_trips(const char *rel, const char *prefix) {
 
 static void case_round_trip_spm(void) { check_round_trips(MODEL_REL, " "); }
 static void case_round_trip_bpe(void) { check_round_trips(QWEN2_REL, ""); }
+
+/* ---- llmrt_tokenize_ex: parse_special --------------------------------------- */
+
+/* Whether `ids[0..n]` holds `id`. */
+static int has_id(const uint32_t *ids, size_t n, uint32_t id) {
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == id) return 1;
+    return 0;
+}
+
+/* A control token written in the text becomes its id with parse_special = true (as
+ * llmrt_tokenize does) and stays text with false; the buffer rule is llmrt_tokenize's. */
+static void case_tokenize_ex_parse_special(void) {
+    llmrt_model *m = load_fixture_model();
+    const llmrt_model_info info = model_info(m);
+    REQUIRE(info.bos_token == 1, "llama_gqa BOS is %u, want 1", info.bos_token);
+    const char *text = "<s>" HELLO;
+    const size_t len = strlen(text);
+    uint32_t ids[32], plain[32];
+    size_t n = 0, n_plain = 0;
+    /* true: "<s>" is BOS, then the 8 ids of "Hello world"; what llmrt_tokenize gives. */
+    OK(llmrt_tokenize_ex(m, text, len, false, true, ids, 32, &n));
+    CHECK(n == 9 && ids[0] == 1 && memcmp(ids + 1, HELLO_IDS, sizeof HELLO_IDS) == 0,
+          "tokenize_ex(\"<s>" HELLO "\", parse_special true): %zu ids, first %u; want BOS 1 + "
+          "the 8", n, n ? ids[0] : 0);
+    OK(llmrt_tokenize(m, text, len, false, plain, 32, &n_plain));
+    CHECK(n_plain == n && memcmp(plain, ids, n * sizeof *ids) == 0,
+          "llmrt_tokenize differs from llmrt_tokenize_ex with parse_special true");
+    /* false: "<s>" is three characters of text, never the control token. */
+    OK(llmrt_tokenize_ex(m, text, len, false, false, ids, 32, &n));
+    CHECK(n > 9 && !has_id(ids, n, info.bos_token),
+          "tokenize_ex(\"<s>" HELLO "\", parse_special false): %zu ids, BOS among them: %d", n,
+          has_id(ids, n, info.bos_token));
+    /* ... and round-trips to the text it was. */
+    size_t bytes = 0;
+    char *back = detokenize_all(m, ids, n, &bytes);
+    CHECK(bytes == len && memcmp(back, text, len) == 0, "round trip: \"%s\"", back);
+    free(back);
+    /* add_bos still adds the one real BOS in front. */
+    OK(llmrt_tokenize_ex(m, text, len, true, false, plain, 32, &n_plain));
+    CHECK(n_plain == n + 1 && plain[0] == 1 && memcmp(plain + 1, ids, n * sizeof *ids) == 0,
+          "add_bos with parse_special false: %zu ids, want %zu", n_plain, n + 1);
+
+    /* Byte-level BPE (qwen2): <|endoftext|> (id 0, special) likewise. */
+    llmrt_model *q = load_rel(QWEN2_REL);
+    static const char EOT[] = "<|endoftext|>";
+    OK(llmrt_tokenize_ex(q, EOT, strlen(EOT), false, true, ids, 32, &n));
+    CHECK(n == 1 && ids[0] == 0, "qwen2 \"%s\", parse_special true: %zu ids, first %u", EOT, n,
+          n ? ids[0] : 0);
+    OK(llmrt_tokenize_ex(q, EOT, strlen(EOT), false, false, ids, 32, &n));
+    CHECK(n > 1 && !has_id(ids, n, 0), "qwen2 \"%s\", parse_special false: %zu ids", EOT, n);
+    llmrt_model_free(q);
+
+    /* Bad arguments. Too small a buffer: BUFFER_TOO_SMALL with the count needed, nothing
+     * written; NULL with capacity 0 is the size query. */
+    for (size_t i = 0; i < 32; i++) ids[i] = 4242;
+    n = 0;
+    EXPECT_STATUS(LLMRT_BUFFER_TOO_SMALL, llmrt_tokenize_ex(m, text, len, false, true, ids, 8, &n));
+    CHECK(n == 9, "BUFFER_TOO_SMALL reported %zu, want 9", n);
+    for (size_t i = 0; i < 32; i++) CHECK(ids[i] == 4242, "too-small tokenize_ex wrote ids[%zu]", i);
+    n = 0;
+    EXPECT_STATUS(LLMRT_BUFFER_TOO_SMALL, llmrt_tokenize_ex(m, text, len, false, false, NULL, 0, &n));
+    CHECK(n == n_plain - 1, "size query with parse_special false: %zu, want %zu", n, n_plain - 1);
+    /* NULL text with a length, NULL out_n, NULL model: INVALID_ARGUMENT. */
+    EXPECT_STATUS_MSG(LLMRT_INVALID_ARGUMENT, llmrt_tokenize_ex(m, NULL, 3, false, false, ids, 32, &n),
+                      "text");
+    EXPECT_STATUS_MSG(LLMRT_INVALID_ARGUMENT,
+                      llmrt_tokenize_ex(m, text, len, false, false, ids, 32, NULL), "out_n");
+    EXPECT_STATUS(LLMRT_INVALID_ARGUMENT, llmrt_tokenize_ex(NULL, text, len, false, false, ids, 32, &n));
+    llmrt_model_free(m);
+}
 
 /* ---- sampling ---------------------------------------------------------------- */
 
@@ -424,6 +495,7 @@ static void case_sample_old_struct_size(void) {
 static const test_case CASES[] = {
     {"tokenize_add_bos", case_tokenize_add_bos},
     {"buffer_protocol", case_buffer_protocol},
+    {"tokenize_ex_parse_special", case_tokenize_ex_parse_special},
     {"round_trip_spm", case_round_trip_spm},
     {"round_trip_bpe", case_round_trip_bpe},
     {"sampler_defaults", case_sampler_defaults},

@@ -119,3 +119,77 @@ fn corrupt_tokenizers_still_fail_the_load() {
     }
     let _ = std::fs::remove_file(&p);
 }
+
+/// A copy of the qwen2 fixture's HF directory whose tokenizer.json is `tokenizer_json`.
+fn hf_with_tokenizer_json(tag: &str, tokenizer_json: &[u8]) -> PathBuf {
+    let src = Fixture::named("qwen2").dir.join("hf");
+    let d = std::env::temp_dir().join(format!("llmrt-tok-hf-{tag}-{}", std::process::id()));
+    hf_dir_with_config(&src, &d, |_| {});
+    std::fs::write(d.join("tokenizer.json"), tokenizer_json).unwrap();
+    d
+}
+
+#[test]
+fn unsupported_hf_tokenizers_load_and_run_on_ids() {
+    let f = Fixture::named("qwen2");
+    let reference = load(&f.dir.join("hf"));
+    let prompt = f.greedy_prompt();
+    let c = reference.reserve(0);
+    let want = reference.prefill(c, &prompt);
+    let want_next = reference.decode_greedy(&[c], &[*prompt.last().unwrap()]);
+    let base: serde_json::Value = read_json(&f.dir.join("hf/tokenizer.json"));
+    // (what, tokenizer.json edit, what the error must name)
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "wordpiece",
+            // a BERT-style model type llmrt does not run
+            Box::new(|j| j["model"]["type"] = "WordPiece".into()),
+            "\"WordPiece\"",
+        ),
+        (
+            "normalizer",
+            // a normalizer llmrt does not apply
+            Box::new(|j| j["normalizer"] = serde_json::json!({"type": "BertNormalizer", "lowercase": true})),
+            "\"BertNormalizer\"",
+        ),
+    ];
+    for (tag, edit, needle) in cases {
+        let mut j = base.clone();
+        edit(&mut j);
+        let d = hf_with_tokenizer_json(tag, &serde_json::to_vec(&j).unwrap());
+        let m = match try_load(&d, 1, 0) {
+            Ok(m) => m,
+            Err((s, msg)) => panic!("{tag}: the model must load, got {s:?}: {msg}"),
+        };
+        // ids in, logits out: as the same weights with their own tokenizer
+        let c = m.reserve(0);
+        assert_eq!(m.prefill(c, &prompt), want, "{tag}: logits differ from the same weights with their tokenizer");
+        assert_eq!(m.decode_greedy(&[c], &[*prompt.last().unwrap()]), want_next, "{tag}: decode");
+        // the text calls say what is missing
+        assert_eq!(tokenize_status(&m, "hello"), Status::LLMRT_UNSUPPORTED, "{tag}");
+        let e = last_error();
+        assert!(e.contains(needle) && e.contains("tokenizer.json") && e.contains("tokenizer"), "{tag}: {e}");
+        let mut buf = [0u8; 16];
+        let mut n = 0usize;
+        // SAFETY: a live model; `buf` and the id array are live locals of the lengths passed.
+        let s = unsafe { llmrt_detokenize(m.ptr, prompt.as_ptr(), prompt.len(), buf.as_mut_ptr().cast(), 16, &mut n) };
+        assert_eq!(s, Status::LLMRT_UNSUPPORTED, "{tag}: detokenize");
+        assert!(last_error().contains(needle), "{tag}: {}", last_error());
+        drop(m);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
+
+#[test]
+fn corrupt_hf_tokenizer_json_still_fails_the_load() {
+    let d = hf_with_tokenizer_json("corrupt", b"{\"model\": {\"type\": \"BPE\", ");
+    match try_load(&d, 1, 0) {
+        Ok(_) => panic!("a corrupt tokenizer.json must fail the load"),
+        Err((s, msg)) => {
+            assert_eq!(s, Status::LLMRT_BAD_MODEL, "{msg}");
+            assert!(msg.contains("tokenizer.json") && msg.contains("invalid JSON"), "{msg}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
