@@ -6,10 +6,12 @@
 // q: [n_tokens][n_heads * head_dim] f32, rotated in place.
 // k: [n_tokens][n_kv_heads * head_dim] f32, rotated in place.
 // v: [n_tokens][n_kv_heads * head_dim] f32.
-// cos, sin: [n_tokens][head_dim / 2] f32 (angles computed on the host).
+// cos, sin: [n_tokens][rot_dim / 2] f32 (angles computed on the host).
+// rot_dim: the leading dimensions of each head that turn (even, <= head_dim; head_dim
+// unless the model has partial rotary); the others pass unchanged (K's still stored).
 // slots: [n_tokens] u32 slot ids: block = id / 16, slot = id % 16.
 // kv: the pool, f16, [n_blocks][n_layers][K=0|V=1][16 slots][kv_dim], kv_dim = n_kv_heads * head_dim.
-// Pairs (i, i + head_dim/2) when neox != 0, else (2i, 2i+1), i < head_dim/2:
+// Pairs (i, i + rot_dim/2) when neox != 0, else (2i, 2i+1), i < rot_dim/2:
 //   x0' = x0*cos[i] - x1*sin[i],  x1' = x0*sin[i] + x1*cos[i]
 // computed with unfused f32 products (__fmul_rn), so the result is bit-for-bit the
 // CPU backend's. A slot whose block is >= n_blocks is not written (guard; the host
@@ -29,12 +31,13 @@ __device__ __forceinline__ void rot(float x0, float x1, float c, float s, float&
 extern "C" __global__ void rope_kv_write_f32(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
                                              const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                                              const unsigned int* __restrict__ slots, __half* __restrict__ kv,
-                                             int n_tokens, int n_heads, int n_kv_heads, int head_dim, int neox,
+                                             int n_tokens, int n_heads, int n_kv_heads, int head_dim, int rot_dim,
+                                             int neox,
                                              int n_layers, int layer, int n_blocks) {
     const int t = blockIdx.x;
     const int y = blockIdx.y;
     if (t >= n_tokens || y >= n_heads + n_kv_heads) return;
-    const int half_d = head_dim >> 1;
+    const int half_d = rot_dim >> 1;
     const int q_dim = n_heads * head_dim;
     const int kv_dim = n_kv_heads * head_dim;
     const float* c_row = cos_t + (size_t)t * half_d;
@@ -75,6 +78,9 @@ extern "C" __global__ void rope_kv_write_f32(float* __restrict__ q, float* __res
             kv[k_base + a] = __float2half_rn(y0);
             kv[k_base + b] = __float2half_rn(y1);
         }
+    }
+    if (store) {
+        for (int i = rot_dim + threadIdx.x; i < head_dim; i += blockDim.x) kv[k_base + i] = __float2half_rn(kh[i]);
     }
     if (store) {
         const float* vh = v + (size_t)t * kv_dim + (size_t)h * head_dim;

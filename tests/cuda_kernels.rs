@@ -668,15 +668,17 @@ fn rope_kv_write_matches_cpu() {
     for &(nh, nkv, hd) in SHAPES {
         let shape = AttnShape { n_heads: nh, n_kv_heads: nkv, head_dim: hd };
         let (qd, kvd) = (nh * hd, nkv * hd);
-        for neox in [false, true] {
+        // Every dimension turned, and (partial rotary, as Phi-4-mini's 0.75) the first
+        // three quarters rounded to pairs: the rest must pass unchanged, K's stored.
+        for (neox, rot) in [false, true].into_iter().flat_map(|x| [(x, hd), (x, (hd * 3 / 4) & !1)]) {
             // 1000 tokens: a prefill's grid of (token, head) blocks.
             for &(n, layer) in &[(1usize, 0usize), (5, 1), (19, 2), (1000, 1)] {
                 let n_blocks = if n > 100 { 64 } else { 8 };
-                let mut rng = XorShift::from_parts(&[90, nh, nkv, hd, neox as usize, n]);
+                let mut rng = XorShift::from_parts(&[90, nh, nkv, hd, neox as usize, n, rot]);
                 let q = rng.vec(n * qd, -1.0, 1.0);
                 let k = rng.vec(n * kvd, -1.0, 1.0);
                 let v = rng.vec(n * kvd, -1.0, 1.0);
-                let ang: Vec<f32> = rng.vec(n * hd / 2, -3.0, 3.0);
+                let ang: Vec<f32> = rng.vec(n * rot / 2, -3.0, 3.0);
                 let cos: Vec<f32> = ang.iter().map(|a| a.cos()).collect();
                 let sin: Vec<f32> = ang.iter().map(|a| a.sin()).collect();
                 let mut all: Vec<u32> = (0..(n_blocks * BLOCK_POSITIONS) as u32).collect();
@@ -697,7 +699,7 @@ fn rope_kv_write_matches_cpu() {
                 d.ops
                     .rope_kv_write(
                         Qkv { q: &mut q_d, k: &mut k_d, v: &d.up(&v), n_tokens: n, shape },
-                        Rope { cos: &d.up(&cos), sin: &d.up(&sin), neox },
+                        Rope { cos: &d.up(&cos), sin: &d.up(&sin), neox, dim: rot },
                         KvWrite { kv: &mut kv, layer, slots: &d.up(slots) },
                     )
                     .expect("rope_kv_write");
@@ -706,11 +708,11 @@ fn rope_kv_write_matches_cpu() {
                     &mut qw,
                     &mut kw,
                     &v,
-                    reference::Rope { cos: &cos, sin: &sin, neox },
+                    reference::Rope { cos: &cos, sin: &sin, neox, dim: rot },
                     shape,
                     reference::Pool { kv: &mut pool, n_layers, layer, slots },
                 );
-                let case = format!("heads={nh}/{nkv} hd={hd} neox={neox} n={n} layer={layer}");
+                let case = format!("heads={nh}/{nkv} hd={hd} rot={rot} neox={neox} n={n} layer={layer}");
                 let (got_q, got_k, got_pool) = (d.down(&q_d), d.down(&k_d), d.down(&kv.data));
                 wq.check(case.clone(), &got_q, &qw, 1e-6);
                 wk.check(case.clone(), &got_k, &kw, 1e-6);

@@ -463,6 +463,26 @@ fn sliding_window_and_gemma_hf_match_cpu() {
     }
 }
 
+/// Partial rotary (phi3, 12 of 16 dimensions turned: tools/make_fixtures.py --phi3-check)
+/// from llama.cpp's converter's GGUF, and from the HF directory with Phi-3's sliding
+/// window (8): the CUDA runner against the CPU.
+#[test]
+fn phi3_partial_rotary_and_window_match_cpu() {
+    if devices().is_none() {
+        return;
+    }
+    let f = fixtures_present().into_iter().find(|f| f.name == "phi3").unwrap();
+    // LongRoPE's attention factor (2 here) doubles Q and K: twice the f32 bound, as the phi3 rows above.
+    compare_file(&f.dir.join("phi3.partial.f32.gguf"), &f.tokens, 2.0 * bound("f32"));
+    let dir = std::env::temp_dir().join(format!("llmrt-cuda-phi3-{}", std::process::id()));
+    let hf = dir.join("phi3").join("hf");
+    let c: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(f.dir.join("config.partial_window8.json")).unwrap()).unwrap();
+    hf_dir_with_config(&f.dir.join("hf"), &hf, |cfg| *cfg = c);
+    compare_file(&hf, &f.tokens, bound("f16"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `kv_window_only` on CUDA (mistral with window 8, a context of 2048): a 150-token
 /// prefill runs in chunks with freed blocks (u32::MAX entries the kernels must never
 /// read: one would give a NaN row) and matches the CPU keeping every position; the

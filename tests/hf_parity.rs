@@ -331,10 +331,17 @@ fn phi3_longrope_config_errors_are_named() {
         (
             "short",
             serde_json::json!({"short_factor": [1.0, 2.0]}),
-            "short_factor has 2 entries, expected head_dim / 2 = 8",
+            "short_factor has 2 entries, expected 8 (half the 16 rotated dimensions)",
         ),
         ("neg", serde_json::json!({"long_factor": [1.0, 1.0, 1.0, -1.0, 1.0, 1.0, 1.0, 1.0]}), "long_factor[3] = -1.0"),
-        ("partial", serde_json::json!({"partial_rotary_factor": 0.5}), "partial_rotary_factor 0.5 is not supported"),
+        // Partial rotary: the factors must cover the rotated pairs only (4 of 8 here).
+        (
+            "partial",
+            serde_json::json!({"partial_rotary_factor": 0.5}),
+            "long_factor has 8 entries, expected 4 (half the 8 rotated dimensions)",
+        ),
+        ("odd", serde_json::json!({"partial_rotary_factor": 0.1875}), "rotates 3 of head_dim 16 dimensions"),
+        ("big", serde_json::json!({"partial_rotary_factor": 1.5}), "partial_rotary_factor 1.5 is not in (0, 1]"),
     ] {
         let s = Scratch::copy_of(&f, tag);
         let mut c = s.config();
@@ -343,7 +350,7 @@ fn phi3_longrope_config_errors_are_named() {
         }
         s.set_config(&c);
         let (st, msg) = load_err(&s.0);
-        let status = if tag == "partial" { Status::LLMRT_UNSUPPORTED } else { Status::LLMRT_BAD_MODEL };
+        let status = if tag == "odd" { Status::LLMRT_UNSUPPORTED } else { Status::LLMRT_BAD_MODEL };
         assert_eq!(st, status, "{tag}: {msg}");
         assert!(msg.contains(want) && msg.contains("config.json"), "{tag}: {msg}");
     }

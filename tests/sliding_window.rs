@@ -3,7 +3,10 @@
 //! the fixture's 24 tokens, window_check.json), from its HF directory (config.json
 //! `sliding_window`) and from its F32 GGUF with `llama.attention.sliding_window` added;
 //! and the gemma fixtures (windows on some layers) decoded token by token past the
-//! window equal to their prefill.
+//! window equal to their prefill. Phi-3's options (tools/make_fixtures.py --phi3-check,
+//! phi3_check.json): partial rotary (`partial_rotary_factor` 0.75: 12 of 16 dimensions
+//! turn) from llama.cpp's converter's GGUF and from the HF directory, and its
+//! `sliding_window`, which transformers applies and llama.cpp does not.
 mod common;
 use common::*;
 use llmrt::format::gguf::Value;
@@ -380,4 +383,90 @@ fn qwen_hf_sliding_window_matches_transformers() {
         }
         let _ = std::fs::remove_dir_all(&d);
     }
+}
+
+/// The phi3 fixture's partial-rotary reference: (config file name, logits over f32
+/// weights, logits over hf/'s f16 weights) for `tag` ("partial", "partial_window8").
+fn phi3_check(f: &Fixture, tag: &str) -> (PathBuf, Vec<f32>, Vec<f32>) {
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(f.dir.join("phi3_check.json")).unwrap()).unwrap();
+    assert_eq!(j["rotated_dims"], 12, "phi3_check.json");
+    let full = read_f32(&f.dir.join(format!("logits.{tag}.f32")));
+    let f16 = read_f32(&f.dir.join(format!("logits.{tag}.hf_f16.f32")));
+    (f.dir.join(format!("config.{tag}.json")), full, f16)
+}
+
+/// A copy of the phi3 fixture's HF directory with `config` as its config.json.
+fn phi3_hf(f: &Fixture, config: &Path, tag: &str) -> PathBuf {
+    let d = scratch(tag);
+    let c: serde_json::Value = serde_json::from_slice(&std::fs::read(config).unwrap()).unwrap();
+    hf_dir_with_config(&f.dir.join("hf"), &d, |cfg| *cfg = c);
+    d
+}
+
+/// Partial rotary from llama.cpp's converter's GGUF (`phi3.rope.dimension_count` 12 of a
+/// head of 16; LongRoPE factors for the 6 rotated pairs): transformers' logits, and
+/// token by token the same.
+#[test]
+fn phi3_partial_rotary_gguf_matches_transformers() {
+    let f = fixture("phi3");
+    let (_, full, _) = phi3_check(&f, "partial");
+    let p = f.dir.join("phi3.partial.f32.gguf");
+    let got = logits(&p, &f.tokens);
+    let e = worst_row(&got, &full, f.vocab);
+    println!("phi3 partial rotary, f32 GGUF: worst row relative L2 {e:.3e}");
+    assert!(e < 1e-4, "{e:.3e}");
+    // The fixture's full-rotary logits are far away: the partial rotation is what matches.
+    assert!(worst_row(&got, &f.logits, f.vocab) > 1e-2);
+    let m = load(&p);
+    let c = m.reserve(0);
+    let mut steps = m.prefill_all(c, &f.tokens[..3]);
+    for &t in &f.tokens[3..] {
+        steps.extend(m.decode(&[c], &[t]));
+    }
+    assert!(worst_row(&steps, &full, f.vocab) < 1e-4, "decode");
+    // llama.cpp does not window phi3 (it ignores phi3.attention.sliding_window): nor does llmrt.
+    let d = scratch("phi3-gguf-window");
+    let pw = d.join("phi3.partial.window8.f32.gguf");
+    with_key(&p, &pw, "phi3.attention.sliding_window", Value::U32(8));
+    let e = worst_row(&logits(&pw, &f.tokens), &full, f.vocab);
+    assert!(e < 1e-4, "phi3 GGUF with a sliding_window key: {e:.3e}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Partial rotary from the HF directory (config.json `partial_rotary_factor` 0.75, top
+/// level and in rope_parameters, as transformers writes it; f16 weights).
+#[test]
+fn phi3_partial_rotary_hf_matches_transformers() {
+    let f = fixture("phi3");
+    let (cfg, full, f16) = phi3_check(&f, "partial");
+    let d = phi3_hf(&f, &cfg, "phi3-partial-hf");
+    let got = logits(&d, &f.tokens);
+    let (e16, e) = (worst_row(&got, &f16, f.vocab), worst_row(&got, &full, f.vocab));
+    println!("phi3 partial rotary, hf/: vs transformers over f16 weights {e16:.3e}, over f32 weights {e:.3e}");
+    assert!(e16 < 1e-4, "{e16:.3e}");
+    assert!(e < worst_row(&f16, &full, f.vocab) + 1e-4, "{e:.3e}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Phi-3's `sliding_window` in an HF directory, applied as transformers applies it (every
+/// layer; here 8 of the fixture's 24 tokens), with partial rotary; decoded token by token too.
+#[test]
+fn phi3_hf_sliding_window_matches_transformers() {
+    let f = fixture("phi3");
+    let (cfg, _, f16) = phi3_check(&f, "partial_window8");
+    let (_, unwindowed, _) = phi3_check(&f, "partial");
+    let d = phi3_hf(&f, &cfg, "phi3-window-hf");
+    let got = logits(&d, &f.tokens);
+    let e = worst_row(&got, &f16, f.vocab);
+    println!("phi3 hf/ with sliding_window 8: vs transformers over f16 weights {e:.3e}");
+    assert!(e < 1e-4, "{e:.3e}");
+    assert!(worst_row(&got, &unwindowed, f.vocab) > 1e-2, "the window changes nothing");
+    let m = load(&d);
+    let c = m.reserve(0);
+    let mut steps = m.prefill_all(c, &f.tokens[..3]);
+    for &t in &f.tokens[3..] {
+        steps.extend(m.decode(&[c], &[t]));
+    }
+    assert!(worst_row(&steps, &f16, f.vocab) < 1e-4, "decode past the window");
+    let _ = std::fs::remove_dir_all(&d);
 }

@@ -30,7 +30,9 @@ small enough to matter (reference.json:checks says by how much each feature move
 model rebuilt from its seed with sliding_window 8. `--qwen-window-check` (re)makes only
 qwen2/, qwen3/, qwen2moe/, qwen3moe/ logits.window8*.f32 and window_check.json: those models rebuilt
 from their seeds with use_sliding_window, sliding_window 8 and max_window_layers 1 (which layers
-that windows differs per model type; window_check.json:layer_types). Mixture of experts: mixtral (8 experts, top 2,
+that windows differs per model type; window_check.json:layer_types). `--phi3-check` (re)makes only
+phi3/'s partial-rotary and sliding-window files (config.partial*.json, logits.partial*.f32,
+phi3.partial.f32.gguf, phi3_check.json: see phi3_check). Mixture of experts: mixtral (8 experts, top 2,
 arch llama in GGUF), qwen2moe (8, top 2, shared expert with a sigmoid gate, no top-k
 renormalization) and qwen3moe (32, top 8, hidden 48); their seeds must also route every expert of
 every layer at least once over the fixture's tokens with the k-th / (k+1)-th router probability
@@ -544,18 +546,18 @@ def np_forward(fields, ts, tokens, rope_style=None, ignore_rope_freqs=False, win
     eps = float(g("attention.layer_norm_rms_epsilon"))
     theta = float(g("rope.freq_base", 10000.0))
     hd = int(g("attention.key_length", n_embd // n_head))
-    n_rot = int(g("rope.dimension_count", hd))
-    assert n_rot == hd
+    n_rot = int(g("rope.dimension_count", hd))  # partial rotary: the first n_rot dims of a head turn
+    assert 0 < n_rot <= hd and n_rot % 2 == 0
     if rope_style is None:
         rope_style = "adjacent" if arch == "llama" else "neox"
     T = len(tokens)
     pos = np.arange(T, dtype=np.float64)
 
     def tables(base, freqs=None, mscale=1.0):
-        inv = base ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+        inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
         if freqs is not None:
             inv = inv / freqs
-        ang = pos[:, None] * inv[None, :]  # [T, hd/2]
+        ang = pos[:, None] * inv[None, :]  # [T, n_rot/2]
         return mscale * np.cos(ang)[:, None, :], mscale * np.sin(ang)[:, None, :]
 
     freqs = None
@@ -596,16 +598,17 @@ def np_forward(fields, ts, tokens, rope_style=None, ignore_rope_freqs=False, win
     if "final_softcap" in knock:
         final_cap = None
 
-    def rope(x, cs):  # x [T, H, hd]
+    def rope(x, cs):  # x [T, H, hd]; the dims past n_rot pass unchanged
         cos, sin = cs
+        x, rest = x[..., :n_rot], x[..., n_rot:]
         if rope_style == "adjacent":
             a, b = x[..., 0::2], x[..., 1::2]
             out = np.empty_like(x)
             out[..., 0::2] = a * cos - b * sin
             out[..., 1::2] = a * sin + b * cos
-            return out
-        a, b = x[..., : hd // 2], x[..., hd // 2:]
-        return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+            return np.concatenate([out, rest], axis=-1)
+        a, b = x[..., : n_rot // 2], x[..., n_rot // 2:]
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos, rest], axis=-1)
 
     x = ts["token_embd.weight"][tokens]
     if gemma:
@@ -1174,6 +1177,84 @@ def qwen_window_check(out: Path, vers: dict, command: str):
         log(f"{name} window {WINDOW_CHECK}: {info}")
 
 
+# ----------------------------------------------------------------------------- Phi-3 options
+PHI3_PARTIAL = 0.75
+
+
+def phi3_check(out: Path, work: Path, conv: Path, vers: dict, command: str):
+    """<out>/phi3/: partial rotary and the sliding window on the phi3 fixture's weights (rebuilt from
+    the seed in its reference.json). config.partial.json: the committed hf/config.json with
+    partial_rotary_factor PHI3_PARTIAL (top level, as Phi-4-mini's config.json has it, and in
+    rope_parameters) and LongRoPE factors cut to the rotated pairs (int(16 * 0.75) / 2 = 6);
+    logits.partial.f32 (+ .hf_f16: over hf/'s rounded weights) transformers float64 with it;
+    phi3.partial.f32.gguf: llama.cpp's converter's file of that model (rope.dimension_count 12),
+    checked against transformers by the numpy forward. config.partial_window8.json and
+    logits.partial_window8.f32 (+ .hf_f16): the same with sliding_window = WINDOW_CHECK, which
+    transformers applies to Phi-3 (llama.cpp does not: its GGUF is not windowed).
+    phi3_check.json says how much each option moves the logits."""
+    import torch
+    odir = out / "phi3"
+    hf_cfg = json.loads((odir / "hf" / "config.json").read_text())
+    n_pairs = int(hf_cfg["hidden_size"] // hf_cfg["num_attention_heads"] * PHI3_PARTIAL) // 2
+
+    def edit(cfg: dict, window=None) -> dict:
+        cfg = json.loads(json.dumps(cfg))
+        cfg["partial_rotary_factor"] = PHI3_PARTIAL
+        for key in ("rope_parameters", "rope_scaling"):
+            if cfg.get(key):
+                cfg[key]["partial_rotary_factor"] = PHI3_PARTIAL
+                for f in ("short_factor", "long_factor"):
+                    cfg[key][f] = cfg[key][f][:n_pairs]
+        cfg["sliding_window"] = window
+        return cfg
+
+    spec = next(m for m in MODELS if m["name"] == "phi3")
+    rp = edit({"rope_parameters": dict(spec["cfg"]["rope_parameters"])})["rope_parameters"]
+    info = {"partial_rotary_factor": PHI3_PARTIAL, "rotated_dims": 2 * n_pairs, "sliding_window": WINDOW_CHECK}
+    logits = {}
+    for tag, window in (("partial", None), (f"partial_window{WINDOW_CHECK}", WINDOW_CHECK)):
+        over = {"rope_parameters": rp, "partial_rotary_factor": PHI3_PARTIAL, "sliding_window": window}
+        _, ref, model, bl, ml, same = rebuild_windowed(out, "phi3", over)
+        assert model.model.rotary_emb.inv_freq.numel() == n_pairs, "transformers did not take the partial factor"
+        tokens = ref["tokens"]
+        cfg = edit(hf_cfg, window)
+        (odir / f"config.{tag}.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        import copy
+        rounded = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in rounded.parameters():
+                p.copy_(p.to(torch.float16).to(torch.float64))
+        ml.astype("<f4").tofile(odir / f"logits.{tag}.f32")
+        hf_logits(rounded, tokens).astype("<f4").tofile(odir / f"logits.{tag}.hf_f16.f32")
+        logits[tag] = ml
+        info[f"{tag}_vs_phi3_worst_row_rel_l2"] = rel_l2_rows(ml, bl)
+        info["rebuilt_vs_committed_worst_row_rel_l2"] = same
+        assert rel_l2_rows(ml, bl) > 1e-2, f"{tag} does not move the logits"
+        if window is None:
+            # The converter's GGUF of the partial-rotary model, checked by the numpy forward.
+            hf_dir = work / "phi3_partial_hf"
+            shutil.rmtree(hf_dir, ignore_errors=True)
+            model.float().save_pretrained(str(hf_dir), safe_serialization=True)
+            model.double()
+            (hf_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+            for fn in ("tokenizer.model", "tokenizer_config.json"):
+                shutil.copy(odir / "hf" / fn, hf_dir / fn)
+            gguf = odir / "phi3.partial.f32.gguf"
+            convert(conv, hf_dir, gguf, "f32", "phi3", tokpre="default")
+            fields, ts = load_gguf_f64(gguf)
+            assert int(fields["phi3.rope.dimension_count"]) == 2 * n_pairs, fields["phi3.rope.dimension_count"]
+            e = rel_err(np_forward(fields, ts, tokens), ml)
+            assert e < REL_TOL, f"numpy forward over {gguf.name} does not match transformers ({e})"
+            info["numpy_vs_hf_rel_err_partial_f32_gguf"] = e
+    info["window_vs_partial_worst_row_rel_l2"] = rel_l2_rows(logits[f"partial_window{WINDOW_CHECK}"],
+                                                             logits["partial"])
+    assert info["window_vs_partial_worst_row_rel_l2"] > 1e-2
+    info.update(tokens="reference.json:tokens", convention="transformers: query at p attends keys k with "
+                "p - W < k <= p", seed=ref["seed"], versions=vers, command=command)
+    (odir / "phi3_check.json").write_text(json.dumps(info, indent=2) + "\n")
+    log(f"phi3 check: {info}")
+
+
 # ----------------------------------------------------------------------------- README
 def write_readme(out: Path, report: dict, vers: dict, command: str):
     lines = []
@@ -1301,6 +1382,8 @@ def main():
                     help="only (re)make the mistral sliding-window check files (see window_check)")
     ap.add_argument("--qwen-window-check", action="store_true",
                     help="only (re)make the qwen2/qwen3 sliding-window check files (see qwen_window_check)")
+    ap.add_argument("--phi3-check", action="store_true",
+                    help="only (re)make the phi3 partial-rotary and sliding-window files (see phi3_check)")
     args = ap.parse_args()
     command = "python3 tools/make_fixtures.py " + " ".join(sys.argv[1:])
     wanted = args.models.split(",")
@@ -1317,6 +1400,9 @@ def main():
         return
     if args.qwen_window_check:
         qwen_window_check(args.out, vers, command)
+        return
+    if args.phi3_check:
+        phi3_check(args.out, args.work, conv, vers, command)
         return
     report = {}
     for i, spec in enumerate(MODELS):

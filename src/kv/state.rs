@@ -384,6 +384,9 @@ pub fn model_fingerprint(cfg: &Config, w: &Weights) -> u64 {
     if a.fused_gate_up || cfg.rope_attn_factor != 1.0 {
         h.u64(a.fused_gate_up as u64).u64(cfg.rope_attn_factor.to_bits() as u64);
     }
+    if cfg.rope_dim != cfg.head_dim {
+        h.str("partial rotary").u64(cfg.rope_dim as u64);
+    }
     // The options added with gemma2 / gemma3 and the sliding window, hashed only where
     // a model has one (the fingerprints of the other models stay what they were).
     if a.ffn_act != crate::model::FfnAct::Silu || a.post_norms || a.norm_plus_one {

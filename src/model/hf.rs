@@ -24,8 +24,9 @@
 //! `_compute_longrope_parameters` reads them; the long factors are used when the model runs
 //! with a context longer than the original, as llama.cpp chooses); any other type is LLMRT_UNSUPPORTED. `hidden_act` must be `silu` (gemma:
 //! `hidden_activation` must be `gelu_pytorch_tanh`);
-//! `attention_bias` / `mlp_bias` true and `partial_rotary_factor` != 1 are
-//! unsupported (qwen2 always has Q/K/V biases, qwen3 and gemma3 have Q/K norms).
+//! `attention_bias` / `mlp_bias` true are unsupported (qwen2 always has Q/K/V biases,
+//! qwen3 and gemma3 have Q/K norms); `partial_rotary_factor` below 1 rotates the leading
+//! dimensions of each head (see Phi-3 below).
 //!
 //! Gemma (gemma2, gemma3_text): RMSNorm weights are stored as `w - 1` (1 is added
 //! at binding); four norms per layer (`input_layernorm`, `post_attention_layernorm`
@@ -44,7 +45,10 @@
 //! `sliding_window_pattern` (6: five local layers, then a global one); Qwen's (qwen2,
 //! qwen3 and their MoE) only with `use_sliding_window`, on the layers transformers picks
 //! (`layer_types`, else by `max_window_layers`: see `qwen_sliding_window`).
-//! Phi-3's `sliding_window` is not applied either (llama.cpp disables it too).
+//! Phi-3's `sliding_window` (Phi-3-mini-4k: 2047) on every layer, as transformers applies
+//! it (GGUF `phi3` files: not applied, as llama.cpp, which ignores the key there).
+//! Partial rotary (`partial_rotary_factor`, Phi-4-mini: 0.75, in `rope_parameters` or at
+//! the top level): the first `int(head_dim * factor)` dimensions of each head turn.
 //!
 //! Mixture of experts (see `model::MoeConfig`): `mixtral` (`num_local_experts` (8),
 //! `num_experts_per_tok` (2), experts `intermediate_size` wide, top-k renormalized,
@@ -176,11 +180,6 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
             )));
         }
     }
-    if let Some(p) = k.opt_f64("partial_rotary_factor")? {
-        if p != 1.0 {
-            return Err(Error::unsupported(format!("{file}: partial_rotary_factor {p} is not supported")));
-        }
-    }
 
     // RoPE: transformers-5 rope_parameters, else Hub-style rope_theta / rope_scaling.
     // gemma3_text's rope_parameters are per layer type: `full_attention` is the global
@@ -215,6 +214,31 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
     if !(rope_theta.is_finite() && rope_theta > 0.0) {
         return Err(Error::bad_model(format!("{file}: rope_theta {rope_theta} is invalid")));
     }
+    // Partial rotary (Phi-4-mini: 0.75): transformers rotates the first
+    // `int(head_dim * partial_rotary_factor)` dimensions of each head, read from the RoPE
+    // parameters (transformers 5) or the top level.
+    let partial = match rope.map(|r| Keys { c: r, file }) {
+        Some(rk) => rk.opt_f64_named("partial_rotary_factor", &format!("{rope_key}.partial_rotary_factor"))?,
+        None => None,
+    };
+    let partial = match partial {
+        Some(p) => Some(p),
+        None => k.opt_f64("partial_rotary_factor")?,
+    };
+    let rope_dim = match partial {
+        None => head_dim,
+        Some(p) if p.is_finite() && p > 0.0 && p <= 1.0 => {
+            let d = (head_dim as f64 * p) as usize;
+            if d == 0 || !d.is_multiple_of(2) {
+                return Err(Error::unsupported(format!(
+                    "{file}: partial_rotary_factor {p} rotates {d} of head_dim {head_dim} dimensions (an even, \
+                     non-zero count is supported)"
+                )));
+            }
+            d
+        }
+        Some(p) => return Err(Error::bad_model(format!("{file}: partial_rotary_factor {p} is not in (0, 1]"))),
+    };
     let mut rope_linear_factor = 1.0f32;
     let mut rope_freqs = None;
     let mut rope_long_short = None;
@@ -233,13 +257,6 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
             }
             Ok(v)
         };
-        if let Some(p) = rk.opt_f64_named("partial_rotary_factor", &format!("{rope_key}.partial_rotary_factor"))? {
-            if p != 1.0 {
-                return Err(Error::unsupported(format!(
-                    "{file}: {rope_key}.partial_rotary_factor {p} is not supported"
-                )));
-            }
-        }
         match ty {
             "default" => {}
             "longrope" | "su" => {
@@ -254,11 +271,11 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
                             )))
                         }
                     };
-                    if a.len() != head_dim / 2 {
+                    if a.len() != rope_dim / 2 {
                         return Err(Error::bad_model(format!(
-                            "{file}: {full} has {} entries, expected head_dim / 2 = {}",
+                            "{file}: {full} has {} entries, expected {} (half the {rope_dim} rotated dimensions)",
                             a.len(),
-                            head_dim / 2
+                            rope_dim / 2
                         )));
                     }
                     a.iter()
@@ -304,7 +321,7 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
                         "{file}: {rope_key}.high_freq_factor {hi} must exceed low_freq_factor {lo}"
                     )));
                 }
-                rope_freqs = Some(llama3_divisors(rope_theta, head_dim, f, lo, hi, old));
+                rope_freqs = Some(llama3_divisors(rope_theta, rope_dim, f, lo, hi, old));
             }
             other => {
                 return Err(Error::unsupported(format!(
@@ -338,6 +355,7 @@ pub fn config_from_json(raw: &[u8], file: &str) -> Result<HfConfig> {
         n_heads,
         n_kv_heads,
         head_dim,
+        rope_dim,
         ffn,
         context_length,
         rms_eps: rms_eps as f32,
@@ -453,7 +471,7 @@ fn local_rope(k: &Keys<'_>, local: Option<&Map<String, Value>>) -> Result<super:
     Ok(super::LocalRope { theta: theta as f32, linear_factor: linear_factor as f32 })
 }
 
-/// The sliding window of config.json: Mistral's `sliding_window` on every layer
+/// The sliding window of config.json: Mistral's (and Mixtral's, Phi-3's) `sliding_window` on every layer
 /// (null or absent: none); gemma2 / gemma3_text: `sliding_window` (4096 when absent)
 /// on the layers `layer_types` marks `sliding_attention`, or when there is no
 /// `layer_types` gemma2's even layers / gemma3's pattern (`sliding_window_pattern`,
@@ -471,7 +489,7 @@ fn sliding_window(
     if matches!(model_type, "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe") {
         return qwen_sliding_window(k, model_type, n_layers);
     }
-    if !(gemma || model_type == "mistral" || model_type == "mixtral") {
+    if !(gemma || matches!(model_type, "mistral" | "mixtral" | "phi3")) {
         return Ok(None);
     }
     let window = match (k.c.get("sliding_window"), gemma) {

@@ -182,6 +182,11 @@ pub struct Config {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// The dimensions of each Q/K head that RoPE rotates: the first `rope_dim` (even,
+    /// at most `head_dim`), paired within them as [`ArchOptions::rope_style`] says; the
+    /// rest pass unrotated (partial rotary: Phi-4-mini's `partial_rotary_factor` 0.75,
+    /// GGUF `rope.dimension_count`). `head_dim` for most models.
+    pub rope_dim: usize,
     pub ffn: usize,
     pub context_length: usize,
     pub rms_eps: f32,
@@ -268,7 +273,7 @@ impl Config {
     /// (gemma3), else `None` (every layer takes [`Self::rope_inv_freq`]).
     pub fn rope_inv_freq_local(&self) -> Option<Vec<f64>> {
         let r = self.sliding_window.as_ref()?.rope?;
-        let hd = self.head_dim;
+        let hd = self.rope_dim;
         Some(
             (0..hd / 2)
                 .map(|i| 1.0 / (r.theta as f64).powf(2.0 * i as f64 / hd as f64) / r.linear_factor as f64)
@@ -276,11 +281,11 @@ impl Config {
         )
     }
 
-    /// RoPE inverse frequencies (`head_dim / 2` of them, in f64), with the
-    /// per-frequency divisors of `rope_freqs.weight` (Llama-3 scaling) and the
+    /// RoPE inverse frequencies (`rope_dim / 2` of them, in f64: `theta^(-2i / rope_dim)`),
+    /// with the per-frequency divisors of `rope_freqs.weight` (Llama-3 scaling) and the
     /// linear scaling factor applied. Both backends take their angles from here.
     pub fn rope_inv_freq(&self, rope_freqs: Option<&[f32]>) -> Vec<f64> {
-        let hd = self.head_dim;
+        let hd = self.rope_dim;
         (0..hd / 2)
             .map(|i| {
                 let mut f = 1.0 / (self.rope_theta as f64).powf(2.0 * i as f64 / hd as f64);
@@ -360,14 +365,16 @@ impl Config {
                 )));
             }
         }
-        if let Some(rot) = g.get_u64(&key("rope.dimension_count"))? {
-            if rot as usize != head_dim {
-                return Err(Error::unsupported(format!(
-                    "{file}: partial rotary embeddings ({} = {rot}, head size {head_dim}) are not supported",
+        let rope_dim = match g.get_u64(&key("rope.dimension_count"))? {
+            None => head_dim,
+            Some(rot) if rot > 0 && rot.is_multiple_of(2) && rot <= head_dim as u64 => rot as usize,
+            Some(rot) => {
+                return Err(Error::bad_model(format!(
+                    "{file}: {} = {rot} is not an even number from 2 to the head size {head_dim}",
                     key("rope.dimension_count")
-                )));
+                )))
             }
-        }
+        };
         let rms_eps = g.get_f32(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5);
         if !(rms_eps.is_finite() && rms_eps >= 0.0) {
             return Err(Error::bad_model(format!("{file}: RMSNorm epsilon {rms_eps} is invalid")));
@@ -454,6 +461,7 @@ impl Config {
             n_heads,
             n_kv_heads,
             head_dim,
+            rope_dim,
             ffn,
             context_length,
             rms_eps,

@@ -480,7 +480,7 @@ impl Weights {
         } else {
             token_embd.clone()
         };
-        let half = cfg.head_dim / 2;
+        let half = cfg.rope_dim / 2;
         let rope_freqs = match rope_freqs {
             Some(r) => Some(r),
             None => b.divisors("rope_freqs.weight", half)?,

@@ -146,9 +146,9 @@ fn pool_row(n_layers: usize, kv_dim: usize, block: usize, layer: usize, which: u
 /// `[block][layer][K|V][16][kv_dim]`) at `layer`, slot ids `slots`.
 pub fn rope_kv_write(q: &mut [f32], k: &mut [f32], v: &[f32], rope: Rope<'_>, shape: AttnShape, pool: Pool<'_>) {
     let AttnShape { n_heads, n_kv_heads, head_dim: hd } = shape;
-    let Rope { cos, sin, neox } = rope;
+    let Rope { cos, sin, neox, dim } = rope;
     let Pool { kv, n_layers, layer, slots } = pool;
-    let half = hd / 2;
+    let half = dim / 2;
     let (qd, kvd) = (n_heads * hd, n_kv_heads * hd);
     for (t, &slot) in slots.iter().enumerate() {
         let (c, s) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
@@ -172,12 +172,14 @@ pub fn rope_kv_write(q: &mut [f32], k: &mut [f32], v: &[f32], rope: Rope<'_>, sh
     }
 }
 
-/// The rotation of [`rope_kv_write`]: `[tokens][head_dim / 2]` tables and the pairing.
+/// The rotation of [`rope_kv_write`]: `[tokens][dim / 2]` tables, the pairing, and the
+/// leading dimensions of each head that turn (`dim`; the rest pass unchanged).
 #[derive(Clone, Copy)]
 pub struct Rope<'a> {
     pub cos: &'a [f32],
     pub sin: &'a [f32],
     pub neox: bool,
+    pub dim: usize,
 }
 
 /// Where [`rope_kv_write`] stores K and V: the host copy of the pool, its layer count,
@@ -283,7 +285,7 @@ mod tests {
             let mut q = [1.0f32, 2.0, 3.0, 4.0];
             let mut k = q;
             let mut kv = vec![f16::ZERO; 2 * 2 * BLOCK_POSITIONS * 4];
-            let rope = Rope { cos: &cos, sin: &sin, neox };
+            let rope = Rope { cos: &cos, sin: &sin, neox, dim: 4 };
             rope_kv_write(
                 &mut q,
                 &mut k,

@@ -45,7 +45,7 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], out: &mut [f32], head:
     }
 
     // RoPE angles per token (and those of the windowed layers when they have their own).
-    let half = hd / 2;
+    let half = cfg.rope_dim / 2;
     let mut cos = buf(half, "the step's RoPE cosines")?;
     let mut sin = buf(half, "the step's RoPE sines")?;
     rope::angles(toks.iter().map(|t| t.pos), &be.inv_freq, cfg.rope_attn_factor, &mut cos, &mut sin);

@@ -145,9 +145,9 @@ struct StageShape {
     bt: usize,
     /// Prefill attention tiles.
     n_tiles: usize,
-    /// `head_dim / 2` (RoPE pairs).
+    /// `rope_dim / 2` (RoPE pairs).
     half: usize,
-    /// `head_dim / 2` with a local RoPE, else 0.
+    /// `rope_dim / 2` with a local RoPE, else 0.
     half_local: usize,
 }
 
@@ -347,7 +347,7 @@ impl Scratch {
     /// was reallocated (device pointers changed).
     fn ensure(&mut self, to: Alloc, cfg: &Config, cap: usize, rcap: usize, bt_len: usize) -> Result<bool> {
         let (h, qd, kvd, ffn, half, vocab) =
-            (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), ffn_width(cfg), cfg.head_dim / 2, cfg.vocab_size);
+            (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), ffn_width(cfg), cfg.rope_dim / 2, cfg.vocab_size);
         // Mixture of experts: tokens, experts, the expert lists' words; dense models keep
         // one-element buffers.
         let (mcap, ne, moe_words) = match &cfg.moe {
@@ -465,7 +465,7 @@ pub(crate) struct CudaBackend {
     kv: KvPool,
     /// Blocks the runtime may hand out (the pool holds at least one more than 0).
     kv_blocks: usize,
-    /// RoPE inverse frequencies (`head_dim / 2`), scaling applied, as the CPU has them.
+    /// RoPE inverse frequencies (`rope_dim / 2`), scaling applied, as the CPU has them.
     inv_freq: Vec<f64>,
     /// Those of the windowed layers when they have their own RoPE (gemma3).
     inv_freq_local: Option<Vec<f64>>,
@@ -1102,8 +1102,9 @@ impl CudaBackend {
 
         // Unpack the stage, part by part in the order of STAGE (as Plan::packed wrote it).
         {
-            let half_local = if s_has_local { hd / 2 } else { 0 };
-            let z = StageShape { n, nr, bt: n_seqs * max_blocks, n_tiles, half: hd / 2, half_local };
+            let half = cfg.rope_dim / 2;
+            let half_local = if s_has_local { half } else { 0 };
+            let z = StageShape { n, nr, bt: n_seqs * max_blocks, n_tiles, half, half_local };
             let total = stage_len(z);
             if s.stage.len() < total {
                 return Err(Error::internal(format!(
@@ -1164,7 +1165,7 @@ impl CudaBackend {
             let (cos, sin) = if cfg.local_rope(li) { (&s.cos_local, &s.sin_local) } else { (&s.cos, &s.sin) };
             ops.rope_kv_write(
                 Qkv { q: &mut s.q, k: &mut s.k, v: &s.v, n_tokens: n, shape },
-                Rope { cos, sin, neox },
+                Rope { cos, sin, neox, dim: cfg.rope_dim },
                 KvWrite { kv: &mut *kv, layer: li, slots: &s.slots },
             )?;
             let att = AttnArgs {

@@ -25,9 +25,12 @@ pub(crate) fn angles(
 }
 
 /// Rotates every head of one token's `x` (heads of `head_dim`) by `cos`/`sin`
-/// (`head_dim / 2` each). `neox`: pairs (i, i + d/2); else pairs (2i, 2i+1).
+/// (`rope_dim / 2` each, `Config::rope_dim`): the first `rope_dim = 2 * cos.len()`
+/// dimensions of each head, the rest left as they are (partial rotary). `neox`: pairs
+/// (i, i + rope_dim/2); else pairs (2i, 2i+1).
 pub(crate) fn rope(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32], neox: bool) {
-    let half = head_dim / 2;
+    let half = cos.len();
+    debug_assert!(2 * half <= head_dim && sin.len() == half);
     for head in x.chunks_exact_mut(head_dim) {
         for i in 0..half {
             let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
@@ -52,5 +55,22 @@ mod tests {
         let mut b = [1.0f32, 2.0, 3.0, 4.0];
         rope(&mut b, 4, &cos, &sin, true);
         assert_eq!(b, [-3.0, 2.0, 1.0, 4.0]);
+    }
+
+    /// Partial rotary: only the first `2 * cos.len()` dimensions of each head turn,
+    /// paired within them; the others pass unchanged.
+    #[test]
+    fn partial_rope_rotates_only_the_leading_dimensions() {
+        let (cos, sin) = ([0.0f32], [1.0f32]);
+        let mut a = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        rope(&mut a, 4, &cos, &sin, true);
+        assert_eq!(a, [-2.0, 1.0, 3.0, 4.0, -6.0, 5.0, 7.0, 8.0]);
+        let (cos, sin) = ([0.0f32, 1.0], [1.0f32, 0.0]);
+        let mut b = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        rope(&mut b, 6, &cos, &sin, true);
+        assert_eq!(b, [-3.0, 2.0, 1.0, 4.0, 5.0, 6.0]);
+        let mut c = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        rope(&mut c, 6, &cos, &sin, false);
+        assert_eq!(c, [-2.0, 1.0, 3.0, 4.0, 5.0, 6.0]);
     }
 }
