@@ -354,7 +354,29 @@ fn load_rejects_k_quant_rows_that_are_not_256_long() {
         t.ggml_type = mat.ggml_id();
         t.data = tiny::tensor_bytes(mat, 256 * t.ne[1] as usize / 8, 1);
         t.ne = vec![32, t.ne[1]];
-        let e = harness::model(s.to_bytes()).err().unwrap_or_else(|| panic!("{mat}: a 32-wide row loaded")).message;
+        let e = harness::model(s.to_bytes()).err().unwrap_or_else(|| panic!("{mat}: a 32-wide row loaded"));
+        assert_eq!(e.status, Status::LLMRT_BAD_MODEL, "{mat}: {e}");
+        let e = e.message;
         assert!(e.contains("blk.0.attn_q.weight") && e.contains("row length 32") && e.contains("256"), "{mat}: {e}");
+    }
+}
+
+/// A grouped-type tensor (K-quants, IQ4_NL/IQ4_XS, Q4_1/Q5_0/Q5_1) whose bytes stop
+/// short of what its shape needs (the last tensor of a model with 256-wide rows, one
+/// block short of the file's end) is `LLMRT_BAD_MODEL` naming it, at load.
+#[test]
+fn load_rejects_grouped_tensors_shorter_than_their_shape() {
+    use tiny::{Arch, Spec, TokKind, Types, WIDE};
+    for mat in DType::all().into_iter().filter(|d| d.is_grouped()) {
+        let mut s = Spec::build(WIDE, Arch::Llama, TokKind::None, Types::uniform(mat), false, 5);
+        assert!(harness::model(s.to_bytes()).is_ok(), "{mat}: the whole model must load");
+        let t = s.tensors.last_mut().unwrap();
+        assert_eq!(t.ggml_type, mat.ggml_id(), "{mat}: {}", t.name);
+        let name = t.name.clone();
+        let n = t.data.len() - mat.block_bytes();
+        t.data.truncate(n);
+        let e = harness::model(s.to_bytes()).err().unwrap_or_else(|| panic!("{mat}: a short {name} loaded"));
+        assert_eq!(e.status, Status::LLMRT_BAD_MODEL, "{mat}: {e}");
+        assert!(e.message.contains(&name), "{mat}: {}", e.message);
     }
 }
