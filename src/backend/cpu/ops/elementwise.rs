@@ -7,6 +7,7 @@
 //!
 //! Depends on `pool` (the parallel SwiGLU).
 
+use crate::backend::cpu::attn::tanh_f32;
 use crate::backend::cpu::pool::{par_units, Pool};
 
 /// Adds `b` to every row of `x`.
@@ -38,7 +39,7 @@ pub(crate) fn swiglu(g: &mut [f32], u: &[f32]) {
 #[inline]
 pub(crate) fn gelu_tanh(x: f32) -> f32 {
     const K: f32 = 0.797_884_6; // sqrt(2 / pi)
-    0.5 * x * (1.0 + (K * (x + 0.044715 * x * x * x)).tanh())
+    0.5 * x * (1.0 + tanh_f32(K * (x + 0.044715 * x * x * x)))
 }
 
 /// `g = gelu_tanh(g) * u`.
@@ -54,9 +55,9 @@ pub(crate) fn scale(x: &mut [f32], s: f32) {
 }
 
 /// `x = c * tanh(x / c)`: the soft cap of gemma's logits (transformers divides,
-/// takes tanh, multiplies, as here).
+/// takes tanh, multiplies, as here; tanh is `attn::tanh_f32`).
 pub(crate) fn softcap(x: &mut [f32], c: f32) {
-    x.iter_mut().for_each(|v| *v = c * (*v / c).tanh());
+    x.iter_mut().for_each(|v| *v = c * tanh_f32(*v / c));
 }
 
 /// `y += a * x`.
