@@ -101,21 +101,36 @@ pub fn prefetch_line<const HINT: i32>(p: *const u8) {
 }
 
 /// The software prefetches of the decode kernels (detected once).
-/// `LLMRT_CPU_PREFETCH=0|1|2` decides (`Off`, `L1`, `L2`; for comparisons). Else `L1` on
-/// Intel, where they were measured to pay, and `L2` on AMD: on Zen 4 the prefetches into
+/// `LLMRT_CPU_PREFETCH=0|1|2` decides (`Off`, `L1`, `L2`; for comparisons). Else `L2` on
+/// AMD CPUs with AVX-512 (Zen 4 and later), `L1` elsewhere. On Zen 4 the prefetches into
 /// L1 held decode back (packed Q4_0 ran twice as fast with none, F16 10-15% faster),
 /// while with none the AVX-512 Q8_0 kernel, whose loads run ahead fastest (one VNNI step
 /// per line), read 16-18 GB/s of the 26 one core reads; prefetching into L2 one block
-/// ahead it reads 25-28 (docs/BENCHMARKS.md, 2026-12-04).
+/// ahead it reads 25-28 (docs/BENCHMARKS.md, 2026-12-04). `L1` was measured to pay on
+/// Intel, and on Zen 3 (AVX2 only): there the packed Q4_0 decode prefetching 4 blocks
+/// ahead into L1 went from 0.71-0.75x llama.cpp to 1.24-1.41x (2026-12-03), which the
+/// vendor-wide choice of 2026-12-04, measured on Zen 4 alone, had taken back.
 pub fn prefetch() -> Prefetch {
     static PF: OnceLock<Prefetch> = OnceLock::new();
     *PF.get_or_init(|| match std::env::var("LLMRT_CPU_PREFETCH").ok().as_deref() {
         Some("0") => Prefetch::Off,
         Some("1") => Prefetch::L1,
         Some("2") => Prefetch::L2,
-        _ if cpu_is_amd() => Prefetch::L2,
+        _ if cpu_is_amd() && has_avx512f() => Prefetch::L2,
         _ => Prefetch::L1,
     })
+}
+
+/// Whether the CPU has AVX-512 F (on AMD: Zen 4 and later).
+fn has_avx512f() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// Whether the CPU's vendor is AMD (CPUID leaf 0's vendor string).
