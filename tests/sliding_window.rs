@@ -34,6 +34,18 @@ fn logits(path: &Path, tokens: &[u32]) -> Vec<f32> {
     m.prefill_all(c, tokens)
 }
 
+/// The logits of `tokens` prefilled 3 and then decoded one at a time (each decode
+/// reads only what its window allows): a prefill's rows, token by token.
+fn stepwise(path: &Path, tokens: &[u32]) -> Vec<f32> {
+    let m = load(path);
+    let c = m.reserve(0);
+    let mut steps = m.prefill_all(c, &tokens[..3]);
+    for &t in &tokens[3..] {
+        steps.extend(m.decode(&[c], &[t]));
+    }
+    steps
+}
+
 /// The window check's reference files and window.
 fn window_check(f: &Fixture) -> (usize, Vec<f32>, Vec<f32>) {
     let j: serde_json::Value =
@@ -86,12 +98,7 @@ fn mistral_gguf_sliding_window_matches_transformers() {
     println!("mistral f32 GGUF + llama.attention.sliding_window {w}: worst row relative L2 {e:.3e}");
     assert!(e < 1e-4, "{e:.3e}");
     // Token by token (each decode reads only the window's pages) equals the prefill.
-    let m = load(&p);
-    let c = m.reserve(0);
-    let mut steps = m.prefill_all(c, &f.tokens[..3]);
-    for &t in &f.tokens[3..] {
-        steps.extend(m.decode(&[c], &[t]));
-    }
+    let steps = stepwise(&p, &f.tokens);
     let e = worst_row(&steps, &full, f.vocab);
     assert!(e < 1e-4, "decode past the window: {e:.3e}");
     let _ = std::fs::remove_dir_all(&d);
@@ -417,12 +424,7 @@ fn phi3_partial_rotary_gguf_matches_transformers() {
     assert!(e < 1e-4, "{e:.3e}");
     // The fixture's full-rotary logits are far away: the partial rotation is what matches.
     assert!(worst_row(&got, &f.logits, f.vocab) > 1e-2);
-    let m = load(&p);
-    let c = m.reserve(0);
-    let mut steps = m.prefill_all(c, &f.tokens[..3]);
-    for &t in &f.tokens[3..] {
-        steps.extend(m.decode(&[c], &[t]));
-    }
+    let steps = stepwise(&p, &f.tokens);
     assert!(worst_row(&steps, &full, f.vocab) < 1e-4, "decode");
     // llama.cpp does not window phi3 (it ignores phi3.attention.sliding_window): nor does llmrt.
     let d = scratch("phi3-gguf-window");
@@ -461,12 +463,7 @@ fn phi3_hf_sliding_window_matches_transformers() {
     println!("phi3 hf/ with sliding_window 8: vs transformers over f16 weights {e:.3e}");
     assert!(e < 1e-4, "{e:.3e}");
     assert!(worst_row(&got, &unwindowed, f.vocab) > 1e-2, "the window changes nothing");
-    let m = load(&d);
-    let c = m.reserve(0);
-    let mut steps = m.prefill_all(c, &f.tokens[..3]);
-    for &t in &f.tokens[3..] {
-        steps.extend(m.decode(&[c], &[t]));
-    }
+    let steps = stepwise(&d, &f.tokens);
     assert!(worst_row(&steps, &f16, f.vocab) < 1e-4, "decode past the window");
     let _ = std::fs::remove_dir_all(&d);
 }
