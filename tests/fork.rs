@@ -262,17 +262,25 @@ fn forked_child_that_cannot_start_workers_gets_an_error_naming_fork_then_recover
     let pid = fork_child(|| {
         // glibc hands the stacks of the parent's other threads to the child's stack
         // cache; helper threads use them up first, so that a new worker needs a new
-        // stack mapping, which the limit below refuses.
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+        // stack mapping, which the limit below refuses. Each has started (and made its
+        // first allocations, which may map a malloc arena) before the limit is set, and
+        // then only parks: a helper still starting under the limit died allocating 41
+        // bytes when the machine was busy.
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Barrier};
+        let (ready, stop) = (Arc::new(Barrier::new(9)), Arc::new(AtomicBool::new(false)));
         let helpers: Vec<_> = (0..8)
             .map(|_| {
-                let rx = rx.clone();
+                let (ready, stop) = (ready.clone(), stop.clone());
                 std::thread::spawn(move || {
-                    let _ = rx.lock().unwrap().recv();
+                    ready.wait();
+                    while !stop.load(Ordering::Acquire) {
+                        std::thread::park();
+                    }
                 })
             })
             .collect();
+        ready.wait();
         let before = tasks();
         // No room for a thread stack: the pool cannot be started again in the child.
         let vm = {
@@ -298,8 +306,9 @@ fn forked_child_that_cannot_start_workers_gets_an_error_naming_fork_then_recover
         // With memory again, the next step starts the pool and runs.
         assert_eq!(bits(&m.prefill_all(c, &f.tokens[..8])), bits(&want));
         assert_eq!(tasks(), before + 3, "threads = 4: three workers");
-        drop(tx);
+        stop.store(true, Ordering::Release);
         for h in helpers {
+            h.thread().unpark();
             h.join().unwrap();
         }
     });
