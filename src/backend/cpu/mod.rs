@@ -35,7 +35,7 @@ pub struct CpuBackend {
     /// Persistent workers (`threads - 1` of them), dropped with the model.
     pool: pool::Pool,
     kv: KvStore,
-    /// RoPE inverse frequencies (`head_dim / 2`), scaling applied.
+    /// RoPE inverse frequencies (`rope_dim / 2`), scaling applied.
     inv_freq: Vec<f64>,
     /// Those of the windowed layers when they have their own RoPE (gemma3).
     inv_freq_local: Option<Vec<f64>>,
