@@ -33,6 +33,7 @@ use llmrt::format::gguf::{Gguf, Value};
 use llmrt::format::gguf_write::GgufWriter;
 use llmrt::quant::DType;
 use llmrt::tokenizer::Tokenizer;
+use llmrt::util::XorShift;
 use llmrt::Status;
 
 /// The vocabularies of the suite llmrt runs: all 14 BPE and SentencePiece ones.
@@ -101,17 +102,9 @@ const KV_HEADS: u64 = 1;
 const FFN: u64 = 16;
 const CONTEXT: u64 = 64;
 
-/// `n` F32 weights from a fixed xorshift stream, in [-0.5, 0.5), as little-endian bytes.
-fn weights(n: u64, seed: &mut u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(n as usize * 4);
-    for _ in 0..n {
-        *seed ^= *seed << 13;
-        *seed ^= *seed >> 7;
-        *seed ^= *seed << 17;
-        let x = (*seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out
+/// `n` F32 weights in [-0.5, 0.5) from `rng`, as little-endian bytes.
+fn weights(n: u64, rng: &mut XorShift) -> Vec<u8> {
+    rng.vec(n as usize, -0.5, 0.5).iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 /// A loadable copy of the vocab file `vocab` at `dst`: its `tokenizer.*` keys verbatim and a
@@ -140,10 +133,10 @@ fn model_copy(vocab: &Path, dst: &Path) -> usize {
     }
     let v = n_vocab.unwrap_or_else(|| panic!("{}: no tokenizer.ggml.tokens", vocab.display()));
     let (q, kv) = (HIDDEN, HIDDEN / HEADS * KV_HEADS);
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rng = XorShift::new(0x9e37_79b9_7f4a_7c15);
     let ones = |n: u64| (0..n).flat_map(|_| 1f32.to_le_bytes()).collect::<Vec<u8>>();
     let mut mat = |w: &mut GgufWriter, name: &str, cols: u64, rows: u64| {
-        w.tensor(name, &[cols, rows], DType::F32, weights(cols * rows, &mut seed))
+        w.tensor(name, &[cols, rows], DType::F32, weights(cols * rows, &mut rng))
     };
     mat(&mut w, "token_embd.weight", HIDDEN, v);
     mat(&mut w, "blk.0.attn_q.weight", HIDDEN, q);

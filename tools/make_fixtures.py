@@ -1106,8 +1106,8 @@ def rebuild_windowed(out: Path, name: str, cfg_override: dict):
     return odir, ref, win, bl, hf_logits(win, tokens), same
 
 
-def write_window_logits(odir: Path, win, wl, tokens, hf_dtype: str) -> dict:
-    """logits.window8.f32 (`wl`) and logits.window8.hf_<bf16|f16>.f32: transformers float64 over
+def write_window_logits(odir: Path, win, wl, tokens, hf_dtype: str, tag: str = f"window{WINDOW_CHECK}") -> dict:
+    """logits.<tag>.f32 (`wl`) and logits.<tag>.hf_<bf16|f16>.f32: transformers float64 over
     `win`'s weights rounded to hf/'s dtype, the exact answer for that directory. Returns the
     files by role ("logits", "hf_bf16" or "hf_f16")."""
     import copy
@@ -1118,7 +1118,7 @@ def write_window_logits(odir: Path, win, wl, tokens, hf_dtype: str) -> dict:
         for p in rounded.parameters():
             p.copy_(p.to(getattr(torch, hf_dtype)).to(torch.float64))
     rl = hf_logits(rounded, tokens)
-    files = {"logits": f"logits.window{WINDOW_CHECK}.f32", f"hf_{short}": f"logits.window{WINDOW_CHECK}.hf_{short}.f32"}
+    files = {"logits": f"logits.{tag}.f32", f"hf_{short}": f"logits.{tag}.hf_{short}.f32"}
     wl.astype("<f4").tofile(odir / files["logits"])
     rl.astype("<f4").tofile(odir / files[f"hf_{short}"])
     return files
@@ -1192,7 +1192,6 @@ def phi3_check(out: Path, work: Path, conv: Path, vers: dict, command: str):
     logits.partial_window8.f32 (+ .hf_f16): the same with sliding_window = WINDOW_CHECK, which
     transformers applies to Phi-3 (llama.cpp does not: its GGUF is not windowed).
     phi3_check.json says how much each option moves the logits."""
-    import torch
     odir = out / "phi3"
     hf_cfg = json.loads((odir / "hf" / "config.json").read_text())
     n_pairs = int(hf_cfg["hidden_size"] // hf_cfg["num_attention_heads"] * PHI3_PARTIAL) // 2
@@ -1219,13 +1218,7 @@ def phi3_check(out: Path, work: Path, conv: Path, vers: dict, command: str):
         tokens = ref["tokens"]
         cfg = edit(hf_cfg, window)
         (odir / f"config.{tag}.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        import copy
-        rounded = copy.deepcopy(model)
-        with torch.no_grad():
-            for p in rounded.parameters():
-                p.copy_(p.to(torch.float16).to(torch.float64))
-        ml.astype("<f4").tofile(odir / f"logits.{tag}.f32")
-        hf_logits(rounded, tokens).astype("<f4").tofile(odir / f"logits.{tag}.hf_f16.f32")
+        write_window_logits(odir, model, ml, tokens, "float16", tag=tag)
         logits[tag] = ml
         info[f"{tag}_vs_phi3_worst_row_rel_l2"] = rel_l2_rows(ml, bl)
         info["rebuilt_vs_committed_worst_row_rel_l2"] = same
