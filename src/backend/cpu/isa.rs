@@ -60,7 +60,8 @@ pub enum Prefetch {
     /// None: the hardware prefetchers alone.
     Off,
     /// Every decode kernel prefetches into the first-level cache (`prefetcht0`), each at
-    /// its measured distance (Intel).
+    /// its measured distance, except the AVX-512 grouped-type decode over packed tiles,
+    /// which prefetches into L2 4 KiB ahead (Intel; both measured there).
     L1,
     /// Only the kernels whose loads outrun the hardware prefetchers (the AVX-512 packed
     /// Q8_0 and grouped-type decode, IQ4_XS excepted) prefetch, into the second-level

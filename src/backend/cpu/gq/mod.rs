@@ -677,15 +677,17 @@ mod tests {
     /// Decode speed from memory, one thread (not an assertion: run with `--ignored
     /// --nocapture`): each grouped type's packed kernels against one token over a matrix
     /// of 128 MiB or more, past any last-level cache here (`gq_bench`'s 4096 x 4096 fits
-    /// a 32 MiB L3), in GB/s of weights.
+    /// a 32 MiB L3), in GB/s of weights. `GQ_BENCH_MIB` (128) sets the matrix size: 1
+    /// keeps it in the L2 cache, where the figure is the kernels' compute speed.
     #[test]
     #[ignore]
     fn gq_decode_bench() {
         let mut r = XorShift::new(9);
         let cols = 4096;
+        let mib: usize = std::env::var("GQ_BENCH_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
         for dt in DType::all().into_iter().filter(|d| d.is_grouped()) {
             let rb = dt.row_bytes(cols).unwrap();
-            let rows = ((128usize << 20) / rb).div_ceil(64) * 64;
+            let rows = ((mib << 20) / rb).div_ceil(64) * 64;
             let w: Vec<u8> = (0..rows).flat_map(|_| random_row(dt, cols, &mut r)).collect();
             let a = QAct::quantize(&r.vec(cols, -1.0, 1.0), cols);
             let mut out = vec![0f32; rows];

@@ -40,14 +40,33 @@ const PF: usize = 384;
 /// Bytes of a row covered by one round of prefetches (whole blocks): small blocks
 /// are prefetched a few at a time, so each line is asked for once.
 const PF_SPAN: usize = 256;
-/// Packed decode's prefetch distance into L2 where [`Prefetch::L2`] asks for one (AMD),
-/// bytes ahead in the matrix's one stream (tiles follow each other). Measured on Zen 4
-/// (`gq_decode_bench`, 128 MiB, GB/s, none -> 16 KiB): Q4_K 18.5 -> 26-27, Q5_K 16 ->
-/// 22-23.5, Q6_K 24 -> 24.5-26.5, Q3_K 11-12 -> 15, Q5_1 11.5 -> 17.5, IQ4_NL 15.5 -> 18,
-/// Q2_K, Q4_1 and Q5_0 the same; 8-24 KiB alike, 4 KiB slower than none. TinyLlama tg32
-/// (interleaved, 1 / 2 threads) chose 8 KiB, which 2 threads take better than 16:
-/// docs/BENCHMARKS.md. IQ4_XS issues none (slower with them: 37-39 -> 32 t/s, 1 thread).
-const PF_L2: usize = 8192;
+/// Packed decode's prefetch distance into L2 (`prefetcht1`), bytes ahead in the matrix's
+/// one stream (tiles follow each other), by the CPU's [`Prefetch`]; 0: none.
+/// - `L2` (AMD, Zen 4): 8 KiB, IQ4_XS none. Measured (`gq_decode_bench`, 128 MiB, GB/s,
+///   none -> 16 KiB): Q4_K 18.5 -> 26-27, Q5_K 16 -> 22-23.5, Q6_K 24 -> 24.5-26.5, Q3_K
+///   11-12 -> 15, Q5_1 11.5 -> 17.5, IQ4_NL 15.5 -> 18, Q2_K, Q4_1 and Q5_0 the same; 8-24
+///   KiB alike, 4 KiB slower than none. TinyLlama tg32 (interleaved, 1 / 2 threads) chose
+///   8 KiB, which 2 threads take better than 16: docs/BENCHMARKS.md. IQ4_XS slower with
+///   them there: 37-39 -> 32 t/s, 1 thread.
+/// - `L1` (Intel): 4 KiB, every type (the hardware prefetchers alone fell behind this
+///   kernel's loads as on Zen 4). Measured on the Intel Xeon VM (`gq_decode_bench`, 128 MiB,
+///   GB/s, none -> 2 / 3 / 4 / 6 / 8 / 16 KiB): Q4_K 12.7 -> 15.4-16.0 / 16.7-17.1 / 15.8-18.0 /
+///   16.5-18.0 / 17.1 / 16.8, Q5_K 10.9 -> 16.2 at 4 KiB, Q6_K 11.7 -> 14.0-15.5, Q3_K 8.7 ->
+///   11.3-11.7, Q2_K 8.6 -> 11.4-11.9, IQ4_XS 10.4 -> 17.0-17.3; TinyLlama tg64, 1 thread:
+///   docs/BENCHMARKS.md (2026-12-05, second section).
+const fn pf_l2(pf: Prefetch, k: u8) -> usize {
+    match pf {
+        Prefetch::Off => 0,
+        Prefetch::L1 => 4096,
+        Prefetch::L2 => {
+            if k == T_IQ4_XS {
+                0
+            } else {
+                8192
+            }
+        }
+    }
+}
 
 use super::tag::*;
 use super::{Src, Tok};
@@ -403,8 +422,9 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
         let base = rows[0];
         let pf_step = (PF_SPAN / bb).max(1);
         let packed = bs != bb;
-        // Decode over a packed tile: its lines `PF_L2` ahead into L2, spread over the groups.
-        let l2 = C == 1 && packed && K != T_IQ4_XS && prefetch() == Prefetch::L2;
+        // Decode over a packed tile: its lines `pf_l2` bytes ahead into L2, spread over the groups.
+        let dist = pf_l2(prefetch(), K);
+        let l2 = C == 1 && packed && dist > 0;
         let (lines, per_g) = (bs.div_ceil(64), bs.div_ceil(64).div_ceil(per));
         for blk in 0..nblk {
             // A packed tile is one stream, which the hardware prefetchers follow: software
@@ -438,7 +458,7 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
             for gi in 0..per {
                 if l2 {
                     for k in gi * per_g..((gi + 1) * per_g).min(lines) {
-                        prefetch_line::<{ _MM_HINT_T1 }>(base.wrapping_add(blk * bs + PF_L2 + 64 * k));
+                        prefetch_line::<{ _MM_HINT_T1 }>(base.wrapping_add(blk * bs + dist + 64 * k));
                     }
                 }
                 let g = blk * per + gi;
