@@ -373,6 +373,36 @@ pub(crate) unsafe fn dpbusd512(
     r
 }
 
+#[cfg(target_arch = "x86_64")]
+/// [`dpbusd512`] against the signed bytes of the dword at `b + OFF` in every lane, read by
+/// the instruction itself (an embedded broadcast, `{1to16}`, the offset in the address):
+/// one fused micro-op where a separate broadcast load and the product are two.
+///
+/// # Safety
+/// The CPU has AVX-512 F + VNNI; 4 bytes at `b + OFF` are readable.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+pub(crate) unsafe fn dpbusd512_bcast<const OFF: usize>(
+    acc: std::arch::x86_64::__m512i,
+    a: std::arch::x86_64::__m512i,
+    b: *const u8,
+) -> std::arch::x86_64::__m512i {
+    let mut r = acc;
+    // SAFETY: VPDPBUSD needs AVX-512 F + VNNI (the caller's CPU has them); it reads the 4
+    // bytes at `b + OFF` (readable: caller) and writes only `r`.
+    unsafe {
+        std::arch::asm!(
+            "vpdpbusd {r}, {a}, dword ptr [{b} + {off}]{{1to16}}",
+            r = inout(zmm_reg) r,
+            a = in(zmm_reg) a,
+            b = in(reg) b,
+            off = const OFF,
+            options(pure, readonly, nostack, preserves_flags)
+        );
+    }
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -710,7 +710,8 @@ mod tests {
     fn gq_bench() {
         use crate::util::best_secs as best;
         let mut r = XorShift::new(7);
-        let (rows, cols) = (4096, 4096);
+        let cols: usize = std::env::var("GQ_BENCH_COLS").ok().and_then(|v| v.parse().ok()).unwrap_or(4096);
+        let rows = 4096;
         // The packed Q4_0 / Q8_0 kernels (`qpack`; Q4_0: 18 bytes per 32 values, as Q4_K) for scale.
         for qt in [DType::Q4_0, DType::Q8_0] {
             let (rb, bb) = (qt.row_bytes(cols).unwrap(), qt.block_bytes());
@@ -729,7 +730,12 @@ mod tests {
                 }
             }
         }
+        // `GQ_BENCH_TYPES` (names, comma-separated): only those types.
+        let only = std::env::var("GQ_BENCH_TYPES").unwrap_or_default();
         for dt in DType::all().into_iter().filter(|d| d.is_grouped()) {
+            if !only.is_empty() && !only.split(',').any(|n| n == dt.to_string()) {
+                continue;
+            }
             let rb = dt.row_bytes(cols).unwrap();
             let w: Vec<u8> = (0..rows).flat_map(|_| random_row(dt, cols, &mut r)).collect();
             let mut line = format!("{dt:>7}:");
