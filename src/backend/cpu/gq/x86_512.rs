@@ -20,7 +20,7 @@
 //! `-(dmin * m)`), then the group's multiply-adds run as `accumulate` runs them.
 //!
 //! Decode (`t == 1`) and prefill share [`tile`]: each group of 16 rows is unpacked
-//! once for up to [`MAXC`] tokens; tokens come in chunks that keep the activations
+//! once for up to [`MAXC`] tokens ([`MAXC2`] for two tiles); tokens come in chunks that keep the activations
 //! in the L2 cache (`token_chunk`). Rows past the range's end repeat its last row
 //! (their lanes are computed and dropped), so every load stays inside `w`.
 //!
@@ -44,6 +44,8 @@ use std::arch::x86_64::*;
 const R: usize = 16;
 /// Tokens per tile (one accumulator vector each).
 const MAXC: usize = 16;
+/// Tokens per pair of tiles ([`tile2`]; accumulators on the stack).
+const MAXC2: usize = 32;
 /// Software prefetch distance, bytes ahead in each of the 16 row streams. Measured
 /// (decode over 600 MB of Q4_1, Q4_K, Q6_K, past the L3 cache): none, 384, 768 and
 /// 1536 bytes; 384 best for all three (up to 18% over none).
@@ -663,6 +665,8 @@ macro_rules! dispatch {
 macro_rules! dispatch2 {
     ($k:expr, $ct:expr, $($args:expr),*) => {
         match $ct {
+            32 => tile2::<{ $k }, 32>($($args),*),
+            24 => tile2::<{ $k }, 24>($($args),*),
             16 => tile2::<{ $k }, 16>($($args),*),
             12 => tile2::<{ $k }, 12>($($args),*),
             8 => tile2::<{ $k }, 8>($($args),*),
@@ -792,7 +796,10 @@ unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o
                 let mut c = t0;
                 while c < t1 {
                     // The tile widths compiled: 16, 12 and 1..=8.
-                    let ct = match (t1 - c).min(MAXC) {
+                    let ct = match (t1 - c).min(if tr && pair { MAXC2 } else { MAXC }) {
+                        32.. => 32,
+                        24..=31 => 24,
+                        16..=23 => 16,
                         12..=15 => 12,
                         9..=11 => 8,
                         n => n,
