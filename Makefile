@@ -39,7 +39,7 @@ PREFIX    ?= /usr/local
 DESTDIR   ?=
 GO        ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 
-.PHONY: all help build check-header ctest demo test go-test install clean valgrind-rust tsan lint vocab-fetch
+.PHONY: check-aarch64 all help build check-header ctest demo test go-test install clean valgrind-rust tsan lint vocab-fetch
 all: build
 
 help:
@@ -125,6 +125,19 @@ tsan:
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --release --all-targets -- -D warnings
+	$(MAKE) --no-print-directory check-aarch64
+
+# The NEON kernels and every portable fallback (the grouped types run the scalar
+# group order there) compile for aarch64, warning-free: a check, not a run (no
+# aarch64 machine here). The target's standard library comes from rustup.
+AARCH64 = aarch64-unknown-linux-gnu
+check-aarch64:
+	@if ! [ -d "$$(rustc --print target-libdir --target $(AARCH64) 2>/dev/null)" ]; then \
+	  command -v rustup >/dev/null 2>&1 && rustup target add $(AARCH64); \
+	fi
+	@[ -d "$$(rustc --print target-libdir --target $(AARCH64) 2>/dev/null)" ] || \
+	  { echo "check-aarch64: no standard library for $(AARCH64) (rustup target add $(AARCH64))" >&2; exit 1; }
+	$(CARGO) clippy --release --all-targets --target $(AARCH64) -- -D warnings
 
 # llama.cpp's vocab GGUFs + vectors (~60 MB, not committed): cached outside the repo.
 vocab-fetch:

@@ -45,6 +45,7 @@ pub(crate) fn membw(threads: usize, passes: usize) -> (f64, [f64; 2]) {
     };
     let one = |c: &[u8]| {
         let mut s = [0u64; 8];
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
         for (i, l) in c.chunks_exact(256).enumerate() {
             #[cfg(target_arch = "x86_64")]
             for k in 0..4 {

@@ -386,7 +386,9 @@ pub(crate) struct Packed {
     pub(crate) cols: usize,
     /// The kernel set the layout is for.
     pub(crate) isa: Isa,
-    /// Tiles transposed ([`transposes`]).
+    /// Tiles transposed ([`transposes`]; read by the x86 kernels only, the kernel sets
+    /// that pack).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     transposed: bool,
 }
 
@@ -455,6 +457,7 @@ pub(crate) fn gemm_packed(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &m
     assert_eq!(a.sums.len(), a.d.len());
     assert_eq!(out.len(), nrows * a.t);
     let tb = p.tiles.group_bytes();
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     let tiles = &p.tiles.bytes()[r0 / tr * tb..(r0 + nrows).div_ceil(tr) * tb];
     #[cfg(target_arch = "x86_64")]
     let src =
