@@ -285,6 +285,85 @@ mod x86 {
         }
     }
 
+    /// Two groups of a super-group side by side (values of block 0 at `v` and `v + vb`,
+    /// scales at `s` and `s + 32`, block `b` at `b * bs` from them) x C activation rows,
+    /// all `nb` blocks, in `tile`'s order bit for bit; group `j`'s row `r < valid[j]` of
+    /// token `c` to `out[(16 j + r) * ostride + c]`. Each activation dword is loaded once
+    /// for both groups' products: one group's loop is bound by its broadcast loads, not by
+    /// its `vpdpbusd`s (as the grouped types' kernels were: gq/x86_512.rs).
+    #[allow(clippy::needless_range_loop)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")]
+    unsafe fn tile2<const C: usize, const Q4: bool>(
+        v: *const u8,
+        s: *const u8,
+        vb: usize,
+        bs: usize,
+        nb: usize,
+        a: &QAct,
+        c0: usize,
+        out: *mut f32,
+        ostride: usize,
+        valid: [usize; 2],
+    ) {
+        let corr = if Q4 { -8 } else { -128 };
+        let m4 = _mm512_set1_epi8(0x0F);
+        let mut acc = [[_mm512_setzero_ps(); C]; 2];
+        // SAFETY: (whole body) as `tile`'s, for both groups (the second's values `vb` and
+        // scales 32 bytes after the first's, in the same super-group).
+        unsafe {
+            let xq = a.qs.as_ptr().add(c0 * a.cols);
+            let xd = a.d.as_ptr().add(c0 * nb);
+            let xs = a.sums.as_ptr().add(c0 * nb);
+            for b in 0..nb {
+                let mut w = [[_mm512_setzero_si512(); 8]; 2];
+                for (j, w) in w.iter_mut().enumerate() {
+                    let p = v.add(j * vb + b * bs);
+                    if Q4 {
+                        for m in 0..4 {
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PFB_TILE * bs + 64 * m) as *const i8);
+                            let x = _mm512_loadu_si512(p.add(64 * m) as *const __m512i);
+                            w[m] = _mm512_and_si512(x, m4);
+                            w[4 + m] = _mm512_and_si512(_mm512_srli_epi16::<4>(x), m4);
+                        }
+                    } else {
+                        for m in 0..8 {
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PFB_TILE * bs + 64 * m) as *const i8);
+                            w[m] = _mm512_loadu_si512(p.add(64 * m) as *const __m512i);
+                        }
+                    }
+                }
+                let ws = [
+                    _mm512_cvtph_ps(_mm256_loadu_si256(s.add(b * bs) as *const __m256i)),
+                    _mm512_cvtph_ps(_mm256_loadu_si256(s.add(32 + b * bs) as *const __m256i)),
+                ];
+                for c in 0..C {
+                    let x = xq.add(c * a.cols + b * QK) as *const i32;
+                    let init = _mm512_set1_epi32(corr * *xs.add(c * nb + b));
+                    let xv: [__m512i; 8] = std::array::from_fn(|m| _mm512_set1_epi32(x.add(m).read_unaligned()));
+                    let dx = _mm512_set1_ps(*xd.add(c * nb + b));
+                    for j in 0..2 {
+                        let mut isum = init;
+                        for m in 0..8 {
+                            isum = dpbusd(isum, w[j][m], xv[m]);
+                        }
+                        let sc = _mm512_mul_ps(ws[j], dx);
+                        acc[j][c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(isum), acc[j][c]);
+                    }
+                }
+            }
+            for j in 0..2 {
+                for c in 0..C {
+                    let mut o = [0f32; GROUP];
+                    _mm512_storeu_ps(o.as_mut_ptr(), acc[j][c]);
+                    for r in 0..valid[j] {
+                        *out.add((GROUP * j + r) * ostride + c) = o[r];
+                    }
+                }
+            }
+        }
+    }
+
     /// One activation row against one super-group (64 rows) at `sg`, read as
     /// one stream; the first `valid` rows are written to `out`. Same order as `tile`.
     #[inline]
@@ -380,9 +459,32 @@ mod x86 {
         };
     }
 
+    macro_rules! dispatch2 {
+        ($ct:expr, $q4:expr, $($args:expr),*) => {
+            match ($ct, $q4) {
+                (16, true) => tile2::<16, true>($($args),*),
+                (12, true) => tile2::<12, true>($($args),*),
+                (8, true) => tile2::<8, true>($($args),*),
+                (4, true) => tile2::<4, true>($($args),*),
+                (3, true) => tile2::<3, true>($($args),*),
+                (2, true) => tile2::<2, true>($($args),*),
+                (_, true) => tile2::<1, true>($($args),*),
+                (16, false) => tile2::<16, false>($($args),*),
+                (12, false) => tile2::<12, false>($($args),*),
+                (8, false) => tile2::<8, false>($($args),*),
+                (4, false) => tile2::<4, false>($($args),*),
+                (3, false) => tile2::<3, false>($($args),*),
+                (2, false) => tile2::<2, false>($($args),*),
+                (_, false) => tile2::<1, false>($($args),*),
+            }
+        };
+    }
+
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")]
     pub unsafe fn gemm(p: &Packed, pf: Prefetch, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
         const MAXC: usize = 8;
+        /// Tokens per pair of groups (`tile2`; accumulators on the stack).
+        const MAXC2: usize = 16;
         let q4 = p.dtype == DType::Q4_0;
         let nb = p.cols / QK;
         let (vb, bs) = (vals_per_block(p.dtype), block_stride(p.dtype));
@@ -420,18 +522,35 @@ mod x86 {
             let mut t0 = 0;
             while t0 < t {
                 let t1 = (t0 + tc).min(t);
-                for i in (0..nrows).step_by(GROUP) {
+                let mut i = 0;
+                while i < nrows {
                     let valid = (nrows - i).min(GROUP);
                     let r = r0 + i;
                     let sg = base.add(r / ALIGN * gs);
                     let j = (r % ALIGN) / GROUP;
                     let (v, s) = (sg.add(j * vb), sg.add(SUPER * vb + 32 * j));
+                    // Groups 0-1 and 2-3 of a super-group go in pairs (`tile2`).
+                    let pair = j.is_multiple_of(2) && i + GROUP < nrows;
                     let mut c = t0;
                     while c < t1 {
-                        let ct = (t1 - c).min(MAXC);
-                        dispatch!(ct, q4, v, s, bs, nb, a, c, o.add(i * t + c), t, valid);
-                        c += ct;
+                        if pair {
+                            // The widths compiled: 16, 12, 8 and 1..=4.
+                            let ct = match (t1 - c).min(MAXC2) {
+                                12..=15 => 12,
+                                8..=11 => 8,
+                                5..=7 => 4,
+                                n => n,
+                            };
+                            let v2 = [valid, (nrows - i - GROUP).min(GROUP)];
+                            dispatch2!(ct, q4, v, s, vb, bs, nb, a, c, o.add(i * t + c), t, v2);
+                            c += ct;
+                        } else {
+                            let ct = (t1 - c).min(MAXC);
+                            dispatch!(ct, q4, v, s, bs, nb, a, c, o.add(i * t + c), t, valid);
+                            c += ct;
+                        }
                     }
+                    i += if pair { 2 * GROUP } else { GROUP };
                 }
                 t0 = t1;
             }
@@ -719,6 +838,9 @@ mod tests {
             (33, 160, 8),
             (200, 64, 1),
             (130, 96, 5),
+            // Pairs of groups (AVX-512 prefill) with a partial second group, 12 and 16 tokens.
+            (20, 64, 12),
+            (50, 128, 31),
         ] {
             let x = rng.vec(t * cols, -1.0, 1.0);
             let a = QAct::quantize(&x, cols);
