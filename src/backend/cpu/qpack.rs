@@ -220,6 +220,33 @@ mod x86 {
     /// every chunk of tokens after the first (1-32 measured, 16 best).
     const PFB_TILE: usize = 16;
 
+    /// The value vectors of one group's block at `p` (Q4_0 split into nibbles: `w[m]` the
+    /// low ones of stored vector m, `w[4 + m]` the high), each line prefetched `PFB_TILE`
+    /// blocks (`bs` bytes each) ahead.
+    ///
+    /// # Safety
+    /// The block's 4 (Q4_0) or 8 vectors are readable at `p + 64 m`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")]
+    unsafe fn load_w512<const Q4: bool>(p: *const u8, bs: usize) -> [__m512i; 8] {
+        let m4 = _mm512_set1_epi8(0x0F);
+        let mut w = [_mm512_setzero_si512(); 8];
+        // SAFETY: the block's vectors are readable (caller); prefetches never fault.
+        unsafe {
+            for m in 0..if Q4 { 4 } else { 8 } {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PFB_TILE * bs + 64 * m) as *const i8);
+                let x = _mm512_loadu_si512(p.add(64 * m) as *const __m512i);
+                if Q4 {
+                    w[m] = _mm512_and_si512(x, m4);
+                    w[4 + m] = _mm512_and_si512(_mm512_srli_epi16::<4>(x), m4);
+                } else {
+                    w[m] = x;
+                }
+            }
+        }
+        w
+    }
+
     /// 16 rows (one group: values of block 0 at `v`, scales of block 0 at `s`,
     /// block `b` at `b * bs` from them) x C activation rows, all `nb` blocks.
     #[inline]
@@ -236,7 +263,6 @@ mod x86 {
         valid: usize,
     ) {
         let corr = if Q4 { -8 } else { -128 };
-        let m4 = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); C];
         // SAFETY: (whole body) the CPU has this function's target features (it is reached only
         // through the kernel set `isa()` detected); the group's `nb` blocks of values and scales lie
@@ -248,20 +274,7 @@ mod x86 {
             let xs = a.sums.as_ptr().add(c0 * nb);
             for b in 0..nb {
                 let p = v.add(b * bs);
-                let mut w = [_mm512_setzero_si512(); 8];
-                if Q4 {
-                    for m in 0..4 {
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PFB_TILE * bs + 64 * m) as *const i8);
-                        let x = _mm512_loadu_si512(p.add(64 * m) as *const __m512i);
-                        w[m] = _mm512_and_si512(x, m4);
-                        w[4 + m] = _mm512_and_si512(_mm512_srli_epi16::<4>(x), m4);
-                    }
-                } else {
-                    for m in 0..8 {
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PFB_TILE * bs + 64 * m) as *const i8);
-                        w[m] = _mm512_loadu_si512(p.add(64 * m) as *const __m512i);
-                    }
-                }
+                let w = load_w512::<Q4>(p, bs);
                 let ws = _mm512_cvtph_ps(_mm256_loadu_si256(s.add(b * bs) as *const __m256i));
                 for c in 0..C {
                     // Vector m pairs with activation bytes 4m..4m+4 (Q4_0: w[4 + m] holds the
@@ -307,7 +320,6 @@ mod x86 {
         valid: [usize; 2],
     ) {
         let corr = if Q4 { -8 } else { -128 };
-        let m4 = _mm512_set1_epi8(0x0F);
         let mut acc = [[_mm512_setzero_ps(); C]; 2];
         // SAFETY: (whole body) as `tile`'s, for both groups (the second's values `vb` and
         // scales 32 bytes after the first's, in the same super-group).
@@ -316,23 +328,7 @@ mod x86 {
             let xd = a.d.as_ptr().add(c0 * nb);
             let xs = a.sums.as_ptr().add(c0 * nb);
             for b in 0..nb {
-                let mut w = [[_mm512_setzero_si512(); 8]; 2];
-                for (j, w) in w.iter_mut().enumerate() {
-                    let p = v.add(j * vb + b * bs);
-                    if Q4 {
-                        for m in 0..4 {
-                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PFB_TILE * bs + 64 * m) as *const i8);
-                            let x = _mm512_loadu_si512(p.add(64 * m) as *const __m512i);
-                            w[m] = _mm512_and_si512(x, m4);
-                            w[4 + m] = _mm512_and_si512(_mm512_srli_epi16::<4>(x), m4);
-                        }
-                    } else {
-                        for m in 0..8 {
-                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PFB_TILE * bs + 64 * m) as *const i8);
-                            w[m] = _mm512_loadu_si512(p.add(64 * m) as *const __m512i);
-                        }
-                    }
-                }
+                let w = [load_w512::<Q4>(v.add(b * bs), bs), load_w512::<Q4>(v.add(vb + b * bs), bs)];
                 let ws = [
                     _mm512_cvtph_ps(_mm256_loadu_si256(s.add(b * bs) as *const __m256i)),
                     _mm512_cvtph_ps(_mm256_loadu_si256(s.add(32 + b * bs) as *const __m256i)),

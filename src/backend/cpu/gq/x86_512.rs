@@ -395,6 +395,17 @@ fn transpose(w: &[__m512i; 8]) -> [__m512i; 8] {
     t
 }
 
+/// The bias corrections that start a token's integer half sums (`tb.nb`, broadcast):
+/// types without a bias load none, and without halves `nb[1]` is 0.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn bias_starts<const K: u8>(tb: &Tok) -> (__m512i, __m512i) {
+    let z = _mm512_setzero_si512();
+    let nb0 = if bias(K) == 0 { z } else { _mm512_set1_epi32(tb.nb[0]) };
+    let nb1 = if bias(K) == 0 || !halves(K) { z } else { _mm512_set1_epi32(tb.nb[1]) };
+    (nb0, nb1)
+}
+
 /// One group's fused multiply-adds for one token, in the group order: `acc` plus the
 /// group's integer half sums `is0`, `is1` (bias corrections included) scaled by the
 /// token's `dx` and the rows' scales and offsets `so` (`[s_0, s_1, o_0, o_1]`), the
@@ -476,9 +487,7 @@ unsafe fn tile2<const K: u8, const C: usize>(
                     let tk = (c0 + c) * groups + g;
                     let x = a.qs.as_ptr().add((c0 + c) * cols + g * GROUP) as *const i32;
                     let tb = tok.get_unchecked(tk);
-                    let z = _mm512_setzero_si512();
-                    let nb0 = if bias(K) == 0 { z } else { _mm512_set1_epi32(tb.nb[0]) };
-                    let nb1 = if bias(K) == 0 || !halves(K) { z } else { _mm512_set1_epi32(tb.nb[1]) };
+                    let (nb0, nb1) = bias_starts::<K>(tb);
                     let xv: [__m512i; 8] = std::array::from_fn(|m| _mm512_set1_epi32(x.add(m).read_unaligned()));
                     let dx = _mm512_set1_ps(*a.d.get_unchecked(tk));
                     for j in 0..2 {
@@ -603,10 +612,7 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
                     let xp = a.qs.as_ptr().add((c0 + c) * cols + g * GROUP);
                     let tb = tok.get_unchecked(tk);
                     // The bias corrections start the integer sums (exact in i32).
-                    // Types without a bias have none to load; without halves, `nb[1]` is 0.
-                    let z = _mm512_setzero_si512();
-                    let nb0 = if bias(K) == 0 { z } else { _mm512_set1_epi32(tb.nb[0]) };
-                    let nb1 = if bias(K) == 0 || !halves(K) { z } else { _mm512_set1_epi32(tb.nb[1]) };
+                    let (nb0, nb1) = bias_starts::<K>(tb);
                     let (is0, is1) = if C > 1 || TR {
                         // Activation dword `m` at byte `4m`, broadcast by the product itself.
                         let x = xp as *const u8;
