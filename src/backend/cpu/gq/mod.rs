@@ -646,7 +646,7 @@ mod tests {
                 let rb = dt.row_bytes(cols).unwrap();
                 for &rows in &[1usize, 7, 8, 16, 23, 40] {
                     let w: Vec<u8> = (0..rows).flat_map(|_| random_row(dt, cols, &mut r)).collect();
-                    for &t in &[1usize, 2, 9, 31] {
+                    for &t in &[1usize, 2, 9, 31, 33] {
                         let x = r.vec(t * cols, -1.0, 1.0);
                         let a = QAct::quantize(&x, cols);
                         let g = cols / GROUP;

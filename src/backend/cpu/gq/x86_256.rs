@@ -18,6 +18,13 @@
 //! `madd` to i32), the exact bias corrections and the group's fused multiply-adds
 //! in the group order. Weights are prefetched two units ahead.
 //!
+//! Prefill over transposed tiles (the K-quants and IQ4_XS, [`prefill_tr`]) takes
+//! two tiles (16 rows) and blocks of up to 2-4 tokens at a time: each weight vector
+//! loaded feeds every token of the block and each broadcast activation dword both
+//! tiles (the one-tile-one-token loop was bound by its loads). There the IQ4 levels
+//! go in as `level + 128 = 16 h + l`, two unsigned parts below 16 whose products add
+//! in i16 (two `maddubs` and no sign trick per dword), the 128 taken back as a bias.
+//!
 //! Exactness of the integer sums: `maddubs` takes an unsigned operand and
 //! saturates pairs at i16, so the weights go in as small unsigned integers
 //! (`q + bias` below 64, the bias taken back as `bias * bsum` in i32), and the
@@ -108,6 +115,8 @@ const fn block_bytes(t: u8) -> usize {
 /// offset of half `h` of group `g`, row `r` in lane `r` (half 1 only for `halves`).
 struct Unit {
     q: [[__m256i; R]; U],
+    /// The transposed IQ4 prefill's low parts ([`split_levels`]; `q` then holds the high).
+    l: [[__m256i; R]; U],
     s: [[__m256; U]; 2],
     o: [[__m256; U]; 2],
 }
@@ -213,11 +222,17 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
     assert_eq!(TR, matches!(src, Src::Transposed { .. }));
     let zi = _mm256_setzero_si256();
     let zf = _mm256_setzero_ps();
-    let mut un = Unit { q: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2] };
+    let mut un = Unit { q: [[zi; R]; U], l: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2] };
     let mut acc = [zf; TC];
     let lv = levels();
     // Prefill's per-token bias corrections and offset sums (decode forms its own).
-    let tok = if t > 1 { Tok::table(a, halves(T), bias(T)) } else { Vec::new() };
+    let tok = if t > 1 { Tok::table(a, halves(T), pbias::<T, TR>()) } else { Vec::new() };
+    if let (true, Src::Transposed { tiles, tile_bytes }) = (t > 1, src) {
+        // SAFETY: the CPU has AVX2/FMA/F16C (this function's contract); the tiles and
+        // activations are as asserted above, `tok` has an entry per activation group.
+        unsafe { prefill_tr::<T>(tiles, tile_bytes, nrows, a, &tok, tc, out) };
+        return;
+    }
     for r0 in (0..nrows).step_by(R) {
         let nr = (nrows - r0).min(R);
         let rows: [*const u8; R] = match src {
@@ -345,6 +360,263 @@ unsafe fn prefill_unit<const T: u8, const TR: bool>(
             let (xq, xd) = (xq.add(c * cols), xd.add(c * groups));
             let xs = (xs.add(c * groups), xt.add(c * groups));
             *acc = dot_unit::<T, true>(un, sums, ng, xq, xd, xs, *acc);
+        }
+    }
+}
+
+/// Most tokens per pass of [`pair_block`] for type `t` (its i16 sums: `NT x NC`
+/// vectors, twice for IQ4's two parts).
+const fn ncmax(t: u8) -> usize {
+    match t {
+        T_IQ4_XS => NC_IQ4,
+        T_Q6_K => NC_Q6,
+        _ => NC_OTHER,
+    }
+}
+const NC_IQ4: usize = 2;
+const NC_Q6: usize = 4;
+const NC_OTHER: usize = 3;
+
+/// The bias the prefill's [`Tok`] entries take back: the transposed IQ4 prefill
+/// multiplies the levels plus 128 ([`split_levels`]), every other path `bias(T)`.
+const fn pbias<const T: u8, const TR: bool>() -> i32 {
+    if TR && signed(T) {
+        128
+    } else {
+        bias(T)
+    }
+}
+
+/// The IQ4 levels plus 128 (1..=241) as `16 h + l`: `pshufb` tables of `h` and of
+/// `l` (both below 16, so `maddubs` products of 4 dwords add in i16 exactly).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn split_levels() -> (__m256i, __m256i) {
+    let mut h = [0u8; 32];
+    let mut l = [0u8; 32];
+    for (i, &v) in IQ4_LEVELS.iter().chain(IQ4_LEVELS.iter()).enumerate() {
+        let u = (v as i32 + 128) as u8;
+        (h[i], l[i]) = (u >> 4, u & 15);
+    }
+    // SAFETY: both arrays hold 32 bytes (unaligned loads).
+    unsafe { (_mm256_loadu_si256(h.as_ptr() as *const __m256i), _mm256_loadu_si256(l.as_ptr() as *const __m256i)) }
+}
+
+/// Prefill over transposed tiles (the K-quants and IQ4_XS): two tiles (16 rows) at a
+/// time, each unit unpacked once per chunk of tokens, then [`pair_block`] over blocks
+/// of up to [`ncmax`] tokens, so each weight vector loaded feeds `NC` products and
+/// each broadcast activation dword two (one per tile). The one-tile-one-token loop
+/// loaded both operands of every `maddubs` and was bound by its loads. Same integer
+/// sums and the same float steps in the same order as [`dot_unit`]: bit for bit.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `tiles` holds `nrows.div_ceil(8)` transposed tiles
+/// of `tile_bytes` for `a.cols`, `tok` an entry per activation group of `a` (taking
+/// back [`pbias`]), `out` `nrows * a.t` values (`gemm_t` asserts it all).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn prefill_tr<const T: u8>(
+    tiles: &[u8],
+    tile_bytes: usize,
+    nrows: usize,
+    a: &QAct,
+    tok: &[Tok],
+    tc: usize,
+    out: &mut [f32],
+) {
+    let (t, cols) = (a.t, a.cols);
+    let groups = cols / GROUP;
+    let units = groups / U;
+    let tb = super::transposed_block_bytes(block_bytes(T), 32);
+    let ntiles = nrows.div_ceil(R);
+    assert!(tok.len() >= t * groups && tc <= TC);
+    let (zi, zf) = (_mm256_setzero_si256(), _mm256_setzero_ps());
+    let unit = || Unit { q: [[zi; R]; U], l: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2] };
+    let mut un = [unit(), unit()];
+    let mut acc = [[zf; TC]; 2];
+    let lv = levels();
+    let (lh, ll) = split_levels();
+    for tp in (0..ntiles).step_by(2) {
+        let nt = (ntiles - tp).min(2);
+        // SAFETY: tiles `tp` and `tp + nt - 1 < ntiles` lie inside `tiles` (caller).
+        let base: [*const u8; 2] =
+            unsafe { [tiles.as_ptr().add(tp * tile_bytes), tiles.as_ptr().add((tp + nt - 1) * tile_bytes)] };
+        for c0 in (0..t).step_by(tc) {
+            let ct = (t - c0).min(tc);
+            for acc in &mut acc {
+                acc[..ct].fill(zf);
+            }
+            for u in 0..units {
+                for j in 0..nt {
+                    // SAFETY: unit `u < units` of tile `tp + j` is inside it (`tile_bytes >=
+                    // units * tb`, asserted by `gemm_t`); prefetches never fault.
+                    unsafe {
+                        let blk = base[j].add(u * tb);
+                        let next = blk.wrapping_add(PF * tb);
+                        for l in (0..tb).step_by(64) {
+                            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(l) as *const i8);
+                        }
+                        let bp: [*const u8; R] = std::array::from_fn(|i| blk.add(4 * i));
+                        scales::<T, true>(&bp, U, &mut un[j]);
+                        for g in 0..U {
+                            for i in 0..R {
+                                if signed(T) {
+                                    let n = nibble_t(blk, g, i);
+                                    un[j].q[g][i] = _mm256_shuffle_epi8(lh, n);
+                                    un[j].l[g][i] = _mm256_shuffle_epi8(ll, n);
+                                } else {
+                                    un[j].q[g][i] = qgroup_t::<T>(blk, g, i, lv);
+                                }
+                            }
+                        }
+                    }
+                }
+                let mut c = 0;
+                while c < ct {
+                    let n = (ct - c).min(ncmax(T));
+                    let (k, gu) = (c0 + c, u * U);
+                    // SAFETY: tokens `k .. k + n <= t` and groups `gu .. gu + U <= groups` of
+                    // `a` and `tok` (lengths asserted by `gemm_t` and above); `c + n <= ct <= TC`.
+                    unsafe {
+                        let x = (
+                            a.qs.as_ptr().add(k * cols + gu * GROUP),
+                            a.d.as_ptr().add(k * groups + gu),
+                            tok.as_ptr().add(k * groups + gu),
+                        );
+                        let d = (cols, groups, c);
+                        match (nt, n) {
+                            (2, 4) => pair_block::<T, 2, 4>(&un, d, x, &mut acc),
+                            (2, 3) => pair_block::<T, 2, 3>(&un, d, x, &mut acc),
+                            (2, 2) => pair_block::<T, 2, 2>(&un, d, x, &mut acc),
+                            (2, _) => pair_block::<T, 2, 1>(&un, d, x, &mut acc),
+                            (_, 4) => pair_block::<T, 1, 4>(&un, d, x, &mut acc),
+                            (_, 3) => pair_block::<T, 1, 3>(&un, d, x, &mut acc),
+                            (_, 2) => pair_block::<T, 1, 2>(&un, d, x, &mut acc),
+                            _ => pair_block::<T, 1, 1>(&un, d, x, &mut acc),
+                        }
+                    }
+                    c += n;
+                }
+            }
+            for j in 0..nt {
+                let r0 = (tp + j) * R;
+                let nr = (nrows - r0).min(R);
+                for c in 0..ct {
+                    let mut l = [0f32; R];
+                    // SAFETY: `l` holds 8 f32, a __m256 (unaligned store); AVX as above.
+                    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[j][c]) };
+                    for (i, &v) in l[..nr].iter().enumerate() {
+                        out[(r0 + i) * t + c0 + c] = v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One unit of `NT` unpacked tiles ([`prefill_tr`]) times `NC` tokens (from `x`: the
+/// unit's first activation, scale and [`Tok`] entry of the first token; token `c`'s
+/// `c * cols` / `c * groups` further), added to `acc[j][c0 + c]` in the group order.
+/// Per group and dword each tile's weight vector is multiplied with each token's
+/// broadcast activation dword; the products add in i16 as [`lane_sums`]' do (for
+/// IQ4 the high and low parts separately, the high taken times 16 by its `madd`),
+/// giving the same exact half sums; then [`dot_unit`]'s float steps.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `x` covers `NC` tokens' `U` groups; `c0 + NC <= TC`.
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pair_block<const T: u8, const NT: usize, const NC: usize>(
+    un: &[Unit; 2],
+    (cols, groups, c0): (usize, usize, usize),
+    (xq, xd, xt): (*const i8, *const f32, *const Tok),
+    acc: &mut [[__m256; TC]; 2],
+) {
+    let zi = _mm256_setzero_si256();
+    let ones16 = _mm256_set1_epi16(1);
+    let hi16 = _mm256_set1_epi16(16);
+    assert!(c0 + NC <= TC);
+    for g in 0..U {
+        // Row `r`'s half sums (values 0..16, 16..32) of tile `j` and token `c` in lane `r`.
+        let mut hs = [[[zi; NC]; NT]; 2];
+        // Products add in i16 over 4 dwords (at most 8 products per 16-bit lane, below
+        // 16 h / l or 32 unsigned: `narrow_lanes`), Q6_K's over 2 (`pair_lanes`), then
+        // into i32. The dword loops stay loops (their counts hidden from the optimizer):
+        // unrolled, their weight loads were merged across tokens, the tokens scheduled
+        // one after another and the weights spilled and reloaded for each.
+        let xb = |c: usize, m: usize| {
+            // SAFETY: dword `m` of group `g` of token `c` (the caller's contract).
+            _mm256_set1_epi32(unsafe { (xq.add(c * cols + GROUP * g + 4 * m) as *const i32).read_unaligned() })
+        };
+        for (half, hs) in hs.iter_mut().enumerate() {
+            if pair_lanes(T) {
+                for mm in 0..std::hint::black_box(2) {
+                    let m = 4 * half + 2 * mm;
+                    let w: [[__m256i; 2]; NT] = std::array::from_fn(|j| [un[j].q[g][m], un[j].q[g][m + 1]]);
+                    for c in 0..NC {
+                        let (x0, x1) = (xb(c, m), xb(c, m + 1));
+                        for j in 0..NT {
+                            let v =
+                                _mm256_add_epi16(_mm256_maddubs_epi16(w[j][0], x0), _mm256_maddubs_epi16(w[j][1], x1));
+                            hs[j][c] = _mm256_add_epi32(hs[j][c], _mm256_madd_epi16(v, ones16));
+                        }
+                    }
+                }
+                continue;
+            }
+            let (mut p, mut pl) = ([[zi; NC]; NT], [[zi; NC]; NT]);
+            for mm in 0..std::hint::black_box(4) {
+                let m = 4 * half + mm;
+                let w: [__m256i; NT] = std::array::from_fn(|j| un[j].q[g][m]);
+                let wl: [__m256i; NT] = std::array::from_fn(|j| if signed(T) { un[j].l[g][m] } else { zi });
+                for c in 0..NC {
+                    let x = xb(c, m);
+                    for j in 0..NT {
+                        p[j][c] = _mm256_add_epi16(p[j][c], _mm256_maddubs_epi16(w[j], x));
+                        if signed(T) {
+                            pl[j][c] = _mm256_add_epi16(pl[j][c], _mm256_maddubs_epi16(wl[j], x));
+                        }
+                    }
+                }
+            }
+            for j in 0..NT {
+                for c in 0..NC {
+                    hs[j][c] = if signed(T) {
+                        _mm256_add_epi32(_mm256_madd_epi16(p[j][c], hi16), _mm256_madd_epi16(pl[j][c], ones16))
+                    } else {
+                        _mm256_madd_epi16(p[j][c], ones16)
+                    };
+                }
+            }
+        }
+        for c in 0..NC {
+            // SAFETY: group `g` of token `c` (the caller's contract).
+            let (dx, tk) = unsafe { (_mm256_set1_ps(*xd.add(c * groups + g)), &*xt.add(c * groups + g)) };
+            for j in 0..NT {
+                let (mut i0, mut i1) = (hs[0][j][c], hs[1][j][c]);
+                if pbias::<T, true>() != 0 {
+                    i0 = _mm256_add_epi32(i0, _mm256_set1_epi32(tk.nb[0]));
+                    if halves(T) {
+                        i1 = _mm256_add_epi32(i1, _mm256_set1_epi32(tk.nb[1]));
+                    }
+                }
+                let u = &un[j];
+                let mut a = acc[j][c0 + c];
+                if halves(T) {
+                    a = _mm256_fmadd_ps(_mm256_mul_ps(dx, u.s[0][g]), _mm256_cvtepi32_ps(i0), a);
+                    a = _mm256_fmadd_ps(_mm256_mul_ps(dx, u.s[1][g]), _mm256_cvtepi32_ps(i1), a);
+                    if offset(T) {
+                        a = _mm256_fmadd_ps(_mm256_mul_ps(dx, u.o[0][g]), _mm256_set1_ps(tk.bf[0]), a);
+                        a = _mm256_fmadd_ps(_mm256_mul_ps(dx, u.o[1][g]), _mm256_set1_ps(tk.bf[1]), a);
+                    }
+                } else {
+                    let i = _mm256_add_epi32(i0, i1);
+                    a = _mm256_fmadd_ps(_mm256_mul_ps(dx, u.s[0][g]), _mm256_cvtepi32_ps(i), a);
+                    if offset(T) {
+                        a = _mm256_fmadd_ps(_mm256_mul_ps(dx, u.o[0][g]), _mm256_set1_ps(tk.bf[0]), a);
+                    }
+                }
+                acc[j][c0 + c] = a;
+            }
         }
     }
 }
@@ -619,12 +891,8 @@ unsafe fn qgroup_t<const T: u8>(blk: *const u8, g: usize, m: usize, lv: __m256i)
                 q
             }
         }
-        T_IQ4_XS => {
-            // Values 0..16 are the low nibbles of the field's 16 bytes, 16..32 the high.
-            let v = ld(8 + 16 * g, m % 4);
-            let n = _mm256_and_si256(if m < 4 { v } else { _mm256_srli_epi16::<4>(v) }, m4);
-            _mm256_shuffle_epi8(lv, n)
-        }
+        // SAFETY: as above.
+        T_IQ4_XS => _mm256_shuffle_epi8(lv, unsafe { nibble_t(blk, g, m) }),
         T_Q2_K => crumbs(ld(16 + 32 * (g / 4), m), g % 4),
         T_Q3_K => _mm256_or_si256(crumbs(ld(32 + 32 * (g / 4), m), g % 4), hbit(ld(0, m), g, 4)),
         T_Q6_K => {
@@ -635,6 +903,20 @@ unsafe fn qgroup_t<const T: u8>(blk: *const u8, g: usize, m: usize, lv: __m256i)
         }
         _ => unreachable!("type tag {T} is not packed transposed"),
     }
+}
+
+/// The level indices (nibbles) of dword `m` of group `g` of the 8 rows of a transposed
+/// IQ4_XS block at `blk`, as [`qgroup_t`] takes them.
+///
+/// # Safety
+/// As [`qgroup_t`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibble_t(blk: *const u8, g: usize, m: usize) -> __m256i {
+    // Values 0..16 are the low nibbles of the field's 16 bytes, 16..32 the high.
+    // SAFETY: the field (bytes 8 + 16 g ..) lies inside the block, all of whose vectors are there.
+    let v = unsafe { _mm256_loadu_si256(blk.add(slot(T_IQ4_XS, (8 + 16 * g) / 4 + m % 4) * 32) as *const __m256i) };
+    _mm256_and_si256(if m < 4 { v } else { _mm256_srli_epi16::<4>(v) }, _mm256_set1_epi8(0x0F))
 }
 
 /// The scales and offsets of the `ng` groups of the units at `bp` (one per row) into `un`.
