@@ -50,8 +50,7 @@ mod tag {
         }
     }
 
-    /// The dwords the kernels read first in a block: its scales (`fields` of the
-    /// AVX-512 kernels; the AVX2 ones read the same bytes).
+    /// The dwords the kernels read first in a block: its scales ([`fields`]).
     const fn scale_dwords(t: u8) -> &'static [usize] {
         match t {
             T_Q2_K => &[20, 0, 1, 2, 3],
@@ -136,6 +135,19 @@ mod tag {
         slots(T_Q6_K),
         slots(T_IQ4_XS),
     ];
+
+    /// Byte offsets (inside a block) of the dwords both kernel sets read per block for
+    /// the scales (gathered, or from a transposed block's vectors).
+    pub(super) const fn fields(k: u8) -> &'static [usize] {
+        match k {
+            T_Q4_1 | T_Q5_0 | T_Q5_1 | T_IQ4_NL => &[0],
+            T_Q2_K => &[0, 4, 8, 12, 80],
+            T_Q3_K => &[96, 100, 104, 106],
+            T_Q4_K | T_Q5_K => &[0, 4, 8, 12],
+            T_Q6_K => &[192, 196, 200, 204, 206],
+            _ => &[0, 4], // T_IQ4_XS
+        }
+    }
 
     /// The vector of a transposed block of type `t` that holds dword `k` ([`slots`]).
     #[inline(always)]
@@ -688,7 +700,12 @@ mod tests {
         let mut r = XorShift::new(9);
         let cols = 4096;
         let mib: usize = std::env::var("GQ_BENCH_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
+        // `GQ_BENCH_TYPES` (names, comma-separated): only those types.
+        let only = std::env::var("GQ_BENCH_TYPES").unwrap_or_default();
         for dt in DType::all().into_iter().filter(|d| d.is_grouped()) {
+            if !only.is_empty() && !only.split(',').any(|n| n == dt.to_string()) {
+                continue;
+            }
             let rb = dt.row_bytes(cols).unwrap();
             let rows = ((mib << 20) / rb).div_ceil(64) * 64;
             let w: Vec<u8> = (0..rows).flat_map(|_| random_row(dt, cols, &mut r)).collect();

@@ -8,7 +8,8 @@
 //! super-block, or 8 consecutive 32-value blocks; the last unit of a small-block
 //! row may be shorter). Per unit the group scales / offsets of the 8 rows are
 //! formed in f32 vectors with the rows in lanes (per row the 8 groups' scales in
-//! lanes, then an 8 x 8 transpose). Each group's 32 integers come from SIMD
+//! lanes, then an 8 x 8 transpose; a transposed tile's straight from its scale
+//! vectors, [`scales_t`]). Each group's 32 integers come from SIMD
 //! unpacking (nibble masks, shifts, high-bit merges, the IQ4 levels by `pshufb`):
 //! decode (one token) unpacks them straight into the dot product; prefill unpacks
 //! the unit once into a buffer (8 x 8 vectors) and reuses it for a chunk of up to
@@ -288,30 +289,28 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
                         }
                     }
                     let bp: [*const u8; R] = std::array::from_fn(|r| rows[r].add(u * us));
-                    scales::<T, TR>(&bp, ng, &mut un);
+                    if TR {
+                        // The block's start: row 0's dwords are lane 0 (`at`).
+                        scales_t::<T>(bp[0], &mut un);
+                    } else {
+                        scales::<T>(&bp, ng, &mut un);
+                    }
                     let xq = a.qs.as_ptr().add(c0 * cols + u * U * GROUP);
                     let xd = a.d.as_ptr().add(c0 * groups + u * U);
                     let xs = a.sums.as_ptr().add(c0 * groups + u * U);
                     let xt = tok.as_ptr().wrapping_add(c0 * groups + u * U);
-                    // A transposed tile's group is 8 dwords of 8 rows (`lane_sums`), else
-                    // 8 rows of 32 values (`row_sums`); `un.q[g][i]` is the i-th either way.
-                    let q = |g: usize, i: usize| {
-                        if TR {
-                            qgroup_t::<T>(bp[0], g, i, lv)
-                        } else {
-                            qgroup::<T>(bp[i], g, lv)
-                        }
-                    };
                     if ct == 1 {
                         // Decode: each group straight from the weights into the dot product.
                         acc[0] = decode_unit::<T, TR>(&un, &bp, lv, ng, xq, xd, xs, acc[0]);
                     } else {
+                        // Prefill over rows (transposed tiles took `prefill_tr` above).
+                        debug_assert!(!TR);
                         for g in 0..ng {
                             for i in 0..R {
-                                un.q[g][i] = q(g, i);
+                                un.q[g][i] = qgroup::<T>(bp[i], g, lv);
                             }
                         }
-                        prefill_unit::<T, TR>(&un, ng, (cols, groups), xq, xd, (xs, xt), &mut acc[..ct]);
+                        prefill_unit::<T>(&un, ng, (cols, groups), xq, xd, (xs, xt), &mut acc[..ct]);
                     }
                 }
             }
@@ -329,14 +328,15 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
 
 /// Prefill's pass over one unpacked unit (`un.q`) for `acc.len()` tokens (token `c`'s
 /// activations `c * cols` values, its scales, sums and [`Tok`] entries `c * groups` on),
-/// out of line like [`decode_unit`].
+/// out of line like [`decode_unit`]. Rows as stored or packed, not transposed
+/// (those take [`prefill_tr`]).
 ///
 /// # Safety
 /// As `dot_unit` for each token (`gemm_t`'s chunk of tokens).
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn prefill_unit<const T: u8, const TR: bool>(
+unsafe fn prefill_unit<const T: u8>(
     un: &Unit,
     ng: usize,
     (cols, groups): (usize, usize),
@@ -346,14 +346,7 @@ unsafe fn prefill_unit<const T: u8, const TR: bool>(
     acc: &mut [__m256],
 ) {
     let qv = &un.q;
-    let sums = |g: usize, xp: *const i8, x: __m256i| {
-        if TR {
-            // SAFETY: `xp` is the group's 32 activations (`dot_unit`).
-            unsafe { lane_sums::<T>(|i| qv[g][i], xp) }
-        } else {
-            row_sums::<T>(|i| qv[g][i], x)
-        }
-    };
+    let sums = |g: usize, _: *const i8, x: __m256i| row_sums::<T>(|i| qv[g][i], x);
     for (c, acc) in acc.iter_mut().enumerate() {
         // SAFETY: the caller's contract: token `c`'s activations, scales and entries.
         unsafe {
@@ -455,8 +448,7 @@ unsafe fn prefill_tr<const T: u8>(
                         for l in (0..tb).step_by(64) {
                             _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(l) as *const i8);
                         }
-                        let bp: [*const u8; R] = std::array::from_fn(|i| blk.add(4 * i));
-                        scales::<T, true>(&bp, U, &mut un[j]);
+                        scales_t::<T>(blk, &mut un[j]);
                         for g in 0..U {
                             for i in 0..R {
                                 if signed(T) {
@@ -654,42 +646,23 @@ unsafe fn decode_unit<const T: u8, const TR: bool>(
     }
 }
 
-/// Where byte `off` of a row's block is, from `p`: `p + off` for rows as stored; in
-/// a transposed tile (`TR`, [`super::pack_transposed`]) `p` is the block's start plus
-/// `4 r` for row `r`, and the byte is in the block's vector `off / 4`.
-#[inline(always)]
-fn at<const T: u8, const TR: bool>(p: *const u8, off: usize) -> *const u8 {
-    if TR {
-        p.wrapping_add(slot(T, off / 4) * 4 * R + (off & 3))
-    } else {
-        p.wrapping_add(off)
-    }
-}
-
-/// 16 bytes of a row's block from byte `off` (a multiple of 4 when `TR`), as [`at`] finds them.
+/// 16 bytes of a row's block from byte `off`.
 ///
 /// # Safety
 /// The bytes are inside the block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn ld128<const T: u8, const TR: bool>(p: *const u8, off: usize) -> __m128i {
+unsafe fn ld128(p: *const u8, off: usize) -> __m128i {
     // SAFETY: the caller passes a block holding bytes `off .. off + 16`.
-    unsafe {
-        if TR {
-            let d = |k: usize| rd32(at::<T, TR>(p, off + 4 * k)) as i32;
-            _mm_setr_epi32(d(0), d(1), d(2), d(3))
-        } else {
-            _mm_loadu_si128(p.add(off) as *const __m128i)
-        }
-    }
+    unsafe { _mm_loadu_si128(p.add(off) as *const __m128i) }
 }
 
-/// The f16 at byte `off` of each of the 8 rows' blocks (found as [`at`] finds it), as f32 lanes.
+/// The f16 at byte `off` of each of the 8 rows' blocks, as f32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16x8<const T: u8, const TR: bool>(p: &[*const u8; R], off: usize) -> __m256 {
+unsafe fn f16x8(p: &[*const u8; R], off: usize) -> __m256 {
     // SAFETY: the caller passes pointers with 2 readable bytes at `off`.
-    let h: [i16; R] = std::array::from_fn(|r| unsafe { (at::<T, TR>(p[r], off) as *const i16).read_unaligned() });
+    let h: [i16; R] = std::array::from_fn(|r| unsafe { (p[r].add(off) as *const i16).read_unaligned() });
     _mm256_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]))
 }
 
@@ -919,10 +892,102 @@ unsafe fn nibble_t(blk: *const u8, g: usize, m: usize) -> __m256i {
     _mm256_and_si256(if m < 4 { v } else { _mm256_srli_epi16::<4>(v) }, _mm256_set1_epi8(0x0F))
 }
 
+/// f32 lanes from the low (`HI` false) or high halves (f16) of the dwords of `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn h16<const HI: bool>(x: __m256i) -> __m256 {
+    let v = if HI { _mm256_srli_epi32::<16>(x) } else { _mm256_and_si256(x, _mm256_set1_epi32(0xFFFF)) };
+    _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v)))
+}
+
+/// The scales and offsets of the 8 groups of a transposed block at `blk` into `un`,
+/// formed from its scale dwords ([`fields`], one vector each, row `r` in lane `r`) as
+/// the AVX-512 kernels form them: no per-row reads and no transposes (decode spent
+/// 45% of its time in [`scales`]' gathers and transposes: Q4_K in L2). The same
+/// bytes and the same f32 products as [`scales`], bit for bit.
+///
+/// # Safety
+/// `blk` points at a whole transposed block of type `T` (one of [`super::transposable`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales_t<const T: u8>(blk: *const u8, un: &mut Unit) {
+    let mut raw = [_mm256_setzero_si256(); 5];
+    for (i, &f) in fields(T).iter().enumerate() {
+        // SAFETY: the slot of every field dword lies inside the block (caller).
+        let v = unsafe { _mm256_loadu_si256(blk.add(slot(T, f.div_ceil(4)) * 32) as *const __m256i) };
+        // A field at `4k + 2` (only its high half is read): the next dword's low half moved up.
+        raw[i] = if f % 4 == 0 { v } else { _mm256_slli_epi32::<16>(v) };
+    }
+    let cvt = _mm256_cvtepi32_ps;
+    let m15 = _mm256_set1_epi32(15);
+    let srl = |x: __m256i, n: usize| _mm256_srl_epi32(x, _mm_cvtsi32_si128(n as i32));
+    // Byte `k` of the dwords `raw` (byte `4i + j` is byte `j` of `raw[i]`), per lane.
+    let byte = |k: usize| _mm256_and_si256(srl(raw[k / 4], 8 * (k % 4)), _mm256_set1_epi32(0xFF));
+    let six = |v: __m256i| _mm256_sub_epi32(v, _mm256_set1_epi32(32));
+    for g in 0..U {
+        match T {
+            T_Q2_K => {
+                let (d, dmin) = (h16::<false>(raw[4]), h16::<true>(raw[4]));
+                let (a, c) = (byte(2 * g), byte(2 * g + 1));
+                un.s[0][g] = _mm256_mul_ps(d, cvt(_mm256_and_si256(a, m15)));
+                un.s[1][g] = _mm256_mul_ps(d, cvt(_mm256_and_si256(c, m15)));
+                un.o[0][g] = neg(_mm256_mul_ps(dmin, cvt(_mm256_srli_epi32::<4>(a))));
+                un.o[1][g] = neg(_mm256_mul_ps(dmin, cvt(_mm256_srli_epi32::<4>(c))));
+            }
+            T_Q3_K => {
+                let d = h16::<true>(raw[3]);
+                let sc = |i: usize| {
+                    let lo = if i < 8 { _mm256_and_si256(byte(i), m15) } else { _mm256_srli_epi32::<4>(byte(i - 8)) };
+                    let hi = _mm256_and_si256(srl(byte(8 + i % 4), 2 * (i / 4)), _mm256_set1_epi32(3));
+                    _mm256_mul_ps(d, cvt(six(_mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)))))
+                };
+                (un.s[0][g], un.s[1][g]) = (sc(2 * g), sc(2 * g + 1));
+            }
+            T_Q4_K | T_Q5_K => {
+                let (d, dmin) = (h16::<false>(raw[0]), h16::<true>(raw[0]));
+                let s = |k: usize| byte(4 + k);
+                let (m63, m30) = (_mm256_set1_epi32(63), _mm256_set1_epi32(0x30));
+                let (sc, m) = if g < 4 {
+                    (_mm256_and_si256(s(g), m63), _mm256_and_si256(s(4 + g), m63))
+                } else {
+                    (
+                        _mm256_or_si256(
+                            _mm256_and_si256(s(4 + g), m15),
+                            _mm256_and_si256(_mm256_srli_epi32::<2>(s(g - 4)), m30),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_srli_epi32::<4>(s(4 + g)),
+                            _mm256_and_si256(_mm256_srli_epi32::<2>(s(g)), m30),
+                        ),
+                    )
+                };
+                un.s[0][g] = _mm256_mul_ps(d, cvt(sc));
+                un.o[0][g] = neg(_mm256_mul_ps(dmin, cvt(m)));
+            }
+            T_Q6_K => {
+                let d = h16::<true>(raw[4]);
+                // Sign-extended byte i: shifted to the top, then arithmetically back.
+                let sc = |i: usize| {
+                    let x = _mm256_sll_epi32(raw[i / 4], _mm_cvtsi32_si128((24 - 8 * (i % 4)) as i32));
+                    _mm256_mul_ps(d, cvt(_mm256_srai_epi32::<24>(x)))
+                };
+                (un.s[0][g], un.s[1][g]) = (sc(2 * g), sc(2 * g + 1));
+            }
+            _ => {
+                // IQ4_XS
+                let d = h16::<false>(raw[0]);
+                let lo = _mm256_and_si256(srl(raw[1], 4 * g), m15);
+                let hi = _mm256_and_si256(srl(raw[0], 16 + 2 * g), _mm256_set1_epi32(3));
+                un.s[0][g] = _mm256_mul_ps(d, cvt(six(_mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)))));
+            }
+        }
+    }
+}
+
 /// The scales and offsets of the `ng` groups of the units at `bp` (one per row) into `un`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scales<const T: u8, const TR: bool>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
+unsafe fn scales<const T: u8>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
     let zf = _mm256_setzero_ps();
     // SAFETY: (whole body) the caller passes the starts of units inside their rows (`ng`
     // blocks of a small type, or one K-quant block); every read stays inside those blocks.
@@ -931,18 +996,18 @@ unsafe fn scales<const T: u8, const TR: bool>(bp: &[*const u8; R], ng: usize, un
             T_Q4_1 | T_Q5_0 | T_Q5_1 | T_IQ4_NL => {
                 for j in 0..ng {
                     let p: [*const u8; R] = std::array::from_fn(|r| bp[r].add(j * block_bytes(T)));
-                    un.s[0][j] = f16x8::<T, false>(&p, 0);
+                    un.s[0][j] = f16x8(&p, 0);
                     if offset(T) {
-                        un.o[0][j] = f16x8::<T, false>(&p, 2);
+                        un.o[0][j] = f16x8(&p, 2);
                     }
                 }
             }
             T_Q4_K | T_Q5_K => {
-                let (d, dmin) = (f16x8::<T, TR>(bp, 0), f16x8::<T, TR>(bp, 2));
+                let (d, dmin) = (f16x8(bp, 0), f16x8(bp, 2));
                 let (mut sc, mut mn) = ([zf; R], [zf; R]);
                 for r in 0..R {
                     let p = bp[r];
-                    let (w0, w1, w2) = (rd32(at::<T, TR>(p, 4)), rd32(at::<T, TR>(p, 8)), rd32(at::<T, TR>(p, 12)));
+                    let (w0, w1, w2) = (rd32(p.add(4)), rd32(p.add(8)), rd32(p.add(12)));
                     let sc_hi = (w2 & 0x0F0F_0F0F) | ((w0 >> 2) & 0x3030_3030);
                     let m_hi = ((w2 >> 4) & 0x0F0F_0F0F) | ((w1 >> 2) & 0x3030_3030);
                     sc[r] = u8x8_ps((w0 & 0x3F3F_3F3F) as u64 | (sc_hi as u64) << 32);
@@ -956,14 +1021,14 @@ unsafe fn scales<const T: u8, const TR: bool>(bp: &[*const u8; R], ng: usize, un
                 }
             }
             T_IQ4_XS => {
-                let d = f16x8::<T, TR>(bp, 0);
+                let d = f16x8(bp, 0);
                 let mut sc = [zf; R];
                 let sh_lo = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
                 let sh_hi = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
                 for r in 0..R {
                     let p = bp[r];
-                    let sh = (at::<T, TR>(p, 2) as *const u16).read_unaligned() as i32;
-                    let sl = rd32(at::<T, TR>(p, 4)) as i32;
+                    let sh = (p.add(2) as *const u16).read_unaligned() as i32;
+                    let sl = rd32(p.add(4)) as i32;
                     let lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sl), sh_lo), _mm256_set1_epi32(0xF));
                     let hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), sh_hi), _mm256_set1_epi32(3));
                     let ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)), _mm256_set1_epi32(32));
@@ -975,10 +1040,10 @@ unsafe fn scales<const T: u8, const TR: bool>(bp: &[*const u8; R], ng: usize, un
                 }
             }
             T_Q2_K => {
-                let (d, dmin) = (f16x8::<T, TR>(bp, 80), f16x8::<T, TR>(bp, 82));
+                let (d, dmin) = (f16x8(bp, 80), f16x8(bp, 82));
                 let (mut s0, mut s1, mut o0, mut o1) = ([zf; R], [zf; R], [zf; R], [zf; R]);
                 for r in 0..R {
-                    let e = even_odd(ld128::<T, TR>(bp[r], 0));
+                    let e = even_odd(ld128(bp[r], 0));
                     let lo = _mm_and_si128(e, _mm_set1_epi8(0x0F));
                     let hi = _mm_and_si128(_mm_srli_epi16::<4>(e), _mm_set1_epi8(0x0F));
                     (s0[r], s1[r]) = i8x16_ps(lo);
@@ -995,11 +1060,11 @@ unsafe fn scales<const T: u8, const TR: bool>(bp: &[*const u8; R], ng: usize, un
                 }
             }
             T_Q3_K => {
-                let d = f16x8::<T, TR>(bp, 108);
+                let d = f16x8(bp, 108);
                 let (mut s0, mut s1) = ([zf; R], [zf; R]);
                 for r in 0..R {
                     let p = bp[r];
-                    let (w0, w1, w2) = (rd32(at::<T, TR>(p, 96)), rd32(at::<T, TR>(p, 100)), rd32(at::<T, TR>(p, 104)));
+                    let (w0, w1, w2) = (rd32(p.add(96)), rd32(p.add(100)), rd32(p.add(104)));
                     let (l4, h2) = (0x0F0F_0F0Fu32, 0x0303_0303u32);
                     let sw = [
                         (w0 & l4) | ((w2 & h2) << 4),
@@ -1019,10 +1084,10 @@ unsafe fn scales<const T: u8, const TR: bool>(bp: &[*const u8; R], ng: usize, un
             }
             _ => {
                 // Q6_K
-                let d = f16x8::<T, TR>(bp, 208);
+                let d = f16x8(bp, 208);
                 let (mut s0, mut s1) = ([zf; R], [zf; R]);
                 for r in 0..R {
-                    (s0[r], s1[r]) = i8x16_ps(even_odd(ld128::<T, TR>(bp[r], 192)));
+                    (s0[r], s1[r]) = i8x16_ps(even_odd(ld128(bp[r], 192)));
                 }
                 transpose8(&mut s0);
                 transpose8(&mut s1);

@@ -104,18 +104,6 @@ const fn offset(k: u8) -> bool {
     matches!(k, T_Q4_1 | T_Q5_1 | T_Q2_K | T_Q4_K | T_Q5_K)
 }
 
-/// Byte offsets (inside a block) of the dwords gathered per block for the scales.
-const fn fields(k: u8) -> &'static [usize] {
-    match k {
-        T_Q4_1 | T_Q5_0 | T_Q5_1 | T_IQ4_NL => &[0],
-        T_Q2_K => &[0, 4, 8, 12, 80],
-        T_Q3_K => &[96, 100, 104, 106],
-        T_Q4_K | T_Q5_K => &[0, 4, 8, 12],
-        T_Q6_K => &[192, 196, 200, 204, 206],
-        _ => &[0, 4], // T_IQ4_XS
-    }
-}
-
 /// The row of each f32 lane (the *lane order*): what the reduction tree ([`reduce`])
 /// and the transpose ([`transpose`]) give without a final permute. Scales are
 /// gathered, and results stored, in this order.
