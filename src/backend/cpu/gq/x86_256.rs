@@ -227,7 +227,7 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
     let mut acc = [zf; TC];
     let lv = levels();
     // Prefill's per-token bias corrections and offset sums (decode forms its own).
-    let tok = if t > 1 { Tok::table(a, halves(T), pbias::<T, TR>()) } else { Vec::new() };
+    let tok = if t > 1 || dtab::<T, TR>() { Tok::table(a, halves(T), pbias::<T, TR>()) } else { Vec::new() };
     if let (true, Src::Transposed { tiles, tile_bytes }) = (t > 1, src) {
         // SAFETY: the CPU has AVX2/FMA/F16C (this function's contract); the tiles and
         // activations are as asserted above, `tok` has an entry per activation group.
@@ -301,7 +301,7 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
                     let xt = tok.as_ptr().wrapping_add(c0 * groups + u * U);
                     if ct == 1 {
                         // Decode: each group straight from the weights into the dot product.
-                        acc[0] = decode_unit::<T, TR>(&un, &bp, lv, ng, xq, xd, xs, acc[0]);
+                        acc[0] = decode_unit::<T, TR>(&un, &bp, lv, ng, xq, xd, (xs, xt), acc[0]);
                     } else {
                         // Prefill over rows (transposed tiles took `prefill_tr` above).
                         debug_assert!(!TR);
@@ -629,10 +629,11 @@ unsafe fn decode_unit<const T: u8, const TR: bool>(
     ng: usize,
     xq: *const i8,
     xd: *const f32,
-    xs: *const i32,
+    (xs, xt): (*const i32, *const Tok),
     acc: __m256,
 ) -> __m256 {
-    // SAFETY: the caller's contract (`gemm_t`'s unit `u` of every row, `ng` groups).
+    // SAFETY: the caller's contract (`gemm_t`'s unit `u` of every row, `ng` groups;
+    // with `dtab` its `ng` entries at `xt`).
     unsafe {
         let q = |g: usize, i: usize| if TR { qgroup_t::<T>(bp[0], g, i, lv) } else { qgroup::<T>(bp[i], g, lv) };
         let sums = |g: usize, xp: *const i8, x: __m256i| {
@@ -642,8 +643,19 @@ unsafe fn decode_unit<const T: u8, const TR: bool>(
                 row_sums::<T>(|i| q(g, i), x)
             }
         };
-        dot_unit::<T, false>(un, sums, ng, xq, xd, (xs, std::ptr::null()), acc)
+        if dtab::<T, TR>() {
+            dot_unit::<T, true>(un, sums, ng, xq, xd, (xs, xt), acc)
+        } else {
+            dot_unit::<T, false>(un, sums, ng, xq, xd, (xs, std::ptr::null()), acc)
+        }
     }
+}
+
+/// Whether decode takes the [`Tok`] table too: over transposed tiles of the types
+/// with a scale per 16 values, whose half sums of the activations it otherwise forms
+/// again per tile by horizontal adds.
+const fn dtab<const T: u8, const TR: bool>() -> bool {
+    TR && halves(T)
 }
 
 /// 16 bytes of a row's block from byte `off`.
