@@ -226,7 +226,8 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
     let mut un = Unit { q: [[zi; R]; U], l: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2] };
     let mut acc = [zf; TC];
     let lv = levels();
-    // Prefill's per-token bias corrections and offset sums (decode forms its own).
+    // Prefill's per-token bias corrections and offset sums (decode forms its own, but
+    // over transposed tiles of the per-16 types: `dtab`).
     let tok = if t > 1 || dtab::<T, TR>() { Tok::table(a, halves(T), pbias::<T, TR>()) } else { Vec::new() };
     if let (true, Src::Transposed { tiles, tile_bytes }) = (t > 1, src) {
         // SAFETY: the CPU has AVX2/FMA/F16C (this function's contract); the tiles and
