@@ -200,6 +200,20 @@ fn gemm_portable(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32])
     }
 }
 
+/// `$f::<W, Q4>$args` for the width `W` in `$widths` equal to `$ct` (else 1) and
+/// `Q4 = $q4`: the kernels' token counts are const generics, one instance per width.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_width {
+    ($f:ident, $ct:expr, $q4:expr, [$($w:literal),*], $args:tt) => {
+        match ($ct, $q4) {
+            $(($w, true) => $f::<$w, true> $args,)*
+            (_, true) => $f::<1, true> $args,
+            $(($w, false) => $f::<$w, false> $args,)*
+            (_, false) => $f::<1, false> $args,
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 mod x86 {
@@ -432,50 +446,6 @@ mod x86 {
         }
     }
 
-    macro_rules! dispatch {
-        ($ct:expr, $q4:expr, $($args:expr),*) => {
-            match ($ct, $q4) {
-                (8, true) => tile::<8, true>($($args),*),
-                (7, true) => tile::<7, true>($($args),*),
-                (6, true) => tile::<6, true>($($args),*),
-                (5, true) => tile::<5, true>($($args),*),
-                (4, true) => tile::<4, true>($($args),*),
-                (3, true) => tile::<3, true>($($args),*),
-                (2, true) => tile::<2, true>($($args),*),
-                (_, true) => tile::<1, true>($($args),*),
-                (8, false) => tile::<8, false>($($args),*),
-                (7, false) => tile::<7, false>($($args),*),
-                (6, false) => tile::<6, false>($($args),*),
-                (5, false) => tile::<5, false>($($args),*),
-                (4, false) => tile::<4, false>($($args),*),
-                (3, false) => tile::<3, false>($($args),*),
-                (2, false) => tile::<2, false>($($args),*),
-                (_, false) => tile::<1, false>($($args),*),
-            }
-        };
-    }
-
-    macro_rules! dispatch2 {
-        ($ct:expr, $q4:expr, $($args:expr),*) => {
-            match ($ct, $q4) {
-                (16, true) => tile2::<16, true>($($args),*),
-                (12, true) => tile2::<12, true>($($args),*),
-                (8, true) => tile2::<8, true>($($args),*),
-                (4, true) => tile2::<4, true>($($args),*),
-                (3, true) => tile2::<3, true>($($args),*),
-                (2, true) => tile2::<2, true>($($args),*),
-                (_, true) => tile2::<1, true>($($args),*),
-                (16, false) => tile2::<16, false>($($args),*),
-                (12, false) => tile2::<12, false>($($args),*),
-                (8, false) => tile2::<8, false>($($args),*),
-                (4, false) => tile2::<4, false>($($args),*),
-                (3, false) => tile2::<3, false>($($args),*),
-                (2, false) => tile2::<2, false>($($args),*),
-                (_, false) => tile2::<1, false>($($args),*),
-            }
-        };
-    }
-
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,f16c,fma")]
     pub unsafe fn gemm(p: &Packed, pf: Prefetch, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
         const MAXC: usize = 8;
@@ -538,11 +508,23 @@ mod x86 {
                                 n => n,
                             };
                             let v2 = [valid, (nrows - i - GROUP).min(GROUP)];
-                            dispatch2!(ct, q4, v, s, vb, bs, nb, a, c, o.add(i * t + c), t, v2);
+                            by_width!(
+                                tile2,
+                                ct,
+                                q4,
+                                [16, 12, 8, 4, 3, 2],
+                                (v, s, vb, bs, nb, a, c, o.add(i * t + c), t, v2)
+                            );
                             c += ct;
                         } else {
                             let ct = (t1 - c).min(MAXC);
-                            dispatch!(ct, q4, v, s, bs, nb, a, c, o.add(i * t + c), t, valid);
+                            by_width!(
+                                tile,
+                                ct,
+                                q4,
+                                [8, 7, 6, 5, 4, 3, 2],
+                                (v, s, bs, nb, a, c, o.add(i * t + c), t, valid)
+                            );
                             c += ct;
                         }
                     }
@@ -740,21 +722,6 @@ mod x86_256 {
         }
     }
 
-    macro_rules! dispatch {
-        ($ct:expr, $q4:expr, $($args:expr),*) => {
-            match ($ct, $q4) {
-                (4, true) => tile::<4, true>($($args),*),
-                (3, true) => tile::<3, true>($($args),*),
-                (2, true) => tile::<2, true>($($args),*),
-                (_, true) => tile::<1, true>($($args),*),
-                (4, false) => tile::<4, false>($($args),*),
-                (3, false) => tile::<3, false>($($args),*),
-                (2, false) => tile::<2, false>($($args),*),
-                (_, false) => tile::<1, false>($($args),*),
-            }
-        };
-    }
-
     /// `super::gemm` on AVX2.
     ///
     /// # Safety
@@ -802,7 +769,7 @@ mod x86_256 {
                     let mut c = t0;
                     while c < t1 {
                         let ct = (t1 - c).min(MAXC);
-                        dispatch!(ct, q4, v, s, bs, nb, a, c, o.add(i * t + c), t, valid);
+                        by_width!(tile, ct, q4, [4, 3, 2], (v, s, bs, nb, a, c, o.add(i * t + c), t, valid));
                         c += ct;
                     }
                 }
