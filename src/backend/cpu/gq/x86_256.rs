@@ -592,23 +592,8 @@ unsafe fn pair_block<const T: u8, const NT: usize, const NC: usize>(
                         i1 = _mm256_add_epi32(i1, _mm256_set1_epi32(tk.nb[1]));
                     }
                 }
-                let u = &un[j];
-                let mut a = acc[j][c0 + c];
-                if halves(T) {
-                    a = _mm256_fmadd_ps(_mm256_mul_ps(dx, u.s[0][g]), _mm256_cvtepi32_ps(i0), a);
-                    a = _mm256_fmadd_ps(_mm256_mul_ps(dx, u.s[1][g]), _mm256_cvtepi32_ps(i1), a);
-                    if offset(T) {
-                        a = _mm256_fmadd_ps(_mm256_mul_ps(dx, u.o[0][g]), _mm256_set1_ps(tk.bf[0]), a);
-                        a = _mm256_fmadd_ps(_mm256_mul_ps(dx, u.o[1][g]), _mm256_set1_ps(tk.bf[1]), a);
-                    }
-                } else {
-                    let i = _mm256_add_epi32(i0, i1);
-                    a = _mm256_fmadd_ps(_mm256_mul_ps(dx, u.s[0][g]), _mm256_cvtepi32_ps(i), a);
-                    if offset(T) {
-                        a = _mm256_fmadd_ps(_mm256_mul_ps(dx, u.o[0][g]), _mm256_set1_ps(tk.bf[0]), a);
-                    }
-                }
-                acc[j][c0 + c] = a;
+                let f = (_mm256_set1_ps(tk.bf[0]), _mm256_set1_ps(tk.bf[1]));
+                acc[j][c0 + c] = group_fma::<T>(&un[j], g, dx, (i0, i1), f, acc[j][c0 + c]);
             }
         }
     }
@@ -1253,19 +1238,37 @@ unsafe fn dot_unit<const T: u8, const TAB: bool>(
             let i0 = if bias(T) != 0 { _mm256_sub_epi32(i0, times_bias::<T>(bs)) } else { i0 };
             (i0, i1, _mm256_cvtepi32_ps(bs), _mm256_setzero_ps())
         };
-        if halves(T) {
-            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[0][g]), _mm256_cvtepi32_ps(is0), acc);
-            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[1][g]), _mm256_cvtepi32_ps(is1), acc);
-            if offset(T) {
-                acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[0][g]), f0, acc);
-                acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[1][g]), f1, acc);
-            }
-        } else {
-            let i = _mm256_add_epi32(is0, is1);
-            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[0][g]), _mm256_cvtepi32_ps(i), acc);
-            if offset(T) {
-                acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[0][g]), f0, acc);
-            }
+        acc = group_fma::<T>(un, g, dx, (is0, is1), (f0, f1), acc);
+    }
+    acc
+}
+
+/// One group's fused multiply-adds in the group order: `acc` plus its integer half
+/// sums `is` (bias corrections included; types with one scale per 32 add the two
+/// first) times the token's scale `dx` and the rows' scales of group `g` of `un`, then
+/// the offsets times the activation sums `f` (as f32).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn group_fma<const T: u8>(
+    un: &Unit,
+    g: usize,
+    dx: __m256,
+    (is0, is1): (__m256i, __m256i),
+    (f0, f1): (__m256, __m256),
+    mut acc: __m256,
+) -> __m256 {
+    if halves(T) {
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[0][g]), _mm256_cvtepi32_ps(is0), acc);
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[1][g]), _mm256_cvtepi32_ps(is1), acc);
+        if offset(T) {
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[0][g]), f0, acc);
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[1][g]), f1, acc);
+        }
+    } else {
+        let i = _mm256_add_epi32(is0, is1);
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[0][g]), _mm256_cvtepi32_ps(i), acc);
+        if offset(T) {
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[0][g]), f0, acc);
         }
     }
     acc
