@@ -17,7 +17,8 @@
 //! pairs), then for the 8 rows together a tree of horizontal adds leaving each
 //! row's two half sums in its lane (in i16 for integers below 16, else after a
 //! `madd` to i32), the exact bias corrections and the group's fused multiply-adds
-//! in the group order. Weights are prefetched two units ahead.
+//! in the group order. Weights are prefetched two units ahead (packed decode under
+//! `Prefetch::L1`: the next unit into L1, 3 KiB ahead into L2, [`PF_L2`]).
 //!
 //! Prefill over transposed tiles (the K-quants and IQ4_XS, [`prefill_tr`]) takes
 //! two tiles (16 rows) and blocks of up to 2-4 tokens at a time: each weight vector
@@ -47,8 +48,16 @@ const R: usize = 8;
 const U: usize = 8;
 /// Most tokens per pass over a unit (accumulators kept on the stack).
 const TC: usize = 32;
-/// Prefetch distance in units.
+/// Prefetch distance in units (into L1: prefill, and decode under [`Prefetch::L2`]).
 const PF: usize = 2;
+/// Packed decode under [`Prefetch::L1`] (Intel, Zen 3) prefetches the next unit into L1
+/// and the lines `PF_L2` bytes ahead into L2 (`prefetcht1`). Measured on the Intel Xeon VM
+/// (`gq_decode_bench` over 1 GiB, past its 480 MiB L3; GB/s, units `PF` ahead into L1 ->
+/// this): Q4_K 9.9 -> 13.1, Q5_K 12.1 -> 13.0, Q6_K 9.5-10.8 -> 13.8, IQ4_XS 9.3-12.0 ->
+/// 12.7, Q2_K 11.3 -> 12.0, Q3_K 9.9 -> 9.8, Q4_1 10.0 -> 12.3, Q5_0 10.0 -> 11.7, Q5_1
+/// 7.9 -> 10.7, IQ4_NL 8.3-9.5 -> 12.1; 1.5-3 KiB ahead alike; into L2 alone or none,
+/// slower for most types.
+const PF_L2: usize = 3072;
 
 use super::tag::*;
 use super::{Src, Tok};
@@ -263,6 +272,7 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
         // 12-16 -> 17, Q5_K 16.5 -> 12-18, Q2_K/Q3_K the same; Q4_1 13.5 -> 8.5, Q5_0
         // 10.4 -> 6.3 (into L2 instead: no better than either).
         let pf = t > 1 || !TR || prefetch() == Prefetch::L1;
+        let l1_l2 = t == 1 && prefetch() == Prefetch::L1;
         for c0 in (0..t).step_by(tc) {
             let ct = (t - c0).min(tc);
             acc[..ct].fill(zf);
@@ -274,11 +284,17 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
                 // groups `u * U .. u * U + ng < groups` of `a.qs` / `a.d` (lengths asserted above).
                 unsafe {
                     if packed {
-                        // One stream: the tile's unit `PF` ahead, 8 rows back to back.
-                        let next = rows[0].wrapping_add((u + PF) * us);
-                        if pf {
+                        // One stream: the tile's unit `PF` ahead, 8 rows back to back (decode
+                        // under `L1`: the next unit, and into L2 `PF_L2` bytes ahead).
+                        let here = rows[0].wrapping_add(u * us);
+                        if pf && l1_l2 {
                             for l in (0..us).step_by(64) {
-                                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(l) as *const i8);
+                                _mm_prefetch::<_MM_HINT_T0>(here.wrapping_add(us + l) as *const i8);
+                                _mm_prefetch::<_MM_HINT_T1>(here.wrapping_add(PF_L2 + l) as *const i8);
+                            }
+                        } else if pf {
+                            for l in (0..us).step_by(64) {
+                                _mm_prefetch::<_MM_HINT_T0>(here.wrapping_add(PF * us + l) as *const i8);
                             }
                         }
                     } else {

@@ -66,7 +66,12 @@ const PF_SPAN: usize = 256;
 ///   GB/s, none -> 2 / 3 / 4 / 6 / 8 / 16 KiB): Q4_K 12.7 -> 15.4-16.0 / 16.7-17.1 / 15.8-18.0 /
 ///   16.5-18.0 / 17.1 / 16.8, Q5_K 10.9 -> 16.2 at 4 KiB, Q6_K 11.7 -> 14.0-15.5, Q3_K 8.7 ->
 ///   11.3-11.7, Q2_K 8.6 -> 11.4-11.9, IQ4_XS 10.4 -> 17.0-17.3; TinyLlama tg64, 1 thread:
-///   docs/BENCHMARKS.md (2026-12-05, second section).
+///   docs/BENCHMARKS.md (2026-12-05, second section). That VM's L3 is 480 MiB, so those
+///   128 MiB figures were partly L3's; over 1 GiB the next block's lines into L1 as well
+///   paid on every type (GB/s, this alone -> with it): Q4_K 13.8-14.1 -> 15.9-16.1, Q5_K
+///   13.4-13.9 -> 15.8-16.1, Q6_K 13.2 -> 15.5-15.7, Q3_K 11 -> 12-12.3, Q2_K 11 -> 12-12.6,
+///   IQ4_XS 13.3-13.7 -> 16.4-16.6, Q4_1 12.6 -> 15.5, Q5_0 12 -> 15, Q5_1 12.2-12.6 ->
+///   15.5, IQ4_NL 12.3-12.5 -> 14.7; 3 KiB instead of 4 alike, 2 or 8 KiB alone slower.
 const fn pf_l2(pf: Prefetch, k: u8) -> usize {
     match pf {
         Prefetch::Off => 0,
@@ -548,6 +553,8 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
         // Decode over a packed tile: its lines `pf_l2` bytes ahead into L2, spread over the groups.
         let dist = pf_l2(prefetch(), K);
         let l2 = C == 1 && packed && dist > 0;
+        // On Intel (`Prefetch::L1`) the next block's lines into L1 as well (measured: `pf_l2`).
+        let l1 = l2 && prefetch() == Prefetch::L1;
         let (lines, per_g) = (bs.div_ceil(64), bs.div_ceil(64).div_ceil(per));
         for blk in 0..nblk {
             // A packed tile is one stream, which the hardware prefetchers follow: software
@@ -576,6 +583,9 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
                 if l2 {
                     for k in gi * per_g..((gi + 1) * per_g).min(lines) {
                         prefetch_line::<{ _MM_HINT_T1 }>(base.wrapping_add(blk * bs + dist + 64 * k));
+                        if l1 {
+                            prefetch_line::<{ _MM_HINT_T0 }>(base.wrapping_add(blk * bs + bs + 64 * k));
+                        }
                     }
                 }
                 let g = blk * per + gi;
