@@ -38,6 +38,25 @@ pub const GROUP: usize = 16;
 const SUPER: usize = 4;
 /// Rows per super-group: row ranges handed to [`gemm`] start at a multiple.
 pub const ALIGN: usize = GROUP * SUPER;
+/// Decode under [`Prefetch::L1`] (Intel, Zen 3), both kernel sets: the next block's lines
+/// into L1 as each group is read, and group `j`'s quarter of the lines `PF_L2` bytes
+/// ahead into L2 ([`prefetch_far`]). Measured on the Intel Xeon VM (`qpack_decode_bench`
+/// over 1 GiB, past its 480 MiB L3; GB/s, blocks ahead into L1 as before (Q4_0 4, Q8_0 1)
+/// -> this): AVX2 Q4_0 12.6-13.0 -> 17.3-17.7, Q8_0 15.8-16.4 -> 17.0-17.3; AVX-512 Q4_0
+/// 15.2-15.6 -> 16.9-17.7, Q8_0 16.5-17.0 -> 17.6-18.0; 2.5-3 KiB alike, 2 and 4.5 KiB
+/// slower.
+const PF_L2: usize = 3072;
+
+/// Group `j`'s share (a quarter, by line) of the lines of the `bs`-byte block [`PF_L2`]
+/// bytes past `blk`, prefetched into L2: spread over the groups as they are read.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_far(blk: *const u8, bs: usize, j: usize) {
+    let (lines, per) = (bs / 64, (bs / 64).div_ceil(SUPER));
+    for k in j * per..((j + 1) * per).min(lines) {
+        super::isa::prefetch_line::<{ std::arch::x86_64::_MM_HINT_T1 }>(blk.wrapping_add(PF_L2 + 64 * k));
+    }
+}
 
 /// A Q8_0 or Q4_0 matrix in the packed layout (see the module docs).
 pub struct Packed {
@@ -222,14 +241,11 @@ mod x86 {
     use crate::quant::{DType, QK};
     use std::arch::x86_64::*;
 
-    /// Decode's software prefetch distance in blocks of the super-group stream:
-    /// one core needs a few KiB in flight to approach its read bandwidth. Measured
-    /// (TinyLlama tg64, 1 thread) from 1 to 6 blocks and in between: 4 blocks
-    /// (4.5 KiB) best for Q4_0, 1 block (2.1 KiB) for Q8_0, into L1. On AMD
-    /// (`Prefetch::L2`) Q4_0 issues none and Q8_0 prefetches into L2, 1 block ahead
-    /// (Zen 4, `qpack_decode_bench`: 1 to 3 blocks the same, 4 less).
-    const PFB_Q4: usize = 4;
-    const PFB_Q8: usize = 1;
+    // Decode's software prefetches: into L1 (Intel) the next block and `PF_L2` ahead into
+    // L2 (before: 4 blocks ahead for Q4_0, 1 for Q8_0, into L1, measured best by TinyLlama
+    // tg64 from 1 to 6 blocks on an L3 of 480 MiB). On AMD (`Prefetch::L2`) Q4_0 issues
+    // none and Q8_0 prefetches into L2, 1 block ahead (Zen 4, `qpack_decode_bench`: 1 to
+    // 3 blocks the same, 4 less).
     /// The same for prefill tiles, whose group is read again from cache for
     /// every chunk of tokens after the first (1-32 measured, 16 best).
     const PFB_TILE: usize = 16;
@@ -405,8 +421,11 @@ mod x86 {
                 let c = _mm512_set1_epi32(corr * *a.sums.as_ptr().add(b));
                 let dx = _mm512_set1_ps(*a.d.as_ptr().add(b));
                 let blk = sg.add(b * bs);
-                let ahead = blk.wrapping_add(if Q4 { PFB_Q4 } else { PFB_Q8 } * bs);
+                let ahead = blk.wrapping_add(bs);
                 for j in 0..SUPER {
+                    if PF && HINT == _MM_HINT_T0 {
+                        super::prefetch_far(blk, bs, j);
+                    }
                     let p = blk.add(j * vb);
                     let mut isum = c;
                     if Q4 {
@@ -551,9 +570,10 @@ mod x86_256 {
     use crate::quant::{DType, QK};
     use std::arch::x86_64::*;
 
-    /// Software prefetch distance of decode, in blocks of the super-group stream,
-    /// each group's lines asked for as the group is read (Q4_0: 1152-byte blocks,
-    /// Q8_0: 2176). Measured (TinyLlama tg32, t/s, runs interleaved): Q8_0 on Sapphire
+    /// Decode's software prefetches into L1 (Intel, Zen 3): the next block, each group's
+    /// lines asked for as the group is read, and `PF_L2` ahead into L2 (measured there).
+    /// Before, only into L1, Q4_0 4 blocks ahead and Q8_0 1 (Q4_0: 1152-byte blocks,
+    /// Q8_0: 2176), as measured (TinyLlama tg32, t/s, runs interleaved): Q8_0 on Sapphire
     /// Rapids with `LLMRT_CPU_KERNELS=avx2`, 1 thread: none 9.1, 1 block 10.6-11.5, 2
     /// blocks 10.1, 4 7.7, 8 8.9; on AMD EPYC Zen 3 (AVX2 natively), Q8_0 1 thread: 1
     /// block 12.3-13.8, 2 11.9, 4 12.4-13.1; Q4_0 1 thread: 1 block 22.6-26.3, 2
@@ -561,9 +581,7 @@ mod x86_256 {
     /// 40.1-43.4 (the same distances as the AVX-512 kernels). On Zen 4 none at all was
     /// faster still (Q4_0 1 thread 28-31 t/s against 14-17), and prefetching into L2
     /// was slower than none for both types (`qpack_decode_bench`), so on AMD
-    /// (`Prefetch::L2`) decode issues none.
-    const PFB_Q4: usize = 4;
-    const PFB_Q8: usize = 1;
+    /// (`Prefetch::L2`) decode issues none. Zen 3 has not run the new prefetches.
 
     /// The exact block sums of 8 rows (Q8_0; their 8 value vectors `w`, stored as
     /// `w + 128`) with activation block `x` (8 dwords), plus `init`: `|w| * sign(x, w)`
@@ -692,17 +710,19 @@ mod x86_256 {
                 let init = _mm256_set1_epi32(corr * *a.sums.as_ptr().add(b));
                 let dx = _mm256_set1_ps(*a.d.as_ptr().add(b));
                 let blk = sg.add(b * bs);
-                let ahead = blk.wrapping_add(if Q4 { PFB_Q4 } else { PFB_Q8 } * bs);
+                let ahead = blk.wrapping_add(bs);
                 for j in 0..SUPER {
-                    // Group j's lines (and, with the first two, the scales' lines) of a
-                    // block further on, as the group is read.
-                    for m in 0..vb / 64 {
-                        if PF {
+                    // Group j's lines (and, with the first two, the scales' lines) of the
+                    // next block into L1, its share of those `PF_L2` ahead into L2, as the
+                    // group is read.
+                    if PF {
+                        for m in 0..vb / 64 {
                             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * vb + 64 * m) as *const i8);
                         }
-                    }
-                    if PF && j < 2 {
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(SUPER * vb + 64 * j) as *const i8);
+                        if j < 2 {
+                            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(SUPER * vb + 64 * j) as *const i8);
+                        }
+                        super::prefetch_far(blk, bs, j);
                     }
                     let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(SUPER * vb + 32 * j) as *const __m128i));
                     let ws2 = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(SUPER * vb + 32 * j + 16) as *const __m128i));
