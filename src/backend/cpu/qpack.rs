@@ -570,18 +570,18 @@ mod x86_256 {
     use crate::quant::{DType, QK};
     use std::arch::x86_64::*;
 
-    /// Decode's software prefetches into L1 (Intel, Zen 3): the next block, each group's
-    /// lines asked for as the group is read, and `PF_L2` ahead into L2 (measured there).
-    /// Before, only into L1, Q4_0 4 blocks ahead and Q8_0 1 (Q4_0: 1152-byte blocks,
-    /// Q8_0: 2176), as measured (TinyLlama tg32, t/s, runs interleaved): Q8_0 on Sapphire
-    /// Rapids with `LLMRT_CPU_KERNELS=avx2`, 1 thread: none 9.1, 1 block 10.6-11.5, 2
-    /// blocks 10.1, 4 7.7, 8 8.9; on AMD EPYC Zen 3 (AVX2 natively), Q8_0 1 thread: 1
-    /// block 12.3-13.8, 2 11.9, 4 12.4-13.1; Q4_0 1 thread: 1 block 22.6-26.3, 2
-    /// 24.6-28.9, 4 27.3-28.8, 8 28.7-29.2; Q4_0 2 threads: 1 block 30.4-35.8, 4
-    /// 40.1-43.4 (the same distances as the AVX-512 kernels). On Zen 4 none at all was
-    /// faster still (Q4_0 1 thread 28-31 t/s against 14-17), and prefetching into L2
-    /// was slower than none for both types (`qpack_decode_bench`), so on AMD
-    /// (`Prefetch::L2`) decode issues none. Zen 3 has not run the new prefetches.
+    // Decode's software prefetches into L1 (Intel, Zen 3): the next block, each group's
+    // lines asked for as the group is read, and `PF_L2` ahead into L2 (measured there).
+    // Before, only into L1, Q4_0 4 blocks ahead and Q8_0 1 (Q4_0: 1152-byte blocks,
+    // Q8_0: 2176), as measured (TinyLlama tg32, t/s, runs interleaved): Q8_0 on Sapphire
+    // Rapids with `LLMRT_CPU_KERNELS=avx2`, 1 thread: none 9.1, 1 block 10.6-11.5, 2
+    // blocks 10.1, 4 7.7, 8 8.9; on AMD EPYC Zen 3 (AVX2 natively), Q8_0 1 thread: 1
+    // block 12.3-13.8, 2 11.9, 4 12.4-13.1; Q4_0 1 thread: 1 block 22.6-26.3, 2
+    // 24.6-28.9, 4 27.3-28.8, 8 28.7-29.2; Q4_0 2 threads: 1 block 30.4-35.8, 4
+    // 40.1-43.4 (the same distances as the AVX-512 kernels). On Zen 4 none at all was
+    // faster still (Q4_0 1 thread 28-31 t/s against 14-17), and prefetching into L2
+    // was slower than none for both types (`qpack_decode_bench`), so on AMD
+    // (`Prefetch::L2`) decode issues none. Zen 3 has not run the new prefetches.
 
     /// The exact block sums of 8 rows (Q8_0; their 8 value vectors `w`, stored as
     /// `w + 128`) with activation block `x` (8 dwords), plus `init`: `|w| * sign(x, w)`
