@@ -871,10 +871,10 @@ mod bench {
     use crate::backend::cpu::isa::available;
 
     /// Decode speed from memory, one thread (not an assertion: run with `--ignored
-    /// --nocapture`): a matrix of 128 MiB or more against one token, each kernel set with
-    /// and without its software prefetches, in GB/s of weights. `QPACK_BENCH_MIB` (128) and
-    /// `QPACK_BENCH_COLS` (4096) set the size and row length: past a 480 MiB L3 (the Intel
-    /// VMs) 128 MiB is an L3 figure (Q4_0 AVX-512 22 GB/s there, 14.7 at 330 MiB).
+    /// --nocapture`): a matrix of 1 GiB against one token, each kernel set with and without
+    /// its software prefetches, in GB/s of weights. `QPACK_BENCH_MIB` (1024) and
+    /// `QPACK_BENCH_COLS` (4096) set the size and row length: below a 480 MiB L3 (the Intel
+    /// VMs) the figure is partly L3's (Q4_0 AVX-512 22 GB/s at 128 MiB, 14.7 at 330 MiB).
     #[test]
     #[ignore]
     fn qpack_decode_bench() {
@@ -882,7 +882,7 @@ mod bench {
         let cols: usize = std::env::var("QPACK_BENCH_COLS").ok().and_then(|v| v.parse().ok()).unwrap_or(4096);
         for dt in [DType::Q4_0, DType::Q8_0] {
             let (rb, bb) = (dt.row_bytes(cols).unwrap(), dt.block_bytes());
-            let mib: usize = std::env::var("QPACK_BENCH_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
+            let mib: usize = std::env::var("QPACK_BENCH_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(1024);
             let rows = ((mib << 20) / rb).div_ceil(ALIGN) * ALIGN;
             let w: Vec<u8> = (0..rows * rb).map(|i| if i % bb == 1 { 0x30 } else { r.next_u64() as u8 }).collect();
             let p = Packed::new(dt, &w, rb, rows, cols, "bench", 2).unwrap();
