@@ -60,9 +60,10 @@ pub enum Prefetch {
     /// None: the hardware prefetchers alone.
     Off,
     /// Every decode kernel prefetches into the first-level cache (`prefetcht0`), each at
-    /// its measured distance, except the grouped-type decode over packed tiles, which
-    /// prefetches the next block (AVX-512) or unit (AVX2) into L1 and the lines 4 KiB
-    /// (AVX-512) or 3 KiB (AVX2) ahead into L2 (Intel; all measured there).
+    /// its measured distance, except the decode over packed tiles of the grouped types and
+    /// of Q4_0/Q8_0, which prefetches the next block (AVX2 grouped types: unit) into L1
+    /// and the lines 3 KiB (AVX-512 grouped types: 4) ahead into L2 (Intel; all measured
+    /// there).
     L1,
     /// Only the kernels whose loads outrun the hardware prefetchers (the AVX-512 packed
     /// Q8_0 and grouped-type decode, IQ4_XS excepted) prefetch, into the second-level

@@ -38,7 +38,7 @@ pub const GROUP: usize = 16;
 const SUPER: usize = 4;
 /// Rows per super-group: row ranges handed to [`gemm`] start at a multiple.
 pub const ALIGN: usize = GROUP * SUPER;
-/// Decode under [`Prefetch::L1`] (Intel, Zen 3), both kernel sets: the next block's lines
+/// Decode under [`Prefetch::L1`] (Intel; Zen 3 not re-measured), both kernel sets: the next block's lines
 /// into L1 as each group is read, and group `j`'s quarter of the lines `PF_L2` bytes
 /// ahead into L2 ([`prefetch_far`]). Measured on the Intel Xeon VM (`qpack_decode_bench`
 /// over 1 GiB, past its 480 MiB L3; GB/s, blocks ahead into L1 as before (Q4_0 4, Q8_0 1)
@@ -246,8 +246,9 @@ mod x86 {
     // tg64 from 1 to 6 blocks on an L3 of 480 MiB). On AMD (`Prefetch::L2`) Q4_0 issues
     // none and Q8_0 prefetches into L2, 1 block ahead (Zen 4, `qpack_decode_bench`: 1 to
     // 3 blocks the same, 4 less).
-    /// The same for prefill tiles, whose group is read again from cache for
-    /// every chunk of tokens after the first (1-32 measured, 16 best).
+    /// Prefill tiles' software prefetch distance in blocks (into L1), their group being
+    /// read again from cache for every chunk of tokens after the first (1-32 measured,
+    /// 16 best).
     const PFB_TILE: usize = 16;
 
     /// The value vectors of one group's block at `p` (Q4_0 split into nibbles: `w[m]` the
@@ -571,7 +572,7 @@ mod x86_256 {
     use std::arch::x86_64::*;
 
     // Decode's software prefetches into L1 (Intel, Zen 3): the next block, each group's
-    // lines asked for as the group is read, and `PF_L2` ahead into L2 (measured there).
+    // lines asked for as the group is read, and `PF_L2` ahead into L2 (measured on Intel).
     // Before, only into L1, Q4_0 4 blocks ahead and Q8_0 1 (Q4_0: 1152-byte blocks,
     // Q8_0: 2176), as measured (TinyLlama tg32, t/s, runs interleaved): Q8_0 on Sapphire
     // Rapids with `LLMRT_CPU_KERNELS=avx2`, 1 thread: none 9.1, 1 block 10.6-11.5, 2

@@ -50,7 +50,7 @@ const U: usize = 8;
 const TC: usize = 32;
 /// Prefetch distance in units (into L1: prefill, and decode under [`Prefetch::L2`]).
 const PF: usize = 2;
-/// Packed decode under [`Prefetch::L1`] (Intel, Zen 3) prefetches the next unit into L1
+/// Packed decode under [`Prefetch::L1`] (Intel; Zen 3 not re-measured) prefetches the next unit into L1
 /// and the lines `PF_L2` bytes ahead into L2 (`prefetcht1`). Measured on the Intel Xeon VM
 /// (`gq_decode_bench` over 1 GiB, past its 480 MiB L3; GB/s, units `PF` ahead into L1 ->
 /// this): Q4_K 9.9 -> 13.1, Q5_K 12.1 -> 13.0, Q6_K 9.5-10.8 -> 13.8, IQ4_XS 9.3-12.0 ->
