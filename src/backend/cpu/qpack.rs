@@ -45,6 +45,7 @@ pub const ALIGN: usize = GROUP * SUPER;
 /// -> this): AVX2 Q4_0 12.6-13.0 -> 17.3-17.7, Q8_0 15.8-16.4 -> 17.0-17.3; AVX-512 Q4_0
 /// 15.2-15.6 -> 16.9-17.7, Q8_0 16.5-17.0 -> 17.6-18.0; 2.5-3 KiB alike, 2 and 4.5 KiB
 /// slower.
+#[cfg(target_arch = "x86_64")]
 const PF_L2: usize = 3072;
 
 /// Group `j`'s share (a quarter, by line) of the lines of the `bs`-byte block [`PF_L2`]
