@@ -103,6 +103,16 @@ pub fn prefetch_line<const HINT: i32>(p: *const u8) {
     }
 }
 
+/// The 64-byte lines (indices) of part `j` of `n` of a `bytes`-byte block: the share of
+/// its lines that decode prefetches at step `j` of the `n` (its groups) reading the block
+/// before it, so that the prefetches spread between the loads.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub fn part_lines(bytes: usize, j: usize, n: usize) -> std::ops::Range<usize> {
+    let (lines, per) = (bytes.div_ceil(64), bytes.div_ceil(64).div_ceil(n));
+    (j * per).min(lines)..((j + 1) * per).min(lines)
+}
+
 /// The software prefetches of the decode kernels (detected once).
 /// `LLMRT_CPU_PREFETCH=0|1|2` decides (`Off`, `L1`, `L2`; for comparisons). Else `L2` on
 /// AMD CPUs with AVX-512 (Zen 4 and later), `L1` elsewhere. On Zen 4 the prefetches into

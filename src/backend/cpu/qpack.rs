@@ -40,24 +40,13 @@ const SUPER: usize = 4;
 pub const ALIGN: usize = GROUP * SUPER;
 /// Decode under [`Prefetch::L1`] (Intel; Zen 3 not re-measured), both kernel sets: the next block's lines
 /// into L1 as each group is read, and group `j`'s quarter of the lines `PF_L2` bytes
-/// ahead into L2 ([`prefetch_far`]). Measured on the Intel Xeon VM (`qpack_decode_bench`
+/// ahead into L2 (`isa::part_lines`). Measured on the Intel Xeon VM (`qpack_decode_bench`
 /// over 1 GiB, past its 480 MiB L3; GB/s, blocks ahead into L1 as before (Q4_0 4, Q8_0 1)
 /// -> this): AVX2 Q4_0 12.6-13.0 -> 17.3-17.7, Q8_0 15.8-16.4 -> 17.0-17.3; AVX-512 Q4_0
 /// 15.2-15.6 -> 16.9-17.7, Q8_0 16.5-17.0 -> 17.6-18.0; 2.5-3 KiB alike, 2 and 4.5 KiB
 /// slower.
 #[cfg(target_arch = "x86_64")]
 const PF_L2: usize = 3072;
-
-/// Group `j`'s share (a quarter, by line) of the lines of the `bs`-byte block [`PF_L2`]
-/// bytes past `blk`, prefetched into L2: spread over the groups as they are read.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn prefetch_far(blk: *const u8, bs: usize, j: usize) {
-    let (lines, per) = (bs / 64, (bs / 64).div_ceil(SUPER));
-    for k in j * per..((j + 1) * per).min(lines) {
-        super::isa::prefetch_line::<{ std::arch::x86_64::_MM_HINT_T1 }>(blk.wrapping_add(PF_L2 + 64 * k));
-    }
-}
 
 /// A Q8_0 or Q4_0 matrix in the packed layout (see the module docs).
 pub struct Packed {
@@ -238,7 +227,7 @@ macro_rules! by_width {
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 mod x86 {
     use super::{block_stride, vals_per_block, Packed, Prefetch, ALIGN, GROUP, SUPER};
-    use crate::backend::cpu::isa::{dpbusd512 as dpbusd, prefetch_line, token_chunk, QAct};
+    use crate::backend::cpu::isa::{dpbusd512 as dpbusd, part_lines, prefetch_line, token_chunk, QAct};
     use crate::quant::{DType, QK};
     use std::arch::x86_64::*;
 
@@ -426,7 +415,9 @@ mod x86 {
                 let ahead = blk.wrapping_add(bs);
                 for j in 0..SUPER {
                     if PF && HINT == _MM_HINT_T0 {
-                        super::prefetch_far(blk, bs, j);
+                        for k in part_lines(bs, j, SUPER) {
+                            prefetch_line::<{ _MM_HINT_T1 }>(blk.wrapping_add(super::PF_L2 + 64 * k));
+                        }
                     }
                     let p = blk.add(j * vb);
                     let mut isum = c;
@@ -568,7 +559,7 @@ mod x86 {
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 mod x86_256 {
     use super::{block_stride, vals_per_block, Packed, Prefetch, ALIGN, GROUP, SUPER};
-    use crate::backend::cpu::isa::{token_chunk, QAct};
+    use crate::backend::cpu::isa::{part_lines, prefetch_line, token_chunk, QAct};
     use crate::quant::{DType, QK};
     use std::arch::x86_64::*;
 
@@ -724,7 +715,9 @@ mod x86_256 {
                         if j < 2 {
                             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(SUPER * vb + 64 * j) as *const i8);
                         }
-                        super::prefetch_far(blk, bs, j);
+                        for k in part_lines(bs, j, SUPER) {
+                            prefetch_line::<{ _MM_HINT_T1 }>(blk.wrapping_add(super::PF_L2 + 64 * k));
+                        }
                     }
                     let ws = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(SUPER * vb + 32 * j) as *const __m128i));
                     let ws2 = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(SUPER * vb + 32 * j + 16) as *const __m128i));

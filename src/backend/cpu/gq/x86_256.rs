@@ -287,7 +287,7 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
                         // One stream: the tile's unit `PF` ahead, 8 rows back to back (decode
                         // under `L1`: the next unit, and into L2 `PF_L2` bytes ahead).
                         let here = rows[0].wrapping_add(u * us);
-                        if pf && l1_l2 {
+                        if l1_l2 {
                             for l in (0..us).step_by(64) {
                                 _mm_prefetch::<_MM_HINT_T0>(here.wrapping_add(us + l) as *const i8);
                                 _mm_prefetch::<_MM_HINT_T1>(here.wrapping_add(PF_L2 + l) as *const i8);

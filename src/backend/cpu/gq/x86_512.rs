@@ -88,7 +88,7 @@ const fn pf_l2(pf: Prefetch, k: u8) -> usize {
 
 use super::tag::*;
 use super::{Src, Tok};
-use crate::backend::cpu::isa::{prefetch, prefetch_line, Prefetch};
+use crate::backend::cpu::isa::{part_lines, prefetch, prefetch_line, Prefetch};
 
 /// What is added to each weight integer to make it an unsigned byte.
 const fn bias(k: u8) -> i32 {
@@ -555,10 +555,10 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
         let l2 = C == 1 && packed && dist > 0;
         // On Intel (`Prefetch::L1`) the next block's lines into L1 as well (measured: `pf_l2`).
         let l1 = l2 && prefetch() == Prefetch::L1;
-        let (lines, per_g) = (bs.div_ceil(64), bs.div_ceil(64).div_ceil(per));
         for blk in 0..nblk {
-            // A packed tile is one stream, which the hardware prefetchers follow: software
-            // prefetches into L1 768 to 12,288 bytes ahead measured no faster (Intel).
+            // A packed tile is one stream, which the hardware prefetchers follow: per-row
+            // prefetches into L1 768 to 12,288 bytes ahead measured no faster there (Intel;
+            // its decode takes the `l2` / `l1` prefetches below).
             if !packed && blk % pf_step == 0 {
                 // The lines starting in the next `pf_step` blocks, `PF` ahead.
                 for &row in rows.iter() {
@@ -581,7 +581,7 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
             };
             for gi in 0..per {
                 if l2 {
-                    for k in gi * per_g..((gi + 1) * per_g).min(lines) {
+                    for k in part_lines(bs, gi, per) {
                         prefetch_line::<{ _MM_HINT_T1 }>(base.wrapping_add(blk * bs + dist + 64 * k));
                         if l1 {
                             prefetch_line::<{ _MM_HINT_T0 }>(base.wrapping_add(blk * bs + bs + 64 * k));
