@@ -202,11 +202,10 @@ struct Tok {
 impl Tok {
     /// One entry per activation group of `a` (token-major, as `a.d`).
     fn table(a: &QAct, halves: bool, bias: i32) -> Vec<Tok> {
-        a.qs.chunks_exact(GROUP)
+        a.lo.iter()
             .zip(&a.sums)
-            .map(|(b, &bs)| {
+            .map(|(&b0, &bs)| {
                 if halves {
-                    let b0: i32 = b[..16].iter().map(|&v| v as i32).sum();
                     let b1 = bs - b0;
                     Tok { nb: [-bias * b0, -bias * b1], bf: [b0 as f32, b1 as f32] }
                 } else {
@@ -598,7 +597,8 @@ mod tests {
                             for q in a.qs.iter_mut().filter(|q| **q < 0) {
                                 *q = -128;
                             }
-                            for (s, b) in a.sums.iter_mut().zip(a.qs.chunks_exact(GROUP)) {
+                            for ((s, lo), b) in a.sums.iter_mut().zip(&mut a.lo).zip(a.qs.chunks_exact(GROUP)) {
+                                *lo = b[..16].iter().map(|&q| q as i32).sum();
                                 *s = b.iter().map(|&q| q as i32).sum();
                             }
                         }
@@ -695,6 +695,12 @@ mod tests {
     /// there read up to 40% faster than memory), in GB/s of weights. `GQ_BENCH_MIB` (1024)
     /// sets the matrix size (1 keeps it in the L2 cache, where the figure is the kernels'
     /// compute speed), `GQ_BENCH_COLS` (4096) its row length.
+    /// `GQ_BENCH_ISAS` (kernel set names as printed, comma-separated): only those.
+    fn isa_on(i: crate::backend::cpu::isa::Isa) -> bool {
+        let only = std::env::var("GQ_BENCH_ISAS").unwrap_or_default();
+        only.is_empty() || only.split(',').any(|n| n == format!("{i:?}"))
+    }
+
     #[test]
     #[ignore]
     fn gq_decode_bench() {
@@ -713,7 +719,7 @@ mod tests {
             let a = QAct::quantize(&r.vec(cols, -1.0, 1.0), cols);
             let mut out = vec![0f32; rows];
             let mut line = format!("{dt:>7}:");
-            for isa in crate::backend::cpu::isa::available().into_iter().filter(|&i| packs(i)) {
+            for isa in crate::backend::cpu::isa::available().into_iter().filter(|&i| packs(i) && isa_on(i)) {
                 let p = Packed::new(isa, dt, &w, rb, rows, cols, "bench", 2).unwrap();
                 let best = crate::util::best_secs(|| gemm_packed(&p, 0, rows, &a, &mut out));
                 line += &format!(" {isa:?} {:.1} GB/s", (rows * rb) as f64 / best / 1e9);
