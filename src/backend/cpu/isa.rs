@@ -234,6 +234,7 @@ pub struct QAct {
     /// Sum of each block's first 16 quantized values (the halves' sums of the types
     /// with a scale per 16 values: the second is `sums - lo`), formed here once per step
     /// rather than by every matrix product and thread (prefill spent 4-5% there: Q6_K).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub lo: Vec<i32>,
     pub cols: usize,
     pub t: usize,
