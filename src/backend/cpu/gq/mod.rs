@@ -190,6 +190,7 @@ use crate::Result;
 /// or join the integer sums (per half for the types with a scale per 16, else the
 /// whole group's in `nb[0]`), and the activation sums as f32 for the offsets (`bf`,
 /// the same split). Loaded as broadcasts, so a tile does no scalar work per token.
+/// Formed from `QAct`'s sums (`sums`, `lo`: the quantization's, once per step).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 #[repr(C, align(16))]
