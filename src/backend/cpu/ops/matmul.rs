@@ -41,12 +41,13 @@ impl<'a> Act<'a> {
         Act { x, cols, q: OnceCell::new() }
     }
 
-    /// The quantized activations (allocated fallibly the first time).
-    fn quantized(&self) -> Result<&QAct> {
+    /// The quantized activations (allocated fallibly the first time; the rows split
+    /// between `pool`'s threads).
+    fn quantized(&self, pool: &Pool) -> Result<&QAct> {
         if let Some(q) = self.q.get() {
             return Ok(q);
         }
-        let q = QAct::try_quantize(self.x, self.cols)?;
+        let q = QAct::try_quantize(self.x, self.cols, Some(pool))?;
         Ok(self.q.get_or_init(|| q))
     }
 }
@@ -72,10 +73,10 @@ struct Bound<'a> {
 }
 
 impl<'a> Bound<'a> {
-    fn new(m: Weight<'a>, act: &'a Act<'_>) -> Result<Bound<'a>> {
+    fn new(m: Weight<'a>, act: &'a Act<'_>, pool: &Pool) -> Result<Bound<'a>> {
         let cols = act.cols;
         let quant = matches!(m.dtype, DType::Q8_0 | DType::Q4_0) || m.dtype.is_grouped();
-        let qa = if quant { Some(act.quantized()?) } else { None };
+        let qa = if quant { Some(act.quantized(pool)?) } else { None };
         let packed = m.packed.filter(|p| match p {
             Pack::Q(q) => quant && q.rows == m.rows && q.cols == cols && q.dtype == m.dtype,
             Pack::F(f) => m.dtype == f.dtype && f.rows == m.rows && f.cols == cols,
@@ -117,7 +118,7 @@ impl<'a> Bound<'a> {
 /// activations, the transpose buffer) is allocated fallibly: `LLMRT_OUT_OF_MEMORY`.
 pub(crate) fn matmul(pool: &Pool, m: Weight<'_>, act: &Act<'_>, y: &mut [f32]) -> Result<()> {
     let rows = m.rows;
-    let b = Bound::new(m, act)?;
+    let b = Bound::new(m, act, pool)?;
     let cols = act.cols;
     let t_count = act.x.len() / cols;
     debug_assert_eq!(y.len(), t_count * rows);
@@ -165,7 +166,7 @@ pub(crate) fn matmul_many(pool: &Pool, ms: &[Weight<'_>], act: &Act<'_>, ys: &mu
 pub(crate) fn matmul_each(pool: &Pool, ms: &[(Weight<'_>, &Act<'_>)], ys: &mut [&mut [f32]]) -> Result<()> {
     assert_eq!(ms.len(), ys.len());
     let one = ms.iter().all(|(_, a)| a.x.len() == a.cols);
-    let bs: Vec<Bound<'_>> = ms.iter().map(|&(m, a)| Bound::new(m, a)).collect::<Result<_>>()?;
+    let bs: Vec<Bound<'_>> = ms.iter().map(|&(m, a)| Bound::new(m, a, pool)).collect::<Result<_>>()?;
     let align = bs.iter().map(Bound::align).max().unwrap_or(1);
     let aligned = bs.iter().all(|b| align.is_multiple_of(b.align()))
         && bs[..bs.len().saturating_sub(1)].iter().all(|b| b.m.rows.is_multiple_of(align));
