@@ -93,7 +93,7 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], out: &mut [f32], head:
     for (l, lw) in w.layers.iter().enumerate() {
         crate::abort::check(|| format!("layer {l} of {n_layers}"))?;
         // Attention block.
-        norm::rmsnorm(&x, &lw.attn_norm, cfg.rms_eps, &mut xn);
+        norm::rmsnorm_par(pool, &x, &lw.attn_norm, cfg.rms_eps, &mut xn);
         // One activation set (quantized once when a weight needs it) for Q, K and V.
         let xa = Act::new(&xn, h);
         matmul::matmul_many(
@@ -128,7 +128,7 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], out: &mut [f32], head:
         residual_add(&mut x, &proj, lw.post_attn_norm.as_deref(), cfg.rms_eps, &mut xn);
 
         // Feed-forward block (SwiGLU, or GeGLU; or experts).
-        norm::rmsnorm(&x, &lw.ffn_norm, cfg.rms_eps, &mut xn);
+        norm::rmsnorm_par(pool, &x, &lw.ffn_norm, cfg.rms_eps, &mut xn);
         match (&lw.ffn, cfg.moe.as_ref(), moe_s.as_mut()) {
             (Ffn::Moe(m), Some(mc), Some(ms)) => moe_ffn(pool, &weight, mc, m, &xn, h, ms, &mut proj)?,
             (Ffn::Dense(d), _, _) => {

@@ -4,7 +4,9 @@
 //!
 //! CUDA twin: `backend/cuda/ops/norm.rs`, `kernels/norm.cu`.
 //!
-//! Depends on nothing else in the backend.
+//! Depends on `pool` (the rows split between threads).
+
+use crate::backend::cpu::pool::{par_units, Pool};
 
 /// `y[t] = x[t] / rms(x[t]) * w` for each row of length `w.len()`.
 pub(crate) fn rmsnorm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
@@ -12,6 +14,14 @@ pub(crate) fn rmsnorm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
         rmsnorm_row(xr, w, eps, yr);
     }
+}
+
+/// [`rmsnorm`] with the rows split between `pool`'s threads (bit for bit the same: each
+/// row is normalized alone). On 2 threads a prefill spent about 0.8% of its samples in
+/// the norms on the calling thread alone (AVX-512 Q6_K pp128, perf).
+pub(crate) fn rmsnorm_par(pool: &Pool, x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    let n = w.len();
+    par_units(pool, y, n, 4 * n, 1, |r0, y| rmsnorm(&x[r0 * n..r0 * n + y.len()], w, eps, y));
 }
 
 /// One row of [`rmsnorm`] (also used per head for Q/K norm).
@@ -46,6 +56,24 @@ mod tests {
         for i in 0..4 {
             let want = x[i] as f64 / (ms + 1e-5).sqrt() * w[i] as f64;
             assert!((y[i] as f64 - want).abs() < 1e-6);
+        }
+    }
+
+    /// Split between 1-3 threads, the norm gives the serial one's bits (row counts past
+    /// the split threshold, one odd).
+    #[test]
+    fn norm_par_equals_serial() {
+        let mut r = crate::util::XorShift::new(3);
+        let w = r.vec(2048, 0.5, 1.5);
+        for rows in [1, 17, 64] {
+            let x = r.vec(rows * 2048, -4.0, 4.0);
+            let mut want = vec![0f32; x.len()];
+            rmsnorm(&x, &w, 1e-5, &mut want);
+            for threads in 1..=3 {
+                let mut y = vec![0f32; x.len()];
+                rmsnorm_par(&Pool::new(threads), &x, &w, 1e-5, &mut y);
+                assert!(y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{rows} rows, {threads} threads");
+            }
         }
     }
 }
