@@ -60,46 +60,21 @@ const PF: usize = 2;
 const PF_L2: usize = 3072;
 
 use super::tag::*;
+use super::{Src, Tok};
 
 /// `$body` eight times, with `$g` the constant 0, 1, .., 7 (a unit's groups, `U`).
 macro_rules! unroll8 {
     ($g:ident => $body:block) => {{
         const _: () = assert!(U == 8);
-        {
-            let $g: usize = 0;
+        unroll8!(@ $g, $body, 0 1 2 3 4 5 6 7)
+    }};
+    (@ $g:ident, $body:block, $($i:literal)*) => {{
+        $({
+            let $g: usize = $i;
             $body
-        }
-        {
-            let $g: usize = 1;
-            $body
-        }
-        {
-            let $g: usize = 2;
-            $body
-        }
-        {
-            let $g: usize = 3;
-            $body
-        }
-        {
-            let $g: usize = 4;
-            $body
-        }
-        {
-            let $g: usize = 5;
-            $body
-        }
-        {
-            let $g: usize = 6;
-            $body
-        }
-        {
-            let $g: usize = 7;
-            $body
-        }
+        })*
     }};
 }
-use super::{Src, Tok};
 
 /// A scale (and offset) per 16 values.
 const fn halves(t: u8) -> bool {
