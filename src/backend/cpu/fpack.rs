@@ -1,8 +1,10 @@
 //! F16 and BF16 weights repacked at load for the AVX-512 and AVX2 kernels: 32 rows
-//! interleaved per column, so that prefill runs a broadcast micro-kernel (AVX-512:
-//! 64 rows x up to 6 tokens per tile, four 16-row weight vectors per column; AVX2:
-//! 16 rows x up to 6 tokens, two 8-row vectors, the group's two halves in turn; one
-//! broadcast activation per token) and decode streams 4 (AVX2: 2) groups side by side.
+//! interleaved per column, so that decode streams 4 (AVX2: 2) groups side by side and
+//! prefill widens a group's block of 128 columns to f32 once, then runs a broadcast
+//! micro-kernel over it for every token from the L1 cache ([`prefill_blocked`];
+//! AVX-512: 32 rows x up to 12 tokens per tile, two 16-row weight vectors per column;
+//! AVX2: 16 rows x up to 6 tokens, two 8-row vectors, the group's two halves in turn;
+//! one broadcast activation per token).
 //!
 //! This is the "sequential order" of an F16 or BF16 row's dot product, used on
 //! AVX-512 and AVX2 CPUs for those matrices (packed or not), so both give the same
@@ -135,6 +137,95 @@ fn decode_walk(nrows: usize, wide: usize, mut f: impl FnMut(usize, usize, usize)
     }
 }
 
+/// Columns per block of a prefill: one group's block widened to f32 (32 rows x `KC`
+/// columns x 4 bytes, 16 KiB) stays in the L1 cache while every token passes over it,
+/// each token's block of activations (512 bytes) while the group's rows do.
+#[cfg(target_arch = "x86_64")]
+const KC: usize = 128;
+
+/// Most tokens per pass: their blocks of activations (`KC` columns, copied side by
+/// side) stay in the L2 cache (a multiple of both kernel sets' tiles).
+#[cfg(target_arch = "x86_64")]
+const TOKENS: usize = 240;
+
+/// Rows per pass: their accumulators for [`TOKENS`] tokens (240 KiB) stay in the L2 cache.
+#[cfg(target_arch = "x86_64")]
+const ROWS: usize = 16 * GROUP;
+
+/// Prefill's walk, both x86 kernel sets: per pass of up to [`ROWS`] rows and [`TOKENS`]
+/// tokens, the columns in blocks of [`KC`]: the tokens' activations of the block copied
+/// side by side (`kn` floats per token), then for each group of 32 rows the block
+/// widened to f32 once (`widen(i, k0, w)`: the group at row `i`, columns `k0 ..`,
+/// `w.len() / 32` of them, column `k`'s 32 rows at `w[32 k ..]`) and multiplied with
+/// every token's activations, `maxc` tokens and `hr` rows at a time (`tile(ct, w, kn, x,
+/// acc)`: `w` from the tile's first row, `kn` columns; `x` the first token's `kn`
+/// activations, the next tokens' after it; `acc` from the first token's first row,
+/// tokens 32 apart: the accumulators, read and written back). Each row's FMAs still
+/// run in column order (the sequential order: the accumulators only pass through
+/// memory between blocks), while the widening (F16C or a shift; per token tile it
+/// cost a quarter of the tile's vector operations) is done once per group and block,
+/// and the weights and activations a tile reads come from L1 (the unblocked kernels
+/// streamed both from L2 and reached 66-84% of the FMA peak).
+#[cfg(target_arch = "x86_64")]
+fn prefill_blocked(
+    (nrows, t, cols, maxc, hr): (usize, usize, usize, usize, usize),
+    x: &[f32],
+    out: &mut [f32],
+    mut widen: impl FnMut(usize, usize, &mut [f32]),
+    mut tile: impl FnMut(usize, &[f32], usize, &[f32], &mut [f32]),
+) {
+    assert!(x.len() >= t * cols && out.len() >= nrows * t && TOKENS.is_multiple_of(maxc));
+    // Buffers on a cache line's boundary: the widened block, the activations' block.
+    let aligned = |v: &mut Vec<f32>, n: usize| {
+        v.resize(n + 16, 0.0);
+        let off = v.as_ptr().align_offset(64).min(16);
+        off..off + n
+    };
+    let tmax = t.min(TOKENS);
+    let (mut wraw, mut xraw) = (Vec::new(), Vec::new());
+    let (wr, xr) = (aligned(&mut wraw, GROUP * KC), aligned(&mut xraw, tmax * KC));
+    let (wbuf, xbuf) = (&mut wraw[wr], &mut xraw[xr]);
+    let mut acc = vec![0f32; ROWS * tmax];
+    for t0 in (0..t).step_by(TOKENS) {
+        let tn = (t - t0).min(TOKENS);
+        for m0 in (0..nrows).step_by(ROWS) {
+            let groups = (nrows - m0).min(ROWS).div_ceil(GROUP);
+            acc[..groups * GROUP * tn].fill(0.0);
+            for k0 in (0..cols).step_by(KC) {
+                let kn = (cols - k0).min(KC);
+                for (c, xb) in xbuf.chunks_exact_mut(kn).take(tn).enumerate() {
+                    xb.copy_from_slice(&x[(t0 + c) * cols + k0..][..kn]);
+                }
+                for j in 0..groups {
+                    let (i, a) = (m0 + j * GROUP, &mut acc[j * GROUP * tn..(j + 1) * GROUP * tn]);
+                    let w = &mut wbuf[..GROUP * kn];
+                    widen(i, k0, w);
+                    for c in (0..tn).step_by(maxc) {
+                        let ct = (tn - c).min(maxc);
+                        for h in (0..(nrows - i).min(GROUP)).step_by(hr) {
+                            tile(
+                                ct,
+                                &w[h..],
+                                kn,
+                                &xbuf[c * kn..(c + ct) * kn],
+                                &mut a[GROUP * c + h..GROUP * (c + ct)],
+                            );
+                        }
+                    }
+                }
+            }
+            for j in 0..groups {
+                let i = m0 + j * GROUP;
+                for c in 0..tn {
+                    for r in 0..(nrows - i).min(GROUP) {
+                        out[(i + r) * t + t0 + c] = acc[(j * tn + c) * GROUP + r];
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The packed layout read back element by element: the sequential order exactly.
 fn gemm_portable(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
     let bytes = p.groups.bytes();
@@ -157,7 +248,6 @@ fn gemm_portable(p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]
 #[allow(clippy::needless_range_loop)]
 mod x86 {
     use super::{Packed, GROUP};
-    use crate::backend::cpu::isa::token_chunk;
     use std::arch::x86_64::*;
 
     /// 16 values (32 bytes at `p`, 32-byte aligned) widened to f32: F16C for F16,
@@ -177,50 +267,70 @@ mod x86 {
         }
     }
 
-    /// One group (32 rows at `g`) x C activation rows (`x`, stride `cols`).
+    /// Columns `k0 .. k0 + w.len() / 32` of one group (at `g`) widened to f32 into `w`:
+    /// column `k`'s 32 rows at `w[32 k ..]`, as `ld16` widens them.
+    ///
+    /// # Safety
+    /// The group holds `k0 + w.len() / 32` lines of 64 bytes.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-    unsafe fn tile<const BF: bool, const NG: usize, const C: usize>(
-        g: *const u8,
-        gs: usize,
-        cols: usize,
-        x: *const f32,
-        out: *mut f32,
-        ostride: usize,
-        valid: usize,
-    ) {
-        let mut acc = [[[_mm512_setzero_ps(); C]; 2]; NG];
-        // SAFETY: (whole body) the CPU has this function's target features (it is reached only
-        // through the kernel set `isa()` detected); the group holds `cols` lines of 64 bytes; C rows of
-        // `cols` f32 at `x`; outputs for `valid` rows x C tokens at `out` (the
-        // driver checks); prefetches never fault.
-        unsafe {
-            for k in 0..cols {
-                let mut w = [[_mm512_setzero_ps(); 2]; NG];
-                for j in 0..NG {
-                    let p = g.add(j * gs + k * 64);
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(1024) as *const i8);
-                    w[j][0] = ld16::<BF>(p);
-                    w[j][1] = ld16::<BF>(p.add(32));
-                }
-                for c in 0..C {
-                    let xb = _mm512_set1_ps(*x.add(c * cols + k));
-                    for j in 0..NG {
-                        acc[j][0][c] = _mm512_fmadd_ps(w[j][0], xb, acc[j][0][c]);
-                        acc[j][1][c] = _mm512_fmadd_ps(w[j][1], xb, acc[j][1][c]);
-                    }
-                }
+    unsafe fn widen<const BF: bool>(g: *const u8, k0: usize, w: &mut [f32]) {
+        for (k, col) in w.chunks_exact_mut(GROUP).enumerate() {
+            // SAFETY: column `k0 + k` of the group (caller); `col` holds 32 f32.
+            unsafe {
+                let p = g.add((k0 + k) * 64);
+                _mm512_storeu_ps(col.as_mut_ptr(), ld16::<BF>(p));
+                _mm512_storeu_ps(col.as_mut_ptr().add(16), ld16::<BF>(p.add(32)));
             }
-            for j in 0..NG {
+        }
+    }
+
+    /// A group's 32 rows of a widened block ([`super::prefill_blocked`]: `w`, columns 32
+    /// f32 apart, `kn` of them) x C activation rows (`x`: the tokens' `kn` activations one
+    /// after another): two weight loads and C broadcasts per column, 2 C FMAs (C = 12: 24
+    /// accumulators), nothing widened. The accumulators come from and go back to `acc`
+    /// (token `c`'s 32 rows at `acc[32 c ..]`).
+    ///
+    /// # Safety
+    /// `w` holds `32 kn` f32, `x` `C kn`, `acc` `32 C`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
+    unsafe fn tile<const C: usize>(w: &[f32], kn: usize, x: &[f32], acc: &mut [f32]) {
+        let (w, x, acc) = (w.as_ptr(), x.as_ptr(), acc.as_mut_ptr());
+        // SAFETY: (whole body) the caller's lengths; the CPU has this function's target
+        // features (it is reached only through the kernel set `isa()` detected).
+        unsafe {
+            let mut a = [[_mm512_setzero_ps(); C]; 2];
+            for c in 0..C {
+                a[0][c] = _mm512_loadu_ps(acc.add(32 * c));
+                a[1][c] = _mm512_loadu_ps(acc.add(32 * c + 16));
+            }
+            let xp: [*const f32; C] = std::array::from_fn(|c| x.add(c * kn));
+            let mut step = |k: usize| {
+                let w0 = _mm512_loadu_ps(w.add(32 * k));
+                let w1 = _mm512_loadu_ps(w.add(32 * k + 16));
                 for c in 0..C {
-                    let mut v = [0f32; GROUP];
-                    _mm512_storeu_ps(v.as_mut_ptr(), acc[j][0][c]);
-                    _mm512_storeu_ps(v.as_mut_ptr().add(16), acc[j][1][c]);
-                    let n = if j + 1 == NG { valid } else { GROUP };
-                    for r in 0..n {
-                        *out.add((j * GROUP + r) * ostride + c) = v[r];
-                    }
+                    let xb = _mm512_set1_ps(*xp[c].add(k));
+                    a[0][c] = _mm512_fmadd_ps(w0, xb, a[0][c]);
+                    a[1][c] = _mm512_fmadd_ps(w1, xb, a[1][c]);
                 }
+            };
+            // Four columns per pass: the loop's own instructions once per 96 FMAs.
+            let mut k = 0;
+            while k + 4 <= kn {
+                step(k);
+                step(k + 1);
+                step(k + 2);
+                step(k + 3);
+                k += 4;
+            }
+            while k < kn {
+                step(k);
+                k += 1;
+            }
+            for c in 0..C {
+                _mm512_storeu_ps(acc.add(32 * c), a[0][c]);
+                _mm512_storeu_ps(acc.add(32 * c + 16), a[1][c]);
             }
         }
     }
@@ -266,34 +376,21 @@ mod x86 {
         }
     }
 
-    macro_rules! dispatch1 {
-        ($bf:ident, $ct:expr, $($args:expr),*) => {
+    macro_rules! dispatch {
+        ($ct:expr, $($args:expr),*) => {
             match $ct {
-                12 => tile::<$bf, 1, 12>($($args),*),
-                11 => tile::<$bf, 1, 11>($($args),*),
-                10 => tile::<$bf, 1, 10>($($args),*),
-                9 => tile::<$bf, 1, 9>($($args),*),
-                8 => tile::<$bf, 1, 8>($($args),*),
-                7 => tile::<$bf, 1, 7>($($args),*),
-                6 => tile::<$bf, 1, 6>($($args),*),
-                5 => tile::<$bf, 1, 5>($($args),*),
-                4 => tile::<$bf, 1, 4>($($args),*),
-                3 => tile::<$bf, 1, 3>($($args),*),
-                2 => tile::<$bf, 1, 2>($($args),*),
-                _ => tile::<$bf, 1, 1>($($args),*),
-            }
-        };
-    }
-
-    macro_rules! dispatch2 {
-        ($bf:ident, $ct:expr, $($args:expr),*) => {
-            match $ct {
-                6 => tile::<$bf, 2, 6>($($args),*),
-                5 => tile::<$bf, 2, 5>($($args),*),
-                4 => tile::<$bf, 2, 4>($($args),*),
-                3 => tile::<$bf, 2, 3>($($args),*),
-                2 => tile::<$bf, 2, 2>($($args),*),
-                _ => tile::<$bf, 2, 1>($($args),*),
+                12 => tile::<12>($($args),*),
+                11 => tile::<11>($($args),*),
+                10 => tile::<10>($($args),*),
+                9 => tile::<9>($($args),*),
+                8 => tile::<8>($($args),*),
+                7 => tile::<7>($($args),*),
+                6 => tile::<6>($($args),*),
+                5 => tile::<5>($($args),*),
+                4 => tile::<4>($($args),*),
+                3 => tile::<3>($($args),*),
+                2 => tile::<2>($($args),*),
+                _ => tile::<1>($($args),*),
             }
         };
     }
@@ -328,33 +425,15 @@ mod x86 {
                 });
                 return;
             }
-            let tc = (token_chunk(t, cols * 4) / MAXC * MAXC).max(MAXC);
-            let mut t0 = 0;
-            while t0 < t {
-                let t1 = (t0 + tc).min(t);
-                let mut i = 0;
-                while i < nrows {
-                    let g = base.add((r0 + i) / GROUP * gs);
-                    // Two groups (64 rows: 4 weight vectors) x 6 tokens, 10 loads per
-                    // 24 FMAs; a last lone group takes 32 rows x 12 tokens.
-                    let two = nrows - i > GROUP;
-                    let valid = if two { (nrows - i - GROUP).min(GROUP) } else { (nrows - i).min(GROUP) };
-                    let maxc = if two { 6 } else { MAXC };
-                    let mut c = t0;
-                    while c < t1 {
-                        let ct = (t1 - c).min(maxc);
-                        let (xp, op) = (x.as_ptr().add(c * cols), o.add(i * t + c));
-                        if two {
-                            dispatch2!(BF, ct, g, gs, cols, xp, op, t, valid);
-                        } else {
-                            dispatch1!(BF, ct, g, gs, cols, xp, op, t, valid);
-                        }
-                        c += ct;
-                    }
-                    i += if two { 2 * GROUP } else { GROUP };
-                }
-                t0 = t1;
-            }
+            super::prefill_blocked(
+                (nrows, t, cols, MAXC, GROUP),
+                x,
+                out,
+                // SAFETY: group `i / 32` of the product lies in `p` (above).
+                |i, k0, w| widen::<BF>(base.add((r0 + i) / GROUP * gs), k0, w),
+                // SAFETY: `prefill_blocked` passes the slices `tile` needs (its contract).
+                |ct, w, kn, x, acc| dispatch!(ct, w, kn, x, acc),
+            );
         }
     }
 }
@@ -365,7 +444,6 @@ mod x86 {
 #[allow(clippy::needless_range_loop)]
 mod x86_256 {
     use super::{Packed, GROUP};
-    use crate::backend::cpu::isa::token_chunk;
     use std::arch::x86_64::*;
 
     /// 8 values (16 bytes at `p`, 16-byte aligned) widened to f32: F16C for F16, a
@@ -385,46 +463,71 @@ mod x86_256 {
         }
     }
 
-    /// Rows `h * 16 .. h * 16 + 16` of one group (at `g`) x C activation rows (`x`,
-    /// stride `cols`): two weight vectors and C broadcasts per column, 2 C FMAs (C = 6:
-    /// 12 accumulators, 15 of the 16 registers). Row `r < valid` (of the 16) of token
-    /// `c` goes to `out[r * ostride + c]`.
+    /// Columns `k0 .. k0 + w.len() / 32` of one group (at `g`) widened to f32 into `w`:
+    /// column `k`'s 32 rows at `w[32 k ..]`, as `ld8` widens them.
+    ///
+    /// # Safety
+    /// The group holds `k0 + w.len() / 32` lines of 64 bytes.
     #[inline]
     #[target_feature(enable = "avx2,f16c,fma")]
-    unsafe fn tile<const BF: bool, const C: usize>(
-        g: *const u8,
-        h: usize,
-        cols: usize,
-        x: *const f32,
-        out: *mut f32,
-        ostride: usize,
-        valid: usize,
-    ) {
-        let mut acc = [[_mm256_setzero_ps(); C]; 2];
-        // SAFETY: (whole body) the CPU has this function's target features (reached only through
-        // the kernel set `isa()` detected); the group holds `cols` lines of 64 bytes, of which
-        // bytes `32 h .. 32 h + 32` are read; C rows of `cols` f32 at `x`; `valid` rows x C
-        // tokens of outputs at `out` (the driver checks); prefetches never fault.
-        unsafe {
-            let g = g.add(32 * h);
-            for k in 0..cols {
-                let p = g.add(k * 64);
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(1024) as *const i8);
-                let w0 = ld8::<BF>(p);
-                let w1 = ld8::<BF>(p.add(16));
-                for c in 0..C {
-                    let xb = _mm256_broadcast_ss(&*x.add(c * cols + k));
-                    acc[0][c] = _mm256_fmadd_ps(w0, xb, acc[0][c]);
-                    acc[1][c] = _mm256_fmadd_ps(w1, xb, acc[1][c]);
+    unsafe fn widen<const BF: bool>(g: *const u8, k0: usize, w: &mut [f32]) {
+        for (k, col) in w.chunks_exact_mut(GROUP).enumerate() {
+            // SAFETY: column `k0 + k` of the group (caller); `col` holds 32 f32.
+            unsafe {
+                let p = g.add((k0 + k) * 64);
+                for q in 0..4 {
+                    _mm256_storeu_ps(col.as_mut_ptr().add(8 * q), ld8::<BF>(p.add(16 * q)));
                 }
             }
+        }
+    }
+
+    /// 16 rows of a widened block ([`super::prefill_blocked`]: `w` from the half's first row, columns
+    /// 32 f32 apart, `kn` of them) x C activation rows (`x`: the block's first column,
+    /// rows `cols` apart): two weight loads and C broadcasts per column, 2 C FMAs (C = 6:
+    /// 12 accumulators, 15 of the 16 registers), nothing widened. The accumulators come
+    /// from and go back to `acc` (token `c`'s 16 rows at `acc[32 c ..]`).
+    ///
+    /// # Safety
+    /// `w` holds `32 (kn - 1) + 16` f32, `x` `(C - 1) cols + kn`, `acc` `32 (C - 1) + 16`.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,fma")]
+    unsafe fn tile<const C: usize>(w: &[f32], kn: usize, x: &[f32], cols: usize, acc: &mut [f32]) {
+        let (w, x, acc) = (w.as_ptr(), x.as_ptr(), acc.as_mut_ptr());
+        // SAFETY: (whole body) the caller's lengths; the CPU has this function's target
+        // features (reached only through the kernel set `isa()` detected).
+        unsafe {
+            let mut a = [[_mm256_setzero_ps(); C]; 2];
             for c in 0..C {
-                let mut v = [0f32; 16];
-                _mm256_storeu_ps(v.as_mut_ptr(), acc[0][c]);
-                _mm256_storeu_ps(v.as_mut_ptr().add(8), acc[1][c]);
-                for r in 0..valid.min(16) {
-                    *out.add(r * ostride + c) = v[r];
+                a[0][c] = _mm256_loadu_ps(acc.add(32 * c));
+                a[1][c] = _mm256_loadu_ps(acc.add(32 * c + 8));
+            }
+            let xp: [*const f32; C] = std::array::from_fn(|c| x.add(c * cols));
+            let mut step = |k: usize| {
+                let w0 = _mm256_loadu_ps(w.add(32 * k));
+                let w1 = _mm256_loadu_ps(w.add(32 * k + 8));
+                for c in 0..C {
+                    let xb = _mm256_broadcast_ss(&*xp[c].add(k));
+                    a[0][c] = _mm256_fmadd_ps(w0, xb, a[0][c]);
+                    a[1][c] = _mm256_fmadd_ps(w1, xb, a[1][c]);
                 }
+            };
+            // Four columns per pass: the loop's own instructions once per 48 FMAs.
+            let mut k = 0;
+            while k + 4 <= kn {
+                step(k);
+                step(k + 1);
+                step(k + 2);
+                step(k + 3);
+                k += 4;
+            }
+            while k < kn {
+                step(k);
+                k += 1;
+            }
+            for c in 0..C {
+                _mm256_storeu_ps(acc.add(32 * c), a[0][c]);
+                _mm256_storeu_ps(acc.add(32 * c + 8), a[1][c]);
             }
         }
     }
@@ -473,14 +576,14 @@ mod x86_256 {
     }
 
     macro_rules! dispatch {
-        ($bf:ident, $ct:expr, $($args:expr),*) => {
+        ($ct:expr, $($args:expr),*) => {
             match $ct {
-                6 => tile::<$bf, 6>($($args),*),
-                5 => tile::<$bf, 5>($($args),*),
-                4 => tile::<$bf, 4>($($args),*),
-                3 => tile::<$bf, 3>($($args),*),
-                2 => tile::<$bf, 2>($($args),*),
-                _ => tile::<$bf, 1>($($args),*),
+                6 => tile::<6>($($args),*),
+                5 => tile::<5>($($args),*),
+                4 => tile::<4>($($args),*),
+                3 => tile::<3>($($args),*),
+                2 => tile::<2>($($args),*),
+                _ => tile::<1>($($args),*),
             }
         };
     }
@@ -516,33 +619,15 @@ mod x86_256 {
                 });
                 return;
             }
-            // Token chunks whose activations stay in the L2 cache while a group's halves
-            // stream past them.
-            let tc = (token_chunk(t, cols * 4) / MAXC * MAXC).max(MAXC);
-            let mut t0 = 0;
-            while t0 < t {
-                let t1 = (t0 + tc).min(t);
-                let mut i = 0;
-                while i < nrows {
-                    let g = base.add((r0 + i) / GROUP * gs);
-                    for h in 0..2 {
-                        let rows = (nrows - i).min(GROUP);
-                        if rows <= 16 * h {
-                            break;
-                        }
-                        let valid = rows - 16 * h;
-                        let mut c = t0;
-                        while c < t1 {
-                            let ct = (t1 - c).min(MAXC);
-                            let (xp, op) = (x.as_ptr().add(c * cols), o.add((i + 16 * h) * t + c));
-                            dispatch!(BF, ct, g, h, cols, xp, op, t, valid);
-                            c += ct;
-                        }
-                    }
-                    i += GROUP;
-                }
-                t0 = t1;
-            }
+            super::prefill_blocked(
+                (nrows, t, cols, MAXC, 16),
+                x,
+                out,
+                // SAFETY: group `i / 32` of the product lies in `p` (above).
+                |i, k0, w| widen::<BF>(base.add((r0 + i) / GROUP * gs), k0, w),
+                // SAFETY: `prefill_blocked` passes the slices `tile` needs (its contract).
+                |ct, w, kn, x, acc| dispatch!(ct, w, kn, x, kn, acc),
+            );
         }
     }
 }
@@ -560,7 +645,9 @@ mod tests {
         let mut rng = crate::util::XorShift::new(0x9E37_79B9_7F4A_7C15);
         let mut rnd = |n: usize| rng.vec(n, -1.0, 1.0);
         for &(rows, cols, t) in
-            // (20, 4100, 40): two token chunks of the AVX2 prefill (32 + 8 at this row length).
+            // Prefill: (20, 4100, 40): 33 column blocks, the last of 4 columns; (600, 130,
+            // 245): two passes over the rows (512 + 88) and over the tokens (240 + 5), each
+            // with a block of 128 columns and one of 2.
             &[
                 (32usize, 64usize, 1usize),
                 (200, 48, 1),
@@ -569,6 +656,7 @@ mod tests {
                 (64, 16, 25),
                 (7, 5, 3),
                 (20, 4100, 40),
+                (600, 130, 245),
             ]
         {
             let x = rnd(t * cols);
@@ -580,6 +668,12 @@ mod tests {
                     v.iter().flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes()).collect()
                 };
                 let p = Packed::new(dt, &w, rows, cols, "test", 1 + rows % 3).unwrap();
+                let want: Vec<f32> = (0..rows * t)
+                    .map(|i| {
+                        let (r, c) = (i / t, i % t);
+                        dot_sequential_ref(dt, &w[r * cols * 2..(r + 1) * cols * 2], &x[c * cols..(c + 1) * cols])
+                    })
+                    .collect();
                 for (isa, pf) in available().into_iter().flat_map(|i| [(i, false), (i, true)]) {
                     for r0 in (0..rows).step_by(GROUP) {
                         let n = rows - r0;
@@ -588,11 +682,7 @@ mod tests {
                         for i in 0..n {
                             for c in 0..t {
                                 let r = r0 + i;
-                                let want = dot_sequential_ref(
-                                    dt,
-                                    &w[r * cols * 2..(r + 1) * cols * 2],
-                                    &x[c * cols..(c + 1) * cols],
-                                );
+                                let want = want[r * t + c];
                                 assert_eq!(
                                     got[i * t + c].to_bits(),
                                     want.to_bits(),
