@@ -7,7 +7,7 @@ pub(crate) fn usage() -> ! {
     eprintln!(
         "usage: llmrt-bench -m FILE|synth:SHAPE:TYPE[,...] [--backend cpu|cuda] [-t N,..] [-p N,..] [-n N,..]\n\
          \x20                  [-b N,..] [-d N,..] [--ttft N,..] [-r N] [-o md|json] [--kv-bytes N] [--membw] [--d2d] [--gemm N] [--json FILE]\n\
-         \x20      llmrt-bench --synth tinyllama|llama3-8b|moe-mini|gemma2-2b|phi3-mini --type f16|q8_0|q4_0 --out DIR\n\
+         \x20      llmrt-bench --synth tinyllama|llama3-8b|moe-mini|gemma2-2b|phi3-mini --type f16|bf16|q8_0|q4_0 --out DIR\n\
          \x20      llmrt-bench --membw [-t N,..]\n\
          \x20      llmrt-bench --peak [-t N,..]\n\
          \x20      llmrt-bench --d2d [--gemm N]\n\

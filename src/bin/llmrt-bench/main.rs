@@ -6,7 +6,7 @@
 //! llmrt-bench -m FILE|synth:SHAPE:TYPE[,...] [--backend cpu|cuda] [-t 1,2] [-p 128] [-n 64]
 //!             [-b 1,4] [-d 0,512] [--ttft 2048] [-r 5] [-o md|json] [--kv-bytes N]
 //!             [--d2d] [--gemm 8192] [--json FILE]
-//! llmrt-bench --synth tinyllama|llama3-8b|moe-mini|gemma2-2b|phi3-mini --type f16|q8_0|q4_0 --out DIR
+//! llmrt-bench --synth tinyllama|llama3-8b|moe-mini|gemma2-2b|phi3-mini --type f16|bf16|q8_0|q4_0 --out DIR
 //! llmrt-bench --membw [-t 1,2]
 //! llmrt-bench --peak [-t 1,2]              (CPU arithmetic ceilings: f32 FMA, 8-bit dot)
 //! llmrt-bench --d2d [--gemm 8192]          (CUDA ceilings only)

@@ -151,6 +151,7 @@ pub(crate) fn shape_of(name: &str) -> &'static Shape {
 fn dtype_of(ty: &str) -> DType {
     match ty {
         "f16" => DType::F16,
+        "bf16" => DType::BF16,
         "q8_0" => DType::Q8_0,
         "q4_0" => DType::Q4_0,
         "f32" => DType::F32,
@@ -167,11 +168,12 @@ fn synth_writer(s: &Shape, dt: DType) -> (GgufWriter, Vec<(String, u64, u64)>) {
     let mut g = GgufWriter::new();
     g.kv("general.architecture", Value::Str(a.into()));
     g.kv("general.name", Value::Str(format!("synthetic {} ({})", s.name, dt.name())));
-    // ggml file types: 0 all F32, 1 mostly F16, 2 mostly Q4_0, 7 mostly Q8_0.
+    // ggml file types: 0 all F32, 1 mostly F16, 2 mostly Q4_0, 7 mostly Q8_0, 32 mostly BF16.
     let ftype = match dt {
         DType::F32 => 0u32,
         DType::F16 => 1,
         DType::Q4_0 => 2,
+        DType::BF16 => 32,
         _ => 7,
     };
     g.kv("general.file_type", Value::U32(ftype));
@@ -319,7 +321,7 @@ pub(crate) fn synth(shape_name: &str, ty: &str, dir: &Path) -> std::io::Result<P
 
 /// Fills `out` (whole rows of `dt`, rows of `n0` elements) with random weights of
 /// magnitude about `1 / sqrt(n0)`, fast: random bits shaped into valid values, not
-/// a distribution (F16: random sign and mantissa under a fixed exponent; Q8_0/Q4_0:
+/// a distribution (F16, BF16: random sign and mantissa under a fixed exponent; Q8_0/Q4_0:
 /// random quants under a fixed scale; F32: uniform).
 fn fill_random(dt: DType, n0: usize, out: &mut [u8], seed: u64) {
     let mut r = XorShift::new(seed | 1);
@@ -332,6 +334,18 @@ fn fill_random(dt: DType, n0: usize, out: &mut [u8], seed: u64) {
             let mut ch = out.chunks_exact_mut(8);
             for c in &mut ch {
                 c.copy_from_slice(&((r.next_u64() & 0x83FF_83FF_83FF_83FF) | pat).to_le_bytes());
+            }
+            for b in ch.into_remainder() {
+                *b = 0;
+            }
+        }
+        DType::BF16 => {
+            // |v| in [2^(e-127), 2^(e-126)), mean about 1.5 * 2^(e-127).
+            let e = (127.0 + (target / 1.5).log2().round()).clamp(1.0, 254.0) as u64;
+            let pat = (e << 7) * 0x0001_0001_0001_0001;
+            let mut ch = out.chunks_exact_mut(8);
+            for c in &mut ch {
+                c.copy_from_slice(&((r.next_u64() & 0x807F_807F_807F_807F) | pat).to_le_bytes());
             }
             for b in ch.into_remainder() {
                 *b = 0;
@@ -438,7 +452,7 @@ mod tests {
             mini(PHI3_MINI, 2, 2),
         ];
         for s in &minis {
-            for dt in [DType::F16, DType::Q8_0, DType::Q4_0] {
+            for dt in [DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0] {
                 let bytes = synth_bytes_of(s, dt);
                 let what = format!("{} {}", s.arch, dt.name());
                 let m = Model::load_gguf_bytes(bytes, &what, LoadOptions::default()).expect(&what);
