@@ -690,37 +690,37 @@ mod tests {
         }
     }
 
+    /// Whether the benches' filter `var` (names as printed, comma-separated; unset or
+    /// empty: all) takes `name`.
+    fn listed(var: &str, name: &str) -> bool {
+        let only = std::env::var(var).unwrap_or_default();
+        only.is_empty() || only.split(',').any(|n| n == name)
+    }
+
     /// Decode speed from memory, one thread (not an assertion: run with `--ignored
     /// --nocapture`): each grouped type's packed kernels against one token over a matrix
     /// of 1 GiB, past the last-level cache (the Intel Xeon VM's L3 is 480 MiB: 128 MiB
     /// there read up to 40% faster than memory), in GB/s of weights. `GQ_BENCH_MIB` (1024)
     /// sets the matrix size (1 keeps it in the L2 cache, where the figure is the kernels'
-    /// compute speed), `GQ_BENCH_COLS` (4096) its row length.
-    /// `GQ_BENCH_ISAS` (kernel set names as printed, comma-separated): only those.
-    fn isa_on(i: crate::backend::cpu::isa::Isa) -> bool {
-        let only = std::env::var("GQ_BENCH_ISAS").unwrap_or_default();
-        only.is_empty() || only.split(',').any(|n| n == format!("{i:?}"))
-    }
-
+    /// compute speed), `GQ_BENCH_COLS` (4096) its row length, `GQ_BENCH_TYPES` and
+    /// `GQ_BENCH_ISAS` (type and kernel set names) which are measured.
     #[test]
     #[ignore]
     fn gq_decode_bench() {
         let mut r = XorShift::new(9);
         let cols: usize = std::env::var("GQ_BENCH_COLS").ok().and_then(|v| v.parse().ok()).unwrap_or(4096);
         let mib: usize = std::env::var("GQ_BENCH_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(1024);
-        // `GQ_BENCH_TYPES` (names, comma-separated): only those types.
-        let only = std::env::var("GQ_BENCH_TYPES").unwrap_or_default();
-        for dt in DType::all().into_iter().filter(|d| d.is_grouped()) {
-            if !only.is_empty() && !only.split(',').any(|n| n == dt.to_string()) {
-                continue;
-            }
+        for dt in DType::all().into_iter().filter(|d| d.is_grouped() && listed("GQ_BENCH_TYPES", &d.to_string())) {
             let rb = dt.row_bytes(cols).unwrap();
             let rows = ((mib << 20) / rb).div_ceil(64) * 64;
             let w: Vec<u8> = (0..rows).flat_map(|_| random_row(dt, cols, &mut r)).collect();
             let a = QAct::quantize(&r.vec(cols, -1.0, 1.0), cols);
             let mut out = vec![0f32; rows];
             let mut line = format!("{dt:>7}:");
-            for isa in crate::backend::cpu::isa::available().into_iter().filter(|&i| packs(i) && isa_on(i)) {
+            for isa in crate::backend::cpu::isa::available()
+                .into_iter()
+                .filter(|&i| packs(i) && listed("GQ_BENCH_ISAS", &format!("{i:?}")))
+            {
                 let p = Packed::new(isa, dt, &w, rb, rows, cols, "bench", 2).unwrap();
                 let best = crate::util::best_secs(|| gemm_packed(&p, 0, rows, &a, &mut out));
                 line += &format!(" {isa:?} {:.1} GB/s", (rows * rb) as f64 / best / 1e9);
@@ -732,7 +732,8 @@ mod tests {
     /// Kernel speed, one thread (not an assertion: run with `--ignored --nocapture`):
     /// decode streams a 4096 x 4096 matrix against one token (past the last-level cache
     /// share of one core on the Intel VMs; within a 32 MiB L3, as on Zen 4, an L3 figure:
-    /// `gq_decode_bench` reads from memory), prefill a 256-row slice against 32.
+    /// `gq_decode_bench` reads from memory), prefill a 256-row slice against 32;
+    /// `GQ_BENCH_TYPES` (type names, comma-separated) limits the grouped types measured.
     #[test]
     #[ignore]
     fn gq_bench() {
@@ -758,12 +759,7 @@ mod tests {
                 }
             }
         }
-        // `GQ_BENCH_TYPES` (names, comma-separated): only those types.
-        let only = std::env::var("GQ_BENCH_TYPES").unwrap_or_default();
-        for dt in DType::all().into_iter().filter(|d| d.is_grouped()) {
-            if !only.is_empty() && !only.split(',').any(|n| n == dt.to_string()) {
-                continue;
-            }
+        for dt in DType::all().into_iter().filter(|d| d.is_grouped() && listed("GQ_BENCH_TYPES", &d.to_string())) {
             let rb = dt.row_bytes(cols).unwrap();
             let w: Vec<u8> = (0..rows).flat_map(|_| random_row(dt, cols, &mut r)).collect();
             let mut line = format!("{dt:>7}:");
