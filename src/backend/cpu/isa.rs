@@ -264,38 +264,27 @@ impl QAct {
         let mut sums = crate::util::try_vec(x.len() / QK, 0i32, "the step's activation sums")?;
         let mut lo = crate::util::try_vec(x.len() / QK, 0i32, "the step's activation half sums")?;
         let nb = cols / QK;
-        // Whole rows per part (at most 4 parts per thread); each block is quantized alone, so
-        // the bytes do not depend on the split. One part (one token, or one thread) runs here.
+        // Whole rows per part (at most 4 parts per thread), handed out by `par_units`; each
+        // block is quantized alone, so the bytes do not depend on the split.
         let per = t.div_ceil(4 * pool.map_or(1, |p| p.threads())).max(1);
-        let parts: Vec<std::sync::Mutex<Option<Part<'_>>>> = x
+        let mut parts: Vec<Part<'_>> = x
             .chunks(per * cols)
             .zip(qs.chunks_mut(per * cols))
             .zip(d.chunks_mut(per * nb))
             .zip(sums.chunks_mut(per * nb).zip(lo.chunks_mut(per * nb)))
-            .map(|(((x, q), d), (s, l))| std::sync::Mutex::new(Some((x, q, d, s, l))))
+            .map(|(((x, q), d), (s, l))| (x, q, d, s, l))
             .collect();
-        let run = |part: Part<'_>| {
-            let (x, q, d, s, l) = part;
-            match isa() {
-                // SAFETY: `Avx512Vnni` is only chosen on CPUs with AVX-512 F/BW/VL.
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512Vnni => unsafe { quantize_avx512(x, q, d, (s, l)) },
-                _ => quantize_blocks(x, q, d, (s, l)),
-            }
+        let run = |(x, q, d, s, l): &mut Part<'_>| match isa() {
+            // SAFETY: `Avx512Vnni` is only chosen on CPUs with AVX-512 F/BW/VL.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => unsafe { quantize_avx512(x, q, d, (s, l)) },
+            _ => quantize_blocks(x, q, d, (s, l)),
         };
-        let take = |i: usize| parts[i].lock().unwrap_or_else(|e| e.into_inner()).take();
         match pool {
-            Some(pool) if parts.len() > 1 && pool.threads() > 1 => {
-                let next = std::sync::atomic::AtomicUsize::new(0);
-                pool.run(&|_| loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    match (i < parts.len()).then(|| take(i)).flatten() {
-                        Some(part) => run(part),
-                        None => return,
-                    }
-                });
-            }
-            _ => (0..parts.len()).filter_map(take).for_each(run),
+            Some(pool) => crate::backend::cpu::pool::par_units(pool, &mut parts, 1, per * cols, 1, |_, ps| {
+                ps.iter_mut().for_each(run)
+            }),
+            None => parts.iter_mut().for_each(run),
         }
         drop(parts);
         Ok(QAct { qs, d, sums, lo, cols, t })
@@ -498,12 +487,13 @@ mod tests {
         let mut rng = crate::util::XorShift::new(5);
         for threads in [2, 3] {
             let pool = crate::backend::cpu::pool::Pool::new(threads);
-            for t in [1, 2, 5, 13, 64] {
-                let x = rng.vec(t * 96, -3.0, 3.0);
-                let (a, b) = (QAct::quantize(&x, 96), QAct::try_quantize(&x, 96, Some(&pool)).unwrap());
+            // 2048 columns: enough work per part for `par_units` to split it (96: one part).
+            for (t, cols) in [(1, 96), (2, 96), (5, 96), (13, 96), (64, 96), (13, 2048), (64, 2048)] {
+                let x = rng.vec(t * cols, -3.0, 3.0);
+                let (a, b) = (QAct::quantize(&x, cols), QAct::try_quantize(&x, cols, Some(&pool)).unwrap());
                 assert_eq!((&a.qs, &a.sums, &a.lo), (&b.qs, &b.sums, &b.lo), "{threads} threads, {t} tokens");
                 assert!(a.d.iter().zip(&b.d).all(|(p, q)| p.to_bits() == q.to_bits()));
-                assert_eq!((b.t, b.cols), (t, 96));
+                assert_eq!((b.t, b.cols), (t, cols));
             }
         }
     }
