@@ -443,11 +443,17 @@ unsafe fn raw_tr<const K: u8>(base: *const u8, blk: usize, bs: usize) -> [__m512
     raw
 }
 
-/// Prefill over two transposed tiles side by side (32 rows: tile `j` at `base[j]`, its
-/// row `r < valid[j]`'s result for token `c0 + c` to `out[(16 j + r) * ostride + c]`),
-/// tokens `c0..c0 + C`, all groups, in the group order of [`tile`] bit for bit. Each
-/// activation dword is loaded once for both tiles' products: with the weights of one
-/// tile in registers, the broadcast loads (8 per token and group) bound the loop.
+/// Two transposed tiles side by side (32 rows: tile `j` at `base[j]`, its row `r <
+/// valid[j]`'s result for token `c0 + c` to `out[(16 j + r) * ostride + c]`), tokens
+/// `c0..c0 + C`, all groups, in the group order of [`tile`] bit for bit. Each activation
+/// dword is loaded once for both tiles' products: with the weights of one tile in
+/// registers, the broadcast loads (8 per token and group) bound the prefill loop.
+/// Decode (C = 1) takes it too, with [`tile`]'s prefetches for both streams: two
+/// independent chains of fused multiply-adds instead of one (one tile's chain bounded
+/// its decode: perf's samples sat behind the four dependent FMAs of a Q2_K group).
+/// `gq_decode_bench` over 1 GiB, GB/s, one tile -> pairs: Q4_K 15.6 -> 17.4, Q5_K 16.1
+/// -> 17.1, Q6_K 15.7 -> 17.8, IQ4_XS 16.1 -> 17.5, Q2_K 12.7 -> 13.3, Q3_K 12.5 -> 12.2
+/// (in L2: Q4_K 34.3 -> 37.9, IQ4_XS 32.5 -> 41.3, Q2_K 17.5 -> 18.5).
 ///
 /// # Safety
 /// As [`tile`] for transposed tiles, for both tiles.
@@ -468,11 +474,25 @@ unsafe fn tile2<const K: u8, const C: usize>(
     let groups = nblk * 8;
     let cols = a.cols;
     let mut acc = [[_mm512_setzero_ps(); C]; 2];
-    // SAFETY: (whole body) as `tile`'s, for the blocks of both tiles.
+    // Decode (one token): both tiles' streams prefetched as [`tile`] prefetches its one.
+    let dist = pf_l2(prefetch(), K);
+    let l2 = C == 1 && dist > 0;
+    let l1 = l2 && prefetch() == Prefetch::L1;
+    // SAFETY: (whole body) as `tile`'s, for the blocks of both tiles; prefetches never fault.
     unsafe {
         for blk in 0..nblk {
             let raw = [raw_tr::<K>(base[0], blk, bs), raw_tr::<K>(base[1], blk, bs)];
             for gi in 0..8 {
+                if l2 {
+                    for b in base {
+                        for k in part_lines(bs, gi, 8) {
+                            prefetch_line::<{ _MM_HINT_T1 }>(b.wrapping_add(blk * bs + dist + 64 * k));
+                            if l1 {
+                                prefetch_line::<{ _MM_HINT_T0 }>(b.wrapping_add(blk * bs + bs + 64 * k));
+                            }
+                        }
+                    }
+                }
                 let g = blk * 8 + gi;
                 let so = [scales::<K>(&raw[0], gi), scales::<K>(&raw[1], gi)];
                 let wt = [unpack_t::<K>(base[0].add(blk * bs), gi), unpack_t::<K>(base[1].add(blk * bs), gi)];
@@ -790,7 +810,10 @@ unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o
             let mut i = 0;
             while i < nrows {
                 let valid = (nrows - i).min(R);
-                let pair = t > 1 && tile_bytes > 0 && i + R < nrows;
+                // Decode takes pairs too (two accumulator chains, one set of activation
+                // loads), but not Q2_K / Q3_K, bound by their unpacking: measured no faster
+                // or slower there (TinyLlama tg64), faster for the others (see `tile2`).
+                let pair = tile_bytes > 0 && i + R < nrows && (t > 1 || !matches!(K, T_Q2_K | T_Q3_K));
                 let mut rows = [std::ptr::null(); R];
                 let mut off = [0i32; R];
                 let tr = matches!(src, Src::Transposed { .. });
