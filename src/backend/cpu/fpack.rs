@@ -152,6 +152,25 @@ const TOKENS: usize = 240;
 #[cfg(target_arch = "x86_64")]
 const ROWS: usize = 16 * GROUP;
 
+/// `step(k)` for `k` in `0..n` in order, four to a loop pass (the micro-kernels' column
+/// loop: its own instructions once per four columns' FMAs).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn by_fours(n: usize, mut step: impl FnMut(usize)) {
+    let mut k = 0;
+    while k + 4 <= n {
+        step(k);
+        step(k + 1);
+        step(k + 2);
+        step(k + 3);
+        k += 4;
+    }
+    while k < n {
+        step(k);
+        k += 1;
+    }
+}
+
 /// Prefill's walk, both x86 kernel sets: per pass of up to [`ROWS`] rows and [`TOKENS`]
 /// tokens, the columns in blocks of [`KC`]: the tokens' activations of the block copied
 /// side by side (`kn` floats per token), then for each group of 32 rows the block
@@ -306,7 +325,7 @@ mod x86 {
                 a[1][c] = _mm512_loadu_ps(acc.add(32 * c + 16));
             }
             let xp: [*const f32; C] = std::array::from_fn(|c| x.add(c * kn));
-            let mut step = |k: usize| {
+            let step = |k: usize| {
                 let w0 = _mm512_loadu_ps(w.add(32 * k));
                 let w1 = _mm512_loadu_ps(w.add(32 * k + 16));
                 for c in 0..C {
@@ -315,19 +334,7 @@ mod x86 {
                     a[1][c] = _mm512_fmadd_ps(w1, xb, a[1][c]);
                 }
             };
-            // Four columns per pass: the loop's own instructions once per 96 FMAs.
-            let mut k = 0;
-            while k + 4 <= kn {
-                step(k);
-                step(k + 1);
-                step(k + 2);
-                step(k + 3);
-                k += 4;
-            }
-            while k < kn {
-                step(k);
-                k += 1;
-            }
+            super::by_fours(kn, step);
             for c in 0..C {
                 _mm512_storeu_ps(acc.add(32 * c), a[0][c]);
                 _mm512_storeu_ps(acc.add(32 * c + 16), a[1][c]);
@@ -503,7 +510,7 @@ mod x86_256 {
                 a[1][c] = _mm256_loadu_ps(acc.add(32 * c + 8));
             }
             let xp: [*const f32; C] = std::array::from_fn(|c| x.add(c * cols));
-            let mut step = |k: usize| {
+            let step = |k: usize| {
                 let w0 = _mm256_loadu_ps(w.add(32 * k));
                 let w1 = _mm256_loadu_ps(w.add(32 * k + 8));
                 for c in 0..C {
@@ -512,19 +519,7 @@ mod x86_256 {
                     a[1][c] = _mm256_fmadd_ps(w1, xb, a[1][c]);
                 }
             };
-            // Four columns per pass: the loop's own instructions once per 48 FMAs.
-            let mut k = 0;
-            while k + 4 <= kn {
-                step(k);
-                step(k + 1);
-                step(k + 2);
-                step(k + 3);
-                k += 4;
-            }
-            while k < kn {
-                step(k);
-                k += 1;
-            }
+            super::by_fours(kn, step);
             for c in 0..C {
                 _mm256_storeu_ps(acc.add(32 * c), a[0][c]);
                 _mm256_storeu_ps(acc.add(32 * c + 8), a[1][c]);

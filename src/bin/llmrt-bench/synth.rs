@@ -327,25 +327,16 @@ fn fill_random(dt: DType, n0: usize, out: &mut [u8], seed: u64) {
     let mut r = XorShift::new(seed | 1);
     let target = 1.0 / (n0 as f64).sqrt();
     match dt {
-        DType::F16 => {
-            // |v| in [2^(e-15), 2^(e-14)), mean about 1.5 * 2^(e-15).
-            let e = (15.0 + (target / 1.5).log2().round()).clamp(1.0, 29.0) as u64;
-            let pat = (e << 10) * 0x0001_0001_0001_0001;
+        DType::F16 | DType::BF16 => {
+            // Exponent bias, largest exponent used, mantissa bits: |v| in [2^(e-bias),
+            // 2^(e-bias+1)), mean about 1.5 * 2^(e-bias).
+            let (bias, top, mant) = if dt == DType::F16 { (15.0, 29.0, 10) } else { (127.0, 254.0, 7) };
+            let e = (bias + (target / 1.5).log2().round()).clamp(1.0, top) as u64;
+            let lanes = 0x0001_0001_0001_0001u64;
+            let (pat, keep) = ((e << mant) * lanes, (0x8000 | ((1 << mant) - 1)) * lanes);
             let mut ch = out.chunks_exact_mut(8);
             for c in &mut ch {
-                c.copy_from_slice(&((r.next_u64() & 0x83FF_83FF_83FF_83FF) | pat).to_le_bytes());
-            }
-            for b in ch.into_remainder() {
-                *b = 0;
-            }
-        }
-        DType::BF16 => {
-            // |v| in [2^(e-127), 2^(e-126)), mean about 1.5 * 2^(e-127).
-            let e = (127.0 + (target / 1.5).log2().round()).clamp(1.0, 254.0) as u64;
-            let pat = (e << 7) * 0x0001_0001_0001_0001;
-            let mut ch = out.chunks_exact_mut(8);
-            for c in &mut ch {
-                c.copy_from_slice(&((r.next_u64() & 0x807F_807F_807F_807F) | pat).to_le_bytes());
+                c.copy_from_slice(&((r.next_u64() & keep) | pat).to_le_bytes());
             }
             for b in ch.into_remainder() {
                 *b = 0;
