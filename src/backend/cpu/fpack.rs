@@ -204,7 +204,8 @@ fn prefill_blocked(
     let (mut wraw, mut xraw) = (Vec::new(), Vec::new());
     let (wr, xr) = (aligned(&mut wraw, GROUP * KC), aligned(&mut xraw, tmax * KC));
     let (wbuf, xbuf) = (&mut wraw[wr], &mut xraw[xr]);
-    let mut acc = vec![0f32; ROWS * tmax];
+    // The accumulators of one pass: its groups x tokens (only as many groups as the rows).
+    let mut acc = vec![0f32; nrows.min(ROWS).div_ceil(GROUP) * GROUP * tmax];
     for t0 in (0..t).step_by(TOKENS) {
         let tn = (t - t0).min(TOKENS);
         for m0 in (0..nrows).step_by(ROWS) {

@@ -286,7 +286,6 @@ impl QAct {
             }),
             None => parts.iter_mut().for_each(run),
         }
-        drop(parts);
         Ok(QAct { qs, d, sums, lo, cols, t })
     }
 }

@@ -443,6 +443,30 @@ unsafe fn raw_tr<const K: u8>(base: *const u8, blk: usize, bs: usize) -> [__m512
     raw
 }
 
+/// Decode's prefetches over a packed tile (both `tile` and `tile2`): with `pf = Some((dist,
+/// l1))`, part `gi` of `per` of the lines `dist` bytes past the block at `blk` (`bs` bytes)
+/// into L2 and, with `l1`, of the next block into L1 ([`part_lines`]: spread over the
+/// block's groups).
+#[inline(always)]
+fn prefetch_part(blk: *const u8, bs: usize, gi: usize, per: usize, pf: Option<(usize, bool)>) {
+    if let Some((dist, l1)) = pf {
+        for k in part_lines(bs, gi, per) {
+            prefetch_line::<{ _MM_HINT_T1 }>(blk.wrapping_add(dist + 64 * k));
+            if l1 {
+                prefetch_line::<{ _MM_HINT_T0 }>(blk.wrapping_add(bs + 64 * k));
+            }
+        }
+    }
+}
+
+/// Decode's prefetch settings for [`prefetch_part`] (`decode`: one token over a packed
+/// tile): the distance into L2 ([`pf_l2`]; none at 0), and on Intel (`Prefetch::L1`) the
+/// next block into L1 as well (measured: `pf_l2`).
+fn decode_prefetch<const K: u8>(decode: bool) -> Option<(usize, bool)> {
+    let dist = pf_l2(prefetch(), K);
+    (decode && dist > 0).then(|| (dist, prefetch() == Prefetch::L1))
+}
+
 /// Two transposed tiles side by side (32 rows: tile `j` at `base[j]`, its row `r <
 /// valid[j]`'s result for token `c0 + c` to `out[(16 j + r) * ostride + c]`), tokens
 /// `c0..c0 + C`, all groups, in the group order of [`tile`] bit for bit. Each activation
@@ -475,23 +499,14 @@ unsafe fn tile2<const K: u8, const C: usize>(
     let cols = a.cols;
     let mut acc = [[_mm512_setzero_ps(); C]; 2];
     // Decode (one token): both tiles' streams prefetched as [`tile`] prefetches its one.
-    let dist = pf_l2(prefetch(), K);
-    let l2 = C == 1 && dist > 0;
-    let l1 = l2 && prefetch() == Prefetch::L1;
+    let pf = decode_prefetch::<K>(C == 1);
     // SAFETY: (whole body) as `tile`'s, for the blocks of both tiles; prefetches never fault.
     unsafe {
         for blk in 0..nblk {
             let raw = [raw_tr::<K>(base[0], blk, bs), raw_tr::<K>(base[1], blk, bs)];
             for gi in 0..8 {
-                if l2 {
-                    for b in base {
-                        for k in part_lines(bs, gi, 8) {
-                            prefetch_line::<{ _MM_HINT_T1 }>(b.wrapping_add(blk * bs + dist + 64 * k));
-                            if l1 {
-                                prefetch_line::<{ _MM_HINT_T0 }>(b.wrapping_add(blk * bs + bs + 64 * k));
-                            }
-                        }
-                    }
+                for b in base {
+                    prefetch_part(b.wrapping_add(blk * bs), bs, gi, 8, pf);
                 }
                 let g = blk * 8 + gi;
                 let so = [scales::<K>(&raw[0], gi), scales::<K>(&raw[1], gi)];
@@ -571,14 +586,11 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
         let pf_step = (PF_SPAN / bb).max(1);
         let packed = bs != bb;
         // Decode over a packed tile: its lines `pf_l2` bytes ahead into L2, spread over the groups.
-        let dist = pf_l2(prefetch(), K);
-        let l2 = C == 1 && packed && dist > 0;
-        // On Intel (`Prefetch::L1`) the next block's lines into L1 as well (measured: `pf_l2`).
-        let l1 = l2 && prefetch() == Prefetch::L1;
+        let pf = decode_prefetch::<K>(C == 1 && packed);
         for blk in 0..nblk {
             // A packed tile is one stream, which the hardware prefetchers follow: per-row
             // prefetches into L1 768 to 12,288 bytes ahead measured no faster there (Intel;
-            // its decode takes the `l2` / `l1` prefetches below).
+            // its decode takes the `pf` prefetches below).
             if !packed && blk % pf_step == 0 {
                 // The lines starting in the next `pf_step` blocks, `PF` ahead.
                 for &row in rows.iter() {
@@ -620,14 +632,7 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
                 [[_mm512_setzero_ps(); 4]; 8]
             };
             for gi in 0..per {
-                if l2 {
-                    for k in part_lines(bs, gi, per) {
-                        prefetch_line::<{ _MM_HINT_T1 }>(base.wrapping_add(blk * bs + dist + 64 * k));
-                        if l1 {
-                            prefetch_line::<{ _MM_HINT_T0 }>(base.wrapping_add(blk * bs + bs + 64 * k));
-                        }
-                    }
-                }
+                prefetch_part(base.wrapping_add(blk * bs), bs, gi, per, pf);
                 let g = blk * per + gi;
                 let [s0, s1, o0, o1] = if early { so[gi] } else { scales::<K>(&raw, gi) };
                 // Several tokens: transposed once, then no reduction per token; packed
