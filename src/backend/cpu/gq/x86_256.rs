@@ -58,6 +58,17 @@ const PF: usize = 2;
 /// 7.9 -> 10.7, IQ4_NL 8.3-9.5 -> 12.1; 1.5-3 KiB ahead alike; into L2 alone or none,
 /// slower for most types.
 const PF_L2: usize = 3072;
+/// [`decode_tr`]'s distance into L2 (from each stream's unit), bytes. Measured (1 GiB,
+/// rows of 2048, GB/s, none / 768 / 1536 / 3072): Q4_K 14.9-15.7 / 15.7-16.9 / 15.3-15.6
+/// / 15.4, Q5_K 14.1-14.8 / 14.8-15.5 / 14.1-14.2 / 14.4, Q6_K 14.6-15.6 / 14.7-15.8 /
+/// 15.0-15.4 / 14.6-15.2, IQ4_XS 14.3-14.6 / 14.5-14.9 / 14.2-14.4 / 14.3-14.5; Q2_K
+/// 11.4-11.9 / 11.2-11.3 / 12.4 / 12.4, Q3_K 12.2 / 12.0-12.2 / 12.2-12.3 / 12.3-12.5.
+const fn pf2_l2(t: u8) -> usize {
+    match t {
+        T_Q2_K | T_Q3_K => 3072,
+        _ => 768,
+    }
+}
 
 use super::tag::*;
 use super::{Src, Tok};
@@ -258,6 +269,11 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
         unsafe { prefill_tr::<T>(tiles, tile_bytes, nrows, a, &tok, tc, out) };
         return;
     }
+    if let (1, Src::Transposed { tiles, tile_bytes }) = (t, src) {
+        // SAFETY: as for `prefill_tr` above, one token.
+        unsafe { decode_tr::<T>(tiles, tile_bytes, nrows, a, &tok, out) };
+        return;
+    }
     for r0 in (0..nrows).step_by(R) {
         let nr = (nrows - r0).min(R);
         let rows: [*const u8; R] = match src {
@@ -353,6 +369,68 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
                     out[(r0 + i) * t + c0 + c] = v;
                 }
             }
+        }
+    }
+}
+
+/// Decode (one token) over transposed tiles: two streams through memory, the first and
+/// the second half of the tiles, a unit of each in turn, each prefetched as `gemm_t`
+/// prefetches its one stream (under [`Prefetch::L1`]: the next unit into L1, and into
+/// L2 [`pf2_l2`] bytes ahead). Each tile's units, sums and fused multiply-adds are
+/// those of [`decode_unit`], bit for bit. `gq_decode_bench` over 1 GiB (past the 480
+/// MiB L3 of the Intel Xeon VM, `Prefetch::L1`), GB/s, one stream -> two: rows of 2048
+/// / 4096 values, Q4_K 13.9-14.3 -> 15.4-16.9 / 13.8-14.0 -> 17.1-17.2, Q5_K 13.2-13.5
+/// -> 14.9-15.7 / 13.0-13.3 -> 16.1, Q6_K 13.8-14.1 -> 15.9-16.0 / 13.9-14.1 -> 16.1-16.2;
+/// at 2048: Q2_K 11.9 -> 12.4, Q3_K 11.3 -> 12.2-12.5, IQ4_XS 13.3 -> 14.5-14.9. Two
+/// neighbouring tiles at a time instead ran slower at 2048 (Q4_K 14.3 -> 13.0): each
+/// stream's prefetches past a tile's end fell on the other stream's tile.
+///
+/// # Safety
+/// As [`prefill_tr`] with `a.t == 1`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_tr<const T: u8>(tiles: &[u8], tile_bytes: usize, nrows: usize, a: &QAct, tok: &[Tok], out: &mut [f32]) {
+    let units = a.cols / GROUP / U;
+    let tb = super::transposed_block_bytes(block_bytes(T), 32);
+    let ntiles = nrows.div_ceil(R);
+    let (zi, zf) = (_mm256_setzero_si256(), _mm256_setzero_ps());
+    let mut un = Unit { q: [[zi; R]; U], l: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2] };
+    let lv = levels();
+    let pf = prefetch() == Prefetch::L1;
+    // Stream `j` runs over tiles `j * half ..`: each a forward stream across its tiles'
+    // ends, so the prefetches past a tile's last unit fetch its stream's next tile.
+    let half = ntiles.div_ceil(2);
+    for k in 0..half {
+        let tl = [k, k + half];
+        let nt = if k + half < ntiles { 2 } else { 1 };
+        let mut acc = [zf; 2];
+        for u in 0..units {
+            for (j, acc) in acc[..nt].iter_mut().enumerate() {
+                // SAFETY: tile `tl[j] < ntiles` lies inside `tiles` and unit `u < units`
+                // inside it (the caller's contract); token 0's groups `u * U ..` of `a`
+                // and `tok` exist; prefetches never fault.
+                unsafe {
+                    let here = tiles.as_ptr().add(tl[j] * tile_bytes + u * tb);
+                    if pf {
+                        for l in (0..tb).step_by(64) {
+                            _mm_prefetch::<_MM_HINT_T0>(here.wrapping_add(tb + l) as *const i8);
+                            _mm_prefetch::<_MM_HINT_T1>(here.wrapping_add(pf2_l2(T) + l) as *const i8);
+                        }
+                    }
+                    let bp: [*const u8; R] = std::array::from_fn(|i| here.add(4 * i));
+                    scales_t::<T>(here, &mut un);
+                    let x = (a.qs.as_ptr().add(u * U * GROUP), a.d.as_ptr().add(u * U));
+                    let xs = (a.sums.as_ptr().add(u * U), tok.as_ptr().wrapping_add(u * U));
+                    *acc = decode_unit::<T, true>(&un, &bp, lv, U, x.0, x.1, xs, *acc);
+                }
+            }
+        }
+        for (j, acc) in acc[..nt].iter().enumerate() {
+            let mut l = [0f32; R];
+            // SAFETY: `l` holds 8 f32, a __m256 (unaligned store).
+            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), *acc) };
+            let r0 = tl[j] * R;
+            let nr = (nrows - r0).min(R);
+            out[r0..r0 + nr].copy_from_slice(&l[..nr]);
         }
     }
 }
