@@ -467,17 +467,24 @@ fn decode_prefetch<const K: u8>(decode: bool) -> Option<(usize, bool)> {
     (decode && dist > 0).then(|| (dist, prefetch() == Prefetch::L1))
 }
 
-/// Two transposed tiles side by side (32 rows: tile `j` at `base[j]`, its row `r <
-/// valid[j]`'s result for token `c0 + c` to `out[(16 j + r) * ostride + c]`), tokens
-/// `c0..c0 + C`, all groups, in the group order of [`tile`] bit for bit. Each activation
-/// dword is loaded once for both tiles' products: with the weights of one tile in
-/// registers, the broadcast loads (8 per token and group) bound the prefill loop.
-/// Decode (C = 1) takes it too, with [`tile`]'s prefetches for both streams: two
-/// independent chains of fused multiply-adds instead of one (one tile's chain bounded
-/// its decode: perf's samples sat behind the four dependent FMAs of a Q2_K group).
-/// `gq_decode_bench` over 1 GiB, GB/s, one tile -> pairs: Q4_K 15.6 -> 17.4, Q5_K 16.1
-/// -> 17.1, Q6_K 15.7 -> 17.8, IQ4_XS 16.1 -> 17.5, Q2_K 12.7 -> 13.3, Q3_K 12.5 -> 12.2
-/// (in L2: Q4_K 34.3 -> 37.9, IQ4_XS 32.5 -> 41.3, Q2_K 17.5 -> 18.5).
+/// Two transposed tiles side by side (tile `j` at `base[j]`, its row `r < valid[j]`'s
+/// result for token `c0 + c` to `out[j][r * ostride + c]`), tokens `c0..c0 + C`, all
+/// groups, in the group order of [`tile`] bit for bit. Each activation dword is loaded
+/// once for both tiles' products: with the weights of one tile in registers, the
+/// broadcast loads (8 per token and group) bound the prefill loop (there the two tiles
+/// are neighbours). Decode (C = 1) takes it too, with [`tile`]'s prefetches for both
+/// streams: two independent chains of fused multiply-adds instead of one (one tile's
+/// chain bounded its decode: perf's samples sat behind the four dependent FMAs of a
+/// Q2_K group). `gq_decode_bench` over 1 GiB, GB/s, one tile -> neighbouring pairs: Q4_K
+/// 15.6 -> 17.4, Q5_K 16.1 -> 17.1, Q6_K 15.7 -> 17.8, IQ4_XS 16.1 -> 17.5, Q2_K 12.7 ->
+/// 13.3, Q3_K 12.5 -> 12.2 (in L2: Q4_K 34.3 -> 37.9, IQ4_XS 32.5 -> 41.3, Q2_K 17.5 ->
+/// 18.5). Decode now pairs tile `k` with tile `k + half` (`driver`: two forward streams
+/// whose prefetches past a tile's end fall on their own next tile, not on the other
+/// stream's): neighbouring pairs -> halves, rows of 2048 / 4096 values: Q4_K 15.5 ->
+/// 17.3-17.6 / 16.7-17.3 -> 17.3-18.0, Q5_K 15.1-15.3 -> 17.0-17.1 / 17.0-17.3 ->
+/// 16.5-17.4, Q6_K 16.0-16.1 -> 17.1-17.4 / 17.7-17.9 -> 16.4-17.8, IQ4_XS 15.5-15.8 ->
+/// 17.0-17.5 / 16.7 -> 17.9-18.0, and Q2_K (one tile before) 11.8-11.9 -> 14.3-14.4 /
+/// 11.8-12.0 -> 14.1-14.5, Q3_K 11.7-12.0 -> 13.1 / 12.2-12.5 -> 13.0-13.4.
 ///
 /// # Safety
 /// As [`tile`] for transposed tiles, for both tiles.
@@ -491,7 +498,7 @@ unsafe fn tile2<const K: u8, const C: usize>(
     a: &QAct,
     tok: &[Tok],
     c0: usize,
-    out: *mut f32,
+    out: [*mut f32; 2],
     ostride: usize,
     valid: [usize; 2],
 ) {
@@ -537,7 +544,7 @@ unsafe fn tile2<const K: u8, const C: usize>(
                 _mm512_storeu_ps(o.as_mut_ptr(), *acc);
                 for (&r, &v) in LANE.iter().zip(&o) {
                     if r < valid[j] {
-                        *out.add((R * j + r) * ostride + c) = v;
+                        *out[j].add(r * ostride + c) = v;
                     }
                 }
             }
@@ -804,6 +811,29 @@ unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o
     // `c..c + ct <= t` inside `a`, outputs `(i + r) * t + c` for `r < valid` inside `out`
     // (`out.len() == nrows * t`).
     unsafe {
+        if let (1, Src::Transposed { tiles, tile_bytes }) = (t, src) {
+            if nrows > R {
+                // Decode: two streams through memory, the first and the second half of
+                // the tiles, tile `k` beside tile `k + half` ([`tile2`]).
+                let bs = super::transposed_block_bytes(bb, 64);
+                let ntiles = nrows.div_ceil(R);
+                let half = ntiles.div_ceil(2);
+                for k in 0..half {
+                    let b = tiles.as_ptr().add(k * tile_bytes);
+                    let valid = (nrows - k * R).min(R);
+                    if k + half < ntiles {
+                        let b2 = [b, tiles.as_ptr().add((k + half) * tile_bytes)];
+                        let v2 = [valid, (nrows - (k + half) * R).min(R)];
+                        let o2 = [o.add(k * R), o.add((k + half) * R)];
+                        tile2::<K, 1>(b2, bs, nblk, a, &tok, 0, o2, 1, v2);
+                    } else {
+                        let offs = _mm512_setzero_si512();
+                        tile::<K, 1, true>(&[b; R], offs, bb, bs, nblk, a, &tok, 0, o.add(k * R), 1, valid);
+                    }
+                }
+                return;
+            }
+        }
         let mut t0 = 0;
         while t0 < t {
             let t1 = (t0 + tc).min(t);
@@ -815,10 +845,7 @@ unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o
             let mut i = 0;
             while i < nrows {
                 let valid = (nrows - i).min(R);
-                // Decode takes pairs too (two accumulator chains, one set of activation
-                // loads), but not Q2_K / Q3_K, bound by their unpacking: measured no faster
-                // or slower there (TinyLlama tg64), faster for the others (see `tile2`).
-                let pair = tile_bytes > 0 && i + R < nrows && (t > 1 || !matches!(K, T_Q2_K | T_Q3_K));
+                let pair = tile_bytes > 0 && i + R < nrows;
                 let mut rows = [std::ptr::null(); R];
                 let mut off = [0i32; R];
                 let tr = matches!(src, Src::Transposed { .. });
@@ -859,7 +886,8 @@ unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o
                     if tr && pair {
                         let b2 = [rows[0], rows[0].add(tile_bytes)];
                         let v2 = [valid, (nrows - i - R).min(R)];
-                        dispatch2!(K, ct, b2, bs, nblk, a, &tok, c, o.add(i * t + c), t, v2);
+                        let o2 = [o.add(i * t + c), o.add((i + R) * t + c)];
+                        dispatch2!(K, ct, b2, bs, nblk, a, &tok, c, o2, t, v2);
                     } else if tr {
                         dispatch!(K, true, ct, &rows, offs, bb, bs, nblk, a, &tok, c, o.add(i * t + c), t, valid);
                     } else {
