@@ -388,7 +388,14 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
 /// # Safety
 /// As [`prefill_tr`] with `a.t == 1`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode_tr<const T: u8>(tiles: &[u8], tile_bytes: usize, nrows: usize, a: &QAct, tok: &[Tok], out: &mut [f32]) {
+unsafe fn decode_tr<const T: u8>(
+    tiles: &[u8],
+    tile_bytes: usize,
+    nrows: usize,
+    a: &QAct,
+    tok: &[Tok],
+    out: &mut [f32],
+) {
     let units = a.cols / GROUP / U;
     let tb = super::transposed_block_bytes(block_bytes(T), 32);
     let ntiles = nrows.div_ceil(R);
