@@ -17,8 +17,9 @@
 //! pairs), then for the 8 rows together a tree of horizontal adds leaving each
 //! row's two half sums in its lane (in i16 for integers below 16, else after a
 //! `madd` to i32), the exact bias corrections and the group's fused multiply-adds
-//! in the group order. Weights are prefetched two units ahead (packed decode under
-//! `Prefetch::L1`: the next unit into L1, 3 KiB ahead into L2, [`PF_L2`]).
+//! in the group order. Weights are prefetched two units ahead (decode over tiles:
+//! two streams, each under `Prefetch::L1` its next unit into L1 and [`pf2_l2`] bytes
+//! ahead into L2, [`decode_tiles`]).
 //!
 //! Prefill over transposed tiles (the K-quants and IQ4_XS, [`prefill_tr`]) takes
 //! two tiles (16 rows) and blocks of up to 2-4 tokens at a time: each weight vector
@@ -50,19 +51,18 @@ const U: usize = 8;
 const TC: usize = 32;
 /// Prefetch distance in units (into L1: prefill, and decode under [`Prefetch::L2`]).
 const PF: usize = 2;
-/// Packed decode under [`Prefetch::L1`] (Intel; Zen 3 not re-measured) prefetches the next unit into L1
-/// and the lines `PF_L2` bytes ahead into L2 (`prefetcht1`). Measured on the Intel Xeon VM
-/// (`gq_decode_bench` over 1 GiB, past its 480 MiB L3; GB/s, units `PF` ahead into L1 ->
-/// this): Q4_K 9.9 -> 13.1, Q5_K 12.1 -> 13.0, Q6_K 9.5-10.8 -> 13.8, IQ4_XS 9.3-12.0 ->
-/// 12.7, Q2_K 11.3 -> 12.0, Q3_K 9.9 -> 9.8, Q4_1 10.0 -> 12.3, Q5_0 10.0 -> 11.7, Q5_1
-/// 7.9 -> 10.7, IQ4_NL 8.3-9.5 -> 12.1; 1.5-3 KiB ahead alike; into L2 alone or none,
-/// slower for most types.
-const PF_L2: usize = 3072;
-/// [`decode_tr`]'s distance into L2 (from each stream's unit), bytes. Measured (1 GiB,
-/// rows of 2048, GB/s, none / 768 / 1536 / 3072): Q4_K 14.9-15.7 / 15.7-16.9 / 15.3-15.6
-/// / 15.4, Q5_K 14.1-14.8 / 14.8-15.5 / 14.1-14.2 / 14.4, Q6_K 14.6-15.6 / 14.7-15.8 /
-/// 15.0-15.4 / 14.6-15.2, IQ4_XS 14.3-14.6 / 14.5-14.9 / 14.2-14.4 / 14.3-14.5; Q2_K
-/// 11.4-11.9 / 11.2-11.3 / 12.4 / 12.4, Q3_K 12.2 / 12.0-12.2 / 12.2-12.3 / 12.3-12.5.
+/// [`decode_tiles`]' distance into L2 (`prefetcht1`, from each stream's unit) under
+/// [`Prefetch::L1`] (Intel; Zen 3 not re-measured), beside the next unit into L1. As one
+/// stream (1 GiB, GB/s, units `PF` ahead into L1 -> the next unit + 3 KiB into L2): Q4_K
+/// 9.9 -> 13.1, Q5_K 12.1 -> 13.0, Q6_K 9.5-10.8 -> 13.8, IQ4_XS 9.3-12.0 -> 12.7, Q2_K 11.3
+/// -> 12.0, Q3_K 9.9 -> 9.8, Q4_1 10.0 -> 12.3, Q5_0 10.0 -> 11.7, Q5_1 7.9 -> 10.7, IQ4_NL
+/// 8.3-9.5 -> 12.1. As two streams (rows of 2048, GB/s, none / 768 / 1536 / 3072): Q4_K
+/// 14.9-15.7 / 15.7-16.9 / 15.3-15.6 / 15.4, Q5_K 14.1-14.8 / 14.8-15.5 / 14.1-14.2 / 14.4,
+/// Q6_K 14.6-15.6 / 14.7-15.8 / 15.0-15.4 / 14.6-15.2, IQ4_XS 14.3-14.6 / 14.5-14.9 /
+/// 14.2-14.4 / 14.3-14.5; Q2_K 11.4-11.9 / 11.2-11.3 / 12.4 / 12.4, Q3_K 12.2 / 12.0-12.2 /
+/// 12.2-12.3 / 12.3-12.5; the small-block types' packed tiles 768 against 3072: Q4_1
+/// 13.3-13.4 -> 14.0-14.1, Q5_0 11.5-11.9 -> 12.4-12.5, Q5_1 11.9-12.0 -> 12.7-12.8, IQ4_NL
+/// 12.1-12.4 -> 12.7-12.9.
 const fn pf2_l2(t: u8) -> usize {
     match t {
         T_Q2_K | T_Q3_K => 3072,
@@ -269,11 +269,12 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
         unsafe { prefill_tr::<T>(tiles, tile_bytes, nrows, a, &tok, tc, out) };
         return;
     }
-    if let (1, Src::Transposed { tiles, tile_bytes }) = (t, src) {
-        // SAFETY: as for `prefill_tr` above, one token.
-        unsafe { decode_tr::<T>(tiles, tile_bytes, nrows, a, &tok, out) };
+    if let (1, Src::Transposed { tiles, tile_bytes } | Src::Packed { tiles, tile_bytes }) = (t, src) {
+        // SAFETY: the tiles as asserted above (`us` bytes from a unit to the next), one token.
+        unsafe { decode_tiles::<T, TR>(tiles, tile_bytes, us, nrows, a, &tok, out) };
         return;
     }
+    // Left: prefill over packed tiles or rows as stored, and decode over rows as stored.
     for r0 in (0..nrows).step_by(R) {
         let nr = (nrows - r0).min(R);
         let rows: [*const u8; R] = match src {
@@ -288,21 +289,9 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
                 // unit `i * ub` bytes into it.
                 unsafe { tiles.as_ptr().add(r0 / R * tile_bytes + i * ub) }
             }),
-            // Row `i`'s dwords are lane `i` of the block's vectors (`at`).
-            Src::Transposed { tiles, tile_bytes } => std::array::from_fn(|i| {
-                // SAFETY: tile `r0 / R` lies inside `tiles` (asserted above).
-                unsafe { tiles.as_ptr().add(r0 / R * tile_bytes + 4 * i) }
-            }),
+            Src::Transposed { .. } => unreachable!("transposed tiles take prefill_tr or decode_tiles"),
         };
         let packed = !matches!(src, Src::Rows { .. });
-        // Packed tiles' prefetches: prefill keeps them (measured); so does decode on Intel
-        // (`Prefetch::L1`), and on AMD over the legacy types' tiles, while the transposed
-        // (K-quant, IQ4_XS) tiles' decode reads faster with none there: Zen 4,
-        // `gq_decode_bench`, GB/s with -> none: Q4_K 17.7 -> 19, Q6_K 13.2 -> 19, IQ4_XS
-        // 12-16 -> 17, Q5_K 16.5 -> 12-18, Q2_K/Q3_K the same; Q4_1 13.5 -> 8.5, Q5_0
-        // 10.4 -> 6.3 (into L2 instead: no better than either).
-        let pf = t > 1 || !TR || prefetch() == Prefetch::L1;
-        let l1_l2 = t == 1 && prefetch() == Prefetch::L1;
         for c0 in (0..t).step_by(tc) {
             let ct = (t - c0).min(tc);
             acc[..ct].fill(zf);
@@ -314,18 +303,10 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
                 // groups `u * U .. u * U + ng < groups` of `a.qs` / `a.d` (lengths asserted above).
                 unsafe {
                     if packed {
-                        // One stream: the tile's unit `PF` ahead, 8 rows back to back (decode
-                        // under `L1`: the next unit, and into L2 `PF_L2` bytes ahead).
+                        // One stream: the tile's unit `PF` ahead, 8 rows back to back.
                         let here = rows[0].wrapping_add(u * us);
-                        if l1_l2 {
-                            for l in (0..us).step_by(64) {
-                                _mm_prefetch::<_MM_HINT_T0>(here.wrapping_add(us + l) as *const i8);
-                                _mm_prefetch::<_MM_HINT_T1>(here.wrapping_add(PF_L2 + l) as *const i8);
-                            }
-                        } else if pf {
-                            for l in (0..us).step_by(64) {
-                                _mm_prefetch::<_MM_HINT_T0>(here.wrapping_add(PF * us + l) as *const i8);
-                            }
+                        for l in (0..us).step_by(64) {
+                            _mm_prefetch::<_MM_HINT_T0>(here.wrapping_add(PF * us + l) as *const i8);
                         }
                     } else {
                         for &p in &rows {
@@ -336,22 +317,16 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
                         }
                     }
                     let bp: [*const u8; R] = std::array::from_fn(|r| rows[r].add(u * us));
-                    if TR {
-                        // The block's start: row 0's dwords are lane 0 (`at`).
-                        scales_t::<T>(bp[0], &mut un);
-                    } else {
-                        scales::<T>(&bp, ng, &mut un);
-                    }
+                    scales::<T>(&bp, ng, &mut un);
                     let xq = a.qs.as_ptr().add(c0 * cols + u * U * GROUP);
                     let xd = a.d.as_ptr().add(c0 * groups + u * U);
                     let xs = a.sums.as_ptr().add(c0 * groups + u * U);
                     let xt = tok.as_ptr().wrapping_add(c0 * groups + u * U);
                     if ct == 1 {
                         // Decode: each group straight from the weights into the dot product.
-                        acc[0] = decode_unit::<T, TR>(&un, &bp, lv, ng, xq, xd, (xs, xt), acc[0]);
+                        acc[0] = decode_unit::<T, false>(&un, &bp, lv, ng, xq, xd, (xs, xt), acc[0]);
                     } else {
-                        // Prefill over rows (transposed tiles took `prefill_tr` above).
-                        debug_assert!(!TR);
+                        // Prefill over packed tiles or rows.
                         for g in 0..ng {
                             for i in 0..R {
                                 un.q[g][i] = qgroup::<T>(bp[i], g, lv);
@@ -373,36 +348,44 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
     }
 }
 
-/// Decode (one token) over transposed tiles: two streams through memory, the first and
-/// the second half of the tiles, a unit of each in turn, each prefetched as `gemm_t`
-/// prefetches its one stream (under [`Prefetch::L1`]: the next unit into L1, and into
-/// L2 [`pf2_l2`] bytes ahead). Each tile's units, sums and fused multiply-adds are
-/// those of [`decode_unit`], bit for bit. `gq_decode_bench` over 1 GiB (past the 480
-/// MiB L3 of the Intel Xeon VM, `Prefetch::L1`), GB/s, one stream -> two: rows of 2048
-/// / 4096 values, Q4_K 13.9-14.3 -> 15.4-16.9 / 13.8-14.0 -> 17.1-17.2, Q5_K 13.2-13.5
-/// -> 14.9-15.7 / 13.0-13.3 -> 16.1, Q6_K 13.8-14.1 -> 15.9-16.0 / 13.9-14.1 -> 16.1-16.2;
-/// at 2048: Q2_K 11.9 -> 12.4, Q3_K 11.3 -> 12.2-12.5, IQ4_XS 13.3 -> 14.5-14.9. Two
-/// neighbouring tiles at a time instead ran slower at 2048 (Q4_K 14.3 -> 13.0): each
+/// Decode (one token) over transposed (`TR`) or packed tiles, `us` bytes from a unit of
+/// a tile to its next: two streams through memory, the first and the second half of the
+/// tiles, a unit of each in turn. Under [`Prefetch::L1`] each stream's next unit into L1
+/// and [`pf2_l2`] bytes ahead into L2; otherwise packed tiles `PF` units ahead into L1 and
+/// transposed ones none (Zen 4, `gq_decode_bench`, GB/s with -> none: Q4_K 17.7 -> 19,
+/// Q6_K 13.2 -> 19, IQ4_XS 12-16 -> 17, Q5_K 16.5 -> 12-18, Q2_K/Q3_K the same; Q4_1 13.5
+/// -> 8.5, Q5_0 10.4 -> 6.3; measured as one stream). Each tile's units, sums and fused
+/// multiply-adds are those of [`decode_unit`], bit for bit. `gq_decode_bench` over 1 GiB
+/// (past the 480 MiB L3 of the Intel Xeon VM, `Prefetch::L1`), GB/s, one stream -> two:
+/// rows of 2048 / 4096 values, Q4_K 13.9-14.3 -> 15.4-16.9 / 13.8-14.0 -> 17.1-17.2, Q5_K
+/// 13.2-13.5 -> 14.9-15.7 / 13.0-13.3 -> 16.1, Q6_K 13.8-14.1 -> 15.9-16.0 / 13.9-14.1 ->
+/// 16.1-16.2; at 2048: Q2_K 11.9 -> 12.4, Q3_K 11.3 -> 12.2-12.5, IQ4_XS 13.3 -> 14.5-14.9,
+/// Q4_1 11.3-11.4 -> 14.0-14.1, Q5_0 10.8 -> 12.4-12.5, Q5_1 10.6-10.8 -> 12.7-12.8, IQ4_NL
+/// 11.2-11.3 -> 12.7-12.9 (at 4096: 11.4 -> 14.2, 10.5 -> 13.0, 10.2 -> 12.5, 10.9 -> 12.4).
+/// Two neighbouring tiles at a time instead ran slower at 2048 (Q4_K 14.3 -> 13.0): each
 /// stream's prefetches past a tile's end fell on the other stream's tile.
 ///
 /// # Safety
-/// As [`prefill_tr`] with `a.t == 1`.
+/// As [`prefill_tr`] with `a.t == 1` for transposed tiles; packed tiles as `gemm_t`
+/// asserts them.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode_tr<const T: u8>(
+unsafe fn decode_tiles<const T: u8, const TR: bool>(
     tiles: &[u8],
     tile_bytes: usize,
+    us: usize,
     nrows: usize,
     a: &QAct,
     tok: &[Tok],
     out: &mut [f32],
 ) {
-    let units = a.cols / GROUP / U;
-    let tb = super::transposed_block_bytes(block_bytes(T), 32);
+    let groups = a.cols / GROUP;
+    let units = groups.div_ceil(U);
+    let ub = us / if TR { 1 } else { R };
     let ntiles = nrows.div_ceil(R);
     let (zi, zf) = (_mm256_setzero_si256(), _mm256_setzero_ps());
     let mut un = Unit { q: [[zi; R]; U], l: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2] };
     let lv = levels();
-    let pf = prefetch() == Prefetch::L1;
+    let pf = prefetch();
     // Stream `j` runs over tiles `j * half ..`: each a forward stream across its tiles'
     // ends, so the prefetches past a tile's last unit fetch its stream's next tile.
     let half = ntiles.div_ceil(2);
@@ -411,23 +394,32 @@ unsafe fn decode_tr<const T: u8>(
         let nt = if k + half < ntiles { 2 } else { 1 };
         let mut acc = [zf; 2];
         for u in 0..units {
+            let ng = (groups - u * U).min(U);
             for (j, acc) in acc[..nt].iter_mut().enumerate() {
                 // SAFETY: tile `tl[j] < ntiles` lies inside `tiles` and unit `u < units`
                 // inside it (the caller's contract); token 0's groups `u * U ..` of `a`
                 // and `tok` exist; prefetches never fault.
                 unsafe {
-                    let here = tiles.as_ptr().add(tl[j] * tile_bytes + u * tb);
-                    if pf {
-                        for l in (0..tb).step_by(64) {
-                            _mm_prefetch::<_MM_HINT_T0>(here.wrapping_add(tb + l) as *const i8);
+                    let here = tiles.as_ptr().add(tl[j] * tile_bytes + u * us);
+                    if pf == Prefetch::L1 {
+                        for l in (0..us).step_by(64) {
+                            _mm_prefetch::<_MM_HINT_T0>(here.wrapping_add(us + l) as *const i8);
                             _mm_prefetch::<_MM_HINT_T1>(here.wrapping_add(pf2_l2(T) + l) as *const i8);
                         }
+                    } else if !TR {
+                        for l in (0..us).step_by(64) {
+                            _mm_prefetch::<_MM_HINT_T0>(here.wrapping_add(PF * us + l) as *const i8);
+                        }
                     }
-                    let bp: [*const u8; R] = std::array::from_fn(|i| here.add(4 * i));
-                    scales_t::<T>(here, &mut un);
+                    let bp: [*const u8; R] = std::array::from_fn(|i| here.add(if TR { 4 } else { ub } * i));
+                    if TR {
+                        scales_t::<T>(here, &mut un);
+                    } else {
+                        scales::<T>(&bp, ng, &mut un);
+                    }
                     let x = (a.qs.as_ptr().add(u * U * GROUP), a.d.as_ptr().add(u * U));
                     let xs = (a.sums.as_ptr().add(u * U), tok.as_ptr().wrapping_add(u * U));
-                    *acc = decode_unit::<T, true>(&un, &bp, lv, U, x.0, x.1, xs, *acc);
+                    *acc = decode_unit::<T, TR>(&un, &bp, lv, ng, x.0, x.1, xs, *acc);
                 }
             }
         }
