@@ -18,7 +18,7 @@
 //! row's two half sums in its lane (in i16 for integers below 16, else after a
 //! `madd` to i32), the exact bias corrections and the group's fused multiply-adds
 //! in the group order. Weights are prefetched two units ahead (decode over tiles:
-//! two streams, each under `Prefetch::L1` its next unit into L1 and [`pf2_l2`] bytes
+//! two streams, each under `Prefetch::L1` its next unit into L1 and [`PF2_L2`] bytes
 //! ahead into L2, [`decode_tiles`]).
 //!
 //! Prefill over transposed tiles (the K-quants and IQ4_XS, [`prefill_tr`]) takes
@@ -51,24 +51,26 @@ const U: usize = 8;
 const TC: usize = 32;
 /// Prefetch distance in units (into L1: prefill, and decode under [`Prefetch::L2`]).
 const PF: usize = 2;
-/// [`decode_tiles`]' distance into L2 (`prefetcht1`, from each stream's unit) under
-/// [`Prefetch::L1`] (Intel; Zen 3 not re-measured), beside the next unit into L1. As one
-/// stream (1 GiB, GB/s, units `PF` ahead into L1 -> the next unit + 3 KiB into L2): Q4_K
-/// 9.9 -> 13.1, Q5_K 12.1 -> 13.0, Q6_K 9.5-10.8 -> 13.8, IQ4_XS 9.3-12.0 -> 12.7, Q2_K 11.3
-/// -> 12.0, Q3_K 9.9 -> 9.8, Q4_1 10.0 -> 12.3, Q5_0 10.0 -> 11.7, Q5_1 7.9 -> 10.7, IQ4_NL
-/// 8.3-9.5 -> 12.1. As two streams (rows of 2048, GB/s, none / 768 / 1536 / 3072): Q4_K
-/// 14.9-15.7 / 15.7-16.9 / 15.3-15.6 / 15.4, Q5_K 14.1-14.8 / 14.8-15.5 / 14.1-14.2 / 14.4,
-/// Q6_K 14.6-15.6 / 14.7-15.8 / 15.0-15.4 / 14.6-15.2, IQ4_XS 14.3-14.6 / 14.5-14.9 /
-/// 14.2-14.4 / 14.3-14.5; Q2_K 11.4-11.9 / 11.2-11.3 / 12.4 / 12.4, Q3_K 12.2 / 12.0-12.2 /
-/// 12.2-12.3 / 12.3-12.5; the small-block types' packed tiles 768 against 3072: Q4_1
-/// 13.3-13.4 -> 14.0-14.1, Q5_0 11.5-11.9 -> 12.4-12.5, Q5_1 11.9-12.0 -> 12.7-12.8, IQ4_NL
-/// 12.1-12.4 -> 12.7-12.9.
-const fn pf2_l2(t: u8) -> usize {
-    match t {
-        T_Q2_K | T_Q3_K => 3072,
-        _ => 768,
-    }
-}
+/// [`decode_tiles`]' distance into L2 (`prefetcht1`, bytes from each stream's unit) under
+/// [`Prefetch::L1`] (Intel; Zen 3 not re-measured), beside the next unit into L1. Measured
+/// (`gq_decode_bench`, 1 GiB, one thread, GB/s):
+/// - Intel Xeon VM with 480 MiB of L3 (L2 2 MiB), one stream (units `PF` ahead into L1 -> the
+///   next unit + 3 KiB into L2): Q4_K 9.9 -> 13.1, Q5_K 12.1 -> 13.0, Q6_K 9.5-10.8 -> 13.8,
+///   IQ4_XS 9.3-12.0 -> 12.7, Q2_K 11.3 -> 12.0, Q3_K 9.9 -> 9.8, Q4_1 10.0 -> 12.3, Q5_0
+///   10.0 -> 11.7, Q5_1 7.9 -> 10.7, IQ4_NL 8.3-9.5 -> 12.1. Two streams, rows of 2048 (none /
+///   768 / 1536 / 3072): Q4_K 14.9-15.7 / 15.7-16.9 / 15.3-15.6 / 15.4, Q5_K 14.1-14.8 /
+///   14.8-15.5 / 14.1-14.2 / 14.4, Q6_K 14.6-15.6 / 14.7-15.8 / 15.0-15.4 / 14.6-15.2, IQ4_XS
+///   14.3-14.6 / 14.5-14.9 / 14.2-14.4 / 14.3-14.5; Q2_K 11.4-11.9 / 11.2-11.3 / 12.4 / 12.4,
+///   Q3_K 12.2 / 12.0-12.2 / 12.2-12.3 / 12.3-12.5.
+/// - Intel Xeon VM (model 207) with 300 MiB of L3, two streams, rows of 2048 / 5632 (768 ->
+///   3072): Q4_K 14.3 -> 17.1 / 15.0 -> 17.5, Q5_K 15.1 -> 16.1 / 14.7 -> 16.4, Q6_K 15.0 ->
+///   16.0 / 15.5 -> 15.9, IQ4_XS 14.1 -> 15.8 / 13.7 -> 15.8, Q2_K 12.1 -> 13.9 / 11.9 -> 13.8,
+///   Q3_K 11.6 -> 13.6 / 12.0 -> 13.9, Q4_1 12.7 -> 14.8 / 12.6 -> 14.4, IQ4_NL 11.9 -> 13.5 /
+///   12.4 -> 13.5; 4096 and 6144 alike or slower. TinyLlama tg64 (alternating, t/s, 1 / 2
+///   threads): Q4_K_M 23.1-24.5 -> 26.4-27.8 / 46.8-47.0 -> 51.1-51.6, IQ4_XS 25.1-25.8 ->
+///   27.5-28.0 / 47.8-48.2 -> 52.0-52.4. One distance for every type: 3072 (the first VM's
+///   768 was within 3-8% of it there; 3072 is 10-17% ahead on the second).
+const PF2_L2: usize = 3072;
 
 use super::tag::*;
 use super::{Src, Tok};
@@ -351,7 +353,7 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
 /// Decode (one token) over transposed (`TR`) or packed tiles, `us` bytes from a unit of
 /// a tile to its next: two streams through memory, the first and the second half of the
 /// tiles, a unit of each in turn. Under [`Prefetch::L1`] each stream's next unit into L1
-/// and [`pf2_l2`] bytes ahead into L2; otherwise packed tiles `PF` units ahead into L1 and
+/// and [`PF2_L2`] bytes ahead into L2; otherwise packed tiles `PF` units ahead into L1 and
 /// transposed ones none (Zen 4, `gq_decode_bench`, GB/s with -> none: Q4_K 17.7 -> 19,
 /// Q6_K 13.2 -> 19, IQ4_XS 12-16 -> 17, Q5_K 16.5 -> 12-18, Q2_K/Q3_K the same; Q4_1 13.5
 /// -> 8.5, Q5_0 10.4 -> 6.3; measured as one stream). Each tile's units, sums and fused
@@ -404,7 +406,7 @@ unsafe fn decode_tiles<const T: u8, const TR: bool>(
                     if pf == Prefetch::L1 {
                         for l in (0..us).step_by(64) {
                             _mm_prefetch::<_MM_HINT_T0>(here.wrapping_add(us + l) as *const i8);
-                            _mm_prefetch::<_MM_HINT_T1>(here.wrapping_add(pf2_l2(T) + l) as *const i8);
+                            _mm_prefetch::<_MM_HINT_T1>(here.wrapping_add(PF2_L2 + l) as *const i8);
                         }
                     } else if !TR {
                         for l in (0..us).step_by(64) {
