@@ -25,8 +25,8 @@
 //! two tiles (16 rows) and blocks of up to 2-4 tokens at a time: each weight vector
 //! loaded feeds every token of the block and each broadcast activation dword both
 //! tiles (the one-tile-one-token loop was bound by its loads). There the IQ4 levels
-//! go in as `level + 128 = 16 h + l`, two unsigned parts below 16 whose products add
-//! in i16 (two `maddubs` and no sign trick per dword), the 128 taken back as a bias.
+//! go in as i16 pairs against the activations widened to i16 (two `madd` and two
+//! adds per dword, [`iq4_block`]; `level + 128` overflows a `maddubs` pair).
 //!
 //! Exactness of the integer sums: `maddubs` takes an unsigned operand and
 //! saturates pairs at i16, so the weights go in as small unsigned integers
@@ -152,7 +152,8 @@ const fn block_bytes(t: u8) -> usize {
 /// offset of half `h` of group `g`, row `r` in lane `r` (half 1 only for `halves`).
 struct Unit {
     q: [[__m256i; R]; U],
-    /// The transposed IQ4 prefill's low parts ([`split_levels`]; `q` then holds the high).
+    /// The transposed IQ4 prefill's levels 2, 3 of each dword as i16 ([`levels_i16`]; `q`
+    /// then holds levels 0, 1).
     l: [[__m256i; R]; U],
     s: [[__m256; U]; 2],
     o: [[__m256; U]; 2],
@@ -264,7 +265,7 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
     let lv = levels();
     // Prefill's per-token bias corrections and offset sums (decode forms its own, but
     // over transposed tiles of the per-16 types: `dtab`).
-    let tok = if t > 1 || dtab::<T, TR>() { Tok::table(a, halves(T), pbias::<T, TR>()) } else { Vec::new() };
+    let tok = if t > 1 || dtab::<T, TR>() { Tok::table(a, halves(T), bias(T)) } else { Vec::new() };
     if let (true, Src::Transposed { tiles, tile_bytes }) = (t > 1, src) {
         // SAFETY: the CPU has AVX2/FMA/F16C (this function's contract); the tiles and
         // activations are as asserted above, `tok` has an entry per activation group.
@@ -467,8 +468,8 @@ unsafe fn prefill_unit<const T: u8>(
     }
 }
 
-/// Most tokens per pass of [`pair_block`] for type `t` (its i16 sums: `NT x NC`
-/// vectors, twice for IQ4's two parts).
+/// Most tokens per pass of [`pair_block`] (or [`iq4_block`]) for type `t` (`NT x NC`
+/// sums in registers). IQ4_XS, `iq4_block` (`gq_bench`, Gmac/s, 2 / 3 / 4): 67-71 / 71 / 72.
 const fn ncmax(t: u8) -> usize {
     match t {
         T_IQ4_XS => NC_IQ4,
@@ -476,33 +477,36 @@ const fn ncmax(t: u8) -> usize {
         _ => NC_OTHER,
     }
 }
-const NC_IQ4: usize = 2;
+const NC_IQ4: usize = 4;
 const NC_Q6: usize = 4;
 const NC_OTHER: usize = 3;
 
-/// The bias the prefill's [`Tok`] entries take back: the transposed IQ4 prefill
-/// multiplies the levels plus 128 ([`split_levels`]), every other path `bias(T)`.
-const fn pbias<const T: u8, const TR: bool>() -> i32 {
-    if TR && signed(T) {
-        128
-    } else {
-        bias(T)
-    }
-}
-
-/// The IQ4 levels plus 128 (1..=241) as `16 h + l`: `pshufb` tables of `h` and of
-/// `l` (both below 16, so `maddubs` products of 4 dwords add in i16 exactly).
+/// `pshufb` tables of the IQ4 levels as i16: their low bytes and their high (sign) bytes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn split_levels() -> (__m256i, __m256i) {
-    let mut h = [0u8; 32];
-    let mut l = [0u8; 32];
+fn level_bytes() -> (__m256i, __m256i) {
+    let mut lo = [0u8; 32];
+    let mut hi = [0u8; 32];
     for (i, &v) in IQ4_LEVELS.iter().chain(IQ4_LEVELS.iter()).enumerate() {
-        let u = (v as i32 + 128) as u8;
-        (h[i], l[i]) = (u >> 4, u & 15);
+        let b = (v as i16).to_le_bytes();
+        (lo[i], hi[i]) = (b[0], b[1]);
     }
     // SAFETY: both arrays hold 32 bytes (unaligned loads).
-    unsafe { (_mm256_loadu_si256(h.as_ptr() as *const __m256i), _mm256_loadu_si256(l.as_ptr() as *const __m256i)) }
+    unsafe { (_mm256_loadu_si256(lo.as_ptr() as *const __m256i), _mm256_loadu_si256(hi.as_ptr() as *const __m256i)) }
+}
+
+/// The IQ4 levels of one loaded nibble vector `n` (8 rows' dword: row `r`'s 4 values at
+/// bytes `4r..4r + 4`) as i16 pairs: `(a, b)`, `a` holding each row's values 0 and 1 in its
+/// lane (row `r` in lane `r`), `b` values 2 and 3.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn levels_i16(n: __m256i, (tl, th): (__m256i, __m256i)) -> (__m256i, __m256i) {
+    let (lo, hi) = (_mm256_shuffle_epi8(tl, n), _mm256_shuffle_epi8(th, n));
+    // Per 128-bit lane: x = rows 0, 1 (4, 5) and y = rows 2, 3 (6, 7), 4 values each, as
+    // dwords [r0 01, r0 23, r1 01, r1 23]; then [r0 01, r1 01, r0 23, r1 23].
+    let x = _mm256_shuffle_epi32::<0b11_01_10_00>(_mm256_unpacklo_epi8(lo, hi));
+    let y = _mm256_shuffle_epi32::<0b11_01_10_00>(_mm256_unpackhi_epi8(lo, hi));
+    (_mm256_unpacklo_epi64(x, y), _mm256_unpackhi_epi64(x, y))
 }
 
 /// Prefill over transposed tiles (the K-quants and IQ4_XS): two tiles (16 rows) at a
@@ -515,7 +519,7 @@ fn split_levels() -> (__m256i, __m256i) {
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `tiles` holds `nrows.div_ceil(8)` transposed tiles
 /// of `tile_bytes` for `a.cols`, `tok` an entry per activation group of `a` (taking
-/// back [`pbias`]), `out` `nrows * a.t` values (`gemm_t` asserts it all).
+/// back `bias(T)`), `out` `nrows * a.t` values (`gemm_t` asserts it all).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn prefill_tr<const T: u8>(
     tiles: &[u8],
@@ -537,7 +541,9 @@ unsafe fn prefill_tr<const T: u8>(
     let mut un = [unit(), unit()];
     let mut acc = [[zf; TC]; 2];
     let lv = levels();
-    let (lh, ll) = split_levels();
+    let lb = level_bytes();
+    // IQ4: the activations as i16 (the products taken by `madd`, [`iq4_block`]).
+    let xw: Vec<i16> = if signed(T) { a.qs[..t * cols].iter().map(|&v| v as i16).collect() } else { Vec::new() };
     for tp in (0..ntiles).step_by(2) {
         let nt = (ntiles - tp).min(2);
         // SAFETY: tiles `tp` and `tp + nt - 1 < ntiles` lie inside `tiles` (caller).
@@ -562,9 +568,7 @@ unsafe fn prefill_tr<const T: u8>(
                         for g in 0..U {
                             for i in 0..R {
                                 if signed(T) {
-                                    let n = nibble_t(blk, g, i);
-                                    un[j].q[g][i] = _mm256_shuffle_epi8(lh, n);
-                                    un[j].l[g][i] = _mm256_shuffle_epi8(ll, n);
+                                    (un[j].q[g][i], un[j].l[g][i]) = levels_i16(nibble_t(blk, g, i), lb);
                                 } else {
                                     un[j].q[g][i] = qgroup_t::<T>(blk, g, i, lv);
                                 }
@@ -579,6 +583,22 @@ unsafe fn prefill_tr<const T: u8>(
                     // SAFETY: tokens `k .. k + n <= t` and groups `gu .. gu + U <= groups` of
                     // `a` and `tok` (lengths asserted by `gemm_t` and above); `c + n <= ct <= TC`.
                     unsafe {
+                        if signed(T) {
+                            let x = (xw.as_ptr().add(k * cols + gu * GROUP), a.d.as_ptr().add(k * groups + gu));
+                            let d = (cols, groups, c);
+                            match (nt, n) {
+                                (2, 4) => iq4_block::<2, 4>(&un, d, x, &mut acc),
+                                (2, 3) => iq4_block::<2, 3>(&un, d, x, &mut acc),
+                                (2, 2) => iq4_block::<2, 2>(&un, d, x, &mut acc),
+                                (2, _) => iq4_block::<2, 1>(&un, d, x, &mut acc),
+                                (_, 4) => iq4_block::<1, 4>(&un, d, x, &mut acc),
+                                (_, 3) => iq4_block::<1, 3>(&un, d, x, &mut acc),
+                                (_, 2) => iq4_block::<1, 2>(&un, d, x, &mut acc),
+                                _ => iq4_block::<1, 1>(&un, d, x, &mut acc),
+                            }
+                            c += n;
+                            continue;
+                        }
                         let x = (
                             a.qs.as_ptr().add(k * cols + gu * GROUP),
                             a.d.as_ptr().add(k * groups + gu),
@@ -615,13 +635,63 @@ unsafe fn prefill_tr<const T: u8>(
     }
 }
 
+/// [`pair_block`] for IQ4_XS: one unit of `NT` unpacked tiles (`q[g][m]` / `l[g][m]`: the
+/// levels `4m, 4m + 1` / `4m + 2, 4m + 3` of group `g` as i16 pairs, [`levels_i16`]) times
+/// `NC` tokens (`xw`: the unit's first activation of the first token as i16, token `c`
+/// `c * cols` further; `xd` its scale, `c * groups` further), added to `acc[j][c0 + c]`. Each
+/// broadcast pair of activations is multiplied by `madd` into i32 sums: two `madd` and two
+/// adds per 4 values, no bias to take back. (Levels plus 128 in `maddubs` overflow i16;
+/// split as `16 h + l` they took two `maddubs`, two adds and the sums' `madd` per 4 values,
+/// and a bias correction per group.) The same exact sums and [`group_fma`]'s float steps
+/// as [`dot_unit`]: bit for bit.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `xw` and `xd` cover `NC` tokens' `U` groups; `c0 + NC <= TC`.
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_block<const NT: usize, const NC: usize>(
+    un: &[Unit; 2],
+    (cols, groups, c0): (usize, usize, usize),
+    (xw, xd): (*const i16, *const f32),
+    acc: &mut [[__m256; TC]; 2],
+) {
+    let (zi, zf) = (_mm256_setzero_si256(), _mm256_setzero_ps());
+    assert!(c0 + NC <= TC);
+    for g in 0..U {
+        let mut s = [[zi; NC]; NT];
+        // A loop (its count hidden from the optimizer), as in `pair_block`.
+        for m in 0..std::hint::black_box(R) {
+            let (wa, wb): ([__m256i; NT], [__m256i; NT]) =
+                (std::array::from_fn(|j| un[j].q[g][m]), std::array::from_fn(|j| un[j].l[g][m]));
+            for c in 0..NC {
+                // SAFETY: values `4m .. 4m + 4` of group `g` of token `c` (the caller's contract).
+                let (xa, xb) = unsafe {
+                    let p = xw.add(c * cols + GROUP * g + 4 * m) as *const i32;
+                    (_mm256_set1_epi32(p.read_unaligned()), _mm256_set1_epi32(p.add(1).read_unaligned()))
+                };
+                for j in 0..NT {
+                    let v = _mm256_add_epi32(_mm256_madd_epi16(wa[j], xa), _mm256_madd_epi16(wb[j], xb));
+                    s[j][c] = _mm256_add_epi32(s[j][c], v);
+                }
+            }
+        }
+        for c in 0..NC {
+            // SAFETY: group `g` of token `c` (the caller's contract).
+            let dx = _mm256_set1_ps(unsafe { *xd.add(c * groups + g) });
+            for j in 0..NT {
+                acc[j][c0 + c] = group_fma::<T_IQ4_XS>(&un[j], g, dx, (s[j][c], zi), (zf, zf), acc[j][c0 + c]);
+            }
+        }
+    }
+}
+
 /// One unit of `NT` unpacked tiles ([`prefill_tr`]) times `NC` tokens (from `x`: the
 /// unit's first activation, scale and [`Tok`] entry of the first token; token `c`'s
 /// `c * cols` / `c * groups` further), added to `acc[j][c0 + c]` in the group order.
 /// Per group and dword each tile's weight vector is multiplied with each token's
-/// broadcast activation dword; the products add in i16 as [`lane_sums`]' do (for
-/// IQ4 the high and low parts separately, the high taken times 16 by its `madd`),
-/// giving the same exact half sums; then [`dot_unit`]'s float steps.
+/// broadcast activation dword; the products add in i16 as [`lane_sums`]' do, giving the
+/// same exact half sums; then [`dot_unit`]'s float steps. Unsigned integers only (IQ4_XS
+/// takes [`iq4_block`]).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `x` covers `NC` tokens' `U` groups; `c0 + NC <= TC`.
@@ -635,13 +705,12 @@ unsafe fn pair_block<const T: u8, const NT: usize, const NC: usize>(
 ) {
     let zi = _mm256_setzero_si256();
     let ones16 = _mm256_set1_epi16(1);
-    let hi16 = _mm256_set1_epi16(16);
-    assert!(c0 + NC <= TC);
+    assert!(c0 + NC <= TC && !signed(T));
     for g in 0..U {
         // Row `r`'s half sums (values 0..16, 16..32) of tile `j` and token `c` in lane `r`.
         let mut hs = [[[zi; NC]; NT]; 2];
         // Products add in i16 over 4 dwords (at most 8 products per 16-bit lane, below
-        // 16 h / l or 32 unsigned: `narrow_lanes`), Q6_K's over 2 (`pair_lanes`), then
+        // 32 unsigned: `narrow_lanes`), Q6_K's over 2 (`pair_lanes`), then
         // into i32. The dword loops stay loops (their counts hidden from the optimizer):
         // unrolled, their weight loads were merged across tokens, the tokens scheduled
         // one after another and the weights spilled and reloaded for each.
@@ -665,28 +734,20 @@ unsafe fn pair_block<const T: u8, const NT: usize, const NC: usize>(
                 }
                 continue;
             }
-            let (mut p, mut pl) = ([[zi; NC]; NT], [[zi; NC]; NT]);
+            let mut p = [[zi; NC]; NT];
             for mm in 0..std::hint::black_box(4) {
                 let m = 4 * half + mm;
                 let w: [__m256i; NT] = std::array::from_fn(|j| un[j].q[g][m]);
-                let wl: [__m256i; NT] = std::array::from_fn(|j| if signed(T) { un[j].l[g][m] } else { zi });
                 for c in 0..NC {
                     let x = xb(c, m);
                     for j in 0..NT {
                         p[j][c] = _mm256_add_epi16(p[j][c], _mm256_maddubs_epi16(w[j], x));
-                        if signed(T) {
-                            pl[j][c] = _mm256_add_epi16(pl[j][c], _mm256_maddubs_epi16(wl[j], x));
-                        }
                     }
                 }
             }
             for j in 0..NT {
                 for c in 0..NC {
-                    hs[j][c] = if signed(T) {
-                        _mm256_add_epi32(_mm256_madd_epi16(p[j][c], hi16), _mm256_madd_epi16(pl[j][c], ones16))
-                    } else {
-                        _mm256_madd_epi16(p[j][c], ones16)
-                    };
+                    hs[j][c] = _mm256_madd_epi16(p[j][c], ones16);
                 }
             }
         }
@@ -695,7 +756,7 @@ unsafe fn pair_block<const T: u8, const NT: usize, const NC: usize>(
             let (dx, tk) = unsafe { (_mm256_set1_ps(*xd.add(c * groups + g)), &*xt.add(c * groups + g)) };
             for j in 0..NT {
                 let (mut i0, mut i1) = (hs[0][j][c], hs[1][j][c]);
-                if pbias::<T, true>() != 0 {
+                if bias(T) != 0 {
                     i0 = _mm256_add_epi32(i0, _mm256_set1_epi32(tk.nb[0]));
                     if halves(T) {
                         i1 = _mm256_add_epi32(i1, _mm256_set1_epi32(tk.nb[1]));
