@@ -294,15 +294,21 @@ pub(crate) fn par_units<T: Send>(
 }
 
 /// A raw pointer that may cross threads (the pool's parts write disjoint ranges).
-struct SendPtr<T>(*mut T);
+pub(crate) struct SendPtr<T>(pub(crate) *mut T);
+impl<T> SendPtr<T> {
+    /// The pointer (a closure calling this captures the whole `SendPtr`, not its field).
+    pub(crate) fn get(self) -> *mut T {
+        self.0
+    }
+}
 impl<T> Clone for SendPtr<T> {
     fn clone(&self) -> Self {
         *self
     }
 }
 impl<T> Copy for SendPtr<T> {}
-// SAFETY: only used to hand disjoint sub-slices of one `&mut [T]` to the
-// pool's parts while the caller holds the exclusive borrow.
+// SAFETY: only used to hand disjoint parts of one `&mut [T]` to the pool's parts
+// while the caller holds the exclusive borrow (here and in `ops::matmul`).
 unsafe impl<T: Send> Send for SendPtr<T> {}
 // SAFETY: as above; each part derives a slice no other part touches.
 unsafe impl<T: Send> Sync for SendPtr<T> {}

@@ -487,6 +487,44 @@ pub(crate) fn gemm_packed(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &m
     }
 }
 
+/// Whether [`gemm_packed_tm`] takes `p` for `t` tokens: transposed tiles (x86), several tokens.
+pub(crate) fn token_major(p: &Packed, t: usize) -> bool {
+    p.transposed && t > 1 && matches!(p.isa, Isa::Avx2 | Isa::Avx512Vnni)
+}
+
+/// [`gemm_packed`] with the results token-major, as the matmul's output wants them (no
+/// transpose afterwards): row `r0 + r`'s result for token `c` to `o[r + c * ys]`, for
+/// `p` that [`token_major`] takes. The same results bit for bit.
+///
+/// # Safety
+/// `o[r + c * ys]` is writable for `r < nrows`, `c < a.t`, and nothing else reads or writes
+/// those places until this returns.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+pub(crate) unsafe fn gemm_packed_tm(p: &Packed, r0: usize, nrows: usize, a: &QAct, o: *mut f32, ys: usize) {
+    let tr = tile_rows(p.isa);
+    assert!(r0.is_multiple_of(tr) && r0 + nrows <= p.rows, "rows {r0}..{} of {}", r0 + nrows, p.rows);
+    assert!(token_major(p, a.t) && nrows <= ys);
+    assert_eq!(a.cols, p.cols);
+    assert_eq!(a.qs.len(), a.t * a.cols);
+    assert_eq!(a.d.len(), a.t * a.cols / GROUP);
+    assert_eq!(a.sums.len(), a.d.len());
+    let tb = p.tiles.group_bytes();
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    let tiles = &p.tiles.bytes()[r0 / tr * tb..(r0 + nrows).div_ceil(tr) * tb];
+    match p.isa {
+        // SAFETY: as `gemm_packed` for the kernel set and the tiles; the outputs as the
+        // caller guarantees.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { x86_256::gemm_packed_tm(p.dtype, tiles, tb, nrows, a, o, ys) },
+        // SAFETY: as above, for AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => unsafe {
+            x86_512::gemm_packed_tm(p.dtype, Src::Transposed { tiles, tile_bytes: tb }, nrows, a, o, ys)
+        },
+        other => unreachable!("no token-major grouped kernels for {other:?}"),
+    }
+}
+
 /// [`gemm`] in portable Rust, group by group.
 fn gemm_ref(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
     let (t, cols) = (a.t, a.cols);
@@ -681,6 +719,24 @@ mod tests {
                                             "{dt} {isa:?}: cols {cols} rows {rows} from {r0}, t {t}: row {i} token {c}"
                                         );
                                     }
+                                }
+                                if !token_major(&p, t) {
+                                    continue;
+                                }
+                                // Token-major into a wider output (`ys = rows + 5`): the same bits
+                                // at `r0 + i + c * ys`, and nothing else written.
+                                let ys = rows + 5;
+                                let mut y = vec![-7.5f32; t * ys];
+                                // SAFETY: `y` holds `t * ys` values, and `r0 + n <= rows < ys`.
+                                unsafe { gemm_packed_tm(&p, r0, n, &a, y.as_mut_ptr().add(r0), ys) };
+                                for (k, v) in y.iter().enumerate() {
+                                    let (c, rr) = (k / ys, k % ys);
+                                    let want = if (r0..r0 + n).contains(&rr) { out[(rr - r0) * t + c] } else { -7.5 };
+                                    assert_eq!(
+                                        v.to_bits(),
+                                        want.to_bits(),
+                                        "{dt} {isa:?} token-major: cols {cols} rows {rows} from {r0}, t {t}: row {rr} token {c}"
+                                    );
                                 }
                             }
                         }

@@ -193,6 +193,56 @@ pub(super) unsafe fn gemm_packed(dt: DType, src: Src<'_>, nrows: usize, a: &QAct
     unsafe { by_type(dt, src, nrows, a, out) }
 }
 
+/// [`gemm_packed`] over transposed tiles with the results token-major: row `r`'s for token
+/// `c` to `o[r + c * ys]` ([`prefill_tr`] for every `a.t`).
+///
+/// # Safety
+/// As [`gemm_packed`]; `o[r + c * ys]` is writable for `r < nrows`, `c < a.t`, and nothing
+/// else reads or writes those places meanwhile.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn gemm_packed_tm(
+    dt: DType,
+    tiles: &[u8],
+    tile_bytes: usize,
+    nrows: usize,
+    a: &QAct,
+    o: *mut f32,
+    ys: usize,
+) {
+    // SAFETY: same contract as this function's.
+    unsafe {
+        match dt {
+            DType::Q2_K => gemm_tm::<T_Q2_K>(tiles, tile_bytes, nrows, a, o, ys),
+            DType::Q3_K => gemm_tm::<T_Q3_K>(tiles, tile_bytes, nrows, a, o, ys),
+            DType::Q4_K => gemm_tm::<T_Q4_K>(tiles, tile_bytes, nrows, a, o, ys),
+            DType::Q5_K => gemm_tm::<T_Q5_K>(tiles, tile_bytes, nrows, a, o, ys),
+            DType::Q6_K => gemm_tm::<T_Q6_K>(tiles, tile_bytes, nrows, a, o, ys),
+            DType::IQ4_XS => gemm_tm::<T_IQ4_XS>(tiles, tile_bytes, nrows, a, o, ys),
+            _ => unreachable!("{dt} has no transposed tiles"),
+        }
+    }
+}
+
+/// [`gemm_packed_tm`] for type `T`: `gemm_t`'s assertions for transposed tiles, then
+/// [`prefill_tr`].
+///
+/// # Safety
+/// As [`gemm_packed_tm`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm_tm<const T: u8>(tiles: &[u8], tile_bytes: usize, nrows: usize, a: &QAct, o: *mut f32, ys: usize) {
+    let (t, cols) = (a.t, a.cols);
+    let groups = cols / GROUP;
+    assert!(a.qs.len() >= t * cols && a.d.len() >= t * groups && a.sums.len() >= t * groups);
+    let tb = super::transposed_block_bytes(block_bytes(T), 32);
+    assert!(T > T_IQ4_NL && cols.is_multiple_of(256) && tile_bytes >= groups / U * tb);
+    assert!(tiles.len() >= nrows.div_ceil(R) * tile_bytes && nrows <= ys);
+    let tok = Tok::table(a, halves(T), bias(T));
+    let tc = token_chunk(t, cols).min(TC);
+    // SAFETY: the CPU has AVX2/FMA/F16C, the tiles and activations as asserted above, the
+    // outputs as the caller guarantees.
+    unsafe { prefill_tr::<T>(tiles, tile_bytes, nrows, a, &tok, tc, o, (1, ys)) };
+}
+
 /// `gemm_t` for type `dt`.
 ///
 /// # Safety
@@ -269,7 +319,7 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
     if let (true, Src::Transposed { tiles, tile_bytes }) = (t > 1, src) {
         // SAFETY: the CPU has AVX2/FMA/F16C (this function's contract); the tiles and
         // activations are as asserted above, `tok` has an entry per activation group.
-        unsafe { prefill_tr::<T>(tiles, tile_bytes, nrows, a, &tok, tc, out) };
+        unsafe { prefill_tr::<T>(tiles, tile_bytes, nrows, a, &tok, tc, out.as_mut_ptr(), (t, 1)) };
         return;
     }
     if let (1, Src::Transposed { tiles, tile_bytes } | Src::Packed { tiles, tile_bytes }) = (t, src) {
@@ -519,7 +569,9 @@ fn levels_i16(n: __m256i, (tl, th): (__m256i, __m256i)) -> (__m256i, __m256i) {
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `tiles` holds `nrows.div_ceil(8)` transposed tiles
 /// of `tile_bytes` for `a.cols`, `tok` an entry per activation group of `a` (taking
-/// back `bias(T)`), `out` `nrows * a.t` values (`gemm_t` asserts it all).
+/// back `bias(T)`) (`gemm_t` / `gemm_tm` assert it all); row `r`'s result for token `c`
+/// goes to `o[r * ld.0 + c * ld.1]`, writable for `r < nrows`, `c < a.t`.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn prefill_tr<const T: u8>(
     tiles: &[u8],
@@ -528,7 +580,8 @@ unsafe fn prefill_tr<const T: u8>(
     a: &QAct,
     tok: &[Tok],
     tc: usize,
-    out: &mut [f32],
+    o: *mut f32,
+    ld: (usize, usize),
 ) {
     let (t, cols) = (a.t, a.cols);
     let groups = cols / GROUP;
@@ -627,7 +680,8 @@ unsafe fn prefill_tr<const T: u8>(
                     // SAFETY: `l` holds 8 f32, a __m256 (unaligned store); AVX as above.
                     unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[j][c]) };
                     for (i, &v) in l[..nr].iter().enumerate() {
-                        out[(r0 + i) * t + c0 + c] = v;
+                        // SAFETY: row `r0 + i < nrows`, token `c0 + c < t` (the caller's contract).
+                        unsafe { *o.add((r0 + i) * ld.0 + (c0 + c) * ld.1) = v };
                     }
                 }
             }

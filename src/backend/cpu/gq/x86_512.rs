@@ -468,7 +468,7 @@ fn decode_prefetch<const K: u8>(decode: bool) -> Option<(usize, bool)> {
 }
 
 /// Two transposed tiles side by side (tile `j` at `base[j]`, its row `r < valid[j]`'s
-/// result for token `c0 + c` to `out[j][r * ostride + c]`), tokens `c0..c0 + C`, all
+/// result for token `c0 + c` to `out[j][r * ld.0 + c * ld.1]`), tokens `c0..c0 + C`, all
 /// groups, in the group order of [`tile`] bit for bit. Each activation dword is loaded
 /// once for both tiles' products: with the weights of one tile in registers, the
 /// broadcast loads (8 per token and group) bound the prefill loop (there the two tiles
@@ -499,7 +499,7 @@ unsafe fn tile2<const K: u8, const C: usize>(
     tok: &[Tok],
     c0: usize,
     out: [*mut f32; 2],
-    ostride: usize,
+    ld: (usize, usize),
     valid: [usize; 2],
 ) {
     let groups = nblk * 8;
@@ -544,7 +544,7 @@ unsafe fn tile2<const K: u8, const C: usize>(
                 _mm512_storeu_ps(o.as_mut_ptr(), *acc);
                 for (&r, &v) in LANE.iter().zip(&o) {
                     if r < valid[j] {
-                        *out[j].add(r * ostride + c) = v;
+                        *out[j].add(r * ld.0 + c * ld.1) = v;
                     }
                 }
             }
@@ -556,7 +556,8 @@ unsafe fn tile2<const K: u8, const C: usize>(
 /// `LANE[l]` as a byte offset from `rows[0]`; block `blk` of a row `blk * bs` bytes
 /// after its first: `bs == bb` for rows as stored, `16 bb` for a packed tile, which
 /// is then one stream, prefetched as one) times tokens `c0..c0 + C`, all groups;
-/// row `r < valid`'s result for token `c0 + c` goes to `out[r * ostride + c]`.
+/// row `r < valid`'s result for token `c0 + c` goes to `out[r * ld.0 + c * ld.1]` (`ld`:
+/// `(t, 1)` row-major, `(1, ys)` token-major).
 ///
 /// # Safety
 /// The CPU has the target features; every row holds `nblk` whole blocks of `bb`
@@ -575,7 +576,7 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
     tok: &[Tok],
     c0: usize,
     out: *mut f32,
-    ostride: usize,
+    ld: (usize, usize),
     valid: usize,
 ) {
     let per = if K >= T_Q2_K { 8 } else { 1 };
@@ -694,7 +695,7 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
             _mm512_storeu_ps(o.as_mut_ptr(), *acc);
             for (&r, &v) in LANE.iter().zip(&o) {
                 if r < valid {
-                    *out.add(r * ostride + c) = v;
+                    *out.add(r * ld.0 + c * ld.1) = v;
                 }
             }
         }
@@ -791,25 +792,24 @@ unsafe fn unpack_t<const K: u8>(blk: *const u8, g: usize) -> [__m512i; 8] {
     })
 }
 
-/// All rows and tokens of one type.
+/// All rows and tokens of one type: row `r`'s result for token `c` to `o[r * ld.0 + c * ld.1]`.
 ///
 /// # Safety
-/// As [`gemm`] (rows as stored) or [`gemm_packed`].
+/// As [`gemm`] (rows as stored) or [`gemm_packed`] / [`gemm_packed_tm`] (`o` and `ld`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, out: &mut [f32]) {
+unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o: *mut f32, ld: (usize, usize)) {
     let (t, cols) = (a.t, a.cols);
     let bb = dt.block_bytes();
     let nblk = cols / dt.block_elems();
     assert_eq!(a.sums.len(), a.d.len());
     let tok = Tok::table(a, halves(K), bias(K));
     let tc = token_chunk(t, cols);
-    let o = out.as_mut_ptr();
     // SAFETY: the CPU has this function's target features (reached only through `isa()`);
     // rows as stored: the rows `i + r` (clamped to `nrows - 1`) are inside `w`
     // (`w.len() >= nrows * row_bytes`, checked by `gq::gemm`); packed: tile `i / 16` (all 16
     // rows, zero past the matrix) is inside `tiles` (checked by `gq::gemm_packed`); tokens
-    // `c..c + ct <= t` inside `a`, outputs `(i + r) * t + c` for `r < valid` inside `out`
-    // (`out.len() == nrows * t`).
+    // `c..c + ct <= t` inside `a`, outputs `(i + r) * ld.0 + c * ld.1` for `r < valid` writable
+    // (the callers' contract).
     unsafe {
         if let (1, Src::Transposed { tiles, tile_bytes }) = (t, src) {
             if nrows > R {
@@ -824,11 +824,11 @@ unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o
                     if k + half < ntiles {
                         let b2 = [b, tiles.as_ptr().add((k + half) * tile_bytes)];
                         let v2 = [valid, (nrows - (k + half) * R).min(R)];
-                        let o2 = [o.add(k * R), o.add((k + half) * R)];
-                        tile2::<K, 1>(b2, bs, nblk, a, &tok, 0, o2, 1, v2);
+                        let o2 = [o.add(k * R * ld.0), o.add((k + half) * R * ld.0)];
+                        tile2::<K, 1>(b2, bs, nblk, a, &tok, 0, o2, ld, v2);
                     } else {
                         let offs = _mm512_setzero_si512();
-                        tile::<K, 1, true>(&[b; R], offs, bb, bs, nblk, a, &tok, 0, o.add(k * R), 1, valid);
+                        tile::<K, 1, true>(&[b; R], offs, bb, bs, nblk, a, &tok, 0, o.add(k * R * ld.0), ld, valid);
                     }
                 }
                 return;
@@ -886,12 +886,42 @@ unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o
                     if tr && pair {
                         let b2 = [rows[0], rows[0].add(tile_bytes)];
                         let v2 = [valid, (nrows - i - R).min(R)];
-                        let o2 = [o.add(i * t + c), o.add((i + R) * t + c)];
-                        dispatch2!(K, ct, b2, bs, nblk, a, &tok, c, o2, t, v2);
+                        let o2 = [o.add(i * ld.0 + c * ld.1), o.add((i + R) * ld.0 + c * ld.1)];
+                        dispatch2!(K, ct, b2, bs, nblk, a, &tok, c, o2, ld, v2);
                     } else if tr {
-                        dispatch!(K, true, ct, &rows, offs, bb, bs, nblk, a, &tok, c, o.add(i * t + c), t, valid);
+                        dispatch!(
+                            K,
+                            true,
+                            ct,
+                            &rows,
+                            offs,
+                            bb,
+                            bs,
+                            nblk,
+                            a,
+                            &tok,
+                            c,
+                            o.add(i * ld.0 + c * ld.1),
+                            ld,
+                            valid
+                        );
                     } else {
-                        dispatch!(K, false, ct, &rows, offs, bb, bs, nblk, a, &tok, c, o.add(i * t + c), t, valid);
+                        dispatch!(
+                            K,
+                            false,
+                            ct,
+                            &rows,
+                            offs,
+                            bb,
+                            bs,
+                            nblk,
+                            a,
+                            &tok,
+                            c,
+                            o.add(i * ld.0 + c * ld.1),
+                            ld,
+                            valid
+                        );
                     }
                     c += ct;
                 }
@@ -907,20 +937,20 @@ unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o
 /// # Safety
 /// As [`driver`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn by_type(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, out: &mut [f32]) {
+unsafe fn by_type(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o: *mut f32, ld: (usize, usize)) {
     // SAFETY: the caller's contract is `driver`'s.
     unsafe {
         match dt {
-            DType::Q4_1 => driver::<T_Q4_1>(dt, src, nrows, a, out),
-            DType::Q5_0 => driver::<T_Q5_0>(dt, src, nrows, a, out),
-            DType::Q5_1 => driver::<T_Q5_1>(dt, src, nrows, a, out),
-            DType::IQ4_NL => driver::<T_IQ4_NL>(dt, src, nrows, a, out),
-            DType::Q2_K => driver::<T_Q2_K>(dt, src, nrows, a, out),
-            DType::Q3_K => driver::<T_Q3_K>(dt, src, nrows, a, out),
-            DType::Q4_K => driver::<T_Q4_K>(dt, src, nrows, a, out),
-            DType::Q5_K => driver::<T_Q5_K>(dt, src, nrows, a, out),
-            DType::Q6_K => driver::<T_Q6_K>(dt, src, nrows, a, out),
-            DType::IQ4_XS => driver::<T_IQ4_XS>(dt, src, nrows, a, out),
+            DType::Q4_1 => driver::<T_Q4_1>(dt, src, nrows, a, o, ld),
+            DType::Q5_0 => driver::<T_Q5_0>(dt, src, nrows, a, o, ld),
+            DType::Q5_1 => driver::<T_Q5_1>(dt, src, nrows, a, o, ld),
+            DType::IQ4_NL => driver::<T_IQ4_NL>(dt, src, nrows, a, o, ld),
+            DType::Q2_K => driver::<T_Q2_K>(dt, src, nrows, a, o, ld),
+            DType::Q3_K => driver::<T_Q3_K>(dt, src, nrows, a, o, ld),
+            DType::Q4_K => driver::<T_Q4_K>(dt, src, nrows, a, o, ld),
+            DType::Q5_K => driver::<T_Q5_K>(dt, src, nrows, a, o, ld),
+            DType::Q6_K => driver::<T_Q6_K>(dt, src, nrows, a, o, ld),
+            DType::IQ4_XS => driver::<T_IQ4_XS>(dt, src, nrows, a, o, ld),
             _ => unreachable!("{dt} is not a grouped type"),
         }
     }
@@ -943,7 +973,7 @@ pub(super) unsafe fn gemm(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a
     // SAFETY: the caller (`gq::gemm`'s `Isa::Avx512Vnni` arm; `isa()` picks that kernel set only
     // on CPUs with AVX-512 F/BW/VL + VNNI, AVX2, FMA, F16C) guarantees the features and
     // the bounds (`gq::gemm`'s assertions).
-    unsafe { by_type(dt, Src::Rows { w, row_bytes }, nrows, a, out) }
+    unsafe { by_type(dt, Src::Rows { w, row_bytes }, nrows, a, out.as_mut_ptr(), (a.t, 1)) }
 }
 
 /// The product over packed rows: `src` ([`Src::Packed`] or [`Src::Transposed`]) starts at
@@ -958,7 +988,21 @@ pub(super) unsafe fn gemm_packed(dt: DType, src: Src<'_>, nrows: usize, a: &QAct
         return;
     }
     // SAFETY: as `gemm`; the gather offsets are below `16 * block_bytes` (at most 3,360).
-    unsafe { by_type(dt, src, nrows, a, out) }
+    unsafe { by_type(dt, src, nrows, a, out.as_mut_ptr(), (a.t, 1)) }
+}
+
+/// [`gemm_packed`] with the results token-major: row `r`'s for token `c` to `o[r + c * ys]`
+/// (one matrix's rows of a `t x ys` output, which the caller slices no further).
+///
+/// # Safety
+/// As [`gemm_packed`]; `o[r + c * ys]` is writable for `r < nrows`, `c < a.t`, and nothing
+/// else reads or writes those places meanwhile.
+pub(super) unsafe fn gemm_packed_tm(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o: *mut f32, ys: usize) {
+    if nrows == 0 || a.t == 0 {
+        return;
+    }
+    // SAFETY: as `gemm_packed`, the outputs as the caller guarantees.
+    unsafe { by_type(dt, src, nrows, a, o, (1, ys)) }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! `fpack` (packed rows), `pool` (the work split).
 
 use crate::backend::cpu::isa::{self, QAct};
-use crate::backend::cpu::pool::{par_units, Pool};
+use crate::backend::cpu::pool::{par_units, Pool, SendPtr};
 use crate::backend::cpu::{fpack, gq, qpack, simd};
 use crate::quant::DType;
 use crate::util::try_vec;
@@ -126,6 +126,21 @@ pub(crate) fn matmul(pool: &Pool, m: Weight<'_>, act: &Act<'_>, y: &mut [f32]) -
     if t_count == 1 {
         par_units(pool, y, 1, cols, align, |r0, part| b.run(r0, part, 1));
         return Ok(());
+    }
+    if let (Some(qa), Some(Pack::G(p))) = (b.qa, b.m.packed) {
+        if gq::token_major(p, t_count) {
+            // The kernels write y token-major themselves: no row-major buffer, no transpose
+            // (whose reads at 2 threads crossed to the other core's cache).
+            let yp = SendPtr(y.as_mut_ptr());
+            let mut units = vec![(); rows];
+            par_units(pool, &mut units, 1, cols * t_count, align, |r0, part| {
+                // SAFETY: `y` holds `t_count x rows` values and stays exclusively borrowed
+                // until `par_units` returns; this part writes `y[c * rows + r0 + r]` for its
+                // rows `r < part.len()` only, rows no other part is handed.
+                unsafe { gq::gemm_packed_tm(p, r0, part.len(), qa, yp.get().add(r0), rows) }
+            });
+            return Ok(());
+        }
     }
     // Row-major over weights: tmp[r][t], transposed into y afterwards.
     let mut tmp = try_vec(rows.saturating_mul(t_count), 0f32, "the step's matmul transpose buffer")?;
