@@ -203,17 +203,26 @@ struct Tok {
 impl Tok {
     /// One entry per activation group of `a` (token-major, as `a.d`).
     fn table(a: &QAct, halves: bool, bias: i32) -> Vec<Tok> {
-        a.lo.iter()
-            .zip(&a.sums)
-            .map(|(&b0, &bs)| {
-                if halves {
-                    let b1 = bs - b0;
-                    Tok { nb: [-bias * b0, -bias * b1], bf: [b0 as f32, b1 as f32] }
-                } else {
-                    Tok { nb: [-bias * bs, 0], bf: [bs as f32, 0.0] }
-                }
-            })
-            .collect()
+        a.lo.iter().zip(&a.sums).map(|(&b0, &bs)| Tok::entry(b0, bs, halves, bias)).collect()
+    }
+
+    fn entry(b0: i32, bs: i32, halves: bool, bias: i32) -> Tok {
+        if halves {
+            let b1 = bs - b0;
+            Tok { nb: [-bias * b0, -bias * b1], bf: [b0 as f32, b1 as f32] }
+        } else {
+            Tok { nb: [-bias * bs, 0], bf: [bs as f32, 0.0] }
+        }
+    }
+
+    /// [`Tok::table`], allocated fallibly (`LLMRT_OUT_OF_MEMORY`).
+    fn try_table(a: &QAct, halves: bool, bias: i32) -> Result<Vec<Tok>> {
+        let zero = Tok { nb: [0; 2], bf: [0.0; 2] };
+        let mut v = crate::util::try_vec(a.sums.len(), zero, "the step's activation sums per group")?;
+        for ((o, &b0), &bs) in v.iter_mut().zip(&a.lo).zip(&a.sums) {
+            *o = Tok::entry(b0, bs, halves, bias);
+        }
+        Ok(v)
     }
 }
 
@@ -487,6 +496,45 @@ pub(crate) fn gemm_packed(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &m
     }
 }
 
+/// What [`gemm_packed_tm`] forms from the activations once per matrix product (each
+/// thread's every chunk of rows formed it before: at 2 threads 4-9 times per product):
+/// the bias corrections and offset sums per group ([`Tok`]) and, for the AVX2 IQ4_XS
+/// kernel, the activations widened to i16.
+#[derive(Default)]
+pub(crate) struct Prep {
+    #[cfg(target_arch = "x86_64")]
+    tok: Vec<Tok>,
+    #[cfg(target_arch = "x86_64")]
+    wide: Vec<i16>,
+}
+
+/// [`Prep`] for `p` and `a` (allocated fallibly: `LLMRT_OUT_OF_MEMORY`); empty where
+/// [`token_major`] does not take `p`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+pub(crate) fn prepare(p: &Packed, a: &QAct) -> Result<Prep> {
+    if !token_major(p, a.t) {
+        return Ok(Prep::default());
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (halves, bias) = match p.isa {
+            Isa::Avx2 => x86_256::tok_kind(p.dtype),
+            _ => x86_512::tok_kind(p.dtype),
+        };
+        let tok = Tok::try_table(a, halves, bias)?;
+        let wide = if p.isa == Isa::Avx2 && p.dtype == DType::IQ4_XS {
+            let mut w = crate::util::try_vec(a.qs.len(), 0i16, "the step's activations as i16")?;
+            w.iter_mut().zip(&a.qs).for_each(|(w, &q)| *w = q as i16);
+            w
+        } else {
+            Vec::new()
+        };
+        Ok(Prep { tok, wide })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    Ok(Prep::default())
+}
+
 /// Whether [`gemm_packed_tm`] takes `p` for `t` tokens: transposed tiles (x86), several tokens.
 pub(crate) fn token_major(p: &Packed, t: usize) -> bool {
     p.transposed && t > 1 && matches!(p.isa, Isa::Avx2 | Isa::Avx512Vnni)
@@ -500,7 +548,7 @@ pub(crate) fn token_major(p: &Packed, t: usize) -> bool {
 /// `o[r + c * ys]` is writable for `r < nrows`, `c < a.t`, and nothing else reads or writes
 /// those places until this returns.
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-pub(crate) unsafe fn gemm_packed_tm(p: &Packed, r0: usize, nrows: usize, a: &QAct, o: *mut f32, ys: usize) {
+pub(crate) unsafe fn gemm_packed_tm(p: &Packed, r0: usize, nrows: usize, a: &QAct, pre: &Prep, o: *mut f32, ys: usize) {
     let tr = tile_rows(p.isa);
     assert!(r0.is_multiple_of(tr) && r0 + nrows <= p.rows, "rows {r0}..{} of {}", r0 + nrows, p.rows);
     assert!(token_major(p, a.t) && nrows <= ys);
@@ -515,11 +563,11 @@ pub(crate) unsafe fn gemm_packed_tm(p: &Packed, r0: usize, nrows: usize, a: &QAc
         // SAFETY: as `gemm_packed` for the kernel set and the tiles; the outputs as the
         // caller guarantees.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86_256::gemm_packed_tm(p.dtype, tiles, tb, nrows, a, o, ys) },
+        Isa::Avx2 => unsafe { x86_256::gemm_packed_tm(p.dtype, tiles, tb, nrows, a, pre, o, ys) },
         // SAFETY: as above, for AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => unsafe {
-            x86_512::gemm_packed_tm(p.dtype, Src::Transposed { tiles, tile_bytes: tb }, nrows, a, o, ys)
+            x86_512::gemm_packed_tm(p.dtype, Src::Transposed { tiles, tile_bytes: tb }, nrows, a, &pre.tok, o, ys)
         },
         other => unreachable!("no token-major grouped kernels for {other:?}"),
     }
@@ -728,7 +776,8 @@ mod tests {
                                 let ys = rows + 5;
                                 let mut y = vec![-7.5f32; t * ys];
                                 // SAFETY: `y` holds `t * ys` values, and `r0 + n <= rows < ys`.
-                                unsafe { gemm_packed_tm(&p, r0, n, &a, y.as_mut_ptr().add(r0), ys) };
+                                let pre = prepare(&p, &a).unwrap();
+                                unsafe { gemm_packed_tm(&p, r0, n, &a, &pre, y.as_mut_ptr().add(r0), ys) };
                                 for (k, v) in y.iter().enumerate() {
                                     let (c, rr) = (k / ys, k % ys);
                                     let want = if (r0..r0 + n).contains(&rr) { out[(rr - r0) * t + c] } else { -7.5 };

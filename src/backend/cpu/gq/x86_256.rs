@@ -200,47 +200,73 @@ pub(super) unsafe fn gemm_packed(dt: DType, src: Src<'_>, nrows: usize, a: &QAct
 /// As [`gemm_packed`]; `o[r + c * ys]` is writable for `r < nrows`, `c < a.t`, and nothing
 /// else reads or writes those places meanwhile.
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn gemm_packed_tm(
     dt: DType,
     tiles: &[u8],
     tile_bytes: usize,
     nrows: usize,
     a: &QAct,
+    pre: &super::Prep,
     o: *mut f32,
     ys: usize,
 ) {
+    let tw = (&pre.tok[..], &pre.wide[..]);
     // SAFETY: same contract as this function's.
     unsafe {
         match dt {
-            DType::Q2_K => gemm_tm::<T_Q2_K>(tiles, tile_bytes, nrows, a, o, ys),
-            DType::Q3_K => gemm_tm::<T_Q3_K>(tiles, tile_bytes, nrows, a, o, ys),
-            DType::Q4_K => gemm_tm::<T_Q4_K>(tiles, tile_bytes, nrows, a, o, ys),
-            DType::Q5_K => gemm_tm::<T_Q5_K>(tiles, tile_bytes, nrows, a, o, ys),
-            DType::Q6_K => gemm_tm::<T_Q6_K>(tiles, tile_bytes, nrows, a, o, ys),
-            DType::IQ4_XS => gemm_tm::<T_IQ4_XS>(tiles, tile_bytes, nrows, a, o, ys),
+            DType::Q2_K => gemm_tm::<T_Q2_K>(tiles, tile_bytes, nrows, a, tw, o, ys),
+            DType::Q3_K => gemm_tm::<T_Q3_K>(tiles, tile_bytes, nrows, a, tw, o, ys),
+            DType::Q4_K => gemm_tm::<T_Q4_K>(tiles, tile_bytes, nrows, a, tw, o, ys),
+            DType::Q5_K => gemm_tm::<T_Q5_K>(tiles, tile_bytes, nrows, a, tw, o, ys),
+            DType::Q6_K => gemm_tm::<T_Q6_K>(tiles, tile_bytes, nrows, a, tw, o, ys),
+            DType::IQ4_XS => gemm_tm::<T_IQ4_XS>(tiles, tile_bytes, nrows, a, tw, o, ys),
             _ => unreachable!("{dt} has no transposed tiles"),
         }
     }
 }
 
+/// The `(halves, bias)` of this kernel set's [`Tok`] table for `dt` (a transposed type).
+pub(super) fn tok_kind(dt: DType) -> (bool, i32) {
+    let t = match dt {
+        DType::Q2_K => T_Q2_K,
+        DType::Q3_K => T_Q3_K,
+        DType::Q4_K => T_Q4_K,
+        DType::Q5_K => T_Q5_K,
+        DType::Q6_K => T_Q6_K,
+        DType::IQ4_XS => T_IQ4_XS,
+        _ => unreachable!("{dt} has no transposed tiles"),
+    };
+    (halves(t), bias(t))
+}
+
 /// [`gemm_packed_tm`] for type `T`: `gemm_t`'s assertions for transposed tiles, then
-/// [`prefill_tr`].
+/// [`prefill_tr`] with the [`Tok`] table and (IQ4_XS) the widened activations given.
 ///
 /// # Safety
 /// As [`gemm_packed_tm`].
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn gemm_tm<const T: u8>(tiles: &[u8], tile_bytes: usize, nrows: usize, a: &QAct, o: *mut f32, ys: usize) {
+unsafe fn gemm_tm<const T: u8>(
+    tiles: &[u8],
+    tile_bytes: usize,
+    nrows: usize,
+    a: &QAct,
+    (tok, wide): (&[Tok], &[i16]),
+    o: *mut f32,
+    ys: usize,
+) {
     let (t, cols) = (a.t, a.cols);
     let groups = cols / GROUP;
     assert!(a.qs.len() >= t * cols && a.d.len() >= t * groups && a.sums.len() >= t * groups);
     let tb = super::transposed_block_bytes(block_bytes(T), 32);
     assert!(T > T_IQ4_NL && cols.is_multiple_of(256) && tile_bytes >= groups / U * tb);
     assert!(tiles.len() >= nrows.div_ceil(R) * tile_bytes && nrows <= ys);
-    let tok = Tok::table(a, halves(T), bias(T));
+    assert!(tok.len() == t * groups && (!signed(T) || wide.len() == t * cols));
     let tc = token_chunk(t, cols).min(TC);
     // SAFETY: the CPU has AVX2/FMA/F16C, the tiles and activations as asserted above, the
     // outputs as the caller guarantees.
-    unsafe { prefill_tr::<T>(tiles, tile_bytes, nrows, a, &tok, tc, o, (1, ys)) };
+    unsafe { prefill_tr::<T>(tiles, tile_bytes, nrows, a, (tok, wide), tc, o, (1, ys)) };
 }
 
 /// `gemm_t` for type `dt`.
@@ -317,9 +343,10 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
     // over transposed tiles of the per-16 types: `dtab`).
     let tok = if t > 1 || dtab::<T, TR>() { Tok::table(a, halves(T), bias(T)) } else { Vec::new() };
     if let (true, Src::Transposed { tiles, tile_bytes }) = (t > 1, src) {
+        let wide: Vec<i16> = if signed(T) { a.qs[..t * cols].iter().map(|&v| v as i16).collect() } else { Vec::new() };
         // SAFETY: the CPU has AVX2/FMA/F16C (this function's contract); the tiles and
         // activations are as asserted above, `tok` has an entry per activation group.
-        unsafe { prefill_tr::<T>(tiles, tile_bytes, nrows, a, &tok, tc, out.as_mut_ptr(), (t, 1)) };
+        unsafe { prefill_tr::<T>(tiles, tile_bytes, nrows, a, (&tok, &wide), tc, out.as_mut_ptr(), (t, 1)) };
         return;
     }
     if let (1, Src::Transposed { tiles, tile_bytes } | Src::Packed { tiles, tile_bytes }) = (t, src) {
@@ -578,7 +605,7 @@ unsafe fn prefill_tr<const T: u8>(
     tile_bytes: usize,
     nrows: usize,
     a: &QAct,
-    tok: &[Tok],
+    (tok, wide): (&[Tok], &[i16]),
     tc: usize,
     o: *mut f32,
     ld: (usize, usize),
@@ -596,7 +623,7 @@ unsafe fn prefill_tr<const T: u8>(
     let lv = levels();
     let lb = level_bytes();
     // IQ4: the activations as i16 (the products taken by `madd`, [`iq4_block`]).
-    let xw: Vec<i16> = if signed(T) { a.qs[..t * cols].iter().map(|&v| v as i16).collect() } else { Vec::new() };
+    assert!(!signed(T) || wide.len() >= t * cols);
     for tp in (0..ntiles).step_by(2) {
         let nt = (ntiles - tp).min(2);
         // SAFETY: tiles `tp` and `tp + nt - 1 < ntiles` lie inside `tiles` (caller).
@@ -637,7 +664,7 @@ unsafe fn prefill_tr<const T: u8>(
                     // `a` and `tok` (lengths asserted by `gemm_t` and above); `c + n <= ct <= TC`.
                     unsafe {
                         if signed(T) {
-                            let x = (xw.as_ptr().add(k * cols + gu * GROUP), a.d.as_ptr().add(k * groups + gu));
+                            let x = (wide.as_ptr().add(k * cols + gu * GROUP), a.d.as_ptr().add(k * groups + gu));
                             let d = (cols, groups, c);
                             match (nt, n) {
                                 (2, 4) => iq4_block::<2, 4>(&un, d, x, &mut acc),

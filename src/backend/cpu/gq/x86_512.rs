@@ -109,6 +109,20 @@ const fn offset(k: u8) -> bool {
     matches!(k, T_Q4_1 | T_Q5_1 | T_Q2_K | T_Q4_K | T_Q5_K)
 }
 
+/// The `(halves, bias)` of this kernel set's [`Tok`] table for `dt`.
+pub(super) fn tok_kind(dt: DType) -> (bool, i32) {
+    let k = match dt {
+        DType::Q2_K => T_Q2_K,
+        DType::Q3_K => T_Q3_K,
+        DType::Q4_K => T_Q4_K,
+        DType::Q5_K => T_Q5_K,
+        DType::Q6_K => T_Q6_K,
+        DType::IQ4_XS => T_IQ4_XS,
+        _ => unreachable!("{dt} has no transposed tiles"),
+    };
+    (halves(k), bias(k))
+}
+
 /// The row of each f32 lane (the *lane order*): what the reduction tree ([`reduce`])
 /// and the transpose ([`transpose`]) give without a final permute. Scales are
 /// gathered, and results stored, in this order.
@@ -797,12 +811,29 @@ unsafe fn unpack_t<const K: u8>(blk: *const u8, g: usize) -> [__m512i; 8] {
 /// # Safety
 /// As [`gemm`] (rows as stored) or [`gemm_packed`] / [`gemm_packed_tm`] (`o` and `ld`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o: *mut f32, ld: (usize, usize)) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn driver<const K: u8>(
+    dt: DType,
+    src: Src<'_>,
+    nrows: usize,
+    a: &QAct,
+    pre: Option<&[Tok]>,
+    o: *mut f32,
+    ld: (usize, usize),
+) {
     let (t, cols) = (a.t, a.cols);
     let bb = dt.block_bytes();
     let nblk = cols / dt.block_elems();
     assert_eq!(a.sums.len(), a.d.len());
-    let tok = Tok::table(a, halves(K), bias(K));
+    let own;
+    let tok: &[Tok] = match pre {
+        Some(tok) => tok,
+        None => {
+            own = Tok::table(a, halves(K), bias(K));
+            &own
+        }
+    };
+    assert!(tok.len() == a.sums.len());
     let tc = token_chunk(t, cols);
     // SAFETY: the CPU has this function's target features (reached only through `isa()`);
     // rows as stored: the rows `i + r` (clamped to `nrows - 1`) are inside `w`
@@ -825,10 +856,10 @@ unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o
                         let b2 = [b, tiles.as_ptr().add((k + half) * tile_bytes)];
                         let v2 = [valid, (nrows - (k + half) * R).min(R)];
                         let o2 = [o.add(k * R * ld.0), o.add((k + half) * R * ld.0)];
-                        tile2::<K, 1>(b2, bs, nblk, a, &tok, 0, o2, ld, v2);
+                        tile2::<K, 1>(b2, bs, nblk, a, tok, 0, o2, ld, v2);
                     } else {
                         let offs = _mm512_setzero_si512();
-                        tile::<K, 1, true>(&[b; R], offs, bb, bs, nblk, a, &tok, 0, o.add(k * R * ld.0), ld, valid);
+                        tile::<K, 1, true>(&[b; R], offs, bb, bs, nblk, a, tok, 0, o.add(k * R * ld.0), ld, valid);
                     }
                 }
                 return;
@@ -887,7 +918,7 @@ unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o
                         let b2 = [rows[0], rows[0].add(tile_bytes)];
                         let v2 = [valid, (nrows - i - R).min(R)];
                         let o2 = [o.add(i * ld.0 + c * ld.1), o.add((i + R) * ld.0 + c * ld.1)];
-                        dispatch2!(K, ct, b2, bs, nblk, a, &tok, c, o2, ld, v2);
+                        dispatch2!(K, ct, b2, bs, nblk, a, tok, c, o2, ld, v2);
                     } else if tr {
                         dispatch!(
                             K,
@@ -899,7 +930,7 @@ unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o
                             bs,
                             nblk,
                             a,
-                            &tok,
+                            tok,
                             c,
                             o.add(i * ld.0 + c * ld.1),
                             ld,
@@ -916,7 +947,7 @@ unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o
                             bs,
                             nblk,
                             a,
-                            &tok,
+                            tok,
                             c,
                             o.add(i * ld.0 + c * ld.1),
                             ld,
@@ -937,20 +968,28 @@ unsafe fn driver<const K: u8>(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o
 /// # Safety
 /// As [`driver`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn by_type(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o: *mut f32, ld: (usize, usize)) {
+unsafe fn by_type(
+    dt: DType,
+    src: Src<'_>,
+    nrows: usize,
+    a: &QAct,
+    pre: Option<&[Tok]>,
+    o: *mut f32,
+    ld: (usize, usize),
+) {
     // SAFETY: the caller's contract is `driver`'s.
     unsafe {
         match dt {
-            DType::Q4_1 => driver::<T_Q4_1>(dt, src, nrows, a, o, ld),
-            DType::Q5_0 => driver::<T_Q5_0>(dt, src, nrows, a, o, ld),
-            DType::Q5_1 => driver::<T_Q5_1>(dt, src, nrows, a, o, ld),
-            DType::IQ4_NL => driver::<T_IQ4_NL>(dt, src, nrows, a, o, ld),
-            DType::Q2_K => driver::<T_Q2_K>(dt, src, nrows, a, o, ld),
-            DType::Q3_K => driver::<T_Q3_K>(dt, src, nrows, a, o, ld),
-            DType::Q4_K => driver::<T_Q4_K>(dt, src, nrows, a, o, ld),
-            DType::Q5_K => driver::<T_Q5_K>(dt, src, nrows, a, o, ld),
-            DType::Q6_K => driver::<T_Q6_K>(dt, src, nrows, a, o, ld),
-            DType::IQ4_XS => driver::<T_IQ4_XS>(dt, src, nrows, a, o, ld),
+            DType::Q4_1 => driver::<T_Q4_1>(dt, src, nrows, a, pre, o, ld),
+            DType::Q5_0 => driver::<T_Q5_0>(dt, src, nrows, a, pre, o, ld),
+            DType::Q5_1 => driver::<T_Q5_1>(dt, src, nrows, a, pre, o, ld),
+            DType::IQ4_NL => driver::<T_IQ4_NL>(dt, src, nrows, a, pre, o, ld),
+            DType::Q2_K => driver::<T_Q2_K>(dt, src, nrows, a, pre, o, ld),
+            DType::Q3_K => driver::<T_Q3_K>(dt, src, nrows, a, pre, o, ld),
+            DType::Q4_K => driver::<T_Q4_K>(dt, src, nrows, a, pre, o, ld),
+            DType::Q5_K => driver::<T_Q5_K>(dt, src, nrows, a, pre, o, ld),
+            DType::Q6_K => driver::<T_Q6_K>(dt, src, nrows, a, pre, o, ld),
+            DType::IQ4_XS => driver::<T_IQ4_XS>(dt, src, nrows, a, pre, o, ld),
             _ => unreachable!("{dt} is not a grouped type"),
         }
     }
@@ -973,7 +1012,7 @@ pub(super) unsafe fn gemm(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a
     // SAFETY: the caller (`gq::gemm`'s `Isa::Avx512Vnni` arm; `isa()` picks that kernel set only
     // on CPUs with AVX-512 F/BW/VL + VNNI, AVX2, FMA, F16C) guarantees the features and
     // the bounds (`gq::gemm`'s assertions).
-    unsafe { by_type(dt, Src::Rows { w, row_bytes }, nrows, a, out.as_mut_ptr(), (a.t, 1)) }
+    unsafe { by_type(dt, Src::Rows { w, row_bytes }, nrows, a, None, out.as_mut_ptr(), (a.t, 1)) }
 }
 
 /// The product over packed rows: `src` ([`Src::Packed`] or [`Src::Transposed`]) starts at
@@ -988,21 +1027,30 @@ pub(super) unsafe fn gemm_packed(dt: DType, src: Src<'_>, nrows: usize, a: &QAct
         return;
     }
     // SAFETY: as `gemm`; the gather offsets are below `16 * block_bytes` (at most 3,360).
-    unsafe { by_type(dt, src, nrows, a, out.as_mut_ptr(), (a.t, 1)) }
+    unsafe { by_type(dt, src, nrows, a, None, out.as_mut_ptr(), (a.t, 1)) }
 }
 
 /// [`gemm_packed`] with the results token-major: row `r`'s for token `c` to `o[r + c * ys]`
 /// (one matrix's rows of a `t x ys` output, which the caller slices no further).
 ///
 /// # Safety
-/// As [`gemm_packed`]; `o[r + c * ys]` is writable for `r < nrows`, `c < a.t`, and nothing
-/// else reads or writes those places meanwhile.
-pub(super) unsafe fn gemm_packed_tm(dt: DType, src: Src<'_>, nrows: usize, a: &QAct, o: *mut f32, ys: usize) {
+/// As [`gemm_packed`]; `tok` is `Tok::table(a, halves(K), bias(K))` ([`tok_kind`]);
+/// `o[r + c * ys]` is writable for `r < nrows`, `c < a.t`, and nothing else reads or writes
+/// those places meanwhile.
+pub(super) unsafe fn gemm_packed_tm(
+    dt: DType,
+    src: Src<'_>,
+    nrows: usize,
+    a: &QAct,
+    tok: &[Tok],
+    o: *mut f32,
+    ys: usize,
+) {
     if nrows == 0 || a.t == 0 {
         return;
     }
     // SAFETY: as `gemm_packed`, the outputs as the caller guarantees.
-    unsafe { by_type(dt, src, nrows, a, o, (1, ys)) }
+    unsafe { by_type(dt, src, nrows, a, Some(tok), o, (1, ys)) }
 }
 
 #[cfg(test)]

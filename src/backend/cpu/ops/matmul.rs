@@ -131,13 +131,14 @@ pub(crate) fn matmul(pool: &Pool, m: Weight<'_>, act: &Act<'_>, y: &mut [f32]) -
         if gq::token_major(p, t_count) {
             // The kernels write y token-major themselves: no row-major buffer, no transpose
             // (whose reads at 2 threads crossed to the other core's cache).
+            let pre = gq::prepare(p, qa)?;
             let yp = SendPtr(y.as_mut_ptr());
             let mut units = vec![(); rows];
             par_units(pool, &mut units, 1, cols * t_count, align, |r0, part| {
                 // SAFETY: `y` holds `t_count x rows` values and stays exclusively borrowed
                 // until `par_units` returns; this part writes `y[c * rows + r0 + r]` for its
                 // rows `r < part.len()` only, rows no other part is handed.
-                unsafe { gq::gemm_packed_tm(p, r0, part.len(), qa, yp.get().add(r0), rows) }
+                unsafe { gq::gemm_packed_tm(p, r0, part.len(), qa, &pre, yp.get().add(r0), rows) }
             });
             return Ok(());
         }
