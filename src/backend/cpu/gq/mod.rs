@@ -775,8 +775,8 @@ mod tests {
                                 // at `r0 + i + c * ys`, and nothing else written.
                                 let ys = rows + 5;
                                 let mut y = vec![-7.5f32; t * ys];
-                                // SAFETY: `y` holds `t * ys` values, and `r0 + n <= rows < ys`.
                                 let pre = prepare(&p, &a).unwrap();
+                                // SAFETY: `y` holds `t * ys` values, and `r0 + n <= rows < ys`.
                                 unsafe { gemm_packed_tm(&p, r0, n, &a, &pre, y.as_mut_ptr().add(r0), ys) };
                                 for (k, v) in y.iter().enumerate() {
                                     let (c, rr) = (k / ys, k % ys);
