@@ -228,15 +228,7 @@ pub(super) unsafe fn gemm_packed_tm(
 
 /// The `(halves, bias)` of this kernel set's [`Tok`] table for `dt` (a transposed type).
 pub(super) fn tok_kind(dt: DType) -> (bool, i32) {
-    let t = match dt {
-        DType::Q2_K => T_Q2_K,
-        DType::Q3_K => T_Q3_K,
-        DType::Q4_K => T_Q4_K,
-        DType::Q5_K => T_Q5_K,
-        DType::Q6_K => T_Q6_K,
-        DType::IQ4_XS => T_IQ4_XS,
-        _ => unreachable!("{dt} has no transposed tiles"),
-    };
+    let t = super::tag::of(dt);
     (halves(t), bias(t))
 }
 

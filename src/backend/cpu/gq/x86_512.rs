@@ -111,15 +111,7 @@ const fn offset(k: u8) -> bool {
 
 /// The `(halves, bias)` of this kernel set's [`Tok`] table for `dt`.
 pub(super) fn tok_kind(dt: DType) -> (bool, i32) {
-    let k = match dt {
-        DType::Q2_K => T_Q2_K,
-        DType::Q3_K => T_Q3_K,
-        DType::Q4_K => T_Q4_K,
-        DType::Q5_K => T_Q5_K,
-        DType::Q6_K => T_Q6_K,
-        DType::IQ4_XS => T_IQ4_XS,
-        _ => unreachable!("{dt} has no transposed tiles"),
-    };
+    let k = super::tag::of(dt);
     (halves(k), bias(k))
 }
 
@@ -919,40 +911,13 @@ unsafe fn driver<const K: u8>(
                         let v2 = [valid, (nrows - i - R).min(R)];
                         let o2 = [o.add(i * ld.0 + c * ld.1), o.add((i + R) * ld.0 + c * ld.1)];
                         dispatch2!(K, ct, b2, bs, nblk, a, tok, c, o2, ld, v2);
-                    } else if tr {
-                        dispatch!(
-                            K,
-                            true,
-                            ct,
-                            &rows,
-                            offs,
-                            bb,
-                            bs,
-                            nblk,
-                            a,
-                            tok,
-                            c,
-                            o.add(i * ld.0 + c * ld.1),
-                            ld,
-                            valid
-                        );
                     } else {
-                        dispatch!(
-                            K,
-                            false,
-                            ct,
-                            &rows,
-                            offs,
-                            bb,
-                            bs,
-                            nblk,
-                            a,
-                            tok,
-                            c,
-                            o.add(i * ld.0 + c * ld.1),
-                            ld,
-                            valid
-                        );
+                        let oc = o.add(i * ld.0 + c * ld.1);
+                        if tr {
+                            dispatch!(K, true, ct, &rows, offs, bb, bs, nblk, a, tok, c, oc, ld, valid);
+                        } else {
+                            dispatch!(K, false, ct, &rows, offs, bb, bs, nblk, a, tok, c, oc, ld, valid);
+                        }
                     }
                     c += ct;
                 }
