@@ -470,13 +470,21 @@ impl Packed {
 /// [`gemm`] over rows `r0..r0 + nrows` of a packed matrix (`r0` a multiple of the
 /// tile's rows): the same results bit for bit.
 pub(crate) fn gemm_packed(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
+    assert_eq!(out.len(), nrows * a.t);
+    if token_major(p, a.t) {
+        // Transposed tiles, several tokens: the kernels `ops::matmul` runs token-major,
+        // here writing rows as `out` holds them (its own scratch: the tests' path).
+        let pre = prepare(p, a).unwrap_or_else(|e| panic!("{}", e.message));
+        // SAFETY: `out` holds `nrows * a.t` values, row `r` token `c` at `r * a.t + c`.
+        unsafe { gemm_packed_tm(p, r0, nrows, a, &pre, out.as_mut_ptr(), (a.t, 1)) };
+        return;
+    }
     let tr = tile_rows(p.isa);
     assert!(r0.is_multiple_of(tr) && r0 + nrows <= p.rows, "rows {r0}..{} of {}", r0 + nrows, p.rows);
     assert_eq!(a.cols, p.cols);
     assert_eq!(a.qs.len(), a.t * a.cols);
     assert_eq!(a.d.len(), a.t * a.cols / GROUP);
     assert_eq!(a.sums.len(), a.d.len());
-    assert_eq!(out.len(), nrows * a.t);
     let tb = p.tiles.group_bytes();
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     let tiles = &p.tiles.bytes()[r0 / tr * tb..(r0 + nrows).div_ceil(tr) * tb];
@@ -540,18 +548,27 @@ pub(crate) fn token_major(p: &Packed, t: usize) -> bool {
     p.transposed && t > 1 && matches!(p.isa, Isa::Avx2 | Isa::Avx512Vnni)
 }
 
-/// [`gemm_packed`] with the results token-major, as the matmul's output wants them (no
-/// transpose afterwards): row `r0 + r`'s result for token `c` to `o[r + c * ys]`, for
-/// `p` that [`token_major`] takes. The same results bit for bit.
+/// [`gemm_packed`] for `p` that [`token_major`] takes, with row `r0 + r`'s result for
+/// token `c` at `o[r * ld.0 + c * ld.1]`: token-major (`(1, ys)`) as the matmul's output
+/// wants them (no transpose afterwards), or row-major (`(t, 1)`, [`gemm_packed`]). The same
+/// results bit for bit.
 ///
 /// # Safety
-/// `o[r + c * ys]` is writable for `r < nrows`, `c < a.t`, and nothing else reads or writes
-/// those places until this returns.
+/// `o[r * ld.0 + c * ld.1]` is writable for `r < nrows`, `c < a.t`, and nothing else reads
+/// or writes those places until this returns.
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-pub(crate) unsafe fn gemm_packed_tm(p: &Packed, r0: usize, nrows: usize, a: &QAct, pre: &Prep, o: *mut f32, ys: usize) {
+pub(crate) unsafe fn gemm_packed_tm(
+    p: &Packed,
+    r0: usize,
+    nrows: usize,
+    a: &QAct,
+    pre: &Prep,
+    o: *mut f32,
+    ld: (usize, usize),
+) {
     let tr = tile_rows(p.isa);
     assert!(r0.is_multiple_of(tr) && r0 + nrows <= p.rows, "rows {r0}..{} of {}", r0 + nrows, p.rows);
-    assert!(token_major(p, a.t) && nrows <= ys);
+    assert!(token_major(p, a.t));
     assert_eq!(a.cols, p.cols);
     assert_eq!(a.qs.len(), a.t * a.cols);
     assert_eq!(a.d.len(), a.t * a.cols / GROUP);
@@ -563,11 +580,11 @@ pub(crate) unsafe fn gemm_packed_tm(p: &Packed, r0: usize, nrows: usize, a: &QAc
         // SAFETY: as `gemm_packed` for the kernel set and the tiles; the outputs as the
         // caller guarantees.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86_256::gemm_packed_tm(p.dtype, tiles, tb, nrows, a, pre, o, ys) },
+        Isa::Avx2 => unsafe { x86_256::gemm_packed_tm(p.dtype, tiles, tb, nrows, a, pre, o, ld) },
         // SAFETY: as above, for AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => unsafe {
-            x86_512::gemm_packed_tm(p.dtype, Src::Transposed { tiles, tile_bytes: tb }, nrows, a, &pre.tok, o, ys)
+            x86_512::gemm_packed_tm(p.dtype, Src::Transposed { tiles, tile_bytes: tb }, nrows, a, &pre.tok, o, ld)
         },
         other => unreachable!("no token-major grouped kernels for {other:?}"),
     }
@@ -777,7 +794,7 @@ mod tests {
                                 let mut y = vec![-7.5f32; t * ys];
                                 let pre = prepare(&p, &a).unwrap();
                                 // SAFETY: `y` holds `t * ys` values, and `r0 + n <= rows < ys`.
-                                unsafe { gemm_packed_tm(&p, r0, n, &a, &pre, y.as_mut_ptr().add(r0), ys) };
+                                unsafe { gemm_packed_tm(&p, r0, n, &a, &pre, y.as_mut_ptr().add(r0), (1, ys)) };
                                 for (k, v) in y.iter().enumerate() {
                                     let (c, rr) = (k / ys, k % ys);
                                     let want = if (r0..r0 + n).contains(&rr) { out[(rr - r0) * t + c] } else { -7.5 };

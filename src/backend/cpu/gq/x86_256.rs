@@ -183,7 +183,8 @@ pub(super) fn unit_bytes(dt: DType) -> usize {
 
 /// The product over packed rows: `src` ([`Src::Packed`] or [`Src::Transposed`]) starts at
 /// a tile of 8 rows and holds the `nrows.div_ceil(8)` tiles read, in the layout of
-/// [`super::Packed`] for this kernel set.
+/// [`super::Packed`] for this kernel set. Transposed tiles with several tokens take
+/// [`gemm_packed_tm`] instead.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `gq::gemm_packed`'s assertions hold.
@@ -193,12 +194,12 @@ pub(super) unsafe fn gemm_packed(dt: DType, src: Src<'_>, nrows: usize, a: &QAct
     unsafe { by_type(dt, src, nrows, a, out) }
 }
 
-/// [`gemm_packed`] over transposed tiles with the results token-major: row `r`'s for token
-/// `c` to `o[r + c * ys]` ([`prefill_tr`] for every `a.t`).
+/// [`gemm_packed`] over transposed tiles for several tokens ([`prefill_tr`]), row `r`'s
+/// result for token `c` at `o[r * ld.0 + c * ld.1]` (`gq::gemm_packed_tm`).
 ///
 /// # Safety
-/// As [`gemm_packed`]; `o[r + c * ys]` is writable for `r < nrows`, `c < a.t`, and nothing
-/// else reads or writes those places meanwhile.
+/// As [`gemm_packed`]; `o[r * ld.0 + c * ld.1]` is writable for `r < nrows`, `c < a.t`, and
+/// nothing else reads or writes those places meanwhile.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn gemm_packed_tm(
@@ -209,18 +210,18 @@ pub(super) unsafe fn gemm_packed_tm(
     a: &QAct,
     pre: &super::Prep,
     o: *mut f32,
-    ys: usize,
+    ld: (usize, usize),
 ) {
     let tw = (&pre.tok[..], &pre.wide[..]);
     // SAFETY: same contract as this function's.
     unsafe {
         match dt {
-            DType::Q2_K => gemm_tm::<T_Q2_K>(tiles, tile_bytes, nrows, a, tw, o, ys),
-            DType::Q3_K => gemm_tm::<T_Q3_K>(tiles, tile_bytes, nrows, a, tw, o, ys),
-            DType::Q4_K => gemm_tm::<T_Q4_K>(tiles, tile_bytes, nrows, a, tw, o, ys),
-            DType::Q5_K => gemm_tm::<T_Q5_K>(tiles, tile_bytes, nrows, a, tw, o, ys),
-            DType::Q6_K => gemm_tm::<T_Q6_K>(tiles, tile_bytes, nrows, a, tw, o, ys),
-            DType::IQ4_XS => gemm_tm::<T_IQ4_XS>(tiles, tile_bytes, nrows, a, tw, o, ys),
+            DType::Q2_K => gemm_tm::<T_Q2_K>(tiles, tile_bytes, nrows, a, tw, o, ld),
+            DType::Q3_K => gemm_tm::<T_Q3_K>(tiles, tile_bytes, nrows, a, tw, o, ld),
+            DType::Q4_K => gemm_tm::<T_Q4_K>(tiles, tile_bytes, nrows, a, tw, o, ld),
+            DType::Q5_K => gemm_tm::<T_Q5_K>(tiles, tile_bytes, nrows, a, tw, o, ld),
+            DType::Q6_K => gemm_tm::<T_Q6_K>(tiles, tile_bytes, nrows, a, tw, o, ld),
+            DType::IQ4_XS => gemm_tm::<T_IQ4_XS>(tiles, tile_bytes, nrows, a, tw, o, ld),
             _ => unreachable!("{dt} has no transposed tiles"),
         }
     }
@@ -232,7 +233,7 @@ pub(super) fn tok_kind(dt: DType) -> (bool, i32) {
     (halves(t), bias(t))
 }
 
-/// [`gemm_packed_tm`] for type `T`: `gemm_t`'s assertions for transposed tiles, then
+/// [`gemm_packed_tm`] for type `T`: the assertions for transposed tiles, then
 /// [`prefill_tr`] with the [`Tok`] table and (IQ4_XS) the widened activations given.
 ///
 /// # Safety
@@ -246,19 +247,19 @@ unsafe fn gemm_tm<const T: u8>(
     a: &QAct,
     (tok, wide): (&[Tok], &[i16]),
     o: *mut f32,
-    ys: usize,
+    ld: (usize, usize),
 ) {
     let (t, cols) = (a.t, a.cols);
     let groups = cols / GROUP;
     assert!(a.qs.len() >= t * cols && a.d.len() >= t * groups && a.sums.len() >= t * groups);
     let tb = super::transposed_block_bytes(block_bytes(T), 32);
     assert!(T > T_IQ4_NL && cols.is_multiple_of(256) && tile_bytes >= groups / U * tb);
-    assert!(tiles.len() >= nrows.div_ceil(R) * tile_bytes && nrows <= ys);
+    assert!(tiles.len() >= nrows.div_ceil(R) * tile_bytes);
     assert!(tok.len() == t * groups && (!signed(T) || wide.len() == t * cols));
     let tc = token_chunk(t, cols).min(TC);
     // SAFETY: the CPU has AVX2/FMA/F16C, the tiles and activations as asserted above, the
     // outputs as the caller guarantees.
-    unsafe { prefill_tr::<T>(tiles, tile_bytes, nrows, a, (tok, wide), tc, o, (1, ys)) };
+    unsafe { prefill_tr::<T>(tiles, tile_bytes, nrows, a, (tok, wide), tc, o, ld) };
 }
 
 /// `gemm_t` for type `dt`.
@@ -334,13 +335,6 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
     // Prefill's per-token bias corrections and offset sums (decode forms its own, but
     // over transposed tiles of the per-16 types: `dtab`).
     let tok = if t > 1 || dtab::<T, TR>() { Tok::table(a, halves(T), bias(T)) } else { Vec::new() };
-    if let (true, Src::Transposed { tiles, tile_bytes }) = (t > 1, src) {
-        let wide: Vec<i16> = if signed(T) { a.qs[..t * cols].iter().map(|&v| v as i16).collect() } else { Vec::new() };
-        // SAFETY: the CPU has AVX2/FMA/F16C (this function's contract); the tiles and
-        // activations are as asserted above, `tok` has an entry per activation group.
-        unsafe { prefill_tr::<T>(tiles, tile_bytes, nrows, a, (&tok, &wide), tc, out.as_mut_ptr(), (t, 1)) };
-        return;
-    }
     if let (1, Src::Transposed { tiles, tile_bytes } | Src::Packed { tiles, tile_bytes }) = (t, src) {
         // SAFETY: the tiles as asserted above (`us` bytes from a unit to the next), one token.
         unsafe { decode_tiles::<T, TR>(tiles, tile_bytes, us, nrows, a, &tok, out) };
@@ -361,7 +355,7 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
                 // unit `i * ub` bytes into it.
                 unsafe { tiles.as_ptr().add(r0 / R * tile_bytes + i * ub) }
             }),
-            Src::Transposed { .. } => unreachable!("transposed tiles take prefill_tr or decode_tiles"),
+            Src::Transposed { .. } => unreachable!("transposed tiles take gemm_tm (several tokens) or decode_tiles"),
         };
         let packed = !matches!(src, Src::Rows { .. });
         for c0 in (0..t).step_by(tc) {
@@ -588,7 +582,7 @@ fn levels_i16(n: __m256i, (tl, th): (__m256i, __m256i)) -> (__m256i, __m256i) {
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `tiles` holds `nrows.div_ceil(8)` transposed tiles
 /// of `tile_bytes` for `a.cols`, `tok` an entry per activation group of `a` (taking
-/// back `bias(T)`) (`gemm_t` / `gemm_tm` assert it all); row `r`'s result for token `c`
+/// back `bias(T)`) (`gemm_tm` asserts it all); row `r`'s result for token `c`
 /// goes to `o[r * ld.0 + c * ld.1]`, writable for `r < nrows`, `c < a.t`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -995,13 +995,13 @@ pub(super) unsafe fn gemm_packed(dt: DType, src: Src<'_>, nrows: usize, a: &QAct
     unsafe { by_type(dt, src, nrows, a, None, out.as_mut_ptr(), (a.t, 1)) }
 }
 
-/// [`gemm_packed`] with the results token-major: row `r`'s for token `c` to `o[r + c * ys]`
-/// (one matrix's rows of a `t x ys` output, which the caller slices no further).
+/// [`gemm_packed`] over transposed tiles with row `r`'s result for token `c` at
+/// `o[r * ld.0 + c * ld.1]` and the [`Tok`] table given (`gq::gemm_packed_tm`).
 ///
 /// # Safety
 /// As [`gemm_packed`]; `tok` is `Tok::table(a, halves(K), bias(K))` ([`tok_kind`]);
-/// `o[r + c * ys]` is writable for `r < nrows`, `c < a.t`, and nothing else reads or writes
-/// those places meanwhile.
+/// `o[r * ld.0 + c * ld.1]` is writable for `r < nrows`, `c < a.t`, and nothing else reads
+/// or writes those places meanwhile.
 pub(super) unsafe fn gemm_packed_tm(
     dt: DType,
     src: Src<'_>,
@@ -1009,13 +1009,13 @@ pub(super) unsafe fn gemm_packed_tm(
     a: &QAct,
     tok: &[Tok],
     o: *mut f32,
-    ys: usize,
+    ld: (usize, usize),
 ) {
     if nrows == 0 || a.t == 0 {
         return;
     }
     // SAFETY: as `gemm_packed`, the outputs as the caller guarantees.
-    unsafe { by_type(dt, src, nrows, a, Some(tok), o, (1, ys)) }
+    unsafe { by_type(dt, src, nrows, a, Some(tok), o, ld) }
 }
 
 #[cfg(test)]

@@ -138,7 +138,7 @@ pub(crate) fn matmul(pool: &Pool, m: Weight<'_>, act: &Act<'_>, y: &mut [f32]) -
                 // SAFETY: `y` holds `t_count x rows` values and stays exclusively borrowed
                 // until `par_units` returns; this part writes `y[c * rows + r0 + r]` for its
                 // rows `r < part.len()` only, rows no other part is handed.
-                unsafe { gq::gemm_packed_tm(p, r0, part.len(), qa, &pre, yp.get().add(r0), rows) }
+                unsafe { gq::gemm_packed_tm(p, r0, part.len(), qa, &pre, yp.get().add(r0), (1, rows)) }
             });
             return Ok(());
         }
