@@ -467,6 +467,19 @@ impl Packed {
     }
 }
 
+/// The tiles holding rows `r0..r0 + nrows` of `p` and the bytes of one, after checking the
+/// rows (`r0` a multiple of the tile's rows) and that `a` fits `p`.
+fn tiles_for<'p>(p: &'p Packed, r0: usize, nrows: usize, a: &QAct) -> (&'p [u8], usize) {
+    let tr = tile_rows(p.isa);
+    assert!(r0.is_multiple_of(tr) && r0 + nrows <= p.rows, "rows {r0}..{} of {}", r0 + nrows, p.rows);
+    assert_eq!(a.cols, p.cols);
+    assert_eq!(a.qs.len(), a.t * a.cols);
+    assert_eq!(a.d.len(), a.t * a.cols / GROUP);
+    assert_eq!(a.sums.len(), a.d.len());
+    let tb = p.tiles.group_bytes();
+    (&p.tiles.bytes()[r0 / tr * tb..(r0 + nrows).div_ceil(tr) * tb], tb)
+}
+
 /// [`gemm`] over rows `r0..r0 + nrows` of a packed matrix (`r0` a multiple of the
 /// tile's rows): the same results bit for bit.
 pub(crate) fn gemm_packed(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
@@ -479,15 +492,8 @@ pub(crate) fn gemm_packed(p: &Packed, r0: usize, nrows: usize, a: &QAct, out: &m
         unsafe { gemm_packed_tm(p, r0, nrows, a, &pre, out.as_mut_ptr(), (a.t, 1)) };
         return;
     }
-    let tr = tile_rows(p.isa);
-    assert!(r0.is_multiple_of(tr) && r0 + nrows <= p.rows, "rows {r0}..{} of {}", r0 + nrows, p.rows);
-    assert_eq!(a.cols, p.cols);
-    assert_eq!(a.qs.len(), a.t * a.cols);
-    assert_eq!(a.d.len(), a.t * a.cols / GROUP);
-    assert_eq!(a.sums.len(), a.d.len());
-    let tb = p.tiles.group_bytes();
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-    let tiles = &p.tiles.bytes()[r0 / tr * tb..(r0 + nrows).div_ceil(tr) * tb];
+    let (tiles, tb) = tiles_for(p, r0, nrows, a);
     #[cfg(target_arch = "x86_64")]
     let src =
         if p.transposed { Src::Transposed { tiles, tile_bytes: tb } } else { Src::Packed { tiles, tile_bytes: tb } };
@@ -566,16 +572,8 @@ pub(crate) unsafe fn gemm_packed_tm(
     o: *mut f32,
     ld: (usize, usize),
 ) {
-    let tr = tile_rows(p.isa);
-    assert!(r0.is_multiple_of(tr) && r0 + nrows <= p.rows, "rows {r0}..{} of {}", r0 + nrows, p.rows);
     assert!(token_major(p, a.t));
-    assert_eq!(a.cols, p.cols);
-    assert_eq!(a.qs.len(), a.t * a.cols);
-    assert_eq!(a.d.len(), a.t * a.cols / GROUP);
-    assert_eq!(a.sums.len(), a.d.len());
-    let tb = p.tiles.group_bytes();
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-    let tiles = &p.tiles.bytes()[r0 / tr * tb..(r0 + nrows).div_ceil(tr) * tb];
+    let (tiles, tb) = tiles_for(p, r0, nrows, a);
     match p.isa {
         // SAFETY: as `gemm_packed` for the kernel set and the tiles; the outputs as the
         // caller guarantees.
