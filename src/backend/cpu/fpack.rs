@@ -1,6 +1,7 @@
 //! F16 and BF16 weights repacked at load for the AVX-512 and AVX2 kernels: 32 rows
-//! interleaved per column, so that decode streams 4 (AVX2: 2) groups side by side and
-//! prefill widens a group's block of 128 columns to f32 once, then runs a broadcast
+//! interleaved per column, so that decode streams one group at a time with its lines
+//! prefetched into L1 and L2 ([`PF_L2`]; without prefetches, on AMD, 4 groups side by side,
+//! AVX2 2) and prefill widens a group's block of 128 columns to f32 once, then runs a broadcast
 //! micro-kernel over it for every token from the L1 cache ([`prefill_blocked`];
 //! AVX-512: 32 rows x up to 12 tokens per tile, two 16-row weight vectors per column;
 //! AVX2: 16 rows x up to 6 tokens, two 8-row vectors, the group's two halves in turn;
@@ -136,6 +137,18 @@ fn decode_walk(nrows: usize, wide: usize, mut f: impl FnMut(usize, usize, usize)
         i += n * GROUP;
     }
 }
+
+/// Decode under [`Prefetch::L1`] (Intel), both kernel sets: one group (32 rows) at a time,
+/// each line 2 KiB ahead into L1 and `PF_L2` bytes ahead into L2. Measured on the Intel Xeon
+/// VM of model 207 (`fpack_decode_bench`, 1 GiB F16 past its 300 MiB L3, one thread, GB/s;
+/// before: only into L1, AVX-512 4 groups side by side, AVX2 2): AVX2 13.9 -> 17.4-19.2,
+/// AVX-512 12.1 -> 17.2-19.4 (one group without the L2 prefetch 15.5-16.2, two groups with it
+/// 16.9; 6, 8 and 12 KiB alike); TinyLlama tg32, t/s, 1 / 2 threads, AVX2 and AVX-512: F16
+/// 7.2-7.4 -> 8.6-8.8 / 13.9-14.8 -> 16.9, BF16 6.9-7.0 -> 8.4-8.5 / 13.1-13.8 -> 16.3-16.9.
+/// Without the prefetches (AMD, [`super::isa::prefetch`]) the groups side by side stay as
+/// measured there.
+#[cfg(target_arch = "x86_64")]
+const PF_L2: usize = 8192;
 
 /// Columns per block of a prefill: one group's block widened to f32 (32 rows x `KC`
 /// columns x 4 bytes, 16 KiB) stays in the L1 cache while every token passes over it,
@@ -365,6 +378,7 @@ mod x86 {
                     let p = g.add(j * gstride + k * 64);
                     if PF {
                         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(2048) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(super::PF_L2) as *const i8);
                     }
                     let w0 = ld16::<BF>(p);
                     let w1 = ld16::<BF>(p.add(32));
@@ -421,14 +435,15 @@ mod x86 {
         // `i < nrows` in `out` (the safe wrapper checked the lengths).
         unsafe {
             if t == 1 {
+                // With the prefetches one group at a time, else (AMD) 4 side by side
+                // ([`super::PF_L2`]).
                 const G: usize = 4;
-                super::decode_walk(nrows, G, |i, n, valid| {
+                super::decode_walk(nrows, if pf { 1 } else { G }, |i, n, valid| {
                     let g = base.add((r0 + i) / GROUP * gs);
-                    match (n == G, pf) {
-                        (true, true) => gemv::<BF, G, true>(g, gs, cols, x.as_ptr(), o.add(i), valid),
-                        (true, false) => gemv::<BF, G, false>(g, gs, cols, x.as_ptr(), o.add(i), valid),
-                        (false, true) => gemv::<BF, 1, true>(g, gs, cols, x.as_ptr(), o.add(i), valid),
-                        (false, false) => gemv::<BF, 1, false>(g, gs, cols, x.as_ptr(), o.add(i), valid),
+                    match (n, pf) {
+                        (1, true) => gemv::<BF, 1, true>(g, gs, cols, x.as_ptr(), o.add(i), valid),
+                        (1, false) => gemv::<BF, 1, false>(g, gs, cols, x.as_ptr(), o.add(i), valid),
+                        _ => gemv::<BF, G, false>(g, gs, cols, x.as_ptr(), o.add(i), valid),
                     }
                 });
                 return;
@@ -551,6 +566,7 @@ mod x86_256 {
                     let p = g.add(j * gstride + k * 64);
                     if PF {
                         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(2048) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(super::PF_L2) as *const i8);
                     }
                     for q in 0..4 {
                         let w = ld8::<BF>(p.add(16 * q));
@@ -603,14 +619,15 @@ mod x86_256 {
         // in `out` (the safe wrapper checked the lengths).
         unsafe {
             if t == 1 {
+                // With the prefetches one group at a time, else (AMD) 2 side by side
+                // ([`super::PF_L2`]).
                 const G: usize = 2;
-                super::decode_walk(nrows, G, |i, n, valid| {
+                super::decode_walk(nrows, if pf { 1 } else { G }, |i, n, valid| {
                     let g = base.add((r0 + i) / GROUP * gs);
-                    match (n == G, pf) {
-                        (true, true) => gemv::<BF, G, true>(g, gs, cols, x.as_ptr(), o.add(i), valid),
-                        (true, false) => gemv::<BF, G, false>(g, gs, cols, x.as_ptr(), o.add(i), valid),
-                        (false, true) => gemv::<BF, 1, true>(g, gs, cols, x.as_ptr(), o.add(i), valid),
-                        (false, false) => gemv::<BF, 1, false>(g, gs, cols, x.as_ptr(), o.add(i), valid),
+                    match (n, pf) {
+                        (1, true) => gemv::<BF, 1, true>(g, gs, cols, x.as_ptr(), o.add(i), valid),
+                        (1, false) => gemv::<BF, 1, false>(g, gs, cols, x.as_ptr(), o.add(i), valid),
+                        _ => gemv::<BF, G, false>(g, gs, cols, x.as_ptr(), o.add(i), valid),
                     }
                 });
                 return;

@@ -44,9 +44,15 @@ pub const ALIGN: usize = GROUP * SUPER;
 /// over 1 GiB, past its 480 MiB L3; GB/s, blocks ahead into L1 as before (Q4_0 4, Q8_0 1)
 /// -> this): AVX2 Q4_0 12.6-13.0 -> 17.3-17.7, Q8_0 15.8-16.4 -> 17.0-17.3; AVX-512 Q4_0
 /// 15.2-15.6 -> 16.9-17.7, Q8_0 16.5-17.0 -> 17.6-18.0; 2.5-3 KiB alike, 2 and 4.5 KiB
-/// slower.
+/// slower. On the Intel Xeon VM of model 207 (300 MiB L3) farther was faster, 3 KiB -> 8 KiB:
+/// `qpack_decode_bench` AVX2 Q4_0 14.5-15.3 -> 17.1-17.4, Q8_0 15.3-15.5 -> 17.4-18.5, AVX-512
+/// Q4_0 15.3-15.7 -> 17.2-17.4, Q8_0 17.1-17.2 -> 17.5-18.7 (6 KiB between, 12 KiB alike);
+/// TinyLlama tg64, t/s, AVX2 / AVX-512, 1 thread: Q4_0 23.4-23.6 / 25.9-26.1 -> 26.9-29.5 /
+/// 27.4-27.7, Q8_0 13.1 / 14.8 -> 15.0 / 15.2; 2 threads: Q4_0 46.2 / 50.8 -> 53.8 / 55.5,
+/// Q8_0 25.9 / 27.5 -> 28.2 / 28.2. 8 KiB taken for both machines (not re-measured on the
+/// first).
 #[cfg(target_arch = "x86_64")]
-const PF_L2: usize = 3072;
+const PF_L2: usize = 8192;
 
 /// A Q8_0 or Q4_0 matrix in the packed layout (see the module docs).
 pub struct Packed {
