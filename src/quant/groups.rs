@@ -9,8 +9,9 @@
 //! with an offset: [`DType::has_offset`]). Scales and offsets are formed in f32 as
 //! ggml forms them (`d * sc`, `-(dmin * m)`), so [`dequantize`] is bit-identical to
 //! gguf-py's `gguf.quants.dequantize` (numpy, no FMA; tests/quant_dequant.rs checks
-//! vectors gguf-py wrote), and the CPU kernels' dot products (`backend/cpu/gq.rs`)
-//! take exactly these integers and scales.
+//! vectors gguf-py wrote), and the CPU kernels' dot products (`backend/cpu/gq`)
+//! take exactly these integers and scales (the types with a scale per 16: their
+//! integer scales, [`half_scales`]).
 //!
 //! Depends on `half` only.
 
@@ -183,6 +184,42 @@ pub(crate) fn unpack(dt: DType, b: &[u8], g: usize) -> Group {
         _ => unreachable!("{dt} is not a group-quantized type"),
     }
     Group { q, s: [s; 2], o: [o; 2] }
+}
+
+/// The integer half scales of group `g` of a block of a type with a scale per 16
+/// values (Q2_K, Q3_K, Q6_K), which the CPU kernels' group order multiplies into the
+/// exact integer sums ([`unpack`]'s `s` and `o` are these formed in f32): `s[h] == d *
+/// k[h]`, and for Q2_K `o[h] == dm * m[h]` with `dm = -dmin` (exact: a negation).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct HalfScales {
+    /// Scale of each half: Q2_K 0..15, Q3_K -32..31, Q6_K -128..127.
+    pub k: [i32; 2],
+    /// Q2_K's mins (0..15); 0 for the others.
+    pub m: [i32; 2],
+    /// The block's scale.
+    pub d: f32,
+    /// Q2_K: the block's `-dmin`; 0 for the others.
+    pub dm: f32,
+}
+
+/// [`HalfScales`] of group `g` of `block` (`dt` one of Q2_K, Q3_K, Q6_K).
+pub(crate) fn half_scales(dt: DType, b: &[u8], g: usize) -> HalfScales {
+    match dt {
+        DType::Q2_K => {
+            let (a, c) = (b[2 * g] as i32, b[2 * g + 1] as i32);
+            HalfScales { k: [a & 0xF, c & 0xF], m: [a >> 4, c >> 4], d: f16_at(b, 80), dm: -f16_at(b, 82) }
+        }
+        DType::Q3_K => {
+            let sc = q3_k_scales(&b[96..108]);
+            HalfScales { k: [sc[2 * g] as i32, sc[2 * g + 1] as i32], m: [0; 2], d: f16_at(b, 108), dm: 0.0 }
+        }
+        DType::Q6_K => {
+            let sc = &b[192..208];
+            let k = [sc[2 * g] as i8 as i32, sc[2 * g + 1] as i8 as i32];
+            HalfScales { k, m: [0; 2], d: f16_at(b, 208), dm: 0.0 }
+        }
+        _ => unreachable!("{dt} has no scale per 16 values"),
+    }
 }
 
 /// Dequantizes a row of `dt` (whole blocks) into `dst`.

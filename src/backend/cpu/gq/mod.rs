@@ -10,8 +10,14 @@
 //! takes fused multiply-adds in this order:
 //! - one scale per 32 values: `acc = fma(dx*s, isum_0 + isum_1, acc)`, then for
 //!   types with an offset `acc = fma(dx*o, bsum_0 + bsum_1, acc)`;
-//! - a scale per 16 (Q2_K, Q3_K, Q6_K): `fma(dx*s_0, isum_0)`, `fma(dx*s_1, isum_1)`,
-//!   then with an offset `fma(dx*o_0, bsum_0)`, `fma(dx*o_1, bsum_1)`.
+//! - a scale per 16 (Q2_K, Q3_K, Q6_K), with the block's f32 scale `d` and the
+//!   halves' integer scales `k_h` (`quant::groups::half_scales`; `s_h = d*k_h`): the
+//!   exact integer `is = k_0*isum_0 + k_1*isum_1` (at most 2^24 in magnitude, so exact
+//!   in f32), `acc = fma(dx*d, is, acc)`; then for Q2_K, with its integer mins `m_h`
+//!   and `dm = -dmin`, `acc = fma(dx*dm, m_0*bsum_0 + m_1*bsum_1, acc)`. (Before
+//!   2026-12-06 these took four products per group, `fma(dx*s_h, isum_h)` and
+//!   `fma(dx*o_h, bsum_h)`: the float steps, not the integer ones, bounded their AVX2
+//!   decode.)
 //!
 //! Groups are taken in row order, so a row's result depends only on the row and the
 //! activation row: never on the batch, the tile, the thread count or the CPU. A
@@ -181,22 +187,30 @@ mod x86_512;
 
 use crate::backend::cpu::groups::Groups;
 use crate::backend::cpu::isa::{Isa, QAct};
-use crate::quant::groups::{unpack, Group, GROUP};
+use crate::quant::groups::{half_scales, unpack, Group, HalfScales, GROUP};
 use crate::quant::DType;
 use crate::Result;
 
 /// What each token's activation group brings to a SIMD tile, formed once per call:
 /// the bias corrections `-bias * bsum` (a kernel set's bias for the type) that start
 /// or join the integer sums (per half for the types with a scale per 16, else the
-/// whole group's in `nb[0]`), and the activation sums as f32 for the offsets (`bf`,
-/// the same split). Loaded as broadcasts, so a tile does no scalar work per token.
+/// whole group's in `nb[0]`), the group's activation sum as f32 for the offsets (`bf`)
+/// and, for the types with a scale per 16, its half sums as an i16 pair (`bp`). 16
+/// bytes: at 32 (`bf` per half beside `bp`) AVX-512 prefill lost 4-9% on Q4_K and
+/// IQ4_XS (`gq_bench`), whose tiles read an entry per token and group. Loaded as broadcasts, so a tile does no scalar work per token.
 /// Formed from `QAct`'s sums (`sums`, `lo`: the quantization's, once per step).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 #[repr(C, align(16))]
 struct Tok {
     nb: [i32; 2],
-    bf: [f32; 2],
+    /// The whole group's activation sum as f32 (the offsets of the types with one scale
+    /// per 32).
+    bf: f32,
+    /// The types with a scale per 16: the two half sums as i16 (`bsum_0` low, `bsum_1`
+    /// high; each at most 16 * 128 in magnitude), against which a `madd` weighs the
+    /// rows' integer scales or mins in pairs.
+    bp: i32,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -209,15 +223,16 @@ impl Tok {
     fn entry(b0: i32, bs: i32, halves: bool, bias: i32) -> Tok {
         if halves {
             let b1 = bs - b0;
-            Tok { nb: [-bias * b0, -bias * b1], bf: [b0 as f32, b1 as f32] }
+            let bp = (b0 as u16 as u32 | (b1 as u16 as u32) << 16) as i32;
+            Tok { nb: [-bias * b0, -bias * b1], bf: bs as f32, bp }
         } else {
-            Tok { nb: [-bias * bs, 0], bf: [bs as f32, 0.0] }
+            Tok { nb: [-bias * bs, 0], bf: bs as f32, bp: 0 }
         }
     }
 
     /// [`Tok::table`], allocated fallibly (`LLMRT_OUT_OF_MEMORY`).
     fn try_table(a: &QAct, halves: bool, bias: i32) -> Result<Vec<Tok>> {
-        let zero = Tok { nb: [0; 2], bf: [0.0; 2] };
+        let zero = Tok { nb: [0; 2], bf: 0.0, bp: 0 };
         let mut v = crate::util::try_vec(a.sums.len(), zero, "the step's activation sums per group")?;
         for ((o, &b0), &bs) in v.iter_mut().zip(&a.lo).zip(&a.sums) {
             *o = Tok::entry(b0, bs, halves, bias);
@@ -234,26 +249,34 @@ pub(crate) fn dot_ref(dt: DType, row: &[u8], qx: &[i8], dx: &[f32]) -> f32 {
     let bb = dt.block_bytes();
     let mut acc = 0f32;
     for (g, (xb, &d)) in qx.chunks_exact(GROUP).zip(dx).enumerate() {
-        let gr = unpack(dt, &row[(g / per_block) * bb..(g / per_block + 1) * bb], g % per_block);
-        acc = accumulate(dt, &gr, xb, d, acc);
+        let (gr, hs) = group(dt, &row[(g / per_block) * bb..(g / per_block + 1) * bb], g % per_block);
+        acc = accumulate(dt, &gr, &hs, xb, d, acc);
     }
     acc
 }
 
+/// Group `g` of `block` unpacked, with its integer half scales (types with a scale per 16).
+fn group(dt: DType, block: &[u8], g: usize) -> (Group, HalfScales) {
+    let hs = if dt.halves() { half_scales(dt, block, g) } else { HalfScales { k: [0; 2], m: [0; 2], d: 0.0, dm: 0.0 } };
+    (unpack(dt, block, g), hs)
+}
+
 /// One group's fused multiply-adds, in the group order.
 #[inline(always)]
-fn accumulate(dt: DType, gr: &Group, xb: &[i8], d: f32, mut acc: f32) -> f32 {
+fn accumulate(dt: DType, gr: &Group, hs: &HalfScales, xb: &[i8], d: f32, mut acc: f32) -> f32 {
     let (mut isum, mut bsum) = ([0i32; 2], [0i32; 2]);
     for (j, (&q, &x)) in gr.q.iter().zip(xb).enumerate() {
         isum[j / 16] += q as i32 * x as i32;
         bsum[j / 16] += x as i32;
     }
     if dt.halves() {
-        acc = (d * gr.s[0]).mul_add(isum[0] as f32, acc);
-        acc = (d * gr.s[1]).mul_add(isum[1] as f32, acc);
+        // Exact integers of at most 2^24 in magnitude (Q6_K: 2 * 128 * 16 * 32 * 128), so
+        // exact in f32 too.
+        let is = hs.k[0] * isum[0] + hs.k[1] * isum[1];
+        acc = (d * hs.d).mul_add(is as f32, acc);
         if dt.has_offset() {
-            acc = (d * gr.o[0]).mul_add(bsum[0] as f32, acc);
-            acc = (d * gr.o[1]).mul_add(bsum[1] as f32, acc);
+            let ms = hs.m[0] * bsum[0] + hs.m[1] * bsum[1];
+            acc = (d * hs.dm).mul_add(ms as f32, acc);
         }
     } else {
         acc = (d * gr.s[0]).mul_add((isum[0] + isum[1]) as f32, acc);
@@ -597,10 +620,10 @@ fn gemm_ref(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: 
         let acc = &mut out[r * t..(r + 1) * t];
         acc.fill(0.0);
         for g in 0..groups {
-            let gr = unpack(dt, &row[(g / per_block) * bb..(g / per_block + 1) * bb], g % per_block);
+            let (gr, hs) = group(dt, &row[(g / per_block) * bb..(g / per_block + 1) * bb], g % per_block);
             for (c, o) in acc.iter_mut().enumerate() {
                 let xb = &a.qs[c * cols + g * GROUP..c * cols + (g + 1) * GROUP];
-                *o = accumulate(dt, &gr, xb, a.d[c * groups + g], *o);
+                *o = accumulate(dt, &gr, &hs, xb, a.d[c * groups + g], *o);
             }
         }
     }

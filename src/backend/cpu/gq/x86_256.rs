@@ -157,6 +157,22 @@ struct Unit {
     l: [[__m256i; R]; U],
     s: [[__m256; U]; 2],
     o: [[__m256; U]; 2],
+    /// The types with a scale per 16 ([`halves`]; `s` and `o` unused): per group `k[0]`,
+    /// `k[1]` each half's integer scale as an i16 pair `(k_h, k_h)`, and `k[2]` the pair
+    /// `(bias * k_0, bias * k_1)` (Q2_K: its mins `(m_0, m_1)`), row `r` in dword lane `r`,
+    /// for `madd`s against a row's two i16 half sums or a token's half sums ([`Tok`]'s
+    /// `bp`); `d` the block's scale and (Q2_K) `-dmin` as f32 ([`half_fma`]).
+    k: [[__m256i; U]; 3],
+    d: [__m256; 2],
+}
+
+impl Unit {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn zero() -> Unit {
+        let (zi, zf) = (_mm256_setzero_si256(), _mm256_setzero_ps());
+        Unit { q: [[zi; R]; U], l: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2], k: [[zi; U]; 3], d: [zf; 2] }
+    }
 }
 
 /// `out[r * t + c]` for `nrows` rows of `w` (`row_bytes` each) and the `t` rows of
@@ -327,9 +343,9 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
         }
     };
     assert_eq!(TR, matches!(src, Src::Transposed { .. }));
-    let zi = _mm256_setzero_si256();
+
     let zf = _mm256_setzero_ps();
-    let mut un = Unit { q: [[zi; R]; U], l: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2] };
+    let mut un = Unit::zero();
     let mut acc = [zf; TC];
     let lv = levels();
     // Prefill's per-token bias corrections and offset sums (decode forms its own, but
@@ -448,8 +464,8 @@ unsafe fn decode_tiles<const T: u8, const TR: bool>(
     let units = groups.div_ceil(U);
     let ub = us / if TR { 1 } else { R };
     let ntiles = nrows.div_ceil(R);
-    let (zi, zf) = (_mm256_setzero_si256(), _mm256_setzero_ps());
-    let mut un = Unit { q: [[zi; R]; U], l: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2] };
+    let zf = _mm256_setzero_ps();
+    let mut un = Unit::zero();
     let lv = levels();
     let pf = prefetch();
     // Stream `j` runs over tiles `j * half ..`: each a forward stream across its tiles'
@@ -520,13 +536,13 @@ unsafe fn prefill_unit<const T: u8>(
     acc: &mut [__m256],
 ) {
     let qv = &un.q;
-    let sums = |g: usize, _: *const i8, x: __m256i| row_sums::<T>(|i| qv[g][i], x);
+    let sums = |g: usize, _: *const i8, x: __m256i| weigh::<T>(un, g, row_sums::<T>(|i| qv[g][i], x));
     for (c, acc) in acc.iter_mut().enumerate() {
         // SAFETY: the caller's contract: token `c`'s activations, scales and entries.
         unsafe {
             let (xq, xd) = (xq.add(c * cols), xd.add(c * groups));
             let xs = (xs.add(c * groups), xt.add(c * groups));
-            *acc = dot_unit::<T, true>(un, sums, ng, xq, xd, xs, *acc);
+            *acc = dot_unit::<T, true, false>(un, sums, ng, xq, xd, xs, *acc);
         }
     }
 }
@@ -602,9 +618,8 @@ unsafe fn prefill_tr<const T: u8>(
     let tb = super::transposed_block_bytes(block_bytes(T), 32);
     let ntiles = nrows.div_ceil(R);
     assert!(tok.len() >= t * groups && tc <= TC);
-    let (zi, zf) = (_mm256_setzero_si256(), _mm256_setzero_ps());
-    let unit = || Unit { q: [[zi; R]; U], l: [[zi; R]; U], s: [[zf; U]; 2], o: [[zf; U]; 2] };
-    let mut un = [unit(), unit()];
+    let zf = _mm256_setzero_ps();
+    let mut un = [Unit::zero(), Unit::zero()];
     let mut acc = [[zf; TC]; 2];
     let lv = levels();
     let lb = level_bytes();
@@ -786,6 +801,9 @@ unsafe fn pair_block<const T: u8, const NT: usize, const NC: usize>(
             _mm256_set1_epi32(unsafe { (xq.add(c * cols + GROUP * g + 4 * m) as *const i32).read_unaligned() })
         };
         for (half, hs) in hs.iter_mut().enumerate() {
+            // The i16 pairs summed into i32 against ones, or a `halves` type's integer
+            // scales (as `lane_sums`).
+            let k: [__m256i; NT] = std::array::from_fn(|j| if halves(T) { un[j].k[half][g] } else { ones16 });
             if pair_lanes(T) {
                 for mm in 0..std::hint::black_box(2) {
                     let m = 4 * half + 2 * mm;
@@ -795,7 +813,7 @@ unsafe fn pair_block<const T: u8, const NT: usize, const NC: usize>(
                         for j in 0..NT {
                             let v =
                                 _mm256_add_epi16(_mm256_maddubs_epi16(w[j][0], x0), _mm256_maddubs_epi16(w[j][1], x1));
-                            hs[j][c] = _mm256_add_epi32(hs[j][c], _mm256_madd_epi16(v, ones16));
+                            hs[j][c] = _mm256_add_epi32(hs[j][c], _mm256_madd_epi16(v, k[j]));
                         }
                     }
                 }
@@ -814,7 +832,7 @@ unsafe fn pair_block<const T: u8, const NT: usize, const NC: usize>(
             }
             for j in 0..NT {
                 for c in 0..NC {
-                    hs[j][c] = _mm256_madd_epi16(p[j][c], ones16);
+                    hs[j][c] = _mm256_madd_epi16(p[j][c], k[j]);
                 }
             }
         }
@@ -822,14 +840,16 @@ unsafe fn pair_block<const T: u8, const NT: usize, const NC: usize>(
             // SAFETY: group `g` of token `c` (the caller's contract).
             let (dx, tk) = unsafe { (_mm256_set1_ps(*xd.add(c * groups + g)), &*xt.add(c * groups + g)) };
             for j in 0..NT {
-                let (mut i0, mut i1) = (hs[0][j][c], hs[1][j][c]);
+                if halves(T) {
+                    let bp = _mm256_set1_epi32(tk.bp);
+                    acc[j][c0 + c] = half_fma::<T>(&un[j], g, dx, (hs[0][j][c], hs[1][j][c]), bp, acc[j][c0 + c]);
+                    continue;
+                }
+                let (mut i0, i1) = (hs[0][j][c], hs[1][j][c]);
                 if bias(T) != 0 {
                     i0 = _mm256_add_epi32(i0, _mm256_set1_epi32(tk.nb[0]));
-                    if halves(T) {
-                        i1 = _mm256_add_epi32(i1, _mm256_set1_epi32(tk.nb[1]));
-                    }
                 }
-                let f = (_mm256_set1_ps(tk.bf[0]), _mm256_set1_ps(tk.bf[1]));
+                let f = (_mm256_set1_ps(tk.bf), _mm256_setzero_ps());
                 acc[j][c0 + c] = group_fma::<T>(&un[j], g, dx, (i0, i1), f, acc[j][c0 + c]);
             }
         }
@@ -859,17 +879,19 @@ unsafe fn decode_unit<const T: u8, const TR: bool>(
     // with `dtab` its `ng` entries at `xt`).
     unsafe {
         let q = |g: usize, i: usize| if TR { qgroup_t::<T>(bp[0], g, i, lv) } else { qgroup::<T>(bp[i], g, lv) };
+        let ones = _mm256_set1_epi16(1);
         let sums = |g: usize, xp: *const i8, x: __m256i| {
             if TR {
-                lane_sums::<T>(|i| q(g, i), xp)
+                let k = if halves(T) { (un.k[0][g], un.k[1][g]) } else { (ones, ones) };
+                lane_sums::<T>(|i| q(g, i), xp, k)
             } else {
-                row_sums::<T>(|i| q(g, i), x)
+                weigh::<T>(un, g, row_sums::<T>(|i| q(g, i), x))
             }
         };
         if dtab::<T, TR>() {
-            dot_unit::<T, true>(un, sums, ng, xq, xd, (xs, xt), acc)
+            dot_unit::<T, true, TR>(un, sums, ng, xq, xd, (xs, xt), acc)
         } else {
-            dot_unit::<T, false>(un, sums, ng, xq, xd, (xs, std::ptr::null()), acc)
+            dot_unit::<T, false, TR>(un, sums, ng, xq, xd, (xs, std::ptr::null()), acc)
         }
     }
 }
@@ -879,17 +901,6 @@ unsafe fn decode_unit<const T: u8, const TR: bool>(
 /// again per tile by horizontal adds.
 const fn dtab<const T: u8, const TR: bool>() -> bool {
     TR && halves(T)
-}
-
-/// 16 bytes of a row's block from byte `off`.
-///
-/// # Safety
-/// The bytes are inside the block.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn ld128(p: *const u8, off: usize) -> __m128i {
-    // SAFETY: the caller passes a block holding bytes `off .. off + 16`.
-    unsafe { _mm_loadu_si128(p.add(off) as *const __m128i) }
 }
 
 /// The f16 at byte `off` of each of the 8 rows' blocks, as f32 lanes.
@@ -979,20 +990,6 @@ fn crumbs(v: __m256i, k: usize) -> __m256i {
 fn hbit(hm: __m256i, g: usize, add: i8) -> __m256i {
     let b = _mm256_set1_epi8((1u8 << g) as i8);
     _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, b), b), _mm256_set1_epi8(add))
-}
-
-/// Even bytes of 16, then odd.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn even_odd(v: __m128i) -> __m128i {
-    _mm_shuffle_epi8(v, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15))
-}
-
-/// Signed bytes 0..8 and 8..16 of `v` as two f32 vectors.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn i8x16_ps(v: __m128i) -> (__m256, __m256) {
-    (_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(v))))
 }
 
 #[inline]
@@ -1153,33 +1150,93 @@ unsafe fn scales_t<const T: u8>(blk: *const u8, un: &mut Unit) {
         // A field at `4k + 2` (only its high half is read): the next dword's low half moved up.
         raw[i] = if f % 4 == 0 { v } else { _mm256_slli_epi32::<16>(v) };
     }
+    scales_raw::<T>(&raw, un);
+}
+
+/// A `pshufb` control taking bytes `p` (`0x80`: zero) of each dword from that dword.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn shuf4(p: [u8; 4]) -> __m256i {
+    let b = |i: usize| {
+        let v = p[i % 4];
+        (if v >= 0x80 { 0x80 } else { v + 4 * (i / 4 % 4) as u8 }) as i8
+    };
+    _mm256_setr_epi8(
+        b(0),
+        b(1),
+        b(2),
+        b(3),
+        b(4),
+        b(5),
+        b(6),
+        b(7),
+        b(8),
+        b(9),
+        b(10),
+        b(11),
+        b(12),
+        b(13),
+        b(14),
+        b(15),
+        b(16),
+        b(17),
+        b(18),
+        b(19),
+        b(20),
+        b(21),
+        b(22),
+        b(23),
+        b(24),
+        b(25),
+        b(26),
+        b(27),
+        b(28),
+        b(29),
+        b(30),
+        b(31),
+    )
+}
+
+/// [`scales_t`]'s work from a block's scale dwords `raw` ([`fields`], one vector each,
+/// row `r` in lane `r`; a field at `4k + 2` with its high half read), however gathered.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scales_raw<const T: u8>(raw: &[__m256i; 5], un: &mut Unit) {
     let cvt = _mm256_cvtepi32_ps;
     let m15 = _mm256_set1_epi32(15);
     let srl = |x: __m256i, n: usize| _mm256_srl_epi32(x, _mm_cvtsi32_si128(n as i32));
     // Byte `k` of the dwords `raw` (byte `4i + j` is byte `j` of `raw[i]`), per lane.
     let byte = |k: usize| _mm256_and_si256(srl(raw[k / 4], 8 * (k % 4)), _mm256_set1_epi32(0xFF));
     let six = |v: __m256i| _mm256_sub_epi32(v, _mm256_set1_epi32(32));
+    match T {
+        T_Q2_K => un.d = [h16::<false>(raw[4]), neg(h16::<true>(raw[4]))],
+        T_Q3_K => un.d[0] = h16::<true>(raw[3]),
+        T_Q6_K => un.d[0] = h16::<true>(raw[4]),
+        _ => {}
+    }
     // Unrolled, so that every shift count and `raw` index is a constant: as a loop (not
     // unrolled by the compiler) its shifts took counts from registers and `raw` lived on
     // the stack, a quarter of the AVX2 Q3_K decode's time in L2.
     unroll8!(g => {
         match T {
             T_Q2_K => {
-                let (d, dmin) = (h16::<false>(raw[4]), h16::<true>(raw[4]));
-                let (a, c) = (byte(2 * g), byte(2 * g + 1));
-                un.s[0][g] = _mm256_mul_ps(d, cvt(_mm256_and_si256(a, m15)));
-                un.s[1][g] = _mm256_mul_ps(d, cvt(_mm256_and_si256(c, m15)));
-                un.o[0][g] = neg(_mm256_mul_ps(dmin, cvt(_mm256_srli_epi32::<4>(a))));
-                un.o[1][g] = neg(_mm256_mul_ps(dmin, cvt(_mm256_srli_epi32::<4>(c))));
+                // Scale bytes 2g, 2g + 1: low nibble the scale, high the min.
+                let (v, j) = (raw[g / 2], 2 * (g % 2) as u8);
+                let m = _mm256_set1_epi32(0x000F_000F);
+                un.k[0][g] = _mm256_and_si256(_mm256_shuffle_epi8(v, shuf4([j, 0x80, j, 0x80])), m);
+                un.k[1][g] = _mm256_and_si256(_mm256_shuffle_epi8(v, shuf4([j + 1, 0x80, j + 1, 0x80])), m);
+                un.k[2][g] = _mm256_srli_epi16::<4>(_mm256_shuffle_epi8(v, shuf4([j, 0x80, j + 1, 0x80])));
             }
             T_Q3_K => {
-                let d = h16::<true>(raw[3]);
-                let sc = |i: usize| {
+                let ki = |i: usize| {
                     let lo = if i < 8 { _mm256_and_si256(byte(i), m15) } else { _mm256_srli_epi32::<4>(byte(i - 8)) };
                     let hi = _mm256_and_si256(srl(byte(8 + i % 4), 2 * (i / 4)), _mm256_set1_epi32(3));
-                    _mm256_mul_ps(d, cvt(six(_mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)))))
+                    // The i32 scale's low half into both halves of its dword.
+                    _mm256_shuffle_epi8(six(_mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi))), shuf4([0, 1, 0, 1]))
                 };
-                (un.s[0][g], un.s[1][g]) = (sc(2 * g), sc(2 * g + 1));
+                let (k0, k1) = (ki(2 * g), ki(2 * g + 1));
+                (un.k[0][g], un.k[1][g]) = (k0, k1);
+                un.k[2][g] = _mm256_slli_epi16::<2>(_mm256_blend_epi16::<0xAA>(k0, k1));
             }
             T_Q4_K | T_Q5_K => {
                 let (d, dmin) = (h16::<false>(raw[0]), h16::<true>(raw[0]));
@@ -1203,13 +1260,15 @@ unsafe fn scales_t<const T: u8>(blk: *const u8, un: &mut Unit) {
                 un.o[0][g] = neg(_mm256_mul_ps(dmin, cvt(m)));
             }
             T_Q6_K => {
-                let d = h16::<true>(raw[4]);
-                // Sign-extended byte i: shifted to the top, then arithmetically back.
-                let sc = |i: usize| {
-                    let x = _mm256_sll_epi32(raw[i / 4], _mm_cvtsi32_si128((24 - 8 * (i % 4)) as i32));
-                    _mm256_mul_ps(d, cvt(_mm256_srai_epi32::<24>(x)))
+                // Signed byte i into the high byte of both halves of its dword, then
+                // arithmetically down.
+                let ki = |i: usize| {
+                    let j = (i % 4) as u8;
+                    _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(raw[i / 4], shuf4([0x80, j, 0x80, j])))
                 };
-                (un.s[0][g], un.s[1][g]) = (sc(2 * g), sc(2 * g + 1));
+                let (k0, k1) = (ki(2 * g), ki(2 * g + 1));
+                (un.k[0][g], un.k[1][g]) = (k0, k1);
+                un.k[2][g] = _mm256_slli_epi16::<5>(_mm256_blend_epi16::<0xAA>(k0, k1));
             }
             _ => {
                 // IQ4_XS
@@ -1277,63 +1336,17 @@ unsafe fn scales<const T: u8>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
                     un.s[0][g] = _mm256_mul_ps(d, sc[g]);
                 }
             }
-            T_Q2_K => {
-                let (d, dmin) = (f16x8(bp, 80), f16x8(bp, 82));
-                let (mut s0, mut s1, mut o0, mut o1) = ([zf; R], [zf; R], [zf; R], [zf; R]);
-                for r in 0..R {
-                    let e = even_odd(ld128(bp[r], 0));
-                    let lo = _mm_and_si128(e, _mm_set1_epi8(0x0F));
-                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(e), _mm_set1_epi8(0x0F));
-                    (s0[r], s1[r]) = i8x16_ps(lo);
-                    (o0[r], o1[r]) = i8x16_ps(hi);
+            T_Q2_K | T_Q3_K | T_Q6_K => {
+                // The scale dwords gathered from the 8 rows, then as from a transposed block
+                // (a field at `4k + 2` read whole: only its high half is used).
+                let mut raw = [_mm256_setzero_si256(); 5];
+                for (i, &f) in fields(T).iter().enumerate() {
+                    let w: [i32; R] = std::array::from_fn(|r| rd32(bp[r].add(f)) as i32);
+                    raw[i] = _mm256_loadu_si256(w.as_ptr() as *const __m256i);
                 }
-                for v in [&mut s0, &mut s1, &mut o0, &mut o1] {
-                    transpose8(v);
-                }
-                for g in 0..U {
-                    un.s[0][g] = _mm256_mul_ps(d, s0[g]);
-                    un.s[1][g] = _mm256_mul_ps(d, s1[g]);
-                    un.o[0][g] = neg(_mm256_mul_ps(dmin, o0[g]));
-                    un.o[1][g] = neg(_mm256_mul_ps(dmin, o1[g]));
-                }
+                scales_raw::<T>(&raw, un);
             }
-            T_Q3_K => {
-                let d = f16x8(bp, 108);
-                let (mut s0, mut s1) = ([zf; R], [zf; R]);
-                for r in 0..R {
-                    let p = bp[r];
-                    let (w0, w1, w2) = (rd32(p.add(96)), rd32(p.add(100)), rd32(p.add(104)));
-                    let (l4, h2) = (0x0F0F_0F0Fu32, 0x0303_0303u32);
-                    let sw = [
-                        (w0 & l4) | ((w2 & h2) << 4),
-                        (w1 & l4) | (((w2 >> 2) & h2) << 4),
-                        ((w0 >> 4) & l4) | (((w2 >> 4) & h2) << 4),
-                        ((w1 >> 4) & l4) | (((w2 >> 6) & h2) << 4),
-                    ];
-                    let v = _mm_setr_epi32(sw[0] as i32, sw[1] as i32, sw[2] as i32, sw[3] as i32);
-                    (s0[r], s1[r]) = i8x16_ps(even_odd(_mm_sub_epi8(v, _mm_set1_epi8(32))));
-                }
-                transpose8(&mut s0);
-                transpose8(&mut s1);
-                for g in 0..U {
-                    un.s[0][g] = _mm256_mul_ps(d, s0[g]);
-                    un.s[1][g] = _mm256_mul_ps(d, s1[g]);
-                }
-            }
-            _ => {
-                // Q6_K
-                let d = f16x8(bp, 208);
-                let (mut s0, mut s1) = ([zf; R], [zf; R]);
-                for r in 0..R {
-                    (s0[r], s1[r]) = i8x16_ps(even_odd(ld128(bp[r], 192)));
-                }
-                transpose8(&mut s0);
-                transpose8(&mut s1);
-                for g in 0..U {
-                    un.s[0][g] = _mm256_mul_ps(d, s0[g]);
-                    un.s[1][g] = _mm256_mul_ps(d, s1[g]);
-                }
-            }
+            _ => unreachable!("type tag {T}"),
         }
     }
 }
@@ -1384,14 +1397,19 @@ const fn pair_lanes(t: u8) -> bool {
 /// [`row_sums`] from a transposed tile's group ([`super::pack_transposed`]): `q(m)` holds
 /// dword `m` (values `4m .. 4m + 4`) of the 8 rows, row `r` in lane `r`; each is
 /// multiplied with activation dword `m` broadcast (`xp`: the group's 32 activations),
-/// so each row's products stay in its own lane: no horizontal adds.
+/// so each row's products stay in its own lane: no horizontal adds. Each half's i16
+/// pairs are summed into i32 by a `madd` against `k0` / `k1`: ones, or a [`halves`]
+/// type's integer scales ([`Unit`]'s `k`), giving `k_h * isum_h` for free.
 ///
 /// # Safety
 /// `xp` points at 32 readable activations.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lane_sums<const T: u8>(q: impl Fn(usize) -> __m256i, xp: *const i8) -> (__m256i, __m256i) {
-    let ones16 = _mm256_set1_epi16(1);
+unsafe fn lane_sums<const T: u8>(
+    q: impl Fn(usize) -> __m256i,
+    xp: *const i8,
+    (k0, k1): (__m256i, __m256i),
+) -> (__m256i, __m256i) {
     // A loop, not `array::from_fn`: its closure was left out of line in some of the
     // kernels (decode at 58% of the speed).
     let mut p = [_mm256_setzero_si256(); 8];
@@ -1407,15 +1425,15 @@ unsafe fn lane_sums<const T: u8>(q: impl Fn(usize) -> __m256i, xp: *const i8) ->
     }
     let add16 = |a, b| _mm256_add_epi16(a, b);
     let add32 = |a, b| _mm256_add_epi32(a, b);
-    let md = |v| _mm256_madd_epi16(v, ones16);
+    let (m0, m1) = (|v| _mm256_madd_epi16(v, k0), |v| _mm256_madd_epi16(v, k1));
     if narrow_lanes(T) {
-        (md(add16(add16(p[0], p[1]), add16(p[2], p[3]))), md(add16(add16(p[4], p[5]), add16(p[6], p[7]))))
+        (m0(add16(add16(p[0], p[1]), add16(p[2], p[3]))), m1(add16(add16(p[4], p[5]), add16(p[6], p[7]))))
     } else if pair_lanes(T) {
-        (add32(md(add16(p[0], p[1])), md(add16(p[2], p[3]))), add32(md(add16(p[4], p[5])), md(add16(p[6], p[7]))))
+        (add32(m0(add16(p[0], p[1])), m0(add16(p[2], p[3]))), add32(m1(add16(p[4], p[5])), m1(add16(p[6], p[7]))))
     } else {
         (
-            add32(add32(md(p[0]), md(p[1])), add32(md(p[2]), md(p[3]))),
-            add32(add32(md(p[4]), md(p[5])), add32(md(p[6]), md(p[7]))),
+            add32(add32(m0(p[0]), m0(p[1])), add32(m0(p[2]), m0(p[3]))),
+            add32(add32(m1(p[4]), m1(p[5])), add32(m1(p[6]), m1(p[7]))),
         )
     }
 }
@@ -1430,7 +1448,7 @@ unsafe fn lane_sums<const T: u8>(q: impl Fn(usize) -> __m256i, xp: *const i8) ->
 /// table's loads measured 8% slower there: AVX2 Q6_K tg32 12.0 -> 11.1 t/s).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_unit<const T: u8, const TAB: bool>(
+unsafe fn dot_unit<const T: u8, const TAB: bool, const UN: bool>(
     un: &Unit,
     sums: impl Fn(usize, *const i8, __m256i) -> (__m256i, __m256i),
     ng: usize,
@@ -1439,54 +1457,50 @@ unsafe fn dot_unit<const T: u8, const TAB: bool>(
     (xs, xt): (*const i32, *const Tok),
     mut acc: __m256,
 ) -> __m256 {
-    let ones16 = _mm256_set1_epi16(1);
-    let ones8 = _mm256_set1_epi8(1);
     let need_bsum = offset(T) || bias(T) != 0;
-    for g in 0..ng {
+    let step = |g: usize, acc: __m256| {
         // SAFETY: the caller passes `32 * ng` values at `xq` and `ng` scales at `xd`.
         let (x, dx) = unsafe { (_mm256_loadu_si256(xq.add(GROUP * g) as *const __m256i), _mm256_set1_ps(*xd.add(g))) };
         let (i0, i1) = sums(g, xq.wrapping_add(GROUP * g), x);
+        if halves(T) {
+            // SAFETY: with `TAB` the caller passes `ng` entries at `xt`.
+            let bp = if TAB { _mm256_set1_epi32(unsafe { (*xt.add(g)).bp }) } else { half_pairs(x) };
+            return half_fma::<T>(un, g, dx, (i0, i1), bp, acc);
+        }
         // The integer sums with their bias corrections, and the offsets' activation sums
-        // as f32 (types with one scale per 32: the whole group's in the first of each).
+        // as f32 (the whole group's in the first of each).
         let (is0, is1, f0, f1) = if TAB {
             // SAFETY: with `TAB` the caller passes `ng` entries at `xt`.
             let tk = unsafe { &*xt.add(g) };
-            let (i0, i1) = if bias(T) != 0 {
-                (_mm256_add_epi32(i0, _mm256_set1_epi32(tk.nb[0])), _mm256_add_epi32(i1, _mm256_set1_epi32(tk.nb[1])))
-            } else {
-                (i0, i1)
-            };
-            (i0, i1, _mm256_set1_ps(tk.bf[0]), _mm256_set1_ps(tk.bf[1]))
-        } else if halves(T) {
-            let (bs0, bs1) = if need_bsum {
-                let xs = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16);
-                let s = _mm256_hadd_epi32(xs, xs);
-                let s = _mm256_hadd_epi32(s, s);
-                (_mm256_permute2x128_si256::<0x00>(s, s), _mm256_permute2x128_si256::<0x11>(s, s))
-            } else {
-                (_mm256_setzero_si256(), _mm256_setzero_si256())
-            };
-            let (i0, i1) = if bias(T) != 0 {
-                (_mm256_sub_epi32(i0, times_bias::<T>(bs0)), _mm256_sub_epi32(i1, times_bias::<T>(bs1)))
-            } else {
-                (i0, i1)
-            };
-            (i0, i1, _mm256_cvtepi32_ps(bs0), _mm256_cvtepi32_ps(bs1))
+            let i0 = if bias(T) != 0 { _mm256_add_epi32(i0, _mm256_set1_epi32(tk.nb[0])) } else { i0 };
+            (i0, i1, _mm256_set1_ps(tk.bf), _mm256_setzero_ps())
         } else {
             // SAFETY: `ng` sums at `xs` (the caller's contract).
             let bs = if need_bsum { _mm256_set1_epi32(unsafe { *xs.add(g) }) } else { _mm256_setzero_si256() };
             let i0 = if bias(T) != 0 { _mm256_sub_epi32(i0, times_bias::<T>(bs)) } else { i0 };
             (i0, i1, _mm256_cvtepi32_ps(bs), _mm256_setzero_ps())
         };
-        acc = group_fma::<T>(un, g, dx, (is0, is1), (f0, f1), acc);
+        group_fma::<T>(un, g, dx, (is0, is1), (f0, f1), acc)
+    };
+    if UN && ng == U {
+        // A whole unit with constant group indices (shift counts, field offsets): left to
+        // the optimizer, the AVX2 Q6_K decode's loop was not unrolled once its float steps
+        // shrank, and ran at 58% of the speed in L2.
+        unroll8!(g => {
+            acc = step(g, acc);
+        });
+    } else {
+        for g in 0..ng {
+            acc = step(g, acc);
+        }
     }
     acc
 }
 
-/// One group's fused multiply-adds in the group order: `acc` plus its integer half
-/// sums `is` (bias corrections included; types with one scale per 32 add the two
-/// first) times the token's scale `dx` and the rows' scales of group `g` of `un`, then
-/// the offsets times the activation sums `f` (as f32).
+/// One group's fused multiply-adds in the group order, types with one scale per 32:
+/// `acc` plus its integer half sums `is` (bias corrections included), added, times the
+/// token's scale `dx` and the rows' scales of group `g` of `un`, then the offsets times
+/// the activation sums `f0` (as f32).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn group_fma<const T: u8>(
@@ -1494,22 +1508,68 @@ fn group_fma<const T: u8>(
     g: usize,
     dx: __m256,
     (is0, is1): (__m256i, __m256i),
-    (f0, f1): (__m256, __m256),
+    (f0, _): (__m256, __m256),
     mut acc: __m256,
 ) -> __m256 {
-    if halves(T) {
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[0][g]), _mm256_cvtepi32_ps(is0), acc);
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[1][g]), _mm256_cvtepi32_ps(is1), acc);
-        if offset(T) {
-            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[0][g]), f0, acc);
-            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[1][g]), f1, acc);
-        }
-    } else {
-        let i = _mm256_add_epi32(is0, is1);
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[0][g]), _mm256_cvtepi32_ps(i), acc);
-        if offset(T) {
-            acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[0][g]), f0, acc);
-        }
+    debug_assert!(!halves(T));
+    let i = _mm256_add_epi32(is0, is1);
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[0][g]), _mm256_cvtepi32_ps(i), acc);
+    if offset(T) {
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[0][g]), f0, acc);
     }
     acc
+}
+
+/// One group of a [`halves`] type in the group order: `w` the rows' half sums of the
+/// unsigned integers weighed by their integer scales (`k_h * (isum_h + bias * bsum_h)`,
+/// [`Unit`]'s `k`), `bp` the token's half sums as an i16 pair ([`Tok`]'s `bp`). One
+/// `madd` of `bp` against `un.k[2]` gives the bias corrections `bias * (k_0 bsum_0 + k_1
+/// bsum_1)`, or Q2_K's `m_0 bsum_0 + m_1 bsum_1`; then `acc = fma(dx*d, is, acc)` and
+/// (Q2_K) `fma(dx*(-dmin), msum, acc)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn half_fma<const T: u8>(
+    un: &Unit,
+    g: usize,
+    dx: __m256,
+    (w0, w1): (__m256i, __m256i),
+    bp: __m256i,
+    acc: __m256,
+) -> __m256 {
+    let c = _mm256_madd_epi16(un.k[2][g], bp);
+    let is = _mm256_add_epi32(w0, w1);
+    let is = if bias(T) != 0 { _mm256_sub_epi32(is, c) } else { is };
+    let acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.d[0]), _mm256_cvtepi32_ps(is), acc);
+    if offset(T) {
+        _mm256_fmadd_ps(_mm256_mul_ps(dx, un.d[1]), _mm256_cvtepi32_ps(c), acc)
+    } else {
+        acc
+    }
+}
+
+/// The two half sums of a group's 32 activations `x` as an i16 pair in every dword
+/// (`bsum_0` low, `bsum_1` high), as [`Tok`]'s `bp`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn half_pairs(x: __m256i) -> __m256i {
+    let xs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), x), _mm256_set1_epi16(1));
+    // Each 128-bit half's sum in all its dwords.
+    let s = _mm256_hadd_epi32(xs, xs);
+    let s = _mm256_hadd_epi32(s, s);
+    let (b0, b1) = (_mm256_permute2x128_si256::<0x00>(s, s), _mm256_permute2x128_si256::<0x11>(s, s));
+    _mm256_blend_epi16::<0xAA>(b0, _mm256_slli_epi32::<16>(b1))
+}
+
+/// A [`halves`] type's half sums (i32, row `r` in lane `r`, as [`row_sums`] gives them)
+/// weighed by the rows' integer scales of group `g` (the high half of each pair, as
+/// [`lane_sums`] weighs its own); other types' as they are.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn weigh<const T: u8>(un: &Unit, g: usize, (i0, i1): (__m256i, __m256i)) -> (__m256i, __m256i) {
+    if halves(T) {
+        let k = |h: usize| _mm256_srai_epi32::<16>(un.k[h][g]);
+        (_mm256_mullo_epi32(i0, k(0)), _mm256_mullo_epi32(i1, k(1)))
+    } else {
+        (i0, i1)
+    }
 }

@@ -17,7 +17,9 @@
 //! token, 20-35% faster prefill than reducing per token, measured). The scales and offsets of 16
 //! rows are formed in lanes from gathered block bytes with exactly the f32
 //! operations `quant::groups::unpack` uses (f16 widening is exact; `d * sc`,
-//! `-(dmin * m)`), then the group's multiply-adds run as `accumulate` runs them.
+//! `-(dmin * m)`), then the group's multiply-adds run as `accumulate` runs them; the
+//! types with a scale per 16 take their integer scales instead (as f32, whose products
+//! with the exact half sums, and their sum, are exact integers) and the block's `d`.
 //!
 //! Decode (`t == 1`) and prefill share [`tile`]: each group of 16 rows is unpacked
 //! once for up to [`MAXC`] tokens ([`MAXC2`] for two tiles); tokens come in chunks that keep the activations
@@ -165,7 +167,10 @@ fn byte(raw: &[__m512i], k: usize) -> __m512i {
 }
 
 /// The scales and offsets `[s_0, s_1, o_0, o_1]` of group `g` of the current blocks of
-/// 16 rows (lanes), from their gathered dwords, formed exactly as `unpack` forms them.
+/// 16 rows (lanes), from their gathered dwords, formed exactly as `unpack` forms them;
+/// for the types with a scale per 16 ([`halves`]) the integer scales `k_0`, `k_1`
+/// (`quant::groups::half_scales`) as f32 instead and Q2_K's mins as i16 pairs `(m_0,
+/// m_1)` (as bits), the block's scales being [`block_scales`]'.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn scales<const K: u8>(raw: &[__m512i; 5], g: usize) -> [__m512; 4] {
@@ -182,23 +187,17 @@ fn scales<const K: u8>(raw: &[__m512i; 5], g: usize) -> [__m512; 4] {
             [d, d, z, z]
         }
         T_Q2_K => {
-            let (d, dmin) = (h16lo(raw[4]), h16hi(raw[4]));
             let (a, c) = (byte(raw, 2 * g), byte(raw, 2 * g + 1));
-            [
-                _mm512_mul_ps(d, cvt(_mm512_and_si512(a, m15))),
-                _mm512_mul_ps(d, cvt(_mm512_and_si512(c, m15))),
-                neg(_mm512_mul_ps(dmin, cvt(_mm512_srli_epi32::<4>(a)))),
-                neg(_mm512_mul_ps(dmin, cvt(_mm512_srli_epi32::<4>(c)))),
-            ]
+            // The mins as the i16 pair `(m_0, m_1)` ([`group_fma`]'s `madd`).
+            let m = _mm512_or_si512(_mm512_srli_epi32::<4>(a), _mm512_slli_epi32::<16>(_mm512_srli_epi32::<4>(c)));
+            [cvt(_mm512_and_si512(a, m15)), cvt(_mm512_and_si512(c, m15)), _mm512_castsi512_ps(m), z]
         }
         T_Q3_K => {
-            let d = h16hi(raw[3]);
             let sc = |i: usize| {
                 let lo =
                     if i < 8 { _mm512_and_si512(byte(raw, i), m15) } else { _mm512_srli_epi32::<4>(byte(raw, i - 8)) };
                 let hi = _mm512_and_si512(srl32(byte(raw, 8 + i % 4), 2 * (i / 4)), _mm512_set1_epi32(3));
-                let v = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32::<4>(hi)), _mm512_set1_epi32(32));
-                _mm512_mul_ps(d, cvt(v))
+                cvt(_mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32::<4>(hi)), _mm512_set1_epi32(32)))
             };
             [sc(2 * g), sc(2 * g + 1), z, z]
         }
@@ -226,11 +225,10 @@ fn scales<const K: u8>(raw: &[__m512i; 5], g: usize) -> [__m512; 4] {
             [s, s, o, o]
         }
         T_Q6_K => {
-            let d = h16hi(raw[4]);
             // Sign-extended byte i: shifted to the top, then arithmetically back.
             let sc = |i: usize| {
                 let x = _mm512_sll_epi32(raw[i / 4], _mm_cvtsi32_si128((24 - 8 * (i % 4)) as i32));
-                _mm512_mul_ps(d, cvt(_mm512_srai_epi32::<24>(x)))
+                cvt(_mm512_srai_epi32::<24>(x))
             };
             [sc(2 * g), sc(2 * g + 1), z, z]
         }
@@ -243,6 +241,20 @@ fn scales<const K: u8>(raw: &[__m512i; 5], g: usize) -> [__m512; 4] {
             let s = _mm512_mul_ps(d, cvt(v));
             [s, s, z, z]
         }
+    }
+}
+
+/// The block's `[d, -dmin]` (Q2_K; `[d, 0]` Q3_K and Q6_K) of the types with a scale per
+/// 16, from the gathered dwords as [`scales`] takes them; zeros for the others.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn block_scales<const K: u8>(raw: &[__m512i; 5]) -> [__m512; 2] {
+    let z = _mm512_setzero_ps();
+    match K {
+        T_Q2_K => [h16lo(raw[4]), neg(h16hi(raw[4]))],
+        T_Q3_K => [h16hi(raw[3]), z],
+        T_Q6_K => [h16hi(raw[4]), z],
+        _ => [z, z],
     }
 }
 
@@ -408,24 +420,40 @@ fn bias_starts<const K: u8>(tb: &Tok) -> (__m512i, __m512i) {
 /// One group's fused multiply-adds for one token, in the group order: `acc` plus the
 /// group's integer half sums `is0`, `is1` (bias corrections included) scaled by the
 /// token's `dx` and the rows' scales and offsets `so` (`[s_0, s_1, o_0, o_1]`), the
-/// offsets times the token's activation sums (`tb.bf`).
+/// offsets times the token's activation sums (`tb.bf`). The types with a scale per 16
+/// ([`halves`]; `so` their integer scales and mins as f32, `bd` the blocks' `[d, -dmin]`):
+/// `is = k_0 isum_0 + k_1 isum_1` formed in f32 exactly (integers of at most 2^24 in
+/// magnitude: each product and the fused sum exact), `acc = fma(dx*d, is, acc)`, and for
+/// Q2_K `fma(dx*(-dmin), m_0 bsum_0 + m_1 bsum_1, acc)` (one `madd` of the mins' pair
+/// and the token's half sums, `tb.bp`): the AVX2 kernels' integers.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn group_fma<const K: u8>(acc: __m512, dx: __m512, so: [__m512; 4], is0: __m512i, is1: __m512i, tb: &Tok) -> __m512 {
-    let [s0, s1, o0, o1] = so;
+fn group_fma<const K: u8>(
+    acc: __m512,
+    dx: __m512,
+    so: [__m512; 4],
+    bd: &[__m512; 2],
+    is0: __m512i,
+    is1: __m512i,
+    tb: &Tok,
+) -> __m512 {
+    let [s0, s1, o0, _] = so;
     if halves(K) {
-        let mut acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, s0), _mm512_cvtepi32_ps(is0), acc);
-        acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, s1), _mm512_cvtepi32_ps(is1), acc);
+        let cvt = _mm512_cvtepi32_ps;
+        let is = _mm512_fmadd_ps(cvt(is0), s0, _mm512_mul_ps(cvt(is1), s1));
+        let acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, bd[0]), is, acc);
         if offset(K) {
-            acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, o0), _mm512_set1_ps(tb.bf[0]), acc);
-            acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, o1), _mm512_set1_ps(tb.bf[1]), acc);
+            // Q2_K: `o0` holds the mins as i16 pairs `(m_0, m_1)`, against the half sums' pair.
+            let ms = _mm512_madd_epi16(_mm512_castps_si512(o0), _mm512_set1_epi32(tb.bp));
+            _mm512_fmadd_ps(_mm512_mul_ps(dx, bd[1]), cvt(ms), acc)
+        } else {
+            acc
         }
-        acc
     } else {
         let is = _mm512_add_epi32(is0, is1);
         let mut acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, s0), _mm512_cvtepi32_ps(is), acc);
         if offset(K) {
-            acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, o0), _mm512_set1_ps(tb.bf[0]), acc);
+            acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, o0), _mm512_set1_ps(tb.bf), acc);
         }
         acc
     }
@@ -517,6 +545,7 @@ unsafe fn tile2<const K: u8, const C: usize>(
     unsafe {
         for blk in 0..nblk {
             let raw = [raw_tr::<K>(base[0], blk, bs), raw_tr::<K>(base[1], blk, bs)];
+            let bd = [block_scales::<K>(&raw[0]), block_scales::<K>(&raw[1])];
             for gi in 0..8 {
                 for b in base {
                     prefetch_part(b.wrapping_add(blk * bs), bs, gi, 8, pf);
@@ -529,17 +558,36 @@ unsafe fn tile2<const K: u8, const C: usize>(
                     let x = a.qs.as_ptr().add((c0 + c) * cols + g * GROUP) as *const i32;
                     let tb = tok.get_unchecked(tk);
                     let (nb0, nb1) = bias_starts::<K>(tb);
-                    let xv: [__m512i; 8] = std::array::from_fn(|m| _mm512_set1_epi32(x.add(m).read_unaligned()));
+                    let mut is = [[nb0, nb1]; 2];
+                    if halves(K) {
+                        // Dword by dword, each broadcast feeding both tiles at once: the 8
+                        // broadcasts kept for the two tiles' loops below spilled weights to
+                        // the stack once the per-16 types' float steps took a third vector per
+                        // tile (`gq_bench` packed prefill, Gmac/s: Q3_K 188 -> 200, Q6_K 191
+                        // -> 204; Q4_K 233 -> 225 and IQ4_XS 257 -> 241 this way).
+                        for m in 0..4 {
+                            let x0 = _mm512_set1_epi32(x.add(m).read_unaligned());
+                            let x1 = _mm512_set1_epi32(x.add(4 + m).read_unaligned());
+                            for j in 0..2 {
+                                is[j][0] = dpbusd(is[j][0], wt[j][m], x0);
+                                is[j][1] = dpbusd(is[j][1], wt[j][4 + m], x1);
+                            }
+                        }
+                    } else {
+                        let xv: [__m512i; 8] = std::array::from_fn(|m| _mm512_set1_epi32(x.add(m).read_unaligned()));
+                        for j in 0..2 {
+                            let w = &wt[j];
+                            let (mut i0, mut i1) = (dpbusd(nb0, w[0], xv[0]), dpbusd(nb1, w[4], xv[4]));
+                            for m in 1..4 {
+                                i0 = dpbusd(i0, w[m], xv[m]);
+                                i1 = dpbusd(i1, w[4 + m], xv[4 + m]);
+                            }
+                            is[j] = [i0, i1];
+                        }
+                    }
                     let dx = _mm512_set1_ps(*a.d.get_unchecked(tk));
                     for j in 0..2 {
-                        let w = &wt[j];
-                        let mut i0 = dpbusd(nb0, w[0], xv[0]);
-                        let mut i1 = dpbusd(nb1, w[4], xv[4]);
-                        for m in 1..4 {
-                            i0 = dpbusd(i0, w[m], xv[m]);
-                            i1 = dpbusd(i1, w[4 + m], xv[4 + m]);
-                        }
-                        acc[j][c] = group_fma::<K>(acc[j][c], dx, so[j], i0, i1, tb);
+                        acc[j][c] = group_fma::<K>(acc[j][c], dx, so[j], &bd[j], is[j][0], is[j][1], tb);
                     }
                 }
             }
@@ -625,6 +673,7 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
                 }
                 raw
             };
+            let bd = block_scales::<K>(&raw);
             // The K-quant groups' scales first, each with constant shift counts (formed
             // inside the loop below, which is not unrolled, they took counts from
             // registers: AVX-512 decode in L2, GB/s, Q3_K 16.5 -> 18.0, Q4_K 33.3 -> 34.4,
@@ -692,7 +741,7 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
                         (_mm512_add_epi32(i0, nb0), _mm512_add_epi32(i1, nb1))
                     };
                     let dx = _mm512_set1_ps(*a.d.get_unchecked(tk));
-                    *acc = group_fma::<K>(*acc, dx, [s0, s1, o0, o1], is0, is1, tb);
+                    *acc = group_fma::<K>(*acc, dx, [s0, s1, o0, o1], &bd, is0, is1, tb);
                 }
             }
         }
