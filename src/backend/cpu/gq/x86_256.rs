@@ -549,6 +549,9 @@ unsafe fn prefill_unit<const T: u8>(
 
 /// Most tokens per pass of [`pair_block`] (or [`iq4_block`]) for type `t` (`NT x NC`
 /// sums in registers). IQ4_XS, `iq4_block` (`gq_bench`, Gmac/s, 2 / 3 / 4): 67-71 / 71 / 72.
+/// Q6_K 3 since its scales ride in the sums' `madd` (a register per tile more): at 4,
+/// TinyLlama pp128 on 2 threads fell to 93-97 t/s (old code 104-140), at 3 128-131 (1
+/// thread 65-67 at both).
 const fn ncmax(t: u8) -> usize {
     match t {
         T_IQ4_XS => NC_IQ4,
@@ -557,7 +560,7 @@ const fn ncmax(t: u8) -> usize {
     }
 }
 const NC_IQ4: usize = 4;
-const NC_Q6: usize = 4;
+const NC_Q6: usize = 3;
 const NC_OTHER: usize = 3;
 
 /// `pshufb` tables of the IQ4 levels as i16: their low bytes and their high (sign) bytes.
