@@ -1485,10 +1485,11 @@ unsafe fn dot_unit<const T: u8, const TAB: bool, const UN: bool>(
         };
         group_fma::<T>(un, g, dx, (is0, is1), (f0, f1), acc)
     };
-    if UN && ng == U {
+    if UN && halves(T) && ng == U {
         // A whole unit with constant group indices (shift counts, field offsets): left to
         // the optimizer, the AVX2 Q6_K decode's loop was not unrolled once its float steps
-        // shrank, and ran at 58% of the speed in L2.
+        // shrank, and ran at 58% of the speed in L2. Not the other types: Q5_K's decode
+        // unrolled this way ran at 70% (`gq_decode_bench` in L2, 23.3-24.0 -> 16.3-16.7 GB/s).
         unroll8!(g => {
             acc = step(g, acc);
         });
