@@ -764,7 +764,7 @@ unsafe fn iq4_block<const NT: usize, const NC: usize>(
             // SAFETY: group `g` of token `c` (the caller's contract).
             let dx = _mm256_set1_ps(unsafe { *xd.add(c * groups + g) });
             for j in 0..NT {
-                acc[j][c0 + c] = group_fma::<T_IQ4_XS>(&un[j], g, dx, (s[j][c], zi), (zf, zf), acc[j][c0 + c]);
+                acc[j][c0 + c] = group_fma::<T_IQ4_XS>(&un[j], g, dx, (s[j][c], zi), zf, acc[j][c0 + c]);
             }
         }
     }
@@ -852,7 +852,7 @@ unsafe fn pair_block<const T: u8, const NT: usize, const NC: usize>(
                 if bias(T) != 0 {
                     i0 = _mm256_add_epi32(i0, _mm256_set1_epi32(tk.nb[0]));
                 }
-                let f = (_mm256_set1_ps(tk.bf), _mm256_setzero_ps());
+                let f = _mm256_set1_ps(tk.bf);
                 acc[j][c0 + c] = group_fma::<T>(&un[j], g, dx, (i0, i1), f, acc[j][c0 + c]);
             }
         }
@@ -1470,20 +1470,20 @@ unsafe fn dot_unit<const T: u8, const TAB: bool, const UN: bool>(
             let bp = if TAB { _mm256_set1_epi32(unsafe { (*xt.add(g)).bp }) } else { half_pairs(x) };
             return half_fma::<T>(un, g, dx, (i0, i1), bp, acc);
         }
-        // The integer sums with their bias corrections, and the offsets' activation sums
-        // as f32 (the whole group's in the first of each).
-        let (is0, is1, f0, f1) = if TAB {
+        // The integer sums with their bias corrections, and the group's activation sum as
+        // f32 (for the offset).
+        let (is0, is1, f) = if TAB {
             // SAFETY: with `TAB` the caller passes `ng` entries at `xt`.
             let tk = unsafe { &*xt.add(g) };
             let i0 = if bias(T) != 0 { _mm256_add_epi32(i0, _mm256_set1_epi32(tk.nb[0])) } else { i0 };
-            (i0, i1, _mm256_set1_ps(tk.bf), _mm256_setzero_ps())
+            (i0, i1, _mm256_set1_ps(tk.bf))
         } else {
             // SAFETY: `ng` sums at `xs` (the caller's contract).
             let bs = if need_bsum { _mm256_set1_epi32(unsafe { *xs.add(g) }) } else { _mm256_setzero_si256() };
             let i0 = if bias(T) != 0 { _mm256_sub_epi32(i0, times_bias::<T>(bs)) } else { i0 };
-            (i0, i1, _mm256_cvtepi32_ps(bs), _mm256_setzero_ps())
+            (i0, i1, _mm256_cvtepi32_ps(bs))
         };
-        group_fma::<T>(un, g, dx, (is0, is1), (f0, f1), acc)
+        group_fma::<T>(un, g, dx, (is0, is1), f, acc)
     };
     if UN && halves(T) && ng == U {
         // A whole unit with constant group indices (shift counts, field offsets): left to
@@ -1504,7 +1504,7 @@ unsafe fn dot_unit<const T: u8, const TAB: bool, const UN: bool>(
 /// One group's fused multiply-adds in the group order, types with one scale per 32:
 /// `acc` plus its integer half sums `is` (bias corrections included), added, times the
 /// token's scale `dx` and the rows' scales of group `g` of `un`, then the offsets times
-/// the activation sums `f0` (as f32).
+/// the group's activation sum `f` (as f32).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn group_fma<const T: u8>(
@@ -1512,14 +1512,14 @@ fn group_fma<const T: u8>(
     g: usize,
     dx: __m256,
     (is0, is1): (__m256i, __m256i),
-    (f0, _): (__m256, __m256),
+    f: __m256,
     mut acc: __m256,
 ) -> __m256 {
     debug_assert!(!halves(T));
     let i = _mm256_add_epi32(is0, is1);
     acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[0][g]), _mm256_cvtepi32_ps(i), acc);
     if offset(T) {
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[0][g]), f0, acc);
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[0][g]), f, acc);
     }
     acc
 }
