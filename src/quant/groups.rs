@@ -147,31 +147,24 @@ pub(crate) fn unpack(dt: DType, b: &[u8], g: usize) -> Group {
         }
         // Per-16 scales: both halves differ.
         DType::Q2_K => {
-            let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
             let (h, sh) = (g / 4, 2 * (g % 4));
             for (l, v) in q.iter_mut().enumerate() {
                 *v = ((b[16 + h * 32 + l] >> sh) & 3) as i8;
             }
-            let (a, c) = (b[2 * g], b[2 * g + 1]);
-            let s = [d * (a & 0xF) as f32, d * (c & 0xF) as f32];
-            let o = [-(dmin * (a >> 4) as f32), -(dmin * (c >> 4) as f32)];
-            return Group { q, s, o };
+            return per_16(dt, b, g, q);
         }
         DType::Q3_K => {
             let (hmask, qs) = (&b[0..32], &b[32..96]);
-            let sc = q3_k_scales(&b[96..108]);
-            let d = f16_at(b, 108);
             let (h, sh) = (g / 4, 2 * (g % 4));
             for (l, v) in q.iter_mut().enumerate() {
                 let lo = ((qs[h * 32 + l] >> sh) & 3) as i8;
                 let hbit = (hmask[l] >> g) & 1;
                 *v = lo - (((hbit ^ 1) << 2) as i8);
             }
-            return Group { q, s: [d * sc[2 * g] as f32, d * sc[2 * g + 1] as f32], o: [0.0; 2] };
+            return per_16(dt, b, g, q);
         }
         DType::Q6_K => {
-            let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
-            let d = f16_at(b, 208);
+            let (ql, qh) = (&b[0..128], &b[128..192]);
             let (h, r0) = (g / 4, (g % 4) * 32);
             for (l, v) in q.iter_mut().enumerate() {
                 let r = r0 + l;
@@ -179,11 +172,21 @@ pub(crate) fn unpack(dt: DType, b: &[u8], g: usize) -> Group {
                 let hi = (qh[h * 32 + r % 32] >> (2 * (r / 32))) & 3;
                 *v = (lo | (hi << 4)) as i8 - 32;
             }
-            return Group { q, s: [d * sc[2 * g] as i8 as f32, d * sc[2 * g + 1] as i8 as f32], o: [0.0; 2] };
+            return per_16(dt, b, g, q);
         }
         _ => unreachable!("{dt} is not a group-quantized type"),
     }
     Group { q, s: [s; 2], o: [o; 2] }
+}
+
+/// The [`Group`] of a type with a scale per 16 values: its half scales formed in f32 from
+/// [`half_scales`] (one parse of the scale bytes for both the dequantization and the
+/// kernels' integer group order). Q2_K's offset `dm * m` is `-(dmin * m)` bit for bit.
+fn per_16(dt: DType, b: &[u8], g: usize, q: [i8; GROUP]) -> Group {
+    let hs = half_scales(dt, b, g);
+    let s = hs.k.map(|k| hs.d * k as f32);
+    let o = if dt == DType::Q2_K { hs.m.map(|m| hs.dm * m as f32) } else { [0.0; 2] };
+    Group { q, s, o }
 }
 
 /// The integer half scales of group `g` of a block of a type with a scale per 16

@@ -197,7 +197,8 @@ use crate::Result;
 /// whole group's in `nb[0]`), the group's activation sum as f32 for the offsets (`bf`)
 /// and, for the types with a scale per 16, its half sums as an i16 pair (`bp`). 16
 /// bytes: at 32 (`bf` per half beside `bp`) AVX-512 prefill lost 4-9% on Q4_K and
-/// IQ4_XS (`gq_bench`), whose tiles read an entry per token and group. Loaded as broadcasts, so a tile does no scalar work per token.
+/// IQ4_XS (`gq_bench`), whose tiles read an entry per token and group. Loaded as
+/// broadcasts, so a tile does no scalar work per token.
 /// Formed from `QAct`'s sums (`sums`, `lo`: the quantization's, once per step).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
