@@ -885,6 +885,8 @@ mod tests {
         let mut r = XorShift::new(7);
         let cols: usize = std::env::var("GQ_BENCH_COLS").ok().and_then(|v| v.parse().ok()).unwrap_or(4096);
         let rows = 4096;
+        // Prefill's tokens (`GQ_BENCH_T`, default 32).
+        let pt: usize = std::env::var("GQ_BENCH_T").ok().and_then(|v| v.parse().ok()).unwrap_or(32);
         // The packed Q4_0 / Q8_0 kernels (`qpack`; Q4_0: 18 bytes per 32 values, as Q4_K) for scale.
         for qt in [DType::Q4_0, DType::Q8_0] {
             let (rb, bb) = (qt.row_bytes(cols).unwrap(), qt.block_bytes());
@@ -907,8 +909,10 @@ mod tests {
             let rb = dt.row_bytes(cols).unwrap();
             let w: Vec<u8> = (0..rows).flat_map(|_| random_row(dt, cols, &mut r)).collect();
             let mut line = format!("{dt:>7}:");
-            for isa in crate::backend::cpu::isa::available() {
-                for (t, nr) in [(1usize, rows), (32, 256)] {
+            for isa in
+                crate::backend::cpu::isa::available().into_iter().filter(|i| listed("GQ_BENCH_ISAS", &format!("{i:?}")))
+            {
+                for (t, nr) in [(1usize, rows), (pt, 256)] {
                     let a = QAct::quantize(&r.vec(t * cols, -1.0, 1.0), cols);
                     let mut out = vec![0f32; nr * t];
                     let s = best(|| gemm(isa, dt, &w, rb, nr, &a, &mut out));

@@ -1208,8 +1208,6 @@ fn scales_raw<const T: u8>(raw: &[__m256i; 5], un: &mut Unit) {
     let cvt = _mm256_cvtepi32_ps;
     let m15 = _mm256_set1_epi32(15);
     let srl = |x: __m256i, n: usize| _mm256_srl_epi32(x, _mm_cvtsi32_si128(n as i32));
-    // Byte `k` of the dwords `raw` (byte `4i + j` is byte `j` of `raw[i]`), per lane.
-    let byte = |k: usize| _mm256_and_si256(srl(raw[k / 4], 8 * (k % 4)), _mm256_set1_epi32(0xFF));
     let six = |v: __m256i| _mm256_sub_epi32(v, _mm256_set1_epi32(32));
     match T {
         T_Q2_K => un.d = [h16::<false>(raw[4]), neg(h16::<true>(raw[4]))],
@@ -1217,6 +1215,32 @@ fn scales_raw<const T: u8>(raw: &[__m256i; 5], un: &mut Unit) {
         T_Q6_K => un.d[0] = h16::<true>(raw[4]),
         _ => {}
     }
+    // Q4_K, Q5_K: the 6-bit scales and mins of the 8 groups as bytes, four to a dword
+    // (`k4[0]` scales 0..4, 4..8, `k4[1]` the mins), row `r` in lane `r`, for all groups at
+    // once (as ggml unpacks them per row), and `d`, `-dmin` (`(-dmin) * m` is `-(dmin * m)`
+    // bit for bit). Per group each is one byte of one of these (`ext`).
+    let (mut k4, mut d4) = ([[_mm256_setzero_si256(); 2]; 2], [_mm256_setzero_ps(); 2]);
+    if matches!(T, T_Q4_K | T_Q5_K) {
+        let (w0, w1, w2) = (raw[1], raw[2], raw[3]);
+        let (m3f, m0f, m30) = (_mm256_set1_epi8(0x3F), _mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        let hi2 = |w: __m256i| _mm256_and_si256(_mm256_srli_epi32::<2>(w), m30);
+        k4[0] = [_mm256_and_si256(w0, m3f), _mm256_or_si256(_mm256_and_si256(w2, m0f), hi2(w0))];
+        k4[1] =
+            [_mm256_and_si256(w1, m3f), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(w2), m0f), hi2(w1))];
+        d4 = [h16::<false>(raw[0]), neg(h16::<true>(raw[0]))];
+    }
+    // Q2_K: the low and the high nibbles of its 16 scale bytes, once (`raw[0..4]`).
+    let nib: [(__m256i, __m256i); 4] = std::array::from_fn(|i| {
+        let m = _mm256_set1_epi8(0x0F);
+        (_mm256_and_si256(raw[i], m), _mm256_and_si256(_mm256_srli_epi16::<4>(raw[i]), m))
+    });
+    // Byte `k` of each dword of `v` as an i32.
+    let ext = |v: __m256i, k: usize| match k {
+        0 => _mm256_and_si256(v, _mm256_set1_epi32(0xFF)),
+        1 => _mm256_shuffle_epi8(v, shuf4([1, 0x80, 0x80, 0x80])),
+        2 => _mm256_shuffle_epi8(v, shuf4([2, 0x80, 0x80, 0x80])),
+        _ => _mm256_srli_epi32::<24>(v),
+    };
     // Unrolled, so that every shift count and `raw` index is a constant: as a loop (not
     // unrolled by the compiler) its shifts took counts from registers and `raw` lived on
     // the stack, a quarter of the AVX2 Q3_K decode's time in L2.
@@ -1224,43 +1248,41 @@ fn scales_raw<const T: u8>(raw: &[__m256i; 5], un: &mut Unit) {
         match T {
             T_Q2_K => {
                 // Scale bytes 2g, 2g + 1: low nibble the scale, high the min.
-                let (v, j) = (raw[g / 2], 2 * (g % 2) as u8);
-                let m = _mm256_set1_epi32(0x000F_000F);
-                un.k[0][g] = _mm256_and_si256(_mm256_shuffle_epi8(v, shuf4([j, 0x80, j, 0x80])), m);
-                un.k[1][g] = _mm256_and_si256(_mm256_shuffle_epi8(v, shuf4([j + 1, 0x80, j + 1, 0x80])), m);
-                un.k[2][g] = _mm256_srli_epi16::<4>(_mm256_shuffle_epi8(v, shuf4([j, 0x80, j + 1, 0x80])));
+                let ((lo, hi), j) = (nib[g / 2], 2 * (g % 2) as u8);
+                un.k[0][g] = _mm256_shuffle_epi8(lo, shuf4([j, 0x80, j, 0x80]));
+                un.k[1][g] = _mm256_shuffle_epi8(lo, shuf4([j + 1, 0x80, j + 1, 0x80]));
+                un.k[2][g] = _mm256_shuffle_epi8(hi, shuf4([j, 0x80, j + 1, 0x80]));
             }
             T_Q3_K => {
-                let ki = |i: usize| {
-                    let lo = if i < 8 { _mm256_and_si256(byte(i), m15) } else { _mm256_srli_epi32::<4>(byte(i - 8)) };
-                    let hi = _mm256_and_si256(srl(byte(8 + i % 4), 2 * (i / 4)), _mm256_set1_epi32(3));
-                    // The i32 scale's low half into both halves of its dword.
-                    _mm256_shuffle_epi8(six(_mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi))), shuf4([0, 1, 0, 1]))
+                // Scales 2g, 2g + 1 as an i16 pair at once: their low 4 bits are the low
+                // (g < 4) or high nibbles of bytes 2g % 8, 2g % 8 + 1, their high 2 bits
+                // bits 2 (g / 2) .. of bytes 8 + 2 (g % 2), 9 + 2 (g % 2): the same two
+                // places in a dword of `raw[(2g % 8) / 4]` and `raw[2]`.
+                let j = 2 * (g % 2) as u8;
+                let pick = shuf4([j, 0x80, j + 1, 0x80]);
+                let lo = _mm256_shuffle_epi8(raw[(2 * g % 8) / 4], pick);
+                let lo = _mm256_and_si256(if g < 4 { lo } else { _mm256_srli_epi16::<4>(lo) }, _mm256_set1_epi16(15));
+                // Bits 2 (g / 2), 2 (g / 2) + 1 of the byte to bits 4, 5 (`g / 2` at most 3).
+                let hi = _mm256_shuffle_epi8(raw[2], pick);
+                let hi = match g / 2 {
+                    0 => _mm256_slli_epi16::<4>(hi),
+                    1 => _mm256_slli_epi16::<2>(hi),
+                    2 => hi,
+                    _ => _mm256_srli_epi16::<2>(hi),
                 };
-                let (k0, k1) = (ki(2 * g), ki(2 * g + 1));
-                (un.k[0][g], un.k[1][g]) = (k0, k1);
-                un.k[2][g] = _mm256_slli_epi16::<2>(_mm256_blend_epi16::<0xAA>(k0, k1));
+                let k = _mm256_sub_epi16(
+                    _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi16(0x30))),
+                    _mm256_set1_epi16(32),
+                );
+                un.k[0][g] = _mm256_shuffle_epi8(k, shuf4([0, 1, 0, 1]));
+                un.k[1][g] = _mm256_shuffle_epi8(k, shuf4([2, 3, 2, 3]));
+                un.k[2][g] = _mm256_slli_epi16::<2>(k);
             }
             T_Q4_K | T_Q5_K => {
-                let (d, dmin) = (h16::<false>(raw[0]), h16::<true>(raw[0]));
-                let s = |k: usize| byte(4 + k);
-                let (m63, m30) = (_mm256_set1_epi32(63), _mm256_set1_epi32(0x30));
-                let (sc, m) = if g < 4 {
-                    (_mm256_and_si256(s(g), m63), _mm256_and_si256(s(4 + g), m63))
-                } else {
-                    (
-                        _mm256_or_si256(
-                            _mm256_and_si256(s(4 + g), m15),
-                            _mm256_and_si256(_mm256_srli_epi32::<2>(s(g - 4)), m30),
-                        ),
-                        _mm256_or_si256(
-                            _mm256_srli_epi32::<4>(s(4 + g)),
-                            _mm256_and_si256(_mm256_srli_epi32::<2>(s(g)), m30),
-                        ),
-                    )
-                };
-                un.s[0][g] = _mm256_mul_ps(d, cvt(sc));
-                un.o[0][g] = neg(_mm256_mul_ps(dmin, cvt(m)));
+                let sc = ext(k4[0][g / 4], g % 4);
+                let m = ext(k4[1][g / 4], g % 4);
+                un.s[0][g] = _mm256_mul_ps(d4[0], cvt(sc));
+                un.o[0][g] = _mm256_mul_ps(d4[1], cvt(m));
             }
             T_Q6_K => {
                 // Signed byte i into the high byte of both halves of its dword, then
@@ -1303,7 +1325,7 @@ unsafe fn scales<const T: u8>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
                 }
             }
             T_Q4_K | T_Q5_K => {
-                let (d, dmin) = (f16x8(bp, 0), f16x8(bp, 2));
+                let (d, ndmin) = (f16x8(bp, 0), neg(f16x8(bp, 2)));
                 let (mut sc, mut mn) = ([zf; R], [zf; R]);
                 for r in 0..R {
                     let p = bp[r];
@@ -1317,7 +1339,7 @@ unsafe fn scales<const T: u8>(bp: &[*const u8; R], ng: usize, un: &mut Unit) {
                 transpose8(&mut mn);
                 for g in 0..U {
                     un.s[0][g] = _mm256_mul_ps(d, sc[g]);
-                    un.o[0][g] = neg(_mm256_mul_ps(dmin, mn[g]));
+                    un.o[0][g] = _mm256_mul_ps(ndmin, mn[g]);
                 }
             }
             T_IQ4_XS => {
