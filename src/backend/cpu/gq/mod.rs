@@ -374,6 +374,17 @@ fn pack_transposed(
             continue;
         }
         for (b, blk) in w[r * row_bytes..(r + 1) * row_bytes].chunks_exact(bb).enumerate() {
+            let mut q3 = [0u8; 110];
+            let blk = if dt == DType::Q3_K && vector == 32 {
+                // AVX2 Q3_K: each high-bit byte's bits reordered (`x86_256::Q3_HBIT`).
+                q3.copy_from_slice(blk);
+                for v in &mut q3[..32] {
+                    *v = x86_256::q3_hbits(*v);
+                }
+                &q3[..]
+            } else {
+                blk
+            };
             for (k, d) in blk.chunks(4).enumerate() {
                 let o = b * tb + tag::slot(tag::of(dt), k) * vector + l * 4;
                 dst[o..o + d.len()].copy_from_slice(d);

@@ -891,12 +891,99 @@ unsafe fn decode_unit<const T: u8, const TR: bool>(
                 weigh::<T>(un, g, row_sums::<T>(|i| q(g, i), x))
             }
         };
+        if T == T_Q3_K && TR && ng == U {
+            return q3_unit(un, bp[0], xq, xd, xt, acc);
+        }
         if dtab::<T, TR>() {
             dot_unit::<T, true, TR>(un, sums, ng, xq, xd, (xs, xt), acc)
         } else {
             dot_unit::<T, false, TR>(un, sums, ng, xq, xd, (xs, std::ptr::null()), acc)
         }
     }
+}
+
+/// [`decode_unit`] for a whole unit of a transposed Q3_K tile at `blk`: each pair of
+/// groups `g`, `g + 2` unpacked together ([`q3_pair`]), their sums weighed by their
+/// scales at once; then [`half_fma`] group by group, in the group order. The same exact
+/// sums and float steps as [`dot_unit`]: bit for bit.
+///
+/// # Safety
+/// As [`decode_unit`] (its `dtab` entries at `xt`), `blk` a whole transposed Q3_K block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_unit(un: &Unit, blk: *const u8, xq: *const i8, xd: *const f32, xt: *const Tok, acc: __m256) -> __m256 {
+    let zi = _mm256_setzero_si256();
+    let step = |g: usize, is: __m256i, acc: __m256| {
+        // SAFETY: the caller's `U` scales at `xd` and entries at `xt`.
+        let (dx, bp) = unsafe { (_mm256_set1_ps(*xd.add(g)), _mm256_set1_epi32((*xt.add(g)).bp)) };
+        half_fma::<T_Q3_K>(un, g, dx, (is, zi), bp, acc)
+    };
+    // SAFETY: the caller's whole block and `U` groups of activations at `xq` (unit `u`).
+    let pair = |g: usize| unsafe {
+        match g {
+            0 => q3_pair::<0>(un, blk, xq),
+            1 => q3_pair::<1>(un, blk, xq),
+            4 => q3_pair::<4>(un, blk, xq),
+            _ => q3_pair::<5>(un, blk, xq),
+        }
+    };
+    let (s0, s2) = pair(0);
+    let acc = step(0, s0, acc);
+    let (s1, s3) = pair(1);
+    let acc = step(3, s3, step(2, s2, step(1, s1, acc)));
+    let (s4, s6) = pair(4);
+    let acc = step(4, s4, acc);
+    let (s5, s7) = pair(5);
+    step(7, s7, step(6, s6, step(5, s5, acc)))
+}
+
+/// The weighed integer sums `k_0 isum_0 + k_1 isum_1` of groups `g` and `g + 2` (`g = G`:
+/// 0, 1, 4 or 5; a constant, so that every shift and field is; as an argument, out of line,
+/// it ran 10% slower than the groups one by one) of a transposed Q3_K block at `blk` (row
+/// `r` in lane `r`) against the activations at `xq` (a unit's). Their 2-bit values share a byte 4 bits apart, and so
+/// do their high bits in the AVX2 tiles ([`Q3_HBIT`]): one shift and mask of each and an
+/// `or` give both as nibbles (5 operations, against 9 for the two apart).
+///
+/// # Safety
+/// `blk` a whole transposed Q3_K block (AVX2 layout); `xq` the unit's 256 activations.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_pair<const G: usize>(un: &Unit, blk: *const u8, xq: *const i8) -> (__m256i, __m256i) {
+    let g = G;
+    let (h, k, p) = (g / 4, g % 4, Q3_HBIT[g]);
+    debug_assert!(k < 2 && Q3_HBIT[g + 2] == p + 4);
+    // SAFETY: every field below lies inside the block (caller).
+    let ld =
+        |o: usize, m: usize| unsafe { _mm256_loadu_si256(blk.add(slot(T_Q3_K, o / 4 + m) * 32) as *const __m256i) };
+    // SAFETY: dword `m` of group `gg` of the caller's activations.
+    let xb =
+        |gg: usize, m: usize| unsafe { _mm256_set1_epi32((xq.add(GROUP * gg + 4 * m) as *const i32).read_unaligned()) };
+    let (m33, m44, m0f) = (_mm256_set1_epi8(0x33), _mm256_set1_epi8(0x44), _mm256_set1_epi8(0x0F));
+    let mut w = [[_mm256_setzero_si256(); 2]; 2];
+    for half in 0..2 {
+        let mut s = [_mm256_setzero_si256(); 2];
+        for m in 4 * half..4 * half + 4 {
+            let v = ld(32 + 32 * h, m);
+            let v = if k == 0 { v } else { _mm256_srli_epi16::<2>(v) };
+            let hm = ld(0, m);
+            // High bits `p`, `p + 4` to bits 2, 6 (a 16-bit shift: bits 2 and 6 of each
+            // byte come from that byte, `p` being at most 3).
+            let hm = match p {
+                0 => _mm256_slli_epi16::<2>(hm),
+                1 => _mm256_slli_epi16::<1>(hm),
+                2 => hm,
+                _ => _mm256_srli_epi16::<1>(hm),
+            };
+            let n = _mm256_or_si256(_mm256_and_si256(v, m33), _mm256_and_si256(hm, m44));
+            let (qa, qb) = (_mm256_and_si256(n, m0f), _mm256_and_si256(_mm256_srli_epi16::<4>(n), m0f));
+            // In i16: 8 products of values below 8 per lane (`narrow_lanes`).
+            s[0] = _mm256_add_epi16(s[0], _mm256_maddubs_epi16(qa, xb(g, m)));
+            s[1] = _mm256_add_epi16(s[1], _mm256_maddubs_epi16(qb, xb(g + 2, m)));
+        }
+        w[0][half] = _mm256_madd_epi16(s[0], un.k[half][g]);
+        w[1][half] = _mm256_madd_epi16(s[1], un.k[half][g + 2]);
+    }
+    (_mm256_add_epi32(w[0][0], w[0][1]), _mm256_add_epi32(w[1][0], w[1][1]))
 }
 
 /// Whether decode takes the [`Tok`] table too: over transposed tiles of the types
@@ -985,6 +1072,17 @@ fn crumbs(v: __m256i, k: usize) -> __m256i {
         _ => _mm256_srli_epi16::<6>(v),
     };
     _mm256_and_si256(v, _mm256_set1_epi8(3))
+}
+
+/// Where the AVX2 transposed tiles keep group `g`'s high bit in a Q3_K high-bit byte
+/// (`quant::groups` has it at bit `g`): groups `g` and `g + 2` (`g` 0, 1, 4, 5) 4 bits
+/// apart, so that one shift and one mask bring both beside their 2-bit values, which
+/// share a byte 4 bits apart too ([`q3_pair`]).
+pub(super) const Q3_HBIT: [u32; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
+
+/// A Q3_K high-bit byte in the AVX2 transposed tiles' order ([`Q3_HBIT`]).
+pub(super) fn q3_hbits(v: u8) -> u8 {
+    (0..8).fold(0, |acc, g| acc | ((v >> g) & 1) << Q3_HBIT[g])
 }
 
 /// `add` in every byte where bit `g` of the byte of `hm` is set.
@@ -1102,7 +1200,7 @@ unsafe fn qgroup_t<const T: u8>(blk: *const u8, g: usize, m: usize, lv: __m256i)
         // SAFETY: as above.
         T_IQ4_XS => _mm256_shuffle_epi8(lv, unsafe { nibble_t(blk, g, m) }),
         T_Q2_K => crumbs(ld(16 + 32 * (g / 4), m), g % 4),
-        T_Q3_K => _mm256_or_si256(crumbs(ld(32 + 32 * (g / 4), m), g % 4), hbit(ld(0, m), g, 4)),
+        T_Q3_K => _mm256_or_si256(crumbs(ld(32 + 32 * (g / 4), m), g % 4), hbit(ld(0, m), Q3_HBIT[g] as usize, 4)),
         T_Q6_K => {
             let (h, k) = (g / 4, g % 4);
             let l = ld(64 * h + 32 * (k % 2), m);
