@@ -406,7 +406,8 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
                     let xt = tok.as_ptr().wrapping_add(c0 * groups + u * U);
                     if ct == 1 {
                         // Decode: each group straight from the weights into the dot product.
-                        acc[0] = decode_unit::<T, false>(&un, &bp, lv, ng, xq, xd, (xs, xt), acc[0]);
+                        let x = (xq, std::ptr::null());
+                        acc[0] = decode_unit::<T, false>(&un, &bp, lv, ng, x, xd, (xs, xt), acc[0]);
                     } else {
                         // Prefill over packed tiles or rows.
                         for g in 0..ng {
@@ -477,6 +478,18 @@ unsafe fn decode_tiles<const T: u8, const TR: bool>(
         let mut acc = [zf; 2];
         for u in 0..units {
             let ng = (groups - u * U).min(U);
+            // The signed types over transposed tiles: the unit's activations' absolute
+            // values, for both tiles (`lane_sums`).
+            let mut xa = [0i8; U * GROUP];
+            if TR && signed(T) {
+                for (i, c) in xa.chunks_exact_mut(32).take(ng).enumerate() {
+                    // SAFETY: group `u * U + i < groups` of token 0's activations; `c` holds 32 bytes.
+                    unsafe {
+                        let v = _mm256_loadu_si256(a.qs.as_ptr().add((u * U + i) * GROUP) as *const __m256i);
+                        _mm256_storeu_si256(c.as_mut_ptr() as *mut __m256i, _mm256_abs_epi8(v));
+                    }
+                }
+            }
             for (j, acc) in acc[..nt].iter_mut().enumerate() {
                 // SAFETY: tile `tl[j] < ntiles` lies inside `tiles` and unit `u < units`
                 // inside it (the caller's contract); token 0's groups `u * U ..` of `a`
@@ -501,7 +514,7 @@ unsafe fn decode_tiles<const T: u8, const TR: bool>(
                     }
                     let x = (a.qs.as_ptr().add(u * U * GROUP), a.d.as_ptr().add(u * U));
                     let xs = (a.sums.as_ptr().add(u * U), tok.as_ptr().wrapping_add(u * U));
-                    *acc = decode_unit::<T, TR>(&un, &bp, lv, ng, x.0, x.1, xs, *acc);
+                    *acc = decode_unit::<T, TR>(&un, &bp, lv, ng, (x.0, xa.as_ptr()), x.1, xs, *acc);
                 }
             }
         }
@@ -864,7 +877,8 @@ unsafe fn pair_block<const T: u8, const NT: usize, const NC: usize>(
 /// Q6_K tg32, measured).
 ///
 /// # Safety
-/// As `dot_unit`, with `bp` the unit's row pointers (`gemm_t`).
+/// As `dot_unit`, with `bp` the unit's row pointers (`gemm_t`); over transposed tiles of
+/// the [`signed`] types `xa` holds the unit's activations' absolute values.
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -873,7 +887,7 @@ unsafe fn decode_unit<const T: u8, const TR: bool>(
     bp: &[*const u8; R],
     lv: __m256i,
     ng: usize,
-    xq: *const i8,
+    (xq, xa): (*const i8, *const i8),
     xd: *const f32,
     (xs, xt): (*const i32, *const Tok),
     acc: __m256,
@@ -886,7 +900,7 @@ unsafe fn decode_unit<const T: u8, const TR: bool>(
         let sums = |g: usize, xp: *const i8, x: __m256i| {
             if TR {
                 let k = if halves(T) { (un.k[0][g], un.k[1][g]) } else { (ones, ones) };
-                lane_sums::<T>(|i| q(g, i), xp, k)
+                lane_sums::<T>(|i| q(g, i), xp, xa.wrapping_add(GROUP * g), k)
             } else {
                 weigh::<T>(un, g, row_sums::<T>(|i| q(g, i), x))
             }
@@ -1524,13 +1538,18 @@ const fn pair_lanes(t: u8) -> bool {
 /// pairs are summed into i32 by a `madd` against `k0` / `k1`: ones, or a [`halves`]
 /// type's integer scales ([`Unit`]'s `k`), giving `k_h * isum_h` for free.
 ///
+/// The signed types take the activations' absolute values from `xa` (formed once per
+/// unit for both of decode's tiles, [`decode_tiles`]: an `abs` per dword less).
+///
 /// # Safety
-/// `xp` points at 32 readable activations.
+/// `xp` points at 32 readable activations, and for the [`signed`] types `xa` at their 32
+/// absolute values.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn lane_sums<const T: u8>(
     q: impl Fn(usize) -> __m256i,
     xp: *const i8,
+    xa: *const i8,
     (k0, k1): (__m256i, __m256i),
 ) -> (__m256i, __m256i) {
     // A loop, not `array::from_fn`: its closure was left out of line in some of the
@@ -1541,7 +1560,9 @@ unsafe fn lane_sums<const T: u8>(
         let xb = _mm256_set1_epi32(unsafe { (xp.add(4 * m) as *const i32).read_unaligned() });
         let q = q(m);
         *p = if signed(T) {
-            _mm256_maddubs_epi16(_mm256_abs_epi8(xb), _mm256_sign_epi8(q, xb))
+            // SAFETY: dword `m` of the caller's 32 absolute values.
+            let xab = _mm256_set1_epi32(unsafe { (xa.add(4 * m) as *const i32).read_unaligned() });
+            _mm256_maddubs_epi16(xab, _mm256_sign_epi8(q, xb))
         } else {
             _mm256_maddubs_epi16(q, xb)
         };
