@@ -47,8 +47,12 @@ use std::arch::x86_64::*;
 const R: usize = 8;
 /// Groups per unit.
 const U: usize = 8;
-/// Most tokens per pass over a unit (accumulators kept on the stack).
-const TC: usize = 32;
+/// Most tokens per pass over a unit (accumulators kept on the stack; `token_chunk` may
+/// give fewer). At 32, TinyLlama pp128 (AVX2, alternating binaries, t/s 1 / 2 threads)
+/// ran 3-6% / 0-5% slower: IQ4_XS 65.4-66.5 -> 69.0-69.2 / 123.6-130.1 -> 129.7-132.9,
+/// Q6_K 83.1-85.0 -> 88.1-88.9 / 159.5-166.0 -> 165.5-174.7, Q5_K_M 89.2-93.0 -> 95.1-95.4
+/// / 176.3-179.5 -> 182.4-187.0 (each unit unpacked once per pass: half as often).
+const TC: usize = 64;
 /// Prefetch distance in units (into L1: prefill, and decode under [`Prefetch::L2`]).
 const PF: usize = 2;
 /// [`decode_tiles`]' distance into L2 (`prefetcht1`, bytes from each stream's unit) under
