@@ -476,6 +476,9 @@ unsafe fn decode_tiles<const T: u8, const TR: bool>(
     // Stream `j` runs over tiles `j * half ..`: each a forward stream across its tiles'
     // ends, so the prefetches past a tile's last unit fetch its stream's next tile.
     let half = ntiles.div_ceil(2);
+    // The unit's activations' absolute values (the signed types over transposed tiles),
+    // zeroed once per call.
+    let mut xa = [0i8; U * GROUP];
     for k in 0..half {
         let tl = [k, k + half];
         let nt = if k + half < ntiles { 2 } else { 1 };
@@ -484,7 +487,6 @@ unsafe fn decode_tiles<const T: u8, const TR: bool>(
             let ng = (groups - u * U).min(U);
             // The signed types over transposed tiles: the unit's activations' absolute
             // values, for both tiles (`lane_sums`).
-            let mut xa = [0i8; U * GROUP];
             if TR && signed(T) {
                 for (i, c) in xa.chunks_exact_mut(32).take(ng).enumerate() {
                     // SAFETY: group `u * U + i < groups` of token 0's activations; `c` holds 32 bytes.
