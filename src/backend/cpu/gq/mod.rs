@@ -374,7 +374,7 @@ fn pack_transposed(
             continue;
         }
         for (b, blk) in w[r * row_bytes..(r + 1) * row_bytes].chunks_exact(bb).enumerate() {
-            let mut q3 = [0u8; 110];
+            let mut q3 = [0u8; 110]; // a Q3_K block
             let blk = if dt == DType::Q3_K && vector == 32 {
                 // AVX2 Q3_K: each high-bit byte's bits reordered (`x86_256::Q3_HBIT`).
                 q3.copy_from_slice(blk);

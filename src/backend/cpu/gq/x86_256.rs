@@ -960,9 +960,10 @@ unsafe fn q3_unit(un: &Unit, blk: *const u8, xq: *const i8, xd: *const f32, xt: 
 /// The weighed integer sums `k_0 isum_0 + k_1 isum_1` of groups `g` and `g + 2` (`g = G`:
 /// 0, 1, 4 or 5; a constant, so that every shift and field is; as an argument, out of line,
 /// it ran 10% slower than the groups one by one) of a transposed Q3_K block at `blk` (row
-/// `r` in lane `r`) against the activations at `xq` (a unit's). Their 2-bit values share a byte 4 bits apart, and so
-/// do their high bits in the AVX2 tiles ([`Q3_HBIT`]): one shift and mask of each and an
-/// `or` give both as nibbles (5 operations, against 9 for the two apart).
+/// `r` in lane `r`) against the activations at `xq` (a unit's). Their 2-bit values share a
+/// byte 4 bits apart, and so do their high bits in the AVX2 tiles ([`Q3_HBIT`]): one shift
+/// and mask of each and an `or` give both as nibbles (5 operations, against 9 for the two
+/// apart).
 ///
 /// # Safety
 /// `blk` a whole transposed Q3_K block (AVX2 layout); `xq` the unit's 256 activations.
