@@ -974,8 +974,7 @@ unsafe fn q3_pair<const G: usize>(un: &Unit, blk: *const u8, xq: *const i8) -> (
     let (h, k, p) = (g / 4, g % 4, Q3_HBIT[g]);
     debug_assert!(k < 2 && Q3_HBIT[g + 2] == p + 4);
     // SAFETY: every field below lies inside the block (caller).
-    let ld =
-        |o: usize, m: usize| unsafe { _mm256_loadu_si256(blk.add(slot(T_Q3_K, o / 4 + m) * 32) as *const __m256i) };
+    let ld = |o: usize, m: usize| unsafe { field_t::<T_Q3_K>(blk, o, m) };
     // SAFETY: dword `m` of group `gg` of the caller's activations.
     let xb =
         |gg: usize, m: usize| unsafe { _mm256_set1_epi32((xq.add(GROUP * gg + 4 * m) as *const i32).read_unaligned()) };
@@ -986,15 +985,9 @@ unsafe fn q3_pair<const G: usize>(un: &Unit, blk: *const u8, xq: *const i8) -> (
         for m in 4 * half..4 * half + 4 {
             let v = ld(32 + 32 * h, m);
             let v = if k == 0 { v } else { _mm256_srli_epi16::<2>(v) };
-            let hm = ld(0, m);
             // High bits `p`, `p + 4` to bits 2, 6 (a 16-bit shift: bits 2 and 6 of each
             // byte come from that byte, `p` being at most 3).
-            let hm = match p {
-                0 => _mm256_slli_epi16::<2>(hm),
-                1 => _mm256_slli_epi16::<1>(hm),
-                2 => hm,
-                _ => _mm256_srli_epi16::<1>(hm),
-            };
+            let hm = shl16(ld(0, m), 2 - p as i32);
             let n = _mm256_or_si256(_mm256_and_si256(v, m33), _mm256_and_si256(hm, m44));
             let (qa, qb) = (_mm256_and_si256(n, m0f), _mm256_and_si256(_mm256_srli_epi16::<4>(n), m0f));
             // In i16: 8 products of values below 8 per lane (`narrow_lanes`).
@@ -1106,6 +1099,22 @@ pub(super) fn q3_hbits(v: u8) -> u8 {
     (0..8).fold(0, |acc, g| acc | ((v >> g) & 1) << Q3_HBIT[g])
 }
 
+/// Each 16-bit lane of `v` shifted left by `n` (right by `-n` where `n` is negative; `n`
+/// from -2 to 4), by an immediate: called with constants, the match folds away.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn shl16(v: __m256i, n: i32) -> __m256i {
+    match n {
+        4 => _mm256_slli_epi16::<4>(v),
+        2 => _mm256_slli_epi16::<2>(v),
+        1 => _mm256_slli_epi16::<1>(v),
+        0 => v,
+        -1 => _mm256_srli_epi16::<1>(v),
+        -2 => _mm256_srli_epi16::<2>(v),
+        _ => unreachable!("shl16 by {n}"),
+    }
+}
+
 /// `add` in every byte where bit `g` of the byte of `hm` is set.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -1203,10 +1212,9 @@ unsafe fn qgroup<const T: u8>(p: *const u8, g: usize, lv: __m256i) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn qgroup_t<const T: u8>(blk: *const u8, g: usize, m: usize, lv: __m256i) -> __m256i {
     let m4 = _mm256_set1_epi8(0x0F);
-    // Dword `k` of the 8 rows' field at byte `o` (a multiple of 4).
     // SAFETY: every field below lies inside the block (`quant::groups::unpack`'s layouts),
     // whose vectors are all there (caller).
-    let ld = |o: usize, k: usize| unsafe { _mm256_loadu_si256(blk.add(slot(T, o / 4 + k) * 32) as *const __m256i) };
+    let ld = |o: usize, k: usize| unsafe { field_t::<T>(blk, o, k) };
     match T {
         T_Q4_K | T_Q5_K => {
             let qs_off = if T == T_Q4_K { 16 } else { 48 };
@@ -1232,6 +1240,19 @@ unsafe fn qgroup_t<const T: u8>(blk: *const u8, g: usize, m: usize, lv: __m256i)
     }
 }
 
+/// Dword `k` of the 8 rows' field at byte `o` (a multiple of 4) of a transposed block of
+/// type `T` at `blk`, row `r` in lane `r`.
+///
+/// # Safety
+/// `blk` points at a whole transposed block of type `T`, and the field's dword `k` lies
+/// inside it.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn field_t<const T: u8>(blk: *const u8, o: usize, k: usize) -> __m256i {
+    // SAFETY: the caller's contract.
+    unsafe { _mm256_loadu_si256(blk.add(slot(T, o / 4 + k) * 32) as *const __m256i) }
+}
+
 /// The level indices (nibbles) of dword `m` of group `g` of the 8 rows of a transposed
 /// IQ4_XS block at `blk`, as [`qgroup_t`] takes them.
 ///
@@ -1242,7 +1263,7 @@ unsafe fn qgroup_t<const T: u8>(blk: *const u8, g: usize, m: usize, lv: __m256i)
 unsafe fn nibble_t(blk: *const u8, g: usize, m: usize) -> __m256i {
     // Values 0..16 are the low nibbles of the field's 16 bytes, 16..32 the high.
     // SAFETY: the field (bytes 8 + 16 g ..) lies inside the block, all of whose vectors are there.
-    let v = unsafe { _mm256_loadu_si256(blk.add(slot(T_IQ4_XS, (8 + 16 * g) / 4 + m % 4) * 32) as *const __m256i) };
+    let v = unsafe { field_t::<T_IQ4_XS>(blk, 8 + 16 * g, m % 4) };
     _mm256_and_si256(if m < 4 { v } else { _mm256_srli_epi16::<4>(v) }, _mm256_set1_epi8(0x0F))
 }
 
@@ -1382,13 +1403,7 @@ fn scales_raw<const T: u8>(raw: &[__m256i; 5], un: &mut Unit) {
                 let lo = _mm256_shuffle_epi8(raw[(2 * g % 8) / 4], pick);
                 let lo = _mm256_and_si256(if g < 4 { lo } else { _mm256_srli_epi16::<4>(lo) }, _mm256_set1_epi16(15));
                 // Bits 2 (g / 2), 2 (g / 2) + 1 of the byte to bits 4, 5 (`g / 2` at most 3).
-                let hi = _mm256_shuffle_epi8(raw[2], pick);
-                let hi = match g / 2 {
-                    0 => _mm256_slli_epi16::<4>(hi),
-                    1 => _mm256_slli_epi16::<2>(hi),
-                    2 => hi,
-                    _ => _mm256_srli_epi16::<2>(hi),
-                };
+                let hi = shl16(_mm256_shuffle_epi8(raw[2], pick), 4 - 2 * (g / 2) as i32);
                 let k = _mm256_sub_epi16(
                     _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi16(0x30))),
                     _mm256_set1_epi16(32),
