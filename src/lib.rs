@@ -33,16 +33,17 @@ pub use error::{Error, Result, Status};
 #[doc(hidden)]
 pub mod bench {
     pub use crate::backend::cpu::groups::HostBuf;
+    pub use crate::backend::cpu::peak::Peak;
 
     /// The CPU kernel set this process runs (`scalar`, `avx2`, `avx512-vnni`, `neon`).
     pub fn cpu_kernels() -> &'static str {
         crate::backend::cpu::simd::isa().name()
     }
 
-    /// This thread's arithmetic ceilings with the kernel set this process runs:
-    /// `(f32 FMA GFLOP/s, 8-bit integer-dot Gop/s)` over `iters` loop trips (see
-    /// `backend::cpu::peak`); None where the kernel set has no probe.
-    pub fn cpu_peak(iters: usize) -> Option<(f64, f64)> {
+    /// This thread's arithmetic ceilings with the kernel set this process runs over
+    /// `iters` loop trips (see `backend::cpu::peak`); None where the kernel set has
+    /// no probe.
+    pub fn cpu_peak(iters: usize) -> Option<crate::backend::cpu::peak::Peak> {
         crate::backend::cpu::peak::peak(crate::backend::cpu::simd::isa(), iters)
     }
 }

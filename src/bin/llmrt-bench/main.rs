@@ -54,7 +54,9 @@
 //! no repetition was steady); alone, `--membw` prints the probe.
 //! `--peak`: the f32 FMA and 8-bit integer-dot rates of the kernel set this process
 //! runs (`LLMRT_CPU_KERNELS` applies), with each thread count (one probe per thread,
-//! rates summed, best of 5): the ceilings the prefill GEMMs are held against.
+//! rates summed, best of 5): the ceilings the prefill GEMMs are held against. AVX2
+//! adds the dot products into i32 by how they widen (`into i32`, see
+//! `backend::cpu::peak`): the ceilings of the kernels that multiply each way.
 
 mod args;
 mod gpu;
@@ -100,22 +102,29 @@ fn main() {
         // probe on its own core; the best of 5 runs of the summed rates.
         let kernels = llmrt::bench::cpu_kernels();
         for &t in &a.threads {
-            let mut best = (0f64, 0f64);
+            let mut best: Option<llmrt::bench::Peak> = None;
             for _ in 0..5 {
-                let rates: Vec<Option<(f64, f64)>> = std::thread::scope(|sc| {
+                let rates: Vec<Option<llmrt::bench::Peak>> = std::thread::scope(|sc| {
                     let hs: Vec<_> = (0..t).map(|_| sc.spawn(|| llmrt::bench::cpu_peak(200_000_000))).collect();
                     hs.into_iter().map(|h| h.join().expect("peak thread")).collect()
                 });
-                let Some(sum) = rates.iter().try_fold((0.0, 0.0), |acc, r| r.map(|(f, i)| (acc.0 + f, acc.1 + i)))
-                else {
+                let Some(rates) = rates.into_iter().collect::<Option<Vec<_>>>() else {
                     eprintln!("llmrt-bench: kernel set {kernels} has no peak probe");
                     std::process::exit(1);
                 };
-                best = (best.0.max(sum.0), best.1.max(sum.1));
+                // The threads' rates summed, then the best of the runs, figure by figure.
+                let sum = rates.into_iter().reduce(|a, b| a.zip_with(&b, |x, y| x + y)).expect("at least one thread");
+                best = Some(match best {
+                    Some(b) => b.zip_with(&sum, f64::max),
+                    None => sum,
+                });
             }
+            let best = best.expect("five runs");
+            let widened: String = best.into_i32.iter().map(|(n, r)| format!(", {n} {r:.1}")).collect();
+            let widened = if widened.is_empty() { widened } else { format!("; into i32{widened} Gop/s") };
             println!(
-                "peak, {t} thread(s), {kernels}: f32 FMA {:.1} GFLOP/s, 8-bit integer dot {:.1} Gop/s",
-                best.0, best.1
+                "peak, {t} thread(s), {kernels}: f32 FMA {:.1} GFLOP/s, 8-bit integer dot {:.1} Gop/s{widened}",
+                best.flops, best.int8
             );
         }
         return;
