@@ -841,8 +841,13 @@ unsafe fn pair_block<const T: u8, const NT: usize, const NC: usize>(
                 }
                 continue;
             }
+            // `whole_lanes` types: the group's 8 dwords in i16 (`p` kept from the first
+            // half), one `madd` per group into the first half's sums.
+            if whole_lanes(T) && half == 1 {
+                continue;
+            }
             let mut p = [[zi; NC]; NT];
-            for mm in 0..std::hint::black_box(4) {
+            for mm in 0..std::hint::black_box(if whole_lanes(T) { 8 } else { 4 }) {
                 let m = 4 * half + mm;
                 let w: [__m256i; NT] = std::array::from_fn(|j| un[j].q[g][m]);
                 for c in 0..NC {
@@ -1544,6 +1549,13 @@ fn row_sums<const T: u8>(q: impl Fn(usize) -> __m256i, x: __m256i) -> (__m256i, 
 /// at most 31,744.
 const fn narrow_lanes(t: u8) -> bool {
     matches!(t, T_Q2_K | T_Q3_K | T_Q4_K | T_Q5_K)
+}
+
+/// Types whose prefill ([`pair_block`]) may add all eight `maddubs` results of a group
+/// in i16: one scale per 32 values and unsigned integers below 16, so that a 16-bit lane
+/// sums 16 products with |x| <= 128, at most 30,720.
+const fn whole_lanes(t: u8) -> bool {
+    matches!(t, T_Q4_K)
 }
 
 /// Types whose lane sums may add two `maddubs` results in i16: unsigned integers
