@@ -9,7 +9,10 @@
 //! `isum_h = sum q*qx` and `bsum_h = sum qx` over half `h`, the f32 accumulator
 //! takes fused multiply-adds in this order:
 //! - one scale per 32 values: `acc = fma(dx*s, isum_0 + isum_1, acc)`, then for
-//!   types with an offset `acc = fma(dx*o, bsum_0 + bsum_1, acc)`;
+//!   types with an offset `acc = fma(o, dx*(bsum_0 + bsum_1), acc)` (the token's
+//!   product formed once per group and token, not once per row tile: before
+//!   2026-12-06 `fma(dx*o, bsum_0 + bsum_1, acc)`, one multiply more per group, token
+//!   and tile; Q4_K/Q5_K prefill +5%);
 //! - a scale per 16 (Q2_K, Q3_K, Q6_K), with the block's f32 scale `d` and the
 //!   halves' integer scales `k_h` (`quant::groups::half_scales`; `s_h = d*k_h`): the
 //!   exact integer `is = k_0*isum_0 + k_1*isum_1` (at most 2^24 in magnitude, so exact
@@ -194,7 +197,7 @@ use crate::Result;
 /// What each token's activation group brings to a SIMD tile, formed once per call:
 /// the bias corrections `-bias * bsum` (a kernel set's bias for the type) that start
 /// or join the integer sums (per half for the types with a scale per 16, else the
-/// whole group's in `nb[0]`), the group's activation sum as f32 for the offsets (`bf`)
+/// whole group's in `nb[0]`), the group's activation sum times its scale for the offsets (`bf`)
 /// and, for the types with a scale per 16, its half sums as an i16 pair (`bp`). 16
 /// bytes: at 32 (`bf` per half beside `bp`) AVX-512 prefill lost 4-9% on Q4_K and
 /// IQ4_XS (`gq_bench`), whose tiles read an entry per token and group. Loaded as
@@ -205,8 +208,9 @@ use crate::Result;
 #[repr(C, align(16))]
 struct Tok {
     nb: [i32; 2],
-    /// The whole group's activation sum as f32 (the offsets of the types with one scale
-    /// per 32).
+    /// The whole group's activation sum times the token's scale `dx`, as f32 (the
+    /// offsets of the types with one scale per 32 take `o * bf`: one fused
+    /// multiply-add per group and token, no product `dx * o` per row tile).
     bf: f32,
     /// The types with a scale per 16: the two half sums as i16 (`bsum_0` low, `bsum_1`
     /// high; each at most 16 * 128 in magnitude), against which a `madd` weighs the
@@ -218,16 +222,16 @@ struct Tok {
 impl Tok {
     /// One entry per activation group of `a` (token-major, as `a.d`).
     fn table(a: &QAct, halves: bool, bias: i32) -> Vec<Tok> {
-        a.lo.iter().zip(&a.sums).map(|(&b0, &bs)| Tok::entry(b0, bs, halves, bias)).collect()
+        a.lo.iter().zip(&a.sums).zip(&a.d).map(|((&b0, &bs), &d)| Tok::entry(b0, bs, d, halves, bias)).collect()
     }
 
-    fn entry(b0: i32, bs: i32, halves: bool, bias: i32) -> Tok {
+    fn entry(b0: i32, bs: i32, d: f32, halves: bool, bias: i32) -> Tok {
         if halves {
             let b1 = bs - b0;
             let bp = (b0 as u16 as u32 | (b1 as u16 as u32) << 16) as i32;
-            Tok { nb: [-bias * b0, -bias * b1], bf: bs as f32, bp }
+            Tok { nb: [-bias * b0, -bias * b1], bf: d * bs as f32, bp }
         } else {
-            Tok { nb: [-bias * bs, 0], bf: bs as f32, bp: 0 }
+            Tok { nb: [-bias * bs, 0], bf: d * bs as f32, bp: 0 }
         }
     }
 
@@ -235,8 +239,8 @@ impl Tok {
     fn try_table(a: &QAct, halves: bool, bias: i32) -> Result<Vec<Tok>> {
         let zero = Tok { nb: [0; 2], bf: 0.0, bp: 0 };
         let mut v = crate::util::try_vec(a.sums.len(), zero, "the step's activation sums per group")?;
-        for ((o, &b0), &bs) in v.iter_mut().zip(&a.lo).zip(&a.sums) {
-            *o = Tok::entry(b0, bs, halves, bias);
+        for (((o, &b0), &bs), &d) in v.iter_mut().zip(&a.lo).zip(&a.sums).zip(&a.d) {
+            *o = Tok::entry(b0, bs, d, halves, bias);
         }
         Ok(v)
     }
@@ -282,7 +286,8 @@ fn accumulate(dt: DType, gr: &Group, hs: &HalfScales, xb: &[i8], d: f32, mut acc
     } else {
         acc = (d * gr.s[0]).mul_add((isum[0] + isum[1]) as f32, acc);
         if dt.has_offset() {
-            acc = (d * gr.o[0]).mul_add((bsum[0] + bsum[1]) as f32, acc);
+            // The token's scale with its sum (the kernels' `Tok::bf`), then the rows' offsets.
+            acc = gr.o[0].mul_add(d * (bsum[0] + bsum[1]) as f32, acc);
         }
     }
     acc

@@ -1656,7 +1656,7 @@ unsafe fn dot_unit<const T: u8, const TAB: bool, const UN: bool>(
             // SAFETY: `ng` sums at `xs` (the caller's contract).
             let bs = if need_bsum { _mm256_set1_epi32(unsafe { *xs.add(g) }) } else { _mm256_setzero_si256() };
             let i0 = if bias(T) != 0 { _mm256_sub_epi32(i0, times_bias::<T>(bs)) } else { i0 };
-            (i0, i1, _mm256_cvtepi32_ps(bs))
+            (i0, i1, if offset(T) { _mm256_mul_ps(dx, _mm256_cvtepi32_ps(bs)) } else { _mm256_setzero_ps() })
         };
         group_fma::<T>(un, g, dx, (is0, is1), f, acc)
     };
@@ -1679,7 +1679,7 @@ unsafe fn dot_unit<const T: u8, const TAB: bool, const UN: bool>(
 /// One group's fused multiply-adds in the group order, types with one scale per 32:
 /// `acc` plus its integer half sums `is` (bias corrections included), added, times the
 /// token's scale `dx` and the rows' scales of group `g` of `un`, then the offsets times
-/// the group's activation sum `f` (as f32).
+/// `f`, the group's activation sum times `dx` (as f32: [`Tok`]'s `bf`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn group_fma<const T: u8>(
@@ -1694,7 +1694,7 @@ fn group_fma<const T: u8>(
     let i = _mm256_add_epi32(is0, is1);
     acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.s[0][g]), _mm256_cvtepi32_ps(i), acc);
     if offset(T) {
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.o[0][g]), f, acc);
+        acc = _mm256_fmadd_ps(un.o[0][g], f, acc);
     }
     acc
 }

@@ -420,7 +420,7 @@ fn bias_starts<const K: u8>(tb: &Tok) -> (__m512i, __m512i) {
 /// One group's fused multiply-adds for one token, in the group order: `acc` plus the
 /// group's integer half sums `is0`, `is1` (bias corrections included) scaled by the
 /// token's `dx` and the rows' scales and offsets `so` (`[s_0, s_1, o_0, o_1]`), the
-/// offsets times the token's activation sums (`tb.bf`). The types with a scale per 16
+/// offsets times the token's activation sums times `dx` (`tb.bf`). The types with a scale per 16
 /// ([`halves`]; `so` their integer scales and mins as f32, `bd` the blocks' `[d, -dmin]`):
 /// `is = k_0 isum_0 + k_1 isum_1` formed in f32 exactly (integers of at most 2^24 in
 /// magnitude: each product and the fused sum exact), `acc = fma(dx*d, is, acc)`, and for
@@ -453,7 +453,7 @@ fn group_fma<const K: u8>(
         let is = _mm512_add_epi32(is0, is1);
         let mut acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, s0), _mm512_cvtepi32_ps(is), acc);
         if offset(K) {
-            acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, o0), _mm512_set1_ps(tb.bf), acc);
+            acc = _mm512_fmadd_ps(o0, _mm512_set1_ps(tb.bf), acc);
         }
         acc
     }
