@@ -367,11 +367,11 @@ fn pack_transposed(
     row_bytes: usize,
     rows: usize,
     tile: usize,
-    lanes: &[usize],
-    vector: usize,
+    (lanes, vector, rewrite): Shape,
     dst: &mut [u8],
 ) {
     let bb = dt.block_bytes();
+    assert!(bb <= MAX_BLOCK);
     let tb = transposed_block_bytes(bb, vector);
     for (l, &lr) in lanes.iter().enumerate() {
         let r = tile * lanes.len() + lr;
@@ -379,16 +379,14 @@ fn pack_transposed(
             continue;
         }
         for (b, blk) in w[r * row_bytes..(r + 1) * row_bytes].chunks_exact(bb).enumerate() {
-            let mut q3 = [0u8; 110]; // a Q3_K block
-            let blk = if dt == DType::Q3_K && vector == 32 {
-                // AVX2 Q3_K: each high-bit byte's bits reordered (`x86_256::Q3_HBIT`).
-                q3.copy_from_slice(blk);
-                for v in &mut q3[..32] {
-                    *v = x86_256::q3_hbits(*v);
+            let mut own = [0u8; MAX_BLOCK];
+            let blk = match rewrite {
+                Some(f) => {
+                    own[..bb].copy_from_slice(blk);
+                    f(&mut own[..bb]);
+                    &own[..bb]
                 }
-                &q3[..]
-            } else {
-                blk
+                None => blk,
             };
             for (k, d) in blk.chunks(4).enumerate() {
                 let o = b * tb + tag::slot(tag::of(dt), k) * vector + l * 4;
@@ -398,14 +396,24 @@ fn pack_transposed(
     }
 }
 
-/// The lane order and vector width of `isa`'s transposed tiles.
+/// A kernel set's transposed tiles of a type: the lane order, the vector width, and the
+/// rewrite its kernels want of each block's bytes before the copy (None: as stored).
 #[cfg(target_arch = "x86_64")]
-fn transposed_shape(isa: Isa) -> (&'static [usize], usize) {
+type Shape = (&'static [usize], usize, Option<fn(&mut [u8])>);
+
+/// The largest block of a transposed type (Q6_K's 210 bytes).
+#[cfg(target_arch = "x86_64")]
+const MAX_BLOCK: usize = 256;
+
+/// `isa`'s transposed tiles of `dt` ([`Shape`]). The one rewrite: the AVX2 tiles of Q3_K
+/// keep each high-bit byte's bits in the order `x86_256::Q3_HBIT`.
+#[cfg(target_arch = "x86_64")]
+fn transposed_shape(isa: Isa, dt: DType) -> Shape {
     const IDENTITY: [usize; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
     if isa == Isa::Avx512Vnni {
-        (&x86_512::LANE, 64)
+        (&x86_512::LANE, 64, None)
     } else {
-        (&IDENTITY, 32)
+        (&IDENTITY, 32, if dt == DType::Q3_K { Some(x86_256::q3_block) } else { None })
     }
 }
 
@@ -478,7 +486,7 @@ impl Packed {
         let tile_bytes = if transposed {
             #[cfg(target_arch = "x86_64")]
             {
-                (cols / dt.block_elems() * transposed_block_bytes(dt.block_bytes(), transposed_shape(isa).1))
+                (cols / dt.block_elems() * transposed_block_bytes(dt.block_bytes(), transposed_shape(isa, dt).1))
                     .div_ceil(64)
                     * 64
             }
@@ -490,8 +498,7 @@ impl Packed {
         let fill = |tile: usize, dst: &mut [u8]| {
             #[cfg(target_arch = "x86_64")]
             if transposed {
-                let (lanes, vector) = transposed_shape(isa);
-                return pack_transposed(dt, w, row_bytes, rows, tile, lanes, vector, dst);
+                return pack_transposed(dt, w, row_bytes, rows, tile, transposed_shape(isa, dt), dst);
             }
             for r in tile * p..((tile + 1) * p).min(rows) {
                 let row = &w[r * row_bytes..(r + 1) * row_bytes];

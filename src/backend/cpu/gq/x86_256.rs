@@ -1100,8 +1100,16 @@ fn crumbs(v: __m256i, k: usize) -> __m256i {
 pub(super) const Q3_HBIT: [u32; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
 
 /// A Q3_K high-bit byte in the AVX2 transposed tiles' order ([`Q3_HBIT`]).
-pub(super) fn q3_hbits(v: u8) -> u8 {
+fn q3_hbits(v: u8) -> u8 {
     (0..8).fold(0, |acc, g| acc | ((v >> g) & 1) << Q3_HBIT[g])
+}
+
+/// A Q3_K block (as stored, 110 bytes) rewritten for the AVX2 transposed tiles
+/// ([`super::pack_transposed`]): its 32 high-bit bytes in the order [`Q3_HBIT`].
+pub(super) fn q3_block(blk: &mut [u8]) {
+    for v in &mut blk[..32] {
+        *v = q3_hbits(*v);
+    }
 }
 
 /// Each 16-bit lane of `v` shifted left by `n` (right by `-n` where `n` is negative; `n`
@@ -1375,10 +1383,12 @@ fn scales_raw<const T: u8>(raw: &[__m256i; 5], un: &mut Unit) {
         d4 = [h16::<false>(raw[0]), neg(h16::<true>(raw[0]))];
     }
     // Q2_K: the low and the high nibbles of its 16 scale bytes, once (`raw[0..4]`).
-    let nib: [(__m256i, __m256i); 4] = std::array::from_fn(|i| {
+    let mut nib = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 4];
+    if T == T_Q2_K {
         let m = _mm256_set1_epi8(0x0F);
-        (_mm256_and_si256(raw[i], m), _mm256_and_si256(_mm256_srli_epi16::<4>(raw[i]), m))
-    });
+        nib =
+            std::array::from_fn(|i| (_mm256_and_si256(raw[i], m), _mm256_and_si256(_mm256_srli_epi16::<4>(raw[i]), m)));
+    }
     // Byte `k` of each dword of `v` as an i32.
     let ext = |v: __m256i, k: usize| match k {
         0 => _mm256_and_si256(v, _mm256_set1_epi32(0xFF)),
