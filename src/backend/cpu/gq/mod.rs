@@ -373,13 +373,14 @@ fn pack_transposed(
     let bb = dt.block_bytes();
     assert!(bb <= MAX_BLOCK);
     let tb = transposed_block_bytes(bb, vector);
+    // A rewritten block (`rewrite`), overwritten block by block.
+    let mut own = [0u8; MAX_BLOCK];
     for (l, &lr) in lanes.iter().enumerate() {
         let r = tile * lanes.len() + lr;
         if r >= rows {
             continue;
         }
         for (b, blk) in w[r * row_bytes..(r + 1) * row_bytes].chunks_exact(bb).enumerate() {
-            let mut own = [0u8; MAX_BLOCK];
             let blk = match rewrite {
                 Some(f) => {
                     own[..bb].copy_from_slice(blk);
