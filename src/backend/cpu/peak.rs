@@ -148,6 +148,14 @@ mod x86 {
         _mm256_extract_epi16::<0>(s) as i64
     }
 
+    /// The chains' i32 sums added, lane 0 (what keeps a probe's chains live).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn sum_i32(a: [__m256i; 12]) -> i64 {
+        let s = a.into_iter().fold(_mm256_setzero_si256(), |s, v| _mm256_add_epi32(s, v));
+        _mm256_extract_epi32::<0>(s) as i64
+    }
+
     /// `dot256`'s chains into i32: per trip and chain `K` products added in i16, one
     /// `vpmaddwd` against ones and a `vpaddd` (12 / `K` chains of `K` products, so that
     /// every `K` does 12 `vpmaddubsw` per trip).
@@ -171,11 +179,7 @@ mod x86 {
                 *v = _mm256_add_epi32(*v, _mm256_madd_epi16(p, ones));
             }
         }
-        let mut s = _mm256_setzero_si256();
-        for v in a {
-            s = _mm256_add_epi32(s, v);
-        }
-        _mm256_extract_epi32::<0>(s) as i64
+        sum_i32(a)
     }
 
     /// Signed products as i16 pairs: 12 chains of `vpmaddwd` (16 products into i32)
@@ -195,11 +199,7 @@ mod x86 {
                 *v = _mm256_add_epi32(*v, _mm256_madd_epi16(*w, x));
             }
         }
-        let mut s = _mm256_setzero_si256();
-        for v in a {
-            s = _mm256_add_epi32(s, v);
-        }
-        _mm256_extract_epi32::<0>(s) as i64
+        sum_i32(a)
     }
 
     /// # Safety
