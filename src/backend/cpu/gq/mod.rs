@@ -13,14 +13,21 @@
 //!   product formed once per group and token, not once per row tile: before
 //!   2026-12-06 `fma(dx*o, bsum_0 + bsum_1, acc)`, one multiply more per group, token
 //!   and tile; Q4_K/Q5_K prefill +5%);
-//! - a scale per 16 (Q2_K, Q3_K, Q6_K), with the block's f32 scale `d` and the
-//!   halves' integer scales `k_h` (`quant::groups::half_scales`; `s_h = d*k_h`): the
-//!   exact integer `is = k_0*isum_0 + k_1*isum_1` (at most 2^24 in magnitude, so exact
-//!   in f32), `acc = fma(dx*d, is, acc)`; then for Q2_K, with its integer mins `m_h`
-//!   and `dm = -dmin`, `acc = fma(dx*dm, m_0*bsum_0 + m_1*bsum_1, acc)`. (Before
-//!   2026-12-06 these took four products per group, `fma(dx*s_h, isum_h)` and
-//!   `fma(dx*o_h, bsum_h)`: the float steps, not the integer ones, bounded their AVX2
-//!   decode.)
+//! - a scale per 16 (Q2_K, Q3_K, Q6_K), block by block, with the block's f32 scale `d`
+//!   and the halves' integer scales `k_h` (`quant::groups::half_scales`; `s_h =
+//!   d*k_h`): per group the exact integer `is = k_0*isum_0 + k_1*isum_1` (at most 2^24 in
+//!   magnitude, so exact in f32) goes into the block's sum `u = fma(dx, is, u)`, and for
+//!   Q2_K, with its integer mins `m_h`, `ms = m_0*bsum_0 + m_1*bsum_1` into `m = fma(dx,
+//!   ms, m)` (both start at 0 with each block); after the block's last group `acc =
+//!   fma(d, u, acc)`, then for Q2_K `acc = fma(-dmin, m, acc)`. (Before 2026-12-06 these
+//!   took four products per group, `fma(dx*s_h, isum_h)` and `fma(dx*o_h, bsum_h)`: the
+//!   float steps, not the integer ones, bounded their AVX2 decode; then, later that day,
+//!   `acc = fma(dx*d, is, acc)` and `acc = fma(dx*(-dmin), ms, acc)` per group: a product
+//!   per group, token and tile more; `gq_bench` prefill, 128 tokens, AVX2 Q2_K +7%, Q3_K
+//!   +6%, Q6_K +4%, AVX-512 Q2_K +7%, Q3_K +2%, Q6_K -1%.) Q4_K / Q5_K keep one scale per
+//!   32 (`s = d*sc` in f32): with their integer scales in the sums and `d` per block,
+//!   AVX2 prefill gained 0-2%, and AVX-512, whose `vpdpbusd` sums cannot weigh them (a
+//!   float product per group instead), ran 9% slower (best of 4 rounds each).
 //!
 //! Groups are taken in row order, so a row's result depends only on the row and the
 //! activation row: never on the batch, the tile, the thread count or the CPU. A
@@ -253,9 +260,10 @@ pub(crate) fn dot_ref(dt: DType, row: &[u8], qx: &[i8], dx: &[f32]) -> f32 {
     let per_block = dt.block_elems() / GROUP;
     let bb = dt.block_bytes();
     let mut acc = 0f32;
-    for (g, (xb, &d)) in qx.chunks_exact(GROUP).zip(dx).enumerate() {
-        let (gr, hs) = group(dt, &row[(g / per_block) * bb..(g / per_block + 1) * bb], g % per_block);
-        acc = accumulate(dt, &gr, &hs, xb, d, acc);
+    for (b, block) in row.chunks_exact(bb).enumerate() {
+        let gs: Vec<_> = (0..per_block).map(|g| group(dt, block, g)).collect();
+        let span = b * per_block..(b + 1) * per_block;
+        acc = accumulate_block(dt, &gs, &qx[span.start * GROUP..span.end * GROUP], &dx[span], acc);
     }
     acc
 }
@@ -266,29 +274,57 @@ fn group(dt: DType, block: &[u8], g: usize) -> (Group, HalfScales) {
     (unpack(dt, block, g), hs)
 }
 
-/// One group's fused multiply-adds, in the group order.
+/// The exact integer half sums `(isum, bsum)` of one group's integers and activations.
 #[inline(always)]
-fn accumulate(dt: DType, gr: &Group, hs: &HalfScales, xb: &[i8], d: f32, mut acc: f32) -> f32 {
+fn half_sums(gr: &Group, xb: &[i8]) -> ([i32; 2], [i32; 2]) {
     let (mut isum, mut bsum) = ([0i32; 2], [0i32; 2]);
     for (j, (&q, &x)) in gr.q.iter().zip(xb).enumerate() {
         isum[j / 16] += q as i32 * x as i32;
         bsum[j / 16] += x as i32;
     }
-    if dt.halves() {
+    (isum, bsum)
+}
+
+/// One block's fused multiply-adds in the group order: its groups `gs` (each with its
+/// integer scales) times one token's activations of the block (`xb`: 32 per group, `dx`:
+/// a scale per group), added to `acc`.
+#[inline(always)]
+fn accumulate_block(dt: DType, gs: &[(Group, HalfScales)], xb: &[i8], dx: &[f32], mut acc: f32) -> f32 {
+    if !dt.halves() {
+        for ((gr, _), (x, &d)) in gs.iter().zip(xb.chunks_exact(GROUP).zip(dx)) {
+            acc = accumulate(dt, gr, x, d, acc);
+        }
+        return acc;
+    }
+    // The block's weighed sums `u` and (Q2_K) its mins' sums `m`: each term an exact
+    // integer times the token's scale.
+    let (mut u, mut m) = (0f32, 0f32);
+    for ((gr, hs), (x, &d)) in gs.iter().zip(xb.chunks_exact(GROUP).zip(dx)) {
+        let (isum, bsum) = half_sums(gr, x);
         // Exact integers of at most 2^24 in magnitude (Q6_K: 2 * 128 * 16 * 32 * 128), so
         // exact in f32 too.
         let is = hs.k[0] * isum[0] + hs.k[1] * isum[1];
-        acc = (d * hs.d).mul_add(is as f32, acc);
+        u = d.mul_add(is as f32, u);
         if dt.has_offset() {
-            let ms = hs.m[0] * bsum[0] + hs.m[1] * bsum[1];
-            acc = (d * hs.dm).mul_add(ms as f32, acc);
+            m = d.mul_add((hs.m[0] * bsum[0] + hs.m[1] * bsum[1]) as f32, m);
         }
-    } else {
-        acc = (d * gr.s[0]).mul_add((isum[0] + isum[1]) as f32, acc);
-        if dt.has_offset() {
-            // The token's scale with its sum (the kernels' `Tok::bf`), then the rows' offsets.
-            acc = gr.o[0].mul_add(d * (bsum[0] + bsum[1]) as f32, acc);
-        }
+    }
+    let hs = &gs[0].1;
+    acc = hs.d.mul_add(u, acc);
+    if dt.has_offset() {
+        acc = hs.dm.mul_add(m, acc);
+    }
+    acc
+}
+
+/// One group's fused multiply-adds, in the group order (the types with one scale per 32).
+#[inline(always)]
+fn accumulate(dt: DType, gr: &Group, xb: &[i8], d: f32, mut acc: f32) -> f32 {
+    let (isum, bsum) = half_sums(gr, xb);
+    acc = (d * gr.s[0]).mul_add((isum[0] + isum[1]) as f32, acc);
+    if dt.has_offset() {
+        // The token's scale with its sum (the kernels' `Tok::bf`), then the rows' offsets.
+        acc = gr.o[0].mul_add(d * (bsum[0] + bsum[1]) as f32, acc);
     }
     acc
 }
@@ -636,19 +672,24 @@ pub(crate) unsafe fn gemm_packed_tm(
     }
 }
 
-/// [`gemm`] in portable Rust, group by group.
+/// [`gemm`] in portable Rust, block by block. Each block of a row is unpacked once for
+/// all tokens.
 fn gemm_ref(dt: DType, w: &[u8], row_bytes: usize, nrows: usize, a: &QAct, out: &mut [f32]) {
     let (t, cols) = (a.t, a.cols);
     let (per_block, bb, groups) = (dt.block_elems() / GROUP, dt.block_bytes(), cols / GROUP);
+    // A block's groups, reused.
+    let mut gs = Vec::with_capacity(per_block);
     for r in 0..nrows {
         let row = &w[r * row_bytes..(r + 1) * row_bytes];
         let acc = &mut out[r * t..(r + 1) * t];
         acc.fill(0.0);
-        for g in 0..groups {
-            let (gr, hs) = group(dt, &row[(g / per_block) * bb..(g / per_block + 1) * bb], g % per_block);
+        for (b, block) in row[..groups / per_block * bb].chunks_exact(bb).enumerate() {
+            gs.clear();
+            gs.extend((0..per_block).map(|g| group(dt, block, g)));
+            let g0 = b * per_block;
             for (c, o) in acc.iter_mut().enumerate() {
-                let xb = &a.qs[c * cols + g * GROUP..c * cols + (g + 1) * GROUP];
-                *o = accumulate(dt, &gr, &hs, xb, a.d[c * groups + g], *o);
+                let xb = &a.qs[c * cols + g0 * GROUP..c * cols + (g0 + per_block) * GROUP];
+                *o = accumulate_block(dt, &gs, xb, &a.d[c * groups + g0..c * groups + g0 + per_block], *o);
             }
         }
     }

@@ -165,7 +165,7 @@ struct Unit {
     /// `k[1]` each half's integer scale as an i16 pair `(k_h, k_h)`, and `k[2]` the pair
     /// `(bias * k_0, bias * k_1)` (Q2_K: its mins `(m_0, m_1)`), row `r` in dword lane `r`,
     /// for `madd`s against a row's two i16 half sums or a token's half sums ([`Tok`]'s
-    /// `bp`); `d` the block's scale and (Q2_K) `-dmin` as f32 ([`half_fma`]).
+    /// `bp`); `d` the block's scale and (Q2_K) `-dmin` as f32 ([`half_end`]).
     k: [[__m256i; U]; 3],
     d: [__m256; 2],
 }
@@ -807,9 +807,11 @@ unsafe fn pair_block<const T: u8, const NT: usize, const NC: usize>(
     (xq, xd, xt): (*const i8, *const f32, *const Tok),
     acc: &mut [[__m256; TC]; 2],
 ) {
-    let zi = _mm256_setzero_si256();
+    let (zi, zf) = (_mm256_setzero_si256(), _mm256_setzero_ps());
     let ones16 = _mm256_set1_epi16(1);
     assert!(c0 + NC <= TC && !signed(T));
+    // The per-16 types: the block's sums per tile and token ([`half_fma`]).
+    let mut um = [[(zf, zf); NC]; NT];
     for g in 0..U {
         // Row `r`'s half sums (values 0..16, 16..32) of tile `j` and token `c` in lane `r`.
         let mut hs = [[[zi; NC]; NT]; 2];
@@ -869,7 +871,7 @@ unsafe fn pair_block<const T: u8, const NT: usize, const NC: usize>(
             for j in 0..NT {
                 if halves(T) {
                     let bp = _mm256_set1_epi32(tk.bp);
-                    acc[j][c0 + c] = half_fma::<T>(&un[j], g, dx, (hs[0][j][c], hs[1][j][c]), bp, acc[j][c0 + c]);
+                    um[j][c] = half_fma::<T>(&un[j], g, dx, (hs[0][j][c], hs[1][j][c]), bp, um[j][c]);
                     continue;
                 }
                 let (mut i0, i1) = (hs[0][j][c], hs[1][j][c]);
@@ -878,6 +880,13 @@ unsafe fn pair_block<const T: u8, const NT: usize, const NC: usize>(
                 }
                 let f = _mm256_set1_ps(tk.bf);
                 acc[j][c0 + c] = group_fma::<T>(&un[j], g, dx, (i0, i1), f, acc[j][c0 + c]);
+            }
+        }
+    }
+    if halves(T) {
+        for j in 0..NT {
+            for c in 0..NC {
+                acc[j][c0 + c] = half_end::<T>(&un[j], acc[j][c0 + c], um[j][c]);
             }
         }
     }
@@ -937,11 +946,11 @@ unsafe fn decode_unit<const T: u8, const TR: bool>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q3_unit(un: &Unit, blk: *const u8, xq: *const i8, xd: *const f32, xt: *const Tok, acc: __m256) -> __m256 {
-    let zi = _mm256_setzero_si256();
-    let step = |g: usize, is: __m256i, acc: __m256| {
+    let (zi, zf) = (_mm256_setzero_si256(), _mm256_setzero_ps());
+    let step = |g: usize, is: __m256i, st: (__m256, __m256)| {
         // SAFETY: the caller's `U` scales at `xd` and entries at `xt`.
         let (dx, bp) = unsafe { (_mm256_set1_ps(*xd.add(g)), _mm256_set1_epi32((*xt.add(g)).bp)) };
-        half_fma::<T_Q3_K>(un, g, dx, (is, zi), bp, acc)
+        half_fma::<T_Q3_K>(un, g, dx, (is, zi), bp, st)
     };
     // SAFETY: the caller's whole block and `U` groups of activations at `xq` (unit `u`).
     let pair = |g: usize| unsafe {
@@ -953,13 +962,13 @@ unsafe fn q3_unit(un: &Unit, blk: *const u8, xq: *const i8, xd: *const f32, xt: 
         }
     };
     let (s0, s2) = pair(0);
-    let acc = step(0, s0, acc);
+    let st = step(0, s0, (zf, zf));
     let (s1, s3) = pair(1);
-    let acc = step(3, s3, step(2, s2, step(1, s1, acc)));
+    let st = step(3, s3, step(2, s2, step(1, s1, st)));
     let (s4, s6) = pair(4);
-    let acc = step(4, s4, acc);
+    let st = step(4, s4, st);
     let (s5, s7) = pair(5);
-    step(7, s7, step(6, s6, step(5, s5, acc)))
+    half_end::<T_Q3_K>(un, acc, step(7, s7, step(6, s6, step(5, s5, st))))
 }
 
 /// The weighed integer sums `k_0 isum_0 + k_1 isum_1` of groups `g` and `g + 2` (`g = G`:
@@ -1632,7 +1641,8 @@ unsafe fn lane_sums<const T: u8>(
 /// `ng` sums, which types with one scale per 32 take as `bsum`, and with `TAB` their
 /// `ng` [`Tok`] entries, which then give the bias corrections and offset sums; without,
 /// the per-16 types sum the halves here), added to `acc` (row `r` in lane `r`) in the
-/// group order. Prefill takes `TAB` (AVX2 Q6_K pp128 +20%); decode does not (the
+/// group order (the per-16 types: `ng` is a whole block, its sums added at its end,
+/// [`half_end`]). Prefill takes `TAB` (AVX2 Q6_K pp128 +20%); decode does not (the
 /// table's loads measured 8% slower there: AVX2 Q6_K tg32 12.0 -> 11.1 t/s).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -1643,47 +1653,61 @@ unsafe fn dot_unit<const T: u8, const TAB: bool, const UN: bool>(
     xq: *const i8,
     xd: *const f32,
     (xs, xt): (*const i32, *const Tok),
-    mut acc: __m256,
+    acc: __m256,
 ) -> __m256 {
     let need_bsum = offset(T) || bias(T) != 0;
-    let step = |g: usize, acc: __m256| {
-        // SAFETY: the caller passes `32 * ng` values at `xq` and `ng` scales at `xd`.
-        let (x, dx) = unsafe { (_mm256_loadu_si256(xq.add(GROUP * g) as *const __m256i), _mm256_set1_ps(*xd.add(g))) };
-        let (i0, i1) = sums(g, xq.wrapping_add(GROUP * g), x);
-        if halves(T) {
-            // SAFETY: with `TAB` the caller passes `ng` entries at `xt`.
-            let bp = if TAB { _mm256_set1_epi32(unsafe { (*xt.add(g)).bp }) } else { half_pairs(x) };
-            return half_fma::<T>(un, g, dx, (i0, i1), bp, acc);
-        }
-        // The integer sums with their bias corrections, and the group's activation sum as
-        // f32 (for the offset).
-        let (is0, is1, f) = if TAB {
-            // SAFETY: with `TAB` the caller passes `ng` entries at `xt`.
-            let tk = unsafe { &*xt.add(g) };
-            let i0 = if bias(T) != 0 { _mm256_add_epi32(i0, _mm256_set1_epi32(tk.nb[0])) } else { i0 };
-            (i0, i1, _mm256_set1_ps(tk.bf))
-        } else {
-            // SAFETY: `ng` sums at `xs` (the caller's contract).
-            let bs = if need_bsum { _mm256_set1_epi32(unsafe { *xs.add(g) }) } else { _mm256_setzero_si256() };
-            let i0 = if bias(T) != 0 { _mm256_sub_epi32(i0, times_bias::<T>(bs)) } else { i0 };
-            (i0, i1, if offset(T) { _mm256_mul_ps(dx, _mm256_cvtepi32_ps(bs)) } else { _mm256_setzero_ps() })
-        };
-        group_fma::<T>(un, g, dx, (is0, is1), f, acc)
-    };
+    let zf = _mm256_setzero_ps();
+    // A macro, not a closure: taking and returning the accumulators (`acc` and a block's
+    // sums), the closure was left out of line (Q6_K decode at 68% of the speed in L2).
+    // Expanded inside `unsafe` (it reads group `g < ng` of the caller's `xq`, `xd`, `xs`,
+    // and with `TAB` `xt`).
+    macro_rules! step {
+        ($g:expr, $st:expr) => {{
+            let (g, st): (usize, (__m256, (__m256, __m256))) = ($g, $st);
+            let (x, dx) = (_mm256_loadu_si256(xq.add(GROUP * g) as *const __m256i), _mm256_set1_ps(*xd.add(g)));
+            let (i0, i1) = sums(g, xq.wrapping_add(GROUP * g), x);
+            if halves(T) {
+                let bp = if TAB { _mm256_set1_epi32((*xt.add(g)).bp) } else { half_pairs(x) };
+                (st.0, half_fma::<T>(un, g, dx, (i0, i1), bp, st.1))
+            } else {
+                // The integer sums with their bias corrections, and the group's activation
+                // sum as f32 (for the offset).
+                let (is0, is1, f) = if TAB {
+                    let tk = &*xt.add(g);
+                    let i0 = if bias(T) != 0 { _mm256_add_epi32(i0, _mm256_set1_epi32(tk.nb[0])) } else { i0 };
+                    (i0, i1, _mm256_set1_ps(tk.bf))
+                } else {
+                    let bs = if need_bsum { _mm256_set1_epi32(*xs.add(g)) } else { _mm256_setzero_si256() };
+                    let i0 = if bias(T) != 0 { _mm256_sub_epi32(i0, times_bias::<T>(bs)) } else { i0 };
+                    (i0, i1, if offset(T) { _mm256_mul_ps(dx, _mm256_cvtepi32_ps(bs)) } else { zf })
+                };
+                (group_fma::<T>(un, g, dx, (is0, is1), f, st.0), st.1)
+            }
+        }};
+    }
+    // `acc` and, over a block of a per-16 type, its sums `(u, m)` ([`half_fma`]).
+    let mut st = (acc, (zf, zf));
     if UN && halves(T) && ng == U {
         // A whole unit with constant group indices (shift counts, field offsets): left to
         // the optimizer, the AVX2 Q6_K decode's loop was not unrolled once its float steps
         // shrank, and ran at 58% of the speed in L2. Not the other types: Q5_K's decode
         // unrolled this way ran at 70% (`gq_decode_bench` in L2, 23.3-24.0 -> 16.3-16.7 GB/s).
         unroll8!(g => {
-            acc = step(g, acc);
+            // SAFETY: group `g < ng` of the caller's activations, scales, sums and entries.
+            st = unsafe { step!(g, st) };
         });
     } else {
         for g in 0..ng {
-            acc = step(g, acc);
+            // SAFETY: as above.
+            st = unsafe { step!(g, st) };
         }
     }
-    acc
+    // The K-quants' units are whole blocks.
+    if halves(T) {
+        half_end::<T>(un, st.0, st.1)
+    } else {
+        st.0
+    }
 }
 
 /// One group's fused multiply-adds in the group order, types with one scale per 32:
@@ -1709,12 +1733,13 @@ fn group_fma<const T: u8>(
     acc
 }
 
-/// One group of a [`halves`] type in the group order: `w` the rows' half sums of the
-/// unsigned integers weighed by their integer scales (`k_h * (isum_h + bias * bsum_h)`,
-/// [`Unit`]'s `k`), `bp` the token's half sums as an i16 pair ([`Tok`]'s `bp`). One
-/// `madd` of `bp` against `un.k[2]` gives the bias corrections `bias * (k_0 bsum_0 + k_1
-/// bsum_1)`, or Q2_K's `m_0 bsum_0 + m_1 bsum_1`; then `acc = fma(dx*d, is, acc)` and
-/// (Q2_K) `fma(dx*(-dmin), msum, acc)`.
+/// One group of a [`halves`] type in the group order, added to the block's sums `(u, m)`
+/// of one token (row `r` in lane `r`; [`half_end`] adds them to the token's accumulator):
+/// `(w0, w1)` the rows' half sums of the unsigned integers weighed by their integer scales
+/// (`k_h * (isum_h + bias * bsum_h)`, [`Unit`]'s `k`), `bp` the token's half sums as an
+/// i16 pair ([`Tok`]'s `bp`). One `madd` of `bp` against `un.k[2]` gives the bias
+/// corrections `bias * (k_0 bsum_0 + k_1 bsum_1)`, or Q2_K's `m_0 bsum_0 + m_1 bsum_1`;
+/// then `u = fma(dx, is, u)` and (Q2_K) `m = fma(dx, msum, m)`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn half_fma<const T: u8>(
@@ -1723,14 +1748,28 @@ fn half_fma<const T: u8>(
     dx: __m256,
     (w0, w1): (__m256i, __m256i),
     bp: __m256i,
-    acc: __m256,
-) -> __m256 {
+    (mut u, mut m): (__m256, __m256),
+) -> (__m256, __m256) {
+    debug_assert!(halves(T));
     let c = _mm256_madd_epi16(un.k[2][g], bp);
     let is = _mm256_add_epi32(w0, w1);
     let is = if bias(T) != 0 { _mm256_sub_epi32(is, c) } else { is };
-    let acc = _mm256_fmadd_ps(_mm256_mul_ps(dx, un.d[0]), _mm256_cvtepi32_ps(is), acc);
+    u = _mm256_fmadd_ps(dx, _mm256_cvtepi32_ps(is), u);
     if offset(T) {
-        _mm256_fmadd_ps(_mm256_mul_ps(dx, un.d[1]), _mm256_cvtepi32_ps(c), acc)
+        m = _mm256_fmadd_ps(dx, _mm256_cvtepi32_ps(c), m);
+    }
+    (u, m)
+}
+
+/// The end of a block of a [`halves`] type: its sums `(u, m)` ([`half_fma`]) added to the
+/// token's `acc`: `acc = fma(d, u, acc)`, then (Q2_K) `acc = fma(-dmin, m, acc)` ([`Unit`]'s
+/// `d`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn half_end<const T: u8>(un: &Unit, acc: __m256, (u, m): (__m256, __m256)) -> __m256 {
+    let acc = _mm256_fmadd_ps(un.d[0], u, acc);
+    if offset(T) {
+        _mm256_fmadd_ps(un.d[1], m, acc)
     } else {
         acc
     }

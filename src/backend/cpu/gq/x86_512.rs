@@ -19,7 +19,8 @@
 //! operations `quant::groups::unpack` uses (f16 widening is exact; `d * sc`,
 //! `-(dmin * m)`), then the group's multiply-adds run as `accumulate` runs them; the
 //! types with a scale per 16 take their integer scales instead (as f32, whose products
-//! with the exact half sums, and their sum, are exact integers) and the block's `d`.
+//! with the exact half sums, and their sum, are exact integers) into the block's sums,
+//! and the block's `d` (and `-dmin`) at its end, as `accumulate_block` does.
 //!
 //! Decode (`t == 1`) and prefill share [`tile`]: each group of 16 rows is unpacked
 //! once for up to [`MAXC`] tokens ([`MAXC2`] for two tiles); tokens come in chunks that keep the activations
@@ -417,44 +418,59 @@ fn bias_starts<const K: u8>(tb: &Tok) -> (__m512i, __m512i) {
     (nb0, nb1)
 }
 
-/// One group's fused multiply-adds for one token, in the group order: `acc` plus the
-/// group's integer half sums `is0`, `is1` (bias corrections included) scaled by the
-/// token's `dx` and the rows' scales and offsets `so` (`[s_0, s_1, o_0, o_1]`), the
-/// offsets times the token's activation sums times `dx` (`tb.bf`). The types with a scale per 16
-/// ([`halves`]; `so` their integer scales and mins as f32, `bd` the blocks' `[d, -dmin]`):
-/// `is = k_0 isum_0 + k_1 isum_1` formed in f32 exactly (integers of at most 2^24 in
-/// magnitude: each product and the fused sum exact), `acc = fma(dx*d, is, acc)`, and for
-/// Q2_K `fma(dx*(-dmin), m_0 bsum_0 + m_1 bsum_1, acc)` (one `madd` of the mins' pair
-/// and the token's half sums, `tb.bp`): the AVX2 kernels' integers.
+/// One token's accumulators for a tile: `acc` and, over a block of a [`halves`] type, its
+/// weighed sums `u` and (Q2_K) its mins' sums `m`.
+type Acc = (__m512, __m512, __m512);
+
+/// One group's fused multiply-adds for one token, in the group order: the group's
+/// integer half sums `is0`, `is1` (bias corrections included), the token's `dx`, the
+/// rows' scales and offsets `so` (`[s_0, s_1, o_0, o_1]`) and the token's activation
+/// sums times `dx` (`tb.bf`). One scale per 32: `acc = fma(dx*s, is_0 + is_1, acc)`, then
+/// the offsets `fma(o, bf, acc)`. The types with a scale per 16 ([`halves`]; `so` their
+/// integer scales as f32): `is = k_0 isum_0 + k_1 isum_1` formed in f32 exactly
+/// (integers of at most 2^24 in magnitude: each product and the fused sum exact), `u =
+/// fma(dx, is, u)`, and for Q2_K `m = fma(dx, m_0 bsum_0 + m_1 bsum_1, m)` (one `madd` of
+/// the mins' pair and the token's half sums, `tb.bp`): the AVX2 kernels' integers. The
+/// block's scales come at its end ([`block_end`]).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 fn group_fma<const K: u8>(
-    acc: __m512,
+    (mut acc, mut u, mut m): Acc,
     dx: __m512,
     so: [__m512; 4],
-    bd: &[__m512; 2],
     is0: __m512i,
     is1: __m512i,
     tb: &Tok,
-) -> __m512 {
+) -> Acc {
     let [s0, s1, o0, _] = so;
+    let cvt = _mm512_cvtepi32_ps;
     if halves(K) {
-        let cvt = _mm512_cvtepi32_ps;
         let is = _mm512_fmadd_ps(cvt(is0), s0, _mm512_mul_ps(cvt(is1), s1));
-        let acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, bd[0]), is, acc);
+        u = _mm512_fmadd_ps(dx, is, u);
         if offset(K) {
             // Q2_K: `o0` holds the mins as i16 pairs `(m_0, m_1)`, against the half sums' pair.
             let ms = _mm512_madd_epi16(_mm512_castps_si512(o0), _mm512_set1_epi32(tb.bp));
-            _mm512_fmadd_ps(_mm512_mul_ps(dx, bd[1]), cvt(ms), acc)
-        } else {
-            acc
+            m = _mm512_fmadd_ps(dx, cvt(ms), m);
         }
     } else {
         let is = _mm512_add_epi32(is0, is1);
-        let mut acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, s0), _mm512_cvtepi32_ps(is), acc);
+        acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, s0), cvt(is), acc);
         if offset(K) {
             acc = _mm512_fmadd_ps(o0, _mm512_set1_ps(tb.bf), acc);
         }
+    }
+    (acc, u, m)
+}
+
+/// The end of a block of a [`halves`] type (`bd` its `[d, -dmin]`): `acc = fma(d, u,
+/// acc)`, then (Q2_K) `acc = fma(-dmin, m, acc)`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn block_end<const K: u8>((acc, u, m): Acc, bd: &[__m512; 2]) -> __m512 {
+    let acc = _mm512_fmadd_ps(bd[0], u, acc);
+    if offset(K) {
+        _mm512_fmadd_ps(bd[1], m, acc)
+    } else {
         acc
     }
 }
@@ -538,7 +554,10 @@ unsafe fn tile2<const K: u8, const C: usize>(
 ) {
     let groups = nblk * 8;
     let cols = a.cols;
-    let mut acc = [[_mm512_setzero_ps(); C]; 2];
+    let z = _mm512_setzero_ps();
+    // `acc`, and a block's sums `u`, `m` apart (as an array of triples, AVX-512 Q6_K prefill
+    // ran 3% slower).
+    let (mut acc, mut u, mut m) = ([[z; C]; 2], [[z; C]; 2], [[z; C]; 2]);
     // Decode (one token): both tiles' streams prefetched as [`tile`] prefetches its one.
     let pf = decode_prefetch::<K>(C == 1);
     // SAFETY: (whole body) as `tile`'s, for the blocks of both tiles; prefetches never fault.
@@ -587,7 +606,16 @@ unsafe fn tile2<const K: u8, const C: usize>(
                     }
                     let dx = _mm512_set1_ps(*a.d.get_unchecked(tk));
                     for j in 0..2 {
-                        acc[j][c] = group_fma::<K>(acc[j][c], dx, so[j], &bd[j], is[j][0], is[j][1], tb);
+                        let st = (acc[j][c], u[j][c], m[j][c]);
+                        (acc[j][c], u[j][c], m[j][c]) = group_fma::<K>(st, dx, so[j], is[j][0], is[j][1], tb);
+                    }
+                }
+            }
+            if halves(K) {
+                for j in 0..2 {
+                    for c in 0..C {
+                        acc[j][c] = block_end::<K>((acc[j][c], u[j][c], m[j][c]), &bd[j]);
+                        (u[j][c], m[j][c]) = (z, z);
                     }
                 }
             }
@@ -637,7 +665,8 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
     let groups = nblk * per;
     let cols = a.cols;
     let fl = fields(K);
-    let mut acc = [_mm512_setzero_ps(); C];
+    let z = _mm512_setzero_ps();
+    let (mut acc, mut u, mut m) = ([z; C], [z; C], [z; C]);
     // SAFETY: (whole body) the CPU has this function's target features (reached only through
     // `isa()` == Avx512Vnni); block `blk` of each row is at `rows[r] + blk * bs`, inside `w`
     // (caller); gathers read 4 bytes at `fields(K)` offsets, each `+ 4 <= bb`; activation
@@ -713,7 +742,7 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
                         wv
                     }
                 };
-                for (c, acc) in acc.iter_mut().enumerate() {
+                for c in 0..C {
                     let tk = (c0 + c) * groups + g;
                     let xp = a.qs.as_ptr().add((c0 + c) * cols + g * GROUP);
                     let tb = tok.get_unchecked(tk);
@@ -741,7 +770,14 @@ unsafe fn tile<const K: u8, const C: usize, const TR: bool>(
                         (_mm512_add_epi32(i0, nb0), _mm512_add_epi32(i1, nb1))
                     };
                     let dx = _mm512_set1_ps(*a.d.get_unchecked(tk));
-                    *acc = group_fma::<K>(*acc, dx, [s0, s1, o0, o1], &bd, is0, is1, tb);
+                    let st = (acc[c], u[c], m[c]);
+                    (acc[c], u[c], m[c]) = group_fma::<K>(st, dx, [s0, s1, o0, o1], is0, is1, tb);
+                }
+            }
+            if halves(K) {
+                for c in 0..C {
+                    acc[c] = block_end::<K>((acc[c], u[c], m[c]), &bd);
+                    (u[c], m[c]) = (z, z);
                 }
             }
         }
