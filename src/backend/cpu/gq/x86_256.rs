@@ -1685,7 +1685,9 @@ unsafe fn dot_unit<const T: u8, const TAB: bool, const UN: bool>(
             }
         }};
     }
-    // `acc` and, over a block of a per-16 type, its sums `(u, m)` ([`half_fma`]).
+    // `acc` and, over a block of a per-16 type, its sums `(u, m)` ([`half_fma`]): their
+    // units are whole blocks.
+    debug_assert!(!halves(T) || ng == U);
     let mut st = (acc, (zf, zf));
     if UN && halves(T) && ng == U {
         // A whole unit with constant group indices (shift counts, field offsets): left to
@@ -1702,7 +1704,6 @@ unsafe fn dot_unit<const T: u8, const TAB: bool, const UN: bool>(
             st = unsafe { step!(g, st) };
         }
     }
-    // The K-quants' units are whole blocks.
     if halves(T) {
         half_end::<T>(un, st.0, st.1)
     } else {
