@@ -555,8 +555,8 @@ unsafe fn tile2<const K: u8, const C: usize>(
     let groups = nblk * 8;
     let cols = a.cols;
     let z = _mm512_setzero_ps();
-    // `acc`, and a block's sums `u`, `m` apart (as an array of triples, AVX-512 Q6_K prefill
-    // ran 3% slower).
+    // `acc`, and a block's sums `u`, `m` apart (as one array of triples, AVX-512 Q6_K
+    // prefill ran 2% slower: `gq_bench` 202.0-202.1 against 205.5-206.1 Gmac/s).
     let (mut acc, mut u, mut m) = ([[z; C]; 2], [[z; C]; 2], [[z; C]; 2]);
     // Decode (one token): both tiles' streams prefetched as [`tile`] prefetches its one.
     let pf = decode_prefetch::<K>(C == 1);
