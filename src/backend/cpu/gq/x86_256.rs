@@ -1122,17 +1122,15 @@ pub(super) fn q3_block(blk: &mut [u8]) {
 }
 
 /// Each 16-bit lane of `v` shifted left by `n` (right by `-n` where `n` is negative; `n`
-/// from -2 to 4), by an immediate: called with constants, the match folds away.
+/// from -1 to 2), by an immediate: called with constants, the match folds away.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn shl16(v: __m256i, n: i32) -> __m256i {
     match n {
-        4 => _mm256_slli_epi16::<4>(v),
         2 => _mm256_slli_epi16::<2>(v),
         1 => _mm256_slli_epi16::<1>(v),
         0 => v,
         -1 => _mm256_srli_epi16::<1>(v),
-        -2 => _mm256_srli_epi16::<2>(v),
         _ => unreachable!("shl16 by {n}"),
     }
 }
@@ -1391,9 +1389,10 @@ fn scales_raw<const T: u8>(raw: &[__m256i; 5], un: &mut Unit) {
             [_mm256_and_si256(w1, m3f), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(w2), m0f), hi2(w1))];
         d4 = [h16::<false>(raw[0]), neg(h16::<true>(raw[0]))];
     }
-    // Q2_K: the low and the high nibbles of its 16 scale bytes, once (`raw[0..4]`).
+    // Q2_K: the low and the high nibbles of its 16 scale bytes, once (`raw[0..4]`); Q3_K:
+    // those of its first 8 (`raw[0..2]`).
     let mut nib = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 4];
-    if T == T_Q2_K {
+    if matches!(T, T_Q2_K | T_Q3_K) {
         let m = _mm256_set1_epi8(0x0F);
         nib =
             std::array::from_fn(|i| (_mm256_and_si256(raw[i], m), _mm256_and_si256(_mm256_srli_epi16::<4>(raw[i]), m)));
@@ -1407,14 +1406,9 @@ fn scales_raw<const T: u8>(raw: &[__m256i; 5], un: &mut Unit) {
     // Q3_K decode in L2 18.0-18.1 -> 18.3-19.0 GB/s.)
     let mut s3 = [_mm256_setzero_si256(); 4];
     if T == T_Q3_K {
-        let (m0f, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        let m30 = _mm256_set1_epi8(0x30);
         let and = _mm256_and_si256;
-        let lo = [
-            and(raw[0], m0f),
-            and(raw[1], m0f),
-            and(_mm256_srli_epi16::<4>(raw[0]), m0f),
-            and(_mm256_srli_epi16::<4>(raw[1]), m0f),
-        ];
+        let lo = [nib[0].0, nib[1].0, nib[0].1, nib[1].1];
         let h = raw[2];
         let hi = [
             and(_mm256_slli_epi16::<4>(h), m30),
