@@ -41,6 +41,24 @@ pub(crate) fn rope(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32], neo
     }
 }
 
+/// [`rope`] on every token's row of `x` (rows of `row` values, token `t`'s angles at
+/// `t * half` in `cos` / `sin`, `half` their length per position), the tokens split
+/// between `pool`'s threads (each row rotated as [`rope`] rotates it, whatever the split).
+pub(crate) fn rope_par(
+    pool: &crate::backend::cpu::pool::Pool,
+    x: &mut [f32],
+    (row, head_dim, half): (usize, usize, usize),
+    (cos, sin): (&[f32], &[f32]),
+    neox: bool,
+) {
+    crate::backend::cpu::pool::par_units(pool, x, row, 2 * row, 1, |t0, rows| {
+        for (i, r) in rows.chunks_exact_mut(row).enumerate() {
+            let t = t0 + i;
+            rope(r, head_dim, &cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half], neox);
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,6 +73,28 @@ mod tests {
         let mut b = [1.0f32, 2.0, 3.0, 4.0];
         rope(&mut b, 4, &cos, &sin, true);
         assert_eq!(b, [-3.0, 2.0, 1.0, 4.0]);
+    }
+
+    /// Split between a pool's threads (rows enough for `par_units` to split them), each
+    /// token's row is rotated by its own angles, as [`rope`] rotates it alone.
+    #[test]
+    fn rope_par_equals_rope_row_by_row() {
+        let mut rng = crate::util::XorShift::new(17);
+        let (n, row, hd, half) = (96, 512, 64, 32);
+        let x = rng.vec(n * row, -2.0, 2.0);
+        let (cos, sin) = (rng.vec(n * half, -1.0, 1.0), rng.vec(n * half, -1.0, 1.0));
+        for neox in [false, true] {
+            let mut want = x.clone();
+            for (t, r) in want.chunks_exact_mut(row).enumerate() {
+                rope(r, hd, &cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half], neox);
+            }
+            for threads in [1, 2, 3] {
+                let pool = crate::backend::cpu::pool::Pool::new(threads);
+                let mut got = x.clone();
+                rope_par(&pool, &mut got, (row, hd, half), (&cos, &sin), neox);
+                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads");
+            }
+        }
     }
 
     /// Partial rotary: only the first `2 * cos.len()` dimensions of each head turn,
