@@ -110,8 +110,8 @@ pub(super) fn step(be: &mut CpuBackend, seqs: &[Seq<'_>], out: &mut [f32], head:
             elementwise::add_bias(&mut v, bv);
         }
         if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-            norm::rmsnorm_heads(&mut q, hd, qn, cfg.rms_eps);
-            norm::rmsnorm_heads(&mut k, hd, kn, cfg.rms_eps);
+            norm::rmsnorm_heads_par(pool, &mut q, hd, qn, cfg.rms_eps);
+            norm::rmsnorm_heads_par(pool, &mut k, hd, kn, cfg.rms_eps);
         }
         let (cos_l, sin_l) = match &local {
             Some((c, s)) if cfg.local_rope(l) => (c, s),

@@ -26,25 +26,64 @@ pub(crate) fn rmsnorm_par(pool: &Pool, x: &[f32], w: &[f32], eps: f32, y: &mut [
 
 /// One row of [`rmsnorm`] (also used per head for Q/K norm).
 pub(crate) fn rmsnorm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
-    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    let scale = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    let scale = row_scale(x, eps);
     for ((yo, &xi), &wi) in y.iter_mut().zip(x).zip(w) {
         *yo = xi * scale * wi;
     }
 }
 
-/// [`rmsnorm_row`] in place on every head of `x` (heads of `head_dim` values):
-/// the Q/K norm of the architectures that have one.
+/// `1 / sqrt(mean(x^2) + eps)` of a row, the sum of squares in f64.
+fn row_scale(x: &[f32], eps: f32) -> f32 {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32
+}
+
+/// [`rmsnorm_row`] in place on every head of `x` (heads of `head_dim` values): the
+/// Q/K norm of the architectures that have one. Each head's scale is formed from its
+/// values first, then each value is replaced as `rmsnorm_row` computes it (bit for bit;
+/// until 2026-12-06 through a copy of the head: an allocation per head and token).
 pub(crate) fn rmsnorm_heads(x: &mut [f32], head_dim: usize, w: &[f32], eps: f32) {
     for head in x.chunks_exact_mut(head_dim) {
-        let src = head.to_vec();
-        rmsnorm_row(&src, w, eps, head);
+        let scale = row_scale(head, eps);
+        for (v, &wi) in head.iter_mut().zip(w) {
+            *v = *v * scale * wi;
+        }
     }
+}
+
+/// [`rmsnorm_heads`] with the heads split between `pool`'s threads (each head
+/// normalized alone: the same values whatever the split).
+pub(crate) fn rmsnorm_heads_par(pool: &Pool, x: &mut [f32], head_dim: usize, w: &[f32], eps: f32) {
+    par_units(pool, x, head_dim, 4 * head_dim, 1, |_, x| rmsnorm_heads(x, head_dim, w, eps));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Q/K norm in place, on one thread or split between several, gives each head
+    /// exactly what `rmsnorm_row` gives it from a copy (heads enough for `par_units` to
+    /// split them).
+    #[test]
+    fn rmsnorm_heads_equals_rmsnorm_row_per_head() {
+        let mut rng = crate::util::XorShift::new(31);
+        let (hd, heads) = (128, 96);
+        let x = rng.vec(hd * heads, -4.0, 4.0);
+        let w = rng.vec(hd, 0.5, 1.5);
+        let mut want = x.clone();
+        for (src, dst) in x.chunks_exact(hd).zip(want.chunks_exact_mut(hd)) {
+            rmsnorm_row(src, &w, 1e-6, dst);
+        }
+        let mut got = x.clone();
+        rmsnorm_heads(&mut got, hd, &w, 1e-6);
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+        for threads in [1, 2, 3] {
+            let pool = Pool::new(threads);
+            let mut got = x.clone();
+            rmsnorm_heads_par(&pool, &mut got, hd, &w, 1e-6);
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads");
+        }
+    }
 
     #[test]
     fn norm_matches_f64_definition() {
