@@ -32,6 +32,16 @@ pub(crate) fn rmsnorm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     }
 }
 
+/// `x += rmsnorm_row(y)` for one row (gemma's post-norms and residual), each value as
+/// [`rmsnorm_row`] computes it, then added: bit for bit that row normalized into a
+/// buffer and added, without the buffer.
+pub(crate) fn add_rmsnormed_row(x: &mut [f32], y: &[f32], w: &[f32], eps: f32) {
+    let scale = row_scale(y, eps);
+    for ((xo, &yi), &wi) in x.iter_mut().zip(y).zip(w) {
+        *xo += yi * scale * wi;
+    }
+}
+
 /// `1 / sqrt(mean(x^2) + eps)` of a row, the sum of squares in f64.
 fn row_scale(x: &[f32], eps: f32) -> f32 {
     let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
