@@ -6,7 +6,10 @@
 //! CUDA twin: `backend/cuda/ops/rope.rs`, `kernels/rope.cu` (which also stores K
 //! and V into the cache: on the CPU that is `attention::kv_write`).
 //!
-//! Depends on nothing else in the backend (`model::rope_angles` for the tables).
+//! Depends on `pool` (the tokens split between threads, [`rope_par`]) and
+//! `model::rope_angles` for the tables.
+
+use crate::backend::cpu::pool::{par_units, Pool};
 
 /// `cos` / `sin` (`inv_freq.len()` values per position) of the angles
 /// `pos * inv_freq[i]` for each position of `positions`.
@@ -45,13 +48,13 @@ pub(crate) fn rope(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32], neo
 /// `t * half` in `cos` / `sin`, `half` their length per position), the tokens split
 /// between `pool`'s threads (each row rotated as [`rope`] rotates it, whatever the split).
 pub(crate) fn rope_par(
-    pool: &crate::backend::cpu::pool::Pool,
+    pool: &Pool,
     x: &mut [f32],
     (row, head_dim, half): (usize, usize, usize),
     (cos, sin): (&[f32], &[f32]),
     neox: bool,
 ) {
-    crate::backend::cpu::pool::par_units(pool, x, row, 2 * row, 1, |t0, rows| {
+    par_units(pool, x, row, 2 * row, 1, |t0, rows| {
         for (i, r) in rows.chunks_exact_mut(row).enumerate() {
             let t = t0 + i;
             rope(r, head_dim, &cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half], neox);
@@ -89,7 +92,7 @@ mod tests {
                 rope(r, hd, &cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half], neox);
             }
             for threads in [1, 2, 3] {
-                let pool = crate::backend::cpu::pool::Pool::new(threads);
+                let pool = Pool::new(threads);
                 let mut got = x.clone();
                 rope_par(&pool, &mut got, (row, hd, half), (&cos, &sin), neox);
                 assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads");
