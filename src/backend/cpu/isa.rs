@@ -70,6 +70,13 @@ pub enum Prefetch {
     /// cache (`prefetcht1`); the other packed decode kernels issue none, except the AVX2
     /// legacy grouped types' (Q4_1, Q5_0, Q5_1, IQ4_NL), which keep theirs into L1 (AMD).
     L2,
+    /// `L1` without the far prefetches into L2 where they held decode back (AMD without
+    /// AVX-512: Zen 3 measured): the AVX2 grouped types' decode prefetches only each
+    /// stream's next unit (into L1), F16/BF16 decode none (its groups side by side, as
+    /// under `Off`); Q4_0/Q8_0 as under `L1` (without its far prefetch the AVX2 Q4_0
+    /// decode ran 10-13 t/s against 19-25 there); the AVX-512 kernels, which no such CPU
+    /// runs, as under `L1`.
+    Near,
 }
 
 impl Prefetch {
@@ -114,22 +121,29 @@ pub fn part_lines(bytes: usize, j: usize, n: usize) -> std::ops::Range<usize> {
 }
 
 /// The software prefetches of the decode kernels (detected once).
-/// `LLMRT_CPU_PREFETCH=0|1|2` decides (`Off`, `L1`, `L2`; for comparisons). Else `L2` on
-/// AMD CPUs with AVX-512 (Zen 4 and later), `L1` elsewhere. On Zen 4 the prefetches into
+/// `LLMRT_CPU_PREFETCH=0|1|2|3` decides (`Off`, `L1`, `L2`, `Near`; for comparisons). Else
+/// `L2` on AMD CPUs with AVX-512 (Zen 4 and later), `Near` on AMD CPUs without it (Zen 3
+/// and earlier), `L1` elsewhere. On Zen 4 the prefetches into
 /// L1 held decode back (packed Q4_0 ran twice as fast with none, F16 10-15% faster),
 /// while with none the AVX-512 Q8_0 kernel, whose loads run ahead fastest (one VNNI step
 /// per line), read 16-18 GB/s of the 26 one core reads; prefetching into L2 one block
 /// ahead it reads 25-28 (docs/BENCHMARKS.md, 2026-12-04). `L1` was measured to pay on
 /// Intel, and on Zen 3 (AVX2 only): there the packed Q4_0 decode prefetching 4 blocks
 /// ahead into L1 went from 0.71-0.75x llama.cpp to 1.24-1.41x (2026-12-03), which the
-/// vendor-wide choice of 2026-12-04, measured on Zen 4 alone, had taken back.
+/// vendor-wide choice of 2026-12-04, measured on Zen 4 alone, had taken back. But there
+/// the far prefetches `L1` pairs with those into L1 (`prefetcht1` 3 KiB ahead in the
+/// AVX2 grouped decode, 8 KiB in F16/BF16's) held decode back (2026-12-06, TinyLlama tg,
+/// 1 thread, t/s, `L1` -> `Near`): Q4_K_M 14.4-15.8 -> 18.1-22.3, Q6_K 9.7-10.3 ->
+/// 12.1-15.3, Q3_K_M 16.8-18.7 -> 22.2-22.4, F16 5.9-6.2 -> 7.9-8.2 (docs/BENCHMARKS.md).
 pub fn prefetch() -> Prefetch {
     static PF: OnceLock<Prefetch> = OnceLock::new();
     *PF.get_or_init(|| match std::env::var("LLMRT_CPU_PREFETCH").ok().as_deref() {
         Some("0") => Prefetch::Off,
         Some("1") => Prefetch::L1,
         Some("2") => Prefetch::L2,
+        Some("3") => Prefetch::Near,
         _ if cpu_is_amd() && has_avx512f() => Prefetch::L2,
+        _ if cpu_is_amd() => Prefetch::Near,
         _ => Prefetch::L1,
     })
 }

@@ -494,9 +494,9 @@ mod x86 {
                     const T0: i32 = Prefetch::L1.hint();
                     const T1: i32 = Prefetch::L2.hint();
                     match (q4, pf) {
-                        (true, Prefetch::L1) => gemv::<true, true, T0>(sg, nb, a, o.add(i), valid),
+                        (true, Prefetch::L1 | Prefetch::Near) => gemv::<true, true, T0>(sg, nb, a, o.add(i), valid),
                         (true, _) => gemv::<true, false, T0>(sg, nb, a, o.add(i), valid),
-                        (false, Prefetch::L1) => gemv::<false, true, T0>(sg, nb, a, o.add(i), valid),
+                        (false, Prefetch::L1 | Prefetch::Near) => gemv::<false, true, T0>(sg, nb, a, o.add(i), valid),
                         (false, Prefetch::L2) => gemv::<false, true, T1>(sg, nb, a, o.add(i), valid),
                         (false, Prefetch::Off) => gemv::<false, false, T0>(sg, nb, a, o.add(i), valid),
                     }
@@ -769,7 +769,7 @@ mod x86_256 {
                     let valid = (nrows - i).min(ALIGN);
                     // Into L1 (Intel) as measured; on AMD none (`Prefetch::L2` names the
                     // kernels that outrun the hardware prefetchers, not this one).
-                    match (q4, pf == Prefetch::L1) {
+                    match (q4, matches!(pf, Prefetch::L1 | Prefetch::Near)) {
                         (true, true) => gemv::<true, true>(sg, nb, a, o.add(i), valid),
                         (true, false) => gemv::<true, false>(sg, nb, a, o.add(i), valid),
                         (false, true) => gemv::<false, true>(sg, nb, a, o.add(i), valid),
@@ -836,8 +836,9 @@ mod tests {
                 }
                 let p = Packed::new(dt, &w, rb, rows, cols, "test", 1 + rows % 3).unwrap();
                 let nb = cols / QK;
-                for (isa, pf) in
-                    available().into_iter().flat_map(|i| [Prefetch::Off, Prefetch::L1, Prefetch::L2].map(|p| (i, p)))
+                for (isa, pf) in available()
+                    .into_iter()
+                    .flat_map(|i| [Prefetch::Off, Prefetch::L1, Prefetch::L2, Prefetch::Near].map(|p| (i, p)))
                 {
                     for r0 in (0..rows).step_by(ALIGN) {
                         let n = rows - r0;
@@ -891,7 +892,7 @@ mod bench {
             let a = QAct::quantize(&r.vec(cols, -1.0, 1.0), cols);
             let mut out = vec![0f32; rows];
             for isa in available().into_iter().filter(|&i| i != Isa::Scalar) {
-                for pf in [Prefetch::Off, Prefetch::L1, Prefetch::L2] {
+                for pf in [Prefetch::Off, Prefetch::L1, Prefetch::L2, Prefetch::Near] {
                     let best = crate::util::best_secs(|| gemm_pf(isa, pf, &p, 0, rows, &a, &mut out));
                     eprintln!("{dt} {isa:?} prefetch {pf:?}: {:.2} GB/s", (rows * rb) as f64 / best / 1e9);
                 }

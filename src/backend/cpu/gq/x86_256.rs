@@ -507,6 +507,10 @@ unsafe fn decode_tiles<const T: u8, const TR: bool>(
                             _mm_prefetch::<_MM_HINT_T0>(here.wrapping_add(us + l) as *const i8);
                             _mm_prefetch::<_MM_HINT_T1>(here.wrapping_add(PF2_L2 + l) as *const i8);
                         }
+                    } else if pf == Prefetch::Near {
+                        for l in (0..us).step_by(64) {
+                            _mm_prefetch::<_MM_HINT_T0>(here.wrapping_add(us + l) as *const i8);
+                        }
                     } else if !TR {
                         for l in (0..us).step_by(64) {
                             _mm_prefetch::<_MM_HINT_T0>(here.wrapping_add(PF * us + l) as *const i8);

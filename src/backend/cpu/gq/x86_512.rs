@@ -78,7 +78,7 @@ const PF_SPAN: usize = 256;
 const fn pf_l2(pf: Prefetch, k: u8) -> usize {
     match pf {
         Prefetch::Off => 0,
-        Prefetch::L1 => 4096,
+        Prefetch::L1 | Prefetch::Near => 4096,
         Prefetch::L2 => {
             if k == T_IQ4_XS {
                 0
@@ -514,7 +514,7 @@ fn prefetch_part(blk: *const u8, bs: usize, gi: usize, per: usize, pf: Option<(u
 /// next block into L1 as well (measured: `pf_l2`).
 fn decode_prefetch<const K: u8>(decode: bool) -> Option<(usize, bool)> {
     let dist = pf_l2(prefetch(), K);
-    (decode && dist > 0).then(|| (dist, prefetch() == Prefetch::L1))
+    (decode && dist > 0).then(|| (dist, matches!(prefetch(), Prefetch::L1 | Prefetch::Near)))
 }
 
 /// Two transposed tiles side by side (tile `j` at `base[j]`, its row `r < valid[j]`'s
