@@ -1,8 +1,8 @@
 //! F16 and BF16 weights repacked at load for the AVX-512 and AVX2 kernels: 32 rows
 //! interleaved per column, so that decode streams one group at a time with its lines
-//! prefetched into L1 and L2 ([`PF_L2`]; without prefetches, on AMD, 4 groups side by side,
-//! AVX2 2) and prefill widens a group's block of 128 columns to f32 once, then runs a broadcast
-//! micro-kernel over it for every token from the L1 cache ([`prefill_blocked`];
+//! prefetched into L1 and L2 ([`PF_L2`]; without prefetches, on AMD (Zen 3 and 4), 4 groups
+//! side by side, AVX2 2) and prefill widens a group's block of 128 columns to f32 once, then
+//! runs a broadcast micro-kernel over it for every token from the L1 cache ([`prefill_blocked`];
 //! AVX-512: 32 rows x up to 12 tokens per tile, two 16-row weight vectors per column;
 //! AVX2: 16 rows x up to 6 tokens, two 8-row vectors, the group's two halves in turn;
 //! one broadcast activation per token).
@@ -145,8 +145,10 @@ fn decode_walk(nrows: usize, wide: usize, mut f: impl FnMut(usize, usize, usize)
 /// AVX-512 12.1 -> 17.2-19.4 (one group without the L2 prefetch 15.5-16.2, two groups with it
 /// 16.9; 6, 8 and 12 KiB alike); TinyLlama tg32, t/s, 1 / 2 threads, AVX2 and AVX-512: F16
 /// 7.2-7.4 -> 8.6-8.8 / 13.9-14.8 -> 16.9, BF16 6.9-7.0 -> 8.4-8.5 / 13.1-13.8 -> 16.3-16.9.
-/// Without the prefetches (AMD, [`super::isa::prefetch`]) the groups side by side stay as
-/// measured there.
+/// Without the prefetches (AMD: Zen 4 under `Prefetch::L2`, Zen 3 under `Prefetch::Near`,
+/// [`super::isa::prefetch`]) the groups side by side stay as measured there; on Zen 3 these
+/// prefetches held decode back (TinyLlama tg32, t/s, 1 / 2 threads: F16 5.9-6.2 -> 7.9-8.2 /
+/// 9.8-11.0 -> 13.0-14.3 without them).
 #[cfg(target_arch = "x86_64")]
 const PF_L2: usize = 8192;
 

@@ -56,7 +56,8 @@ const TC: usize = 64;
 /// Prefetch distance in units (into L1: prefill, and decode under [`Prefetch::L2`]).
 const PF: usize = 2;
 /// [`decode_tiles`]' distance into L2 (`prefetcht1`, bytes from each stream's unit) under
-/// [`Prefetch::L1`] (Intel; Zen 3 not re-measured), beside the next unit into L1. Measured
+/// [`Prefetch::L1`] (Intel), beside the next unit into L1; Zen 3 ([`Prefetch::Near`]) takes
+/// the next unit alone (there these far prefetches held decode back: `isa::prefetch`). Measured
 /// (`gq_decode_bench`, 1 GiB, one thread, GB/s):
 /// - Intel Xeon VM with 480 MiB of L3 (L2 2 MiB), one stream (units `PF` ahead into L1 -> the
 ///   next unit + 3 KiB into L2): Q4_K 9.9 -> 13.1, Q5_K 12.1 -> 13.0, Q6_K 9.5-10.8 -> 13.8,
@@ -438,7 +439,9 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
 /// Decode (one token) over transposed (`TR`) or packed tiles, `us` bytes from a unit of
 /// a tile to its next: two streams through memory, the first and the second half of the
 /// tiles, a unit of each in turn. Under [`Prefetch::L1`] each stream's next unit into L1
-/// and [`PF2_L2`] bytes ahead into L2; otherwise packed tiles `PF` units ahead into L1 and
+/// and [`PF2_L2`] bytes ahead into L2, under [`Prefetch::Near`] (Zen 3) that next unit
+/// alone (there 4 streams instead of 2, or 1 or 3, read no faster: TinyLlama tg at 2
+/// threads, Q4_K_M and Q6_K); otherwise packed tiles `PF` units ahead into L1 and
 /// transposed ones none (Zen 4, `gq_decode_bench`, GB/s with -> none: Q4_K 17.7 -> 19,
 /// Q6_K 13.2 -> 19, IQ4_XS 12-16 -> 17, Q5_K 16.5 -> 12-18, Q2_K/Q3_K the same; Q4_1 13.5
 /// -> 8.5, Q5_0 10.4 -> 6.3; measured as one stream). Each tile's units, sums and fused
