@@ -123,7 +123,7 @@ pub fn part_lines(bytes: usize, j: usize, n: usize) -> std::ops::Range<usize> {
 /// The software prefetches of the decode kernels (detected once).
 /// `LLMRT_CPU_PREFETCH=0|1|2|3` decides (`Off`, `L1`, `L2`, `Near`; for comparisons). Else
 /// `L2` on AMD CPUs with AVX-512 (Zen 4 and later), `Near` on AMD CPUs without it (Zen 3
-/// and earlier), `L1` elsewhere. On Zen 4 the prefetches into
+/// measured; Zen 2 and earlier not, taken as alike), `L1` elsewhere. On Zen 4 the prefetches into
 /// L1 held decode back (packed Q4_0 ran twice as fast with none, F16 10-15% faster),
 /// while with none the AVX-512 Q8_0 kernel, whose loads run ahead fastest (one VNNI step
 /// per line), read 16-18 GB/s of the 26 one core reads; prefetching into L2 one block

@@ -769,8 +769,9 @@ mod x86_256 {
                 for i in (0..nrows).step_by(ALIGN) {
                     let sg = base.add((r0 + i) / ALIGN * gs);
                     let valid = (nrows - i).min(ALIGN);
-                    // Into L1 (Intel) as measured; on AMD none (`Prefetch::L2` names the
-                    // kernels that outrun the hardware prefetchers, not this one).
+                    // Into L1 (Intel, and Zen 3 under `Near`) as measured; on Zen 4 none
+                    // (`Prefetch::L2` names the kernels that outrun the hardware
+                    // prefetchers, not this one).
                     match (q4, matches!(pf, Prefetch::L1 | Prefetch::Near)) {
                         (true, true) => gemv::<true, true>(sg, nb, a, o.add(i), valid),
                         (true, false) => gemv::<true, false>(sg, nb, a, o.add(i), valid),
