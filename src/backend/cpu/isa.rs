@@ -110,6 +110,16 @@ pub fn prefetch_line<const HINT: i32>(p: *const u8) {
     }
 }
 
+/// A line into L1 by inline assembly, kept where the kernel has it (as
+/// [`prefetch_line`]'s into L2): the AVX2 grouped decode's prefetches under
+/// [`Prefetch::Near`], spread through a unit's groups (`gq::x86_256`).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub fn prefetch_line_l1_kept(p: *const u8) {
+    // SAFETY: as in `prefetch_line`: a hint that never faults and writes nothing.
+    unsafe { std::arch::asm!("prefetcht0 [{0}]", in(reg) p, options(nostack, preserves_flags, readonly)) }
+}
+
 /// The 64-byte lines (indices) of part `j` of `n` of a `bytes`-byte block: the share of
 /// its lines that decode prefetches at step `j` of the `n` (its groups) reading the block
 /// before it, so that the prefetches spread between the loads.

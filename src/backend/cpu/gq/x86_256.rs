@@ -19,7 +19,8 @@
 //! `madd` to i32), the exact bias corrections and the group's fused multiply-adds
 //! in the group order. Weights are prefetched two units ahead (decode over tiles:
 //! two streams, each under `Prefetch::L1` its next unit into L1 and [`PF2_L2`] bytes
-//! ahead into L2, [`decode_tiles`]).
+//! ahead into L2, under `Prefetch::Near` its next unit spread between the groups'
+//! loads, [`decode_tiles`], [`spread`]).
 //!
 //! Prefill over transposed tiles (the K-quants and IQ4_XS, [`prefill_tr`]) takes
 //! two tiles (16 rows) and blocks of up to 2-4 tokens at a time: each weight vector
@@ -38,7 +39,7 @@
 //! Depends on `isa` (`QAct`, `token_chunk`) and `quant::groups`.
 #![allow(clippy::needless_range_loop)]
 
-use crate::backend::cpu::isa::{prefetch, token_chunk, Prefetch, QAct};
+use crate::backend::cpu::isa::{part_lines, prefetch, prefetch_line_l1_kept, token_chunk, Prefetch, QAct};
 use crate::quant::groups::{GROUP, IQ4_LEVELS};
 use crate::quant::DType;
 use std::arch::x86_64::*;
@@ -57,7 +58,8 @@ const TC: usize = 64;
 const PF: usize = 2;
 /// [`decode_tiles`]' distance into L2 (`prefetcht1`, bytes from each stream's unit) under
 /// [`Prefetch::L1`] (Intel), beside the next unit into L1; Zen 3 ([`Prefetch::Near`]) takes
-/// the next unit alone (there these far prefetches held decode back: `isa::prefetch`). Measured
+/// the next unit alone, spread ([`spread`]; there these far prefetches held decode back:
+/// `isa::prefetch`). Measured
 /// (`gq_decode_bench`, 1 GiB, one thread, GB/s):
 /// - Intel Xeon VM with 480 MiB of L3 (L2 2 MiB), one stream (units `PF` ahead into L1 -> the
 ///   next unit + 3 KiB into L2): Q4_K 9.9 -> 13.1, Q5_K 12.1 -> 13.0, Q6_K 9.5-10.8 -> 13.8,
@@ -412,7 +414,8 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
                     if ct == 1 {
                         // Decode: each group straight from the weights into the dot product.
                         let x = (xq, std::ptr::null());
-                        acc[0] = decode_unit::<T, false>(&un, &bp, lv, ng, x, xd, (xs, xt), acc[0]);
+                        acc[0] =
+                            decode_unit::<T, false, false>(&un, &bp, lv, ng, x, xd, (xs, xt), std::ptr::null(), acc[0]);
                     } else {
                         // Prefill over packed tiles or rows.
                         for g in 0..ng {
@@ -440,8 +443,9 @@ unsafe fn gemm_t<const T: u8, const TR: bool>(src: Src<'_>, nrows: usize, a: &QA
 /// a tile to its next: two streams through memory, the first and the second half of the
 /// tiles, a unit of each in turn. Under [`Prefetch::L1`] each stream's next unit into L1
 /// and [`PF2_L2`] bytes ahead into L2, under [`Prefetch::Near`] (Zen 3) that next unit
-/// alone (there 4 streams instead of 2, or 1 or 3, read no faster: TinyLlama tg at 2
-/// threads, Q4_K_M and Q6_K); otherwise packed tiles `PF` units ahead into L1 and
+/// alone, a share per group from inside [`decode_unit`] ([`spread`]; there 4 streams
+/// instead of 2, or 1 or 3, read no faster: TinyLlama tg at 2 threads, Q4_K_M and Q6_K);
+/// otherwise packed tiles `PF` units ahead into L1 and
 /// transposed ones none (Zen 4, `gq_decode_bench`, GB/s with -> none: Q4_K 17.7 -> 19,
 /// Q6_K 13.2 -> 19, IQ4_XS 12-16 -> 17, Q5_K 16.5 -> 12-18, Q2_K/Q3_K the same; Q4_1 13.5
 /// -> 8.5, Q5_0 10.4 -> 6.3; measured as one stream). Each tile's units, sums and fused
@@ -511,9 +515,7 @@ unsafe fn decode_tiles<const T: u8, const TR: bool>(
                             _mm_prefetch::<_MM_HINT_T1>(here.wrapping_add(PF2_L2 + l) as *const i8);
                         }
                     } else if pf == Prefetch::Near {
-                        for l in (0..us).step_by(64) {
-                            _mm_prefetch::<_MM_HINT_T0>(here.wrapping_add(us + l) as *const i8);
-                        }
+                        // The next unit from inside `decode_unit` (`spread`).
                     } else if !TR {
                         for l in (0..us).step_by(64) {
                             _mm_prefetch::<_MM_HINT_T0>(here.wrapping_add(PF * us + l) as *const i8);
@@ -527,7 +529,12 @@ unsafe fn decode_tiles<const T: u8, const TR: bool>(
                     }
                     let x = (a.qs.as_ptr().add(u * U * GROUP), a.d.as_ptr().add(u * U));
                     let xs = (a.sums.as_ptr().add(u * U), tok.as_ptr().wrapping_add(u * U));
-                    *acc = decode_unit::<T, TR>(&un, &bp, lv, ng, (x.0, xa.as_ptr()), x.1, xs, *acc);
+                    let xp = (x.0, xa.as_ptr());
+                    *acc = if pf == Prefetch::Near {
+                        decode_unit::<T, TR, true>(&un, &bp, lv, ng, xp, x.1, xs, here.wrapping_add(us), *acc)
+                    } else {
+                        decode_unit::<T, TR, false>(&un, &bp, lv, ng, xp, x.1, xs, std::ptr::null(), *acc)
+                    };
                 }
             }
         }
@@ -568,7 +575,7 @@ unsafe fn prefill_unit<const T: u8>(
         unsafe {
             let (xq, xd) = (xq.add(c * cols), xd.add(c * groups));
             let xs = (xs.add(c * groups), xt.add(c * groups));
-            *acc = dot_unit::<T, true, false>(un, sums, ng, xq, xd, xs, *acc);
+            *acc = dot_unit::<T, true, false, false>(un, sums, ng, xq, xd, xs, std::ptr::null(), *acc);
         }
     }
 }
@@ -905,11 +912,12 @@ unsafe fn pair_block<const T: u8, const NT: usize, const NC: usize>(
 ///
 /// # Safety
 /// As `dot_unit`, with `bp` the unit's row pointers (`gemm_t`); over transposed tiles of
-/// the [`signed`] types `xa` holds the unit's activations' absolute values.
+/// the [`signed`] types `xa` holds the unit's activations' absolute values. With `SP` the
+/// unit's lines at `sp` (any address: prefetches never fault) are prefetched ([`spread`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode_unit<const T: u8, const TR: bool>(
+unsafe fn decode_unit<const T: u8, const TR: bool, const SP: bool>(
     un: &Unit,
     bp: &[*const u8; R],
     lv: __m256i,
@@ -917,6 +925,7 @@ unsafe fn decode_unit<const T: u8, const TR: bool>(
     (xq, xa): (*const i8, *const i8),
     xd: *const f32,
     (xs, xt): (*const i32, *const Tok),
+    sp: *const u8,
     acc: __m256,
 ) -> __m256 {
     // SAFETY: the caller's contract (`gemm_t`'s unit `u` of every row, `ng` groups;
@@ -933,12 +942,12 @@ unsafe fn decode_unit<const T: u8, const TR: bool>(
             }
         };
         if T == T_Q3_K && TR && ng == U {
-            return q3_unit(un, bp[0], xq, xd, xt, acc);
+            return q3_unit::<SP>(un, bp[0], xq, xd, xt, sp, acc);
         }
         if dtab::<T, TR>() {
-            dot_unit::<T, true, TR>(un, sums, ng, xq, xd, (xs, xt), acc)
+            dot_unit::<T, true, TR, SP>(un, sums, ng, xq, xd, (xs, xt), sp, acc)
         } else {
-            dot_unit::<T, false, TR>(un, sums, ng, xq, xd, (xs, std::ptr::null()), acc)
+            dot_unit::<T, false, TR, SP>(un, sums, ng, xq, xd, (xs, std::ptr::null()), sp, acc)
         }
     }
 }
@@ -952,7 +961,15 @@ unsafe fn decode_unit<const T: u8, const TR: bool>(
 /// As [`decode_unit`] (its `dtab` entries at `xt`), `blk` a whole transposed Q3_K block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q3_unit(un: &Unit, blk: *const u8, xq: *const i8, xd: *const f32, xt: *const Tok, acc: __m256) -> __m256 {
+unsafe fn q3_unit<const SP: bool>(
+    un: &Unit,
+    blk: *const u8,
+    xq: *const i8,
+    xd: *const f32,
+    xt: *const Tok,
+    sp: *const u8,
+    acc: __m256,
+) -> __m256 {
     let (zi, zf) = (_mm256_setzero_si256(), _mm256_setzero_ps());
     let step = |g: usize, is: __m256i, st: (__m256, __m256)| {
         // SAFETY: the caller's `U` scales at `xd` and entries at `xt`.
@@ -968,12 +985,20 @@ unsafe fn q3_unit(un: &Unit, blk: *const u8, xq: *const i8, xd: *const f32, xt: 
             _ => q3_pair::<5>(un, blk, xq),
         }
     };
+    spread::<T_Q3_K, true, SP>(sp, 0);
+    spread::<T_Q3_K, true, SP>(sp, 1);
     let (s0, s2) = pair(0);
     let st = step(0, s0, (zf, zf));
+    spread::<T_Q3_K, true, SP>(sp, 2);
+    spread::<T_Q3_K, true, SP>(sp, 3);
     let (s1, s3) = pair(1);
     let st = step(3, s3, step(2, s2, step(1, s1, st)));
+    spread::<T_Q3_K, true, SP>(sp, 4);
+    spread::<T_Q3_K, true, SP>(sp, 5);
     let (s4, s6) = pair(4);
     let st = step(4, s4, st);
+    spread::<T_Q3_K, true, SP>(sp, 6);
+    spread::<T_Q3_K, true, SP>(sp, 7);
     let (s5, s7) = pair(5);
     half_end::<T_Q3_K>(un, acc, step(7, s7, step(6, s6, step(5, s5, st))))
 }
@@ -1019,6 +1044,23 @@ unsafe fn q3_pair<const G: usize>(un: &Unit, blk: *const u8, xq: *const i8) -> (
         w[1][half] = _mm256_madd_epi16(s[1], un.k[half][g + 2]);
     }
     (_mm256_add_epi32(w[0][0], w[0][1]), _mm256_add_epi32(w[1][0], w[1][1]))
+}
+
+/// Under [`Prefetch::Near`] (`SP`), group `g`'s share ([`part_lines`]) of the next unit
+/// `sp` of its stream ([`decode_tiles`]) into L1: the unit's prefetches spread between
+/// its groups' loads. Issued as a burst at the unit's start (as under `L1`), they held
+/// the Zen 3 decode to about the speed of none (a streaming test alike: 8-10 GB/s burst
+/// or none, 13-17 spread). By inline assembly ([`prefetch_line_l1_kept`]): the intrinsic
+/// behind a run-time check on `sp` had LLVM spill the Q3_K unit's registers (7 against
+/// 13 GB/s in cache); the check is now the constant `SP` (the intrinsic not tried again).
+#[inline(always)]
+fn spread<const T: u8, const TR: bool, const SP: bool>(sp: *const u8, g: usize) {
+    if SP {
+        let ub = block_bytes(T) * R * if !TR && T <= T_IQ4_NL { U } else { 1 };
+        for l in part_lines(ub, g, U) {
+            prefetch_line_l1_kept(sp.wrapping_add(64 * l));
+        }
+    }
 }
 
 /// Whether decode takes the [`Tok`] table too: over transposed tiles of the types
@@ -1661,15 +1703,17 @@ unsafe fn lane_sums<const T: u8>(
 /// group order (the per-16 types: `ng` is a whole block, its sums added at its end,
 /// [`half_end`]). Prefill takes `TAB` (AVX2 Q6_K pp128 +20%); decode does not (the
 /// table's loads measured 8% slower there: AVX2 Q6_K tg32 12.0 -> 11.1 t/s).
+#[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_unit<const T: u8, const TAB: bool, const UN: bool>(
+unsafe fn dot_unit<const T: u8, const TAB: bool, const UN: bool, const SP: bool>(
     un: &Unit,
     sums: impl Fn(usize, *const i8, __m256i) -> (__m256i, __m256i),
     ng: usize,
     xq: *const i8,
     xd: *const f32,
     (xs, xt): (*const i32, *const Tok),
+    sp: *const u8,
     acc: __m256,
 ) -> __m256 {
     let need_bsum = offset(T) || bias(T) != 0;
@@ -1681,6 +1725,7 @@ unsafe fn dot_unit<const T: u8, const TAB: bool, const UN: bool>(
     macro_rules! step {
         ($g:expr, $st:expr) => {{
             let (g, st): (usize, (__m256, (__m256, __m256))) = ($g, $st);
+            spread::<T, UN, SP>(sp, g);
             let (x, dx) = (_mm256_loadu_si256(xq.add(GROUP * g) as *const __m256i), _mm256_set1_ps(*xd.add(g)));
             let (i0, i1) = sums(g, xq.wrapping_add(GROUP * g), x);
             if halves(T) {
