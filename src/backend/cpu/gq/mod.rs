@@ -911,7 +911,8 @@ mod tests {
     /// of 1 GiB, past the last-level cache (the Intel Xeon VM's L3 is 480 MiB: 128 MiB
     /// there read up to 40% faster than memory), in GB/s of weights. `GQ_BENCH_MIB` (1024)
     /// sets the matrix size (1 keeps it in the L2 cache, where the figure is the kernels'
-    /// compute speed), `GQ_BENCH_COLS` (4096) its row length, `GQ_BENCH_TYPES` and
+    /// compute speed; on Zen 3 that is L3: `GQ_BENCH_KIB` sets it in KiB instead),
+    /// `GQ_BENCH_COLS` (4096) its row length, `GQ_BENCH_TYPES` and
     /// `GQ_BENCH_ISAS` (type and kernel set names) which are measured.
     #[test]
     #[ignore]
@@ -919,9 +920,10 @@ mod tests {
         let mut r = XorShift::new(9);
         let cols: usize = std::env::var("GQ_BENCH_COLS").ok().and_then(|v| v.parse().ok()).unwrap_or(4096);
         let mib: usize = std::env::var("GQ_BENCH_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(1024);
+        let kib: usize = std::env::var("GQ_BENCH_KIB").ok().and_then(|v| v.parse().ok()).unwrap_or(mib << 10);
         for dt in DType::all().into_iter().filter(|d| d.is_grouped() && listed("GQ_BENCH_TYPES", &d.to_string())) {
             let rb = dt.row_bytes(cols).unwrap();
-            let rows = ((mib << 20) / rb).div_ceil(64) * 64;
+            let rows = ((kib << 10) / rb).div_ceil(64) * 64;
             let w: Vec<u8> = (0..rows).flat_map(|_| random_row(dt, cols, &mut r)).collect();
             let a = QAct::quantize(&r.vec(cols, -1.0, 1.0), cols);
             let mut out = vec![0f32; rows];

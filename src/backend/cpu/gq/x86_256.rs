@@ -944,6 +944,9 @@ unsafe fn decode_unit<const T: u8, const TR: bool, const SP: bool>(
         if T == T_Q3_K && TR && ng == U {
             return q3_unit::<SP>(un, bp[0], xq, xd, xt, sp, acc);
         }
+        if matches!(T, T_Q4_K | T_Q5_K) && TR && ng == U {
+            return nib_unit::<T, SP>(un, bp[0], xq, xd, xs, sp, acc);
+        }
         if dtab::<T, TR>() {
             dot_unit::<T, true, TR, SP>(un, sums, ng, xq, xd, (xs, xt), sp, acc)
         } else {
@@ -1001,6 +1004,124 @@ unsafe fn q3_unit<const SP: bool>(
     spread::<T_Q3_K, true, SP>(sp, 7);
     let (s5, s7) = pair(5);
     half_end::<T_Q3_K>(un, acc, step(7, s7, step(6, s6, step(5, s5, st))))
+}
+
+/// [`decode_unit`] for a whole unit of a transposed Q4_K or Q5_K tile at `blk`: groups `g`
+/// and `g + 1` (the low and high nibbles of the same bytes) unpacked together
+/// ([`nib_pair`]), with constant field offsets and shifts; then [`group_fma`] group by
+/// group, in the group order. The same exact sums and float steps as [`dot_unit`]: bit
+/// for bit. Against `dot_unit`'s loop over the groups (field offsets looked up at run
+/// time, each nibble byte loaded twice), Zen 3, `gq_decode_bench` rows of 2048, one
+/// thread, GB/s: over 1 MiB (L3) Q4_K 18.7-19.2 -> 22.1-23.6, Q5_K 15.9-16.7 -> 18.2-19.3;
+/// over 1 GiB Q4_K 11.4-16.4 -> 16.7-18.3, Q5_K 8.6-15.1 -> 15.0-15.6; TinyLlama tg32,
+/// t/s, 1 thread: Q4_K_M 19.4-19.7 -> 23.3-24.3 (Q5_K_M 16.4-18.1 -> 16.9, within the noise).
+///
+/// # Safety
+/// As [`decode_unit`] (its `U` activation sums at `xs`), `blk` a whole transposed block of
+/// type `T`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nib_unit<const T: u8, const SP: bool>(
+    un: &Unit,
+    blk: *const u8,
+    xq: *const i8,
+    xd: *const f32,
+    xs: *const i32,
+    sp: *const u8,
+    acc: __m256,
+) -> __m256 {
+    let step = |g: usize, is: (__m256i, __m256i), acc: __m256| {
+        // SAFETY: the caller's `U` scales at `xd` and sums at `xs`.
+        let (dx, bs) = unsafe { (_mm256_set1_ps(*xd.add(g)), _mm256_set1_epi32(*xs.add(g))) };
+        group_fma::<T>(un, g, dx, is, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(bs)), acc)
+    };
+    // Written out: as a loop over the pairs (a `match` on `g` choosing the constant), the
+    // optimizer kept the loop and took the offsets from registers and the stack (Q4_K
+    // slower than group by group).
+    spread::<T, true, SP>(sp, 0);
+    spread::<T, true, SP>(sp, 1);
+    // SAFETY: the caller's whole block and `U` groups of activations at `xq`.
+    let (s0, s1) = unsafe { nib_pair::<T, 0>(blk, xq) };
+    let acc = step(1, s1, step(0, s0, acc));
+    spread::<T, true, SP>(sp, 2);
+    spread::<T, true, SP>(sp, 3);
+    // SAFETY: the caller's whole block and `U` groups of activations at `xq`.
+    let (s2, s3) = unsafe { nib_pair::<T, 2>(blk, xq) };
+    let acc = step(3, s3, step(2, s2, acc));
+    spread::<T, true, SP>(sp, 4);
+    spread::<T, true, SP>(sp, 5);
+    // SAFETY: the caller's whole block and `U` groups of activations at `xq`.
+    let (s4, s5) = unsafe { nib_pair::<T, 4>(blk, xq) };
+    let acc = step(5, s5, step(4, s4, acc));
+    spread::<T, true, SP>(sp, 6);
+    spread::<T, true, SP>(sp, 7);
+    // SAFETY: the caller's whole block and `U` groups of activations at `xq`.
+    let (s6, s7) = unsafe { nib_pair::<T, 6>(blk, xq) };
+    step(7, s7, step(6, s6, acc))
+}
+
+/// The exact half sums (`(isum_0, isum_1)`, row `r` in lane `r`, as [`lane_sums`] gives
+/// them) of groups `G` and `G + 1` (`G` even, a constant) of a transposed Q4_K or Q5_K
+/// block at `blk` against the activations at `xq` (a unit's): one load of the bytes whose
+/// low nibbles are group `G`'s and high nibbles group `G + 1`'s, and (Q5_K) one of the
+/// high bits, each moved to bit 4 by one immediate shift and a mask ([`hbit_shift`]: 2
+/// operations against [`hbit`]'s 3).
+///
+/// # Safety
+/// `blk` a whole transposed block of type `T`; `xq` the unit's 256 activations.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nib_pair<const T: u8, const G: usize>(
+    blk: *const u8,
+    xq: *const i8,
+) -> ((__m256i, __m256i), (__m256i, __m256i)) {
+    debug_assert!(G.is_multiple_of(2) && G < U);
+    let qs_off = if T == T_Q4_K { 16 } else { 48 };
+    // SAFETY: every field below lies inside the block (caller).
+    let ld = |o: usize, m: usize| unsafe { field_t::<T>(blk, o, m) };
+    // SAFETY: dword `m` of group `g` of the caller's activations.
+    let xb =
+        |g: usize, m: usize| unsafe { _mm256_set1_epi32((xq.add(GROUP * g + 4 * m) as *const i32).read_unaligned()) };
+    let (m4, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+    let mut w = [[_mm256_setzero_si256(); 2]; 2];
+    for half in 0..2 {
+        // In i16: 4 `maddubs` results per lane (`narrow_lanes`).
+        let mut s = [_mm256_setzero_si256(); 2];
+        for m in 4 * half..4 * half + 4 {
+            let v = ld(qs_off + 16 * G, m);
+            let (mut a, mut b) = (_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
+            if T == T_Q5_K {
+                let h = ld(16, m);
+                a = _mm256_or_si256(a, hbit_shift(h, G));
+                b = _mm256_or_si256(b, hbit_shift(h, G + 1));
+            }
+            s[0] = _mm256_add_epi16(s[0], _mm256_maddubs_epi16(a, xb(G, m)));
+            s[1] = _mm256_add_epi16(s[1], _mm256_maddubs_epi16(b, xb(G + 1, m)));
+        }
+        w[0][half] = _mm256_madd_epi16(s[0], ones);
+        w[1][half] = _mm256_madd_epi16(s[1], ones);
+    }
+    ((w[0][0], w[0][1]), (w[1][0], w[1][1]))
+}
+
+/// 0x10 in every byte where bit `g` of the byte of `hm` is set, as [`hbit`] with `add`
+/// 0x10: bit `g` moved to bit 4 by an immediate 16-bit shift (bits 4 and 12 of a lane take
+/// bits of their own byte), then masked. Called with constants, the match folds away.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hbit_shift(hm: __m256i, g: usize) -> __m256i {
+    let v = match g {
+        0 => _mm256_slli_epi16::<4>(hm),
+        1 => _mm256_slli_epi16::<3>(hm),
+        2 => _mm256_slli_epi16::<2>(hm),
+        3 => _mm256_slli_epi16::<1>(hm),
+        4 => hm,
+        5 => _mm256_srli_epi16::<1>(hm),
+        6 => _mm256_srli_epi16::<2>(hm),
+        7 => _mm256_srli_epi16::<3>(hm),
+        _ => unreachable!("hbit_shift of bit {g}"),
+    };
+    _mm256_and_si256(v, _mm256_set1_epi8(0x10))
 }
 
 /// The weighed integer sums `k_0 isum_0 + k_1 isum_1` of groups `g` and `g + 2` (`g = G`:
@@ -1751,11 +1872,13 @@ unsafe fn dot_unit<const T: u8, const TAB: bool, const UN: bool, const SP: bool>
     // units are whole blocks.
     debug_assert!(!halves(T) || ng == U);
     let mut st = (acc, (zf, zf));
-    if UN && halves(T) && ng == U {
+    if UN && (halves(T) || T == T_IQ4_XS) && ng == U {
         // A whole unit with constant group indices (shift counts, field offsets): left to
         // the optimizer, the AVX2 Q6_K decode's loop was not unrolled once its float steps
-        // shrank, and ran at 58% of the speed in L2. Not the other types: Q5_K's decode
-        // unrolled this way ran at 70% (`gq_decode_bench` in L2, 23.3-24.0 -> 16.3-16.7 GB/s).
+        // shrank, and ran at 58% of the speed in L2. IQ4_XS too (Zen 3, `gq_decode_bench`
+        // over 1 MiB, in L3: 14.5-15.4 -> 16.8-17.5 GB/s; TinyLlama tg32 1 thread +7-17%).
+        // Not Q4_K and Q5_K (their pairs of groups: [`nib_unit`]): Q5_K's decode unrolled
+        // this way ran at 70% (`gq_decode_bench` in L2, 23.3-24.0 -> 16.3-16.7 GB/s).
         unroll8!(g => {
             // SAFETY: group `g < ng` of the caller's activations, scales, sums and entries.
             st = unsafe { step!(g, st) };
