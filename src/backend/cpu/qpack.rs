@@ -673,8 +673,41 @@ mod x86_256 {
             let xd = a.d.as_ptr().add(c0 * nb);
             let xs = a.sums.as_ptr().add(c0 * nb);
             for b in 0..nb {
-                let w = load_w::<Q4>(v.add(b * bs));
                 let ws = _mm256_cvtph_ps(_mm_loadu_si128(s.add(b * bs) as *const __m128i));
+                if !Q4 {
+                    // Q8_0: each weight vector once, against the C tokens in turn (the
+                    // sums of `isum_q8`, in its order: exact). Tokens outside and vectors
+                    // inside held the 8 vectors and their absolute values, 16 registers,
+                    // and spilled. Zen 3, `qpack_prefill_bench` (x64 tokens, Gmac/s, one
+                    // thread, alternating): 41.9-43.8 -> 41.5-47.7 (a third of the runs
+                    // of each disturbed by the host: 28-31), TinyLlama pp128 within
+                    // its noise; the loop is now 4 `maddubs`/`madd` pairs and 4 `sign` per
+                    // weight vector and no spills (`llvm-mca -mcpu=znver3`: 5.8 cycles for
+                    // 128 multiply-adds).
+                    let ones = _mm256_set1_epi16(1);
+                    let mut is = [_mm256_setzero_si256(); C];
+                    // A loop (its count hidden from the optimizer): unrolled, the tokens
+                    // were scheduled one after another again (as `gq`'s `pair_block` found).
+                    for m in 0..std::hint::black_box(8) {
+                        let wv = _mm256_xor_si256(
+                            _mm256_loadu_si256(v.add(b * bs + 64 * m) as *const __m256i),
+                            _mm256_set1_epi8(-128),
+                        );
+                        let wa = _mm256_abs_epi8(wv);
+                        for c in 0..C {
+                            let x = xq.add(c * a.cols + b * QK) as *const i32;
+                            let xb = _mm256_set1_epi32(x.add(m).read_unaligned());
+                            let p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xb, wv));
+                            is[c] = _mm256_add_epi32(is[c], _mm256_madd_epi16(p, ones));
+                        }
+                    }
+                    for c in 0..C {
+                        let sc = _mm256_mul_ps(ws, _mm256_set1_ps(*xd.add(c * nb + b)));
+                        acc[c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(is[c]), acc[c]);
+                    }
+                    continue;
+                }
+                let w = load_w::<Q4>(v.add(b * bs));
                 for c in 0..C {
                     let x = xq.add(c * a.cols + b * QK) as *const i32;
                     let init = _mm256_set1_epi32(corr * *xs.add(c * nb + b));
@@ -899,6 +932,28 @@ mod bench {
                     let best = crate::util::best_secs(|| gemm_pf(isa, pf, &p, 0, rows, &a, &mut out));
                     eprintln!("{dt} {isa:?} prefetch {pf:?}: {:.2} GB/s", (rows * rb) as f64 / best / 1e9);
                 }
+            }
+        }
+    }
+
+    /// Prefill speed, one thread (not an assertion: run with `--ignored --nocapture`): a
+    /// 512 x 2048 matrix (in L2) against `QPACK_BENCH_T` (64) tokens, each kernel set, in
+    /// Gmac/s (multiply-adds of weights by activations per second).
+    #[test]
+    #[ignore]
+    fn qpack_prefill_bench() {
+        let mut r = crate::util::XorShift::new(12);
+        let (rows, cols) = (512, 2048);
+        let t: usize = std::env::var("QPACK_BENCH_T").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
+        for dt in [DType::Q4_0, DType::Q8_0] {
+            let (rb, bb) = (dt.row_bytes(cols).unwrap(), dt.block_bytes());
+            let w: Vec<u8> = (0..rows * rb).map(|i| if i % bb == 1 { 0x30 } else { r.next_u64() as u8 }).collect();
+            let p = Packed::new(dt, &w, rb, rows, cols, "bench", 2).unwrap();
+            let a = QAct::quantize(&r.vec(t * cols, -1.0, 1.0), cols);
+            let mut out = vec![0f32; rows * t];
+            for isa in available().into_iter().filter(|&i| i != Isa::Scalar) {
+                let best = crate::util::best_secs(|| gemm(isa, &p, 0, rows, &a, &mut out));
+                eprintln!("{dt} {isa:?} prefill x{t}: {:.1} Gmac/s", (rows * cols * t) as f64 / best / 1e9);
             }
         }
     }
