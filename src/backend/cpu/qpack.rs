@@ -937,8 +937,9 @@ mod bench {
     }
 
     /// Prefill speed, one thread (not an assertion: run with `--ignored --nocapture`): a
-    /// 512 x 2048 matrix (in L2) against `QPACK_BENCH_T` (64) tokens, each kernel set, in
-    /// Gmac/s (multiply-adds of weights by activations per second).
+    /// 512 x 2048 matrix against `QPACK_BENCH_T` (64) tokens (a tile's rows, 16-32 KiB,
+    /// read again for each block of tokens from L1/L2), each kernel set, in Gmac/s
+    /// (multiply-adds of weights by activations per second).
     #[test]
     #[ignore]
     fn qpack_prefill_bench() {
