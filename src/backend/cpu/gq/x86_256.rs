@@ -1105,23 +1105,12 @@ unsafe fn nib_pair<const T: u8, const G: usize>(
 }
 
 /// 0x10 in every byte where bit `g` of the byte of `hm` is set, as [`hbit`] with `add`
-/// 0x10: bit `g` moved to bit 4 by an immediate 16-bit shift (bits 4 and 12 of a lane take
-/// bits of their own byte), then masked. Called with constants, the match folds away.
+/// 0x10: bit `g` moved to bit 4 by an immediate 16-bit shift ([`shl16`]; bits 4 and 12 of
+/// a lane take bits of their own byte), then masked. Called with constants.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn hbit_shift(hm: __m256i, g: usize) -> __m256i {
-    let v = match g {
-        0 => _mm256_slli_epi16::<4>(hm),
-        1 => _mm256_slli_epi16::<3>(hm),
-        2 => _mm256_slli_epi16::<2>(hm),
-        3 => _mm256_slli_epi16::<1>(hm),
-        4 => hm,
-        5 => _mm256_srli_epi16::<1>(hm),
-        6 => _mm256_srli_epi16::<2>(hm),
-        7 => _mm256_srli_epi16::<3>(hm),
-        _ => unreachable!("hbit_shift of bit {g}"),
-    };
-    _mm256_and_si256(v, _mm256_set1_epi8(0x10))
+    _mm256_and_si256(shl16(hm, 4 - g as i32), _mm256_set1_epi8(0x10))
 }
 
 /// The weighed integer sums `k_0 isum_0 + k_1 isum_1` of groups `g` and `g + 2` (`g = G`:
@@ -1292,15 +1281,19 @@ pub(super) fn q3_block(blk: &mut [u8]) {
 }
 
 /// Each 16-bit lane of `v` shifted left by `n` (right by `-n` where `n` is negative; `n`
-/// from -1 to 2), by an immediate: called with constants, the match folds away.
+/// from -3 to 4), by an immediate: called with constants, the match folds away.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn shl16(v: __m256i, n: i32) -> __m256i {
     match n {
+        4 => _mm256_slli_epi16::<4>(v),
+        3 => _mm256_slli_epi16::<3>(v),
         2 => _mm256_slli_epi16::<2>(v),
         1 => _mm256_slli_epi16::<1>(v),
         0 => v,
         -1 => _mm256_srli_epi16::<1>(v),
+        -2 => _mm256_srli_epi16::<2>(v),
+        -3 => _mm256_srli_epi16::<3>(v),
         _ => unreachable!("shl16 by {n}"),
     }
 }
