@@ -711,7 +711,8 @@ mod x86_256 {
                 for c in 0..C {
                     let x = xq.add(c * a.cols + b * QK) as *const i32;
                     let init = _mm256_set1_epi32(corr * *xs.add(c * nb + b));
-                    let isum = if Q4 { isum_q4(&w, x, init) } else { isum_q8(&w, x, init) };
+                    // Q4_0 (Q8_0 took the branch above).
+                    let isum = isum_q4(&w, x, init);
                     let sc = _mm256_mul_ps(ws, _mm256_set1_ps(*xd.add(c * nb + b)));
                     acc[c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(isum), acc[c]);
                 }
