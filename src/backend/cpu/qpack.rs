@@ -646,12 +646,12 @@ mod x86_256 {
         w
     }
 
-    /// Rows `8 h .. 8 h + 8` of one group (values of block 0 at `v`, scales at `s`,
-    /// block `b` at `b * bs` from them) x C activation rows from `c0`, all `nb` blocks;
-    /// row `r < valid` of token `c` to `out[r * ostride + c]`.
+    /// Q4_0: rows `8 h .. 8 h + 8` of one group (values of block 0 at `v`, scales at
+    /// `s`, block `b` at `b * bs` from them) x C activation rows from `c0`, all `nb`
+    /// blocks; row `r < valid` of token `c` to `out[r * ostride + c]`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile<const C: usize, const Q4: bool>(
+    unsafe fn tile_q4<const C: usize>(
         v: *const u8,
         s: *const u8,
         bs: usize,
@@ -662,7 +662,6 @@ mod x86_256 {
         ostride: usize,
         valid: usize,
     ) {
-        let corr = if Q4 { -8 } else { 0 };
         let mut acc = [_mm256_setzero_ps(); C];
         // SAFETY: (whole body) the CPU has this function's target features (reached only through
         // the kernel set `isa()` detected); the half group's `nb` blocks of values and scales lie
@@ -674,44 +673,10 @@ mod x86_256 {
             let xs = a.sums.as_ptr().add(c0 * nb);
             for b in 0..nb {
                 let ws = _mm256_cvtph_ps(_mm_loadu_si128(s.add(b * bs) as *const __m128i));
-                if !Q4 {
-                    // Q8_0: each weight vector once, against the C tokens in turn (the
-                    // sums of `isum_q8`, in its order: exact). Tokens outside and vectors
-                    // inside held the 8 vectors and their absolute values, 16 registers,
-                    // and spilled. Zen 3, `qpack_prefill_bench` (x64 tokens, Gmac/s, one
-                    // thread, alternating): 41.9-43.8 -> 41.5-47.7 (a third of the runs
-                    // of each disturbed by the host: 28-31), TinyLlama pp128 within
-                    // its noise; the loop is now 4 `maddubs`/`madd` pairs and 4 `sign` per
-                    // weight vector and no spills (`llvm-mca -mcpu=znver3`: 5.8 cycles for
-                    // 128 multiply-adds).
-                    let ones = _mm256_set1_epi16(1);
-                    let mut is = [_mm256_setzero_si256(); C];
-                    // A loop (its count hidden from the optimizer): unrolled, the tokens
-                    // were scheduled one after another again (as `gq`'s `pair_block` found).
-                    for m in 0..std::hint::black_box(8) {
-                        let wv = _mm256_xor_si256(
-                            _mm256_loadu_si256(v.add(b * bs + 64 * m) as *const __m256i),
-                            _mm256_set1_epi8(-128),
-                        );
-                        let wa = _mm256_abs_epi8(wv);
-                        for c in 0..C {
-                            let x = xq.add(c * a.cols + b * QK) as *const i32;
-                            let xb = _mm256_set1_epi32(x.add(m).read_unaligned());
-                            let p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xb, wv));
-                            is[c] = _mm256_add_epi32(is[c], _mm256_madd_epi16(p, ones));
-                        }
-                    }
-                    for c in 0..C {
-                        let sc = _mm256_mul_ps(ws, _mm256_set1_ps(*xd.add(c * nb + b)));
-                        acc[c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(is[c]), acc[c]);
-                    }
-                    continue;
-                }
-                let w = load_w::<Q4>(v.add(b * bs));
+                let w = load_w::<true>(v.add(b * bs));
                 for c in 0..C {
                     let x = xq.add(c * a.cols + b * QK) as *const i32;
-                    let init = _mm256_set1_epi32(corr * *xs.add(c * nb + b));
-                    // Q4_0 (Q8_0 took the branch above).
+                    let init = _mm256_set1_epi32(-8 * *xs.add(c * nb + b));
                     let isum = isum_q4(&w, x, init);
                     let sc = _mm256_mul_ps(ws, _mm256_set1_ps(*xd.add(c * nb + b)));
                     acc[c] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(isum), acc[c]);
@@ -721,6 +686,75 @@ mod x86_256 {
                 let mut o = [0f32; 8];
                 _mm256_storeu_ps(o.as_mut_ptr(), acc[c]);
                 for r in 0..valid.min(8) {
+                    *out.add(r * ostride + c) = o[r];
+                }
+            }
+        }
+    }
+
+    /// Q8_0: the 16 rows of one group (values of block 0 at `v`, its half `h` at `v + 32
+    /// h`; scales at `s`, `s + 16`; block `b` at `b * bs` from them) x C activation rows
+    /// from `c0`, all `nb` blocks; row `r < valid` of token `c` to `out[r * ostride + c]`.
+    /// The sums of `isum_q8`, in its order (exact), but each weight vector is formed once
+    /// and multiplied with the tokens in turn, and each token's broadcast activation dword
+    /// serves both halves' vectors: 4.75 vector operations per 32 multiply-adds in the inner
+    /// loop against 5.5 for half a group per tile (no spills at C = 4: 8 sums, 4 weight
+    /// vectors). Zen 3, `qpack_prefill_bench` alternating (Gmac/s): 33.1-47.9 -> 41.1-54.0;
+    /// TinyLlama pp128 1 thread 36.5-40.1 -> 43.2-44.6 t/s, 2 threads 64.6-75.0 -> 80.5-84.7.
+    /// The loop over `m` keeps its count hidden (`black_box`): unrolled, the tokens were
+    /// scheduled one after another (as `gq`'s `pair_block` found).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile_q8<const C: usize>(
+        v: *const u8,
+        s: *const u8,
+        bs: usize,
+        nb: usize,
+        a: &QAct,
+        c0: usize,
+        out: *mut f32,
+        ostride: usize,
+        valid: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; C];
+        // SAFETY: (whole body) the CPU has this function's target features (reached only through
+        // the kernel set `isa()` detected); the group's `nb` blocks of values and scales lie at
+        // `v + b * bs` (both halves) and `s + b * bs`; activation rows `c0..c0 + C` exist in `a`
+        // (the driver checks); `valid` rows x C outputs at `out`.
+        unsafe {
+            let xq = a.qs.as_ptr().add(c0 * a.cols);
+            let xd = a.d.as_ptr().add(c0 * nb);
+            let ones = _mm256_set1_epi16(1);
+            let flip = _mm256_set1_epi8(-128);
+            for b in 0..nb {
+                let mut is = [[_mm256_setzero_si256(); 2]; C];
+                for m in 0..std::hint::black_box(8) {
+                    let p = v.add(b * bs + 64 * m);
+                    let w0 = _mm256_xor_si256(_mm256_loadu_si256(p as *const __m256i), flip);
+                    let w1 = _mm256_xor_si256(_mm256_loadu_si256(p.add(32) as *const __m256i), flip);
+                    let (a0, a1) = (_mm256_abs_epi8(w0), _mm256_abs_epi8(w1));
+                    for c in 0..C {
+                        let x = xq.add(c * a.cols + b * QK) as *const i32;
+                        let xb = _mm256_set1_epi32(x.add(m).read_unaligned());
+                        let p0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(xb, w0));
+                        is[c][0] = _mm256_add_epi32(is[c][0], _mm256_madd_epi16(p0, ones));
+                        let p1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(xb, w1));
+                        is[c][1] = _mm256_add_epi32(is[c][1], _mm256_madd_epi16(p1, ones));
+                    }
+                }
+                for h in 0..2 {
+                    let ws = _mm256_cvtph_ps(_mm_loadu_si128(s.add(b * bs + 16 * h) as *const __m128i));
+                    for c in 0..C {
+                        let sc = _mm256_mul_ps(ws, _mm256_set1_ps(*xd.add(c * nb + b)));
+                        acc[c][h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(is[c][h]), acc[c][h]);
+                    }
+                }
+            }
+            for c in 0..C {
+                let mut o = [0f32; 16];
+                _mm256_storeu_ps(o.as_mut_ptr(), acc[c][0]);
+                _mm256_storeu_ps(o.as_mut_ptr().add(8), acc[c][1]);
+                for r in 0..valid.min(16) {
                     *out.add(r * ostride + c) = o[r];
                 }
             }
@@ -815,11 +849,13 @@ mod x86_256 {
                 }
                 return;
             }
+            // Q8_0 tiles take a whole group (16 rows, see `tile_q8`), Q4_0 tiles half of one.
+            let step = if q4 { 8 } else { GROUP };
             let mut t0 = 0;
             while t0 < t {
                 let t1 = (t0 + tc).min(t);
-                for i in (0..nrows).step_by(8) {
-                    let valid = (nrows - i).min(8);
+                for i in (0..nrows).step_by(step) {
+                    let valid = (nrows - i).min(step);
                     let r = r0 + i;
                     let sg = base.add(r / ALIGN * gs);
                     let (j, h) = ((r % ALIGN) / GROUP, (r % GROUP) / 8);
@@ -827,7 +863,17 @@ mod x86_256 {
                     let mut c = t0;
                     while c < t1 {
                         let ct = (t1 - c).min(MAXC);
-                        by_width!(tile, ct, q4, [4, 3, 2], (v, s, bs, nb, a, c, o.add(i * t + c), t, valid));
+                        let oc = o.add(i * t + c);
+                        match (q4, ct) {
+                            (true, 4) => tile_q4::<4>(v, s, bs, nb, a, c, oc, t, valid),
+                            (true, 3) => tile_q4::<3>(v, s, bs, nb, a, c, oc, t, valid),
+                            (true, 2) => tile_q4::<2>(v, s, bs, nb, a, c, oc, t, valid),
+                            (true, _) => tile_q4::<1>(v, s, bs, nb, a, c, oc, t, valid),
+                            (false, 4) => tile_q8::<4>(v, s, bs, nb, a, c, oc, t, valid),
+                            (false, 3) => tile_q8::<3>(v, s, bs, nb, a, c, oc, t, valid),
+                            (false, 2) => tile_q8::<2>(v, s, bs, nb, a, c, oc, t, valid),
+                            (false, _) => tile_q8::<1>(v, s, bs, nb, a, c, oc, t, valid),
+                        }
                         c += ct;
                     }
                 }
