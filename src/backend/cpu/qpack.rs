@@ -870,7 +870,6 @@ mod x86_256 {
                 }
                 return;
             }
-            // Q8_0 tiles take a whole group (16 rows, see `tile_q8`), Q4_0 tiles half of one.
             // A tile takes a whole group (16 rows): `tile_q8`, `tile_q4`.
             let mut t0 = 0;
             while t0 < t {
