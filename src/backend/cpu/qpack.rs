@@ -646,6 +646,27 @@ mod x86_256 {
         w
     }
 
+    /// A whole-group tile's sums (token `c`'s rows 0..8 in `acc[c][0]`, 8..16 in
+    /// `acc[c][1]`): row `r < valid` of token `c` to `out[r * ostride + c]`.
+    ///
+    /// # Safety
+    /// `out[r * ostride + c]` writable for `r < valid.min(16)`, `c < C`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn store_group<const C: usize>(acc: &[[__m256; 2]; C], out: *mut f32, ostride: usize, valid: usize) {
+        for c in 0..C {
+            let mut o = [0f32; 16];
+            // SAFETY: `o` holds 16 f32 (unaligned stores); `out` as the caller guarantees.
+            unsafe {
+                _mm256_storeu_ps(o.as_mut_ptr(), acc[c][0]);
+                _mm256_storeu_ps(o.as_mut_ptr().add(8), acc[c][1]);
+                for r in 0..valid.min(16) {
+                    *out.add(r * ostride + c) = o[r];
+                }
+            }
+        }
+    }
+
     /// Q4_0: the 16 rows of one group (as [`tile_q8`]) x C activation rows from `c0`:
     /// [`isum_q4`]'s exact sums (its products added in i16 over the block, then widened),
     /// each token's two broadcast activation dwords (values `4m ..` and `16 + 4m ..`)
@@ -702,14 +723,7 @@ mod x86_256 {
                     }
                 }
             }
-            for c in 0..C {
-                let mut o = [0f32; 16];
-                _mm256_storeu_ps(o.as_mut_ptr(), acc[c][0]);
-                _mm256_storeu_ps(o.as_mut_ptr().add(8), acc[c][1]);
-                for r in 0..valid.min(16) {
-                    *out.add(r * ostride + c) = o[r];
-                }
-            }
+            store_group(&acc, out, ostride, valid);
         }
     }
 
@@ -771,14 +785,7 @@ mod x86_256 {
                     }
                 }
             }
-            for c in 0..C {
-                let mut o = [0f32; 16];
-                _mm256_storeu_ps(o.as_mut_ptr(), acc[c][0]);
-                _mm256_storeu_ps(o.as_mut_ptr().add(8), acc[c][1]);
-                for r in 0..valid.min(16) {
-                    *out.add(r * ostride + c) = o[r];
-                }
-            }
+            store_group(&acc, out, ostride, valid);
         }
     }
 
