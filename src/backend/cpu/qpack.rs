@@ -667,80 +667,96 @@ mod x86_256 {
         }
     }
 
-    /// Q4_0: the 16 rows of one group (as [`tile_q8`]) x C activation rows from `c0`:
-    /// [`isum_q4`]'s exact sums (its products added in i16 over the block, then widened),
-    /// each token's two broadcast activation dwords (values `4m ..` and `16 + 4m ..`)
-    /// serving both halves' nibble vectors. Against a tile of half a group (8 weight
-    /// vectors held, each token's 8 dwords broadcast for them): 2.5 vector operations per
-    /// 32 multiply-adds against 3 in the inner loop; Zen 3, `qpack_prefill_bench`
-    /// alternating (Gmac/s) 70.7-70.9 -> 89.2-89.5.
+    /// Q4_0: the exact integer sums of one block of a group (16 rows; block values at `q`,
+    /// half `h` at `q + 32 h`) with the block of each of C activation rows from `xq`
+    /// (`cols` apart): [`isum_q4`]'s, its products added in i16 over the block, then widened,
+    /// `-8 * sum(x)` (`xs`, `nb` apart) folded in; each token's two broadcast activation dwords
+    /// (values `4m ..` and `16 + 4m ..`) serve both halves' nibble vectors.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile_q4<const C: usize>(
-        v: *const u8,
-        s: *const u8,
-        bs: usize,
+    unsafe fn block_q4<const C: usize>(
+        q: *const u8,
+        xq: *const u8,
+        cols: usize,
+        xs: *const i32,
         nb: usize,
-        a: &QAct,
-        c0: usize,
-        out: *mut f32,
-        ostride: usize,
-        valid: usize,
-    ) {
-        let mut acc = [[_mm256_setzero_ps(); 2]; C];
-        // SAFETY: (whole body) as `tile_q8`'s.
+    ) -> [[__m256i; 2]; C] {
+        let mut p = [[_mm256_setzero_si256(); 2]; C];
+        let m4 = _mm256_set1_epi8(0x0F);
+        // SAFETY: `tile`'s caller guarantees the block's 4 x 64 bytes at `q`, 32 activation
+        // bytes at `xq + c * cols` and a sum at `xs + c * nb` for `c < C`.
         unsafe {
-            let xq = a.qs.as_ptr().add(c0 * a.cols);
-            let xd = a.d.as_ptr().add(c0 * nb);
-            let xs = a.sums.as_ptr().add(c0 * nb);
-            let m4 = _mm256_set1_epi8(0x0F);
-            for b in 0..nb {
-                let mut p = [[_mm256_setzero_si256(); 2]; C];
-                for m in 0..std::hint::black_box(4) {
-                    let q = v.add(b * bs + 64 * m);
-                    let (v0, v1) =
-                        (_mm256_loadu_si256(q as *const __m256i), _mm256_loadu_si256(q.add(32) as *const __m256i));
-                    let (l0, l1) = (_mm256_and_si256(v0, m4), _mm256_and_si256(v1, m4));
-                    let h0 = _mm256_and_si256(_mm256_srli_epi16::<4>(v0), m4);
-                    let h1 = _mm256_and_si256(_mm256_srli_epi16::<4>(v1), m4);
-                    for c in 0..C {
-                        let x = xq.add(c * a.cols + b * QK) as *const i32;
-                        let xl = _mm256_set1_epi32(x.add(m).read_unaligned());
-                        let xh = _mm256_set1_epi32(x.add(4 + m).read_unaligned());
-                        let s0 = _mm256_add_epi16(_mm256_maddubs_epi16(l0, xl), _mm256_maddubs_epi16(h0, xh));
-                        p[c][0] = _mm256_add_epi16(p[c][0], s0);
-                        let s1 = _mm256_add_epi16(_mm256_maddubs_epi16(l1, xl), _mm256_maddubs_epi16(h1, xh));
-                        p[c][1] = _mm256_add_epi16(p[c][1], s1);
-                    }
-                }
-                for h in 0..2 {
-                    let ws = _mm256_cvtph_ps(_mm_loadu_si128(s.add(b * bs + 16 * h) as *const __m128i));
-                    for c in 0..C {
-                        let init = _mm256_set1_epi32(-8 * *xs.add(c * nb + b));
-                        let isum = _mm256_add_epi32(init, _mm256_madd_epi16(p[c][h], _mm256_set1_epi16(1)));
-                        let sc = _mm256_mul_ps(ws, _mm256_set1_ps(*xd.add(c * nb + b)));
-                        acc[c][h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(isum), acc[c][h]);
-                    }
+            for m in 0..std::hint::black_box(4) {
+                let q = q.add(64 * m);
+                let (v0, v1) =
+                    (_mm256_loadu_si256(q as *const __m256i), _mm256_loadu_si256(q.add(32) as *const __m256i));
+                let (l0, l1) = (_mm256_and_si256(v0, m4), _mm256_and_si256(v1, m4));
+                let h0 = _mm256_and_si256(_mm256_srli_epi16::<4>(v0), m4);
+                let h1 = _mm256_and_si256(_mm256_srli_epi16::<4>(v1), m4);
+                for c in 0..C {
+                    let x = xq.add(c * cols) as *const i32;
+                    let xl = _mm256_set1_epi32(x.add(m).read_unaligned());
+                    let xh = _mm256_set1_epi32(x.add(4 + m).read_unaligned());
+                    let s0 = _mm256_add_epi16(_mm256_maddubs_epi16(l0, xl), _mm256_maddubs_epi16(h0, xh));
+                    p[c][0] = _mm256_add_epi16(p[c][0], s0);
+                    let s1 = _mm256_add_epi16(_mm256_maddubs_epi16(l1, xl), _mm256_maddubs_epi16(h1, xh));
+                    p[c][1] = _mm256_add_epi16(p[c][1], s1);
                 }
             }
-            store_group(&acc, out, ostride, valid);
+            for h in 0..2 {
+                for c in 0..C {
+                    let init = _mm256_set1_epi32(-8 * *xs.add(c * nb));
+                    p[c][h] = _mm256_add_epi32(init, _mm256_madd_epi16(p[c][h], _mm256_set1_epi16(1)));
+                }
+            }
+            p
         }
     }
 
-    /// Q8_0: the 16 rows of one group (values of block 0 at `v`, its half `h` at `v + 32
-    /// h`; scales at `s`, `s + 16`; block `b` at `b * bs` from them) x C activation rows
-    /// from `c0`, all `nb` blocks; row `r < valid` of token `c` to `out[r * ostride + c]`.
-    /// The sums of `isum_q8`, in its order (exact), but each weight vector is formed once
-    /// and multiplied with the tokens in turn, and each token's broadcast activation dword
-    /// serves both halves' vectors: 4.75 vector operations per 32 multiply-adds in the inner
-    /// loop against 5.5 for half a group per tile (no spills at C = 4: 8 sums, 4 weight
-    /// vectors). Zen 3, `qpack_prefill_bench` alternating (Gmac/s): 33.1-47.9 -> 41.1-54.0;
-    /// TinyLlama pp128 1 thread 36.5-40.1 -> 43.2-44.6 t/s, 2 threads 64.6-75.0 -> 80.5-84.7.
-    /// The loop over `m` keeps its count hidden (`black_box`): unrolled, the tokens were
-    /// scheduled one after another (as `gq`'s `pair_block` found).
+    /// Q8_0: the exact integer sums of one block of a group (as [`block_q4`]), those of
+    /// [`isum_q8`] in its order, but each weight vector formed once and multiplied with the
+    /// tokens in turn, each token's broadcast activation dword serving both halves' vectors.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile_q8<const C: usize>(
+    unsafe fn block_q8<const C: usize>(q: *const u8, xq: *const u8, cols: usize) -> [[__m256i; 2]; C] {
+        let mut is = [[_mm256_setzero_si256(); 2]; C];
+        let ones = _mm256_set1_epi16(1);
+        let flip = _mm256_set1_epi8(-128);
+        // SAFETY: `tile`'s caller guarantees the block's 8 x 64 bytes at `q` and 32
+        // activation bytes at `xq + c * cols` for `c < C`.
+        unsafe {
+            for m in 0..std::hint::black_box(8) {
+                let p = q.add(64 * m);
+                let w0 = _mm256_xor_si256(_mm256_loadu_si256(p as *const __m256i), flip);
+                let w1 = _mm256_xor_si256(_mm256_loadu_si256(p.add(32) as *const __m256i), flip);
+                let (a0, a1) = (_mm256_abs_epi8(w0), _mm256_abs_epi8(w1));
+                for c in 0..C {
+                    let xb = _mm256_set1_epi32((xq.add(c * cols) as *const i32).add(m).read_unaligned());
+                    let p0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(xb, w0));
+                    is[c][0] = _mm256_add_epi32(is[c][0], _mm256_madd_epi16(p0, ones));
+                    let p1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(xb, w1));
+                    is[c][1] = _mm256_add_epi32(is[c][1], _mm256_madd_epi16(p1, ones));
+                }
+            }
+        }
+        is
+    }
+
+    /// The 16 rows of one group (values of block 0 at `v`, its half `h` at `v + 32 h`;
+    /// scales at `s`, `s + 16`; block `b` at `b * bs` from them) x C activation rows from
+    /// `c0`, all `nb` blocks; row `r < valid` of token `c` to `out[r * ostride + c]`. A
+    /// block's exact integer sums ([`block_q4`], [`block_q8`]) times the weight scale and
+    /// the activation scale, added in block order (the same bits as `isum_q4` / `isum_q8`).
+    /// Against a tile of half a group (each token's dwords broadcast for 8 rows only), per
+    /// 32 multiply-adds in the inner loop: Q8_0 4.75 vector operations against 5.5, Q4_0
+    /// 2.5 against 3 (no spills at C = 4). Zen 3, `qpack_prefill_bench` alternating
+    /// (Gmac/s): Q8_0 33.1-47.9 -> 41.1-54.0, Q4_0 70.7-70.9 -> 89.2-89.5; TinyLlama Q8_0
+    /// pp128 1 thread 36.5-40.1 -> 43.2-44.6 t/s, 2 threads 64.6-75.0 -> 80.5-84.7. The loops
+    /// over `m` keep their counts hidden (`black_box`): unrolled, the tokens were scheduled
+    /// one after another (as `gq`'s `pair_block` found).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile<const C: usize, const Q4: bool>(
         v: *const u8,
         s: *const u8,
         bs: usize,
@@ -759,24 +775,10 @@ mod x86_256 {
         unsafe {
             let xq = a.qs.as_ptr().add(c0 * a.cols);
             let xd = a.d.as_ptr().add(c0 * nb);
-            let ones = _mm256_set1_epi16(1);
-            let flip = _mm256_set1_epi8(-128);
+            let xs = a.sums.as_ptr().add(c0 * nb);
             for b in 0..nb {
-                let mut is = [[_mm256_setzero_si256(); 2]; C];
-                for m in 0..std::hint::black_box(8) {
-                    let p = v.add(b * bs + 64 * m);
-                    let w0 = _mm256_xor_si256(_mm256_loadu_si256(p as *const __m256i), flip);
-                    let w1 = _mm256_xor_si256(_mm256_loadu_si256(p.add(32) as *const __m256i), flip);
-                    let (a0, a1) = (_mm256_abs_epi8(w0), _mm256_abs_epi8(w1));
-                    for c in 0..C {
-                        let x = xq.add(c * a.cols + b * QK) as *const i32;
-                        let xb = _mm256_set1_epi32(x.add(m).read_unaligned());
-                        let p0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(xb, w0));
-                        is[c][0] = _mm256_add_epi32(is[c][0], _mm256_madd_epi16(p0, ones));
-                        let p1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(xb, w1));
-                        is[c][1] = _mm256_add_epi32(is[c][1], _mm256_madd_epi16(p1, ones));
-                    }
-                }
+                let (q, x) = (v.add(b * bs), xq.add(b * QK) as *const u8);
+                let is = if Q4 { block_q4::<C>(q, x, a.cols, xs.add(b), nb) } else { block_q8::<C>(q, x, a.cols) };
                 for h in 0..2 {
                     let ws = _mm256_cvtph_ps(_mm_loadu_si128(s.add(b * bs + 16 * h) as *const __m128i));
                     for c in 0..C {
@@ -877,7 +879,7 @@ mod x86_256 {
                 }
                 return;
             }
-            // A tile takes a whole group (16 rows): `tile_q8`, `tile_q4`.
+            // A tile takes a whole group (16 rows).
             let mut t0 = 0;
             while t0 < t {
                 let t1 = (t0 + tc).min(t);
@@ -891,16 +893,7 @@ mod x86_256 {
                     while c < t1 {
                         let ct = (t1 - c).min(MAXC);
                         let oc = o.add(i * t + c);
-                        match (q4, ct) {
-                            (true, 4) => tile_q4::<4>(v, s, bs, nb, a, c, oc, t, valid),
-                            (true, 3) => tile_q4::<3>(v, s, bs, nb, a, c, oc, t, valid),
-                            (true, 2) => tile_q4::<2>(v, s, bs, nb, a, c, oc, t, valid),
-                            (true, _) => tile_q4::<1>(v, s, bs, nb, a, c, oc, t, valid),
-                            (false, 4) => tile_q8::<4>(v, s, bs, nb, a, c, oc, t, valid),
-                            (false, 3) => tile_q8::<3>(v, s, bs, nb, a, c, oc, t, valid),
-                            (false, 2) => tile_q8::<2>(v, s, bs, nb, a, c, oc, t, valid),
-                            (false, _) => tile_q8::<1>(v, s, bs, nb, a, c, oc, t, valid),
-                        }
+                        by_width!(tile, ct, q4, [4, 3, 2], (v, s, bs, nb, a, c, oc, t, valid));
                         c += ct;
                     }
                 }
