@@ -143,6 +143,20 @@ pub(crate) fn matmul(pool: &Pool, m: Weight<'_>, act: &Act<'_>, y: &mut [f32]) -
             return Ok(());
         }
     }
+    if let (None, Some(Pack::F(p))) = (b.qa, b.m.packed) {
+        if fpack::token_major(b.isa, t_count) {
+            // As the grouped types above: each token's rows written where `y` wants them.
+            let yp = SendPtr(y.as_mut_ptr());
+            let mut units = vec![(); rows];
+            par_units(pool, &mut units, 1, cols * t_count, align, |r0, part| {
+                // SAFETY: `y` holds `t_count x rows` values and stays exclusively borrowed
+                // until `par_units` returns; this part writes `y[c * rows + r0 + r]` for its
+                // rows `r < part.len()` only, rows no other part is handed.
+                unsafe { fpack::gemm_tm(b.isa, p, r0, part.len(), b.x, yp.get().add(r0), (1, rows)) }
+            });
+            return Ok(());
+        }
+    }
     // Row-major over weights: tmp[r][t], transposed into y afterwards.
     let mut tmp = try_vec(rows.saturating_mul(t_count), 0f32, "the step's matmul transpose buffer")?;
     par_units(pool, &mut tmp, t_count, cols * t_count, align, |r0, part| b.run(r0, part, t_count));
