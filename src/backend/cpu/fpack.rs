@@ -302,7 +302,10 @@ unsafe fn prefill_blocked(
                     } else {
                         None
                     };
-                    for (s, c) in (0..tn).step_by(maxc).enumerate() {
+                    // `ntiles` token tiles of as near the same width as can be (128 tokens on
+                    // AVX2: 20 of 6 and 2 of 4, not 21 of 6 and one of 2).
+                    for s in 0..ntiles {
+                        let (c, ct) = (s * tn / ntiles, (s + 1) * tn / ntiles - s * tn / ntiles);
                         if let Some((g, nk0, nkn)) = next {
                             for l in super::isa::part_lines(nkn * 64, s, ntiles) {
                                 super::isa::prefetch_line::<{ std::arch::x86_64::_MM_HINT_T1 }>(
@@ -314,7 +317,6 @@ unsafe fn prefill_blocked(
                             let src = x.as_ptr().wrapping_add((t0 + l / xlpt) * cols + k1 + 16 * (l % xlpt));
                             super::isa::prefetch_line::<{ std::arch::x86_64::_MM_HINT_T1 }>(src as *const u8);
                         }
-                        let ct = (tn - c).min(maxc);
                         for h in (0..(nrows - i).min(GROUP)).step_by(hr) {
                             tile(
                                 ct,
