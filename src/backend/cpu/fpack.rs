@@ -515,10 +515,11 @@ mod x86 {
         };
     }
 
-    /// `super::gemm` on AVX-512 (`BF`: the matrix is BF16, else F16).
+    /// `super::kernels` on AVX-512 (`BF`: the matrix is BF16, else F16; row `i`'s result for
+    /// token `c` at `o[i * ld.0 + c * ld.1]`).
     ///
     /// # Safety
-    /// The CPU has AVX-512 F/BW/VL, AVX2, FMA and F16C; `super::gemm`'s assertions hold.
+    /// The CPU has AVX-512 F/BW/VL, AVX2, FMA and F16C; `super::kernels`' contract holds.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
     pub unsafe fn gemm<const BF: bool>(
         p: &Packed,
@@ -707,11 +708,11 @@ mod x86_256 {
         };
     }
 
-    /// `super::gemm` on AVX2 (`BF`: the matrix is BF16, else F16; the same bits as every
-    /// kernel set).
+    /// `super::kernels` on AVX2 (`BF`: the matrix is BF16, else F16; outputs as on AVX-512;
+    /// the same bits as every kernel set).
     ///
     /// # Safety
-    /// The CPU has AVX2, FMA and F16C; `super::gemm`'s assertions hold.
+    /// The CPU has AVX2, FMA and F16C; `super::kernels`' contract holds.
     #[target_feature(enable = "avx2,f16c,fma")]
     pub unsafe fn gemm<const BF: bool>(
         p: &Packed,
