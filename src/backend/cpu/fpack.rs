@@ -39,7 +39,12 @@ pub struct Packed {
 /// Whether `isa` computes dot products of `dt` rows in the sequential order (and so
 /// wants packed weights).
 pub fn sequential_order(isa: Isa, dt: DType) -> bool {
-    matches!(isa, Isa::Avx512Vnni | Isa::Avx2) && matches!(dt, DType::F16 | DType::BF16)
+    x86_kernels(isa) && matches!(dt, DType::F16 | DType::BF16)
+}
+
+/// Whether `isa` is one of the x86 kernel sets (the others take the portable walk).
+fn x86_kernels(isa: Isa) -> bool {
+    matches!(isa, Isa::Avx512Vnni | Isa::Avx2)
 }
 
 impl Packed {
@@ -93,7 +98,7 @@ pub fn gemm(isa: Isa, p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut 
 
 /// Whether [`gemm_tm`] takes `t` tokens on `isa`: the x86 kernel sets' prefill.
 pub(crate) fn token_major(isa: Isa, t: usize) -> bool {
-    t > 1 && matches!(isa, Isa::Avx512Vnni | Isa::Avx2)
+    t > 1 && x86_kernels(isa)
 }
 
 /// [`gemm`] for what [`token_major`] takes, with row `r0 + i`'s result for token `c` at
@@ -112,54 +117,58 @@ pub(crate) unsafe fn gemm_tm(
     o: *mut f32,
     ld: (usize, usize),
 ) {
-    assert!(token_major(isa, x.len() / p.cols.max(1)));
+    assert!(token_major(isa, tokens(p, x)));
     // SAFETY: the outputs as the caller guarantees.
-    unsafe { kernels(isa, false, p, r0, nrows, x, o, ld) }
+    unsafe { kernels(isa, false, p, r0, nrows, x, (o, ld)) }
 }
 
 /// [`gemm`], decode with (`pf`) or without its software prefetches (the same bits).
 fn gemm_pf(isa: Isa, pf: bool, p: &Packed, r0: usize, nrows: usize, x: &[f32], out: &mut [f32]) {
-    assert!(p.cols > 0 && x.len().is_multiple_of(p.cols));
-    let t = x.len() / p.cols;
+    let t = tokens(p, x);
     assert_eq!(out.len(), nrows * t);
-    if !matches!(isa, Isa::Avx512Vnni | Isa::Avx2) {
+    if !x86_kernels(isa) {
         return gemm_portable(p, r0, nrows, x, out);
     }
     // SAFETY: `out` holds `nrows x t` values, row-major, and is borrowed exclusively.
-    unsafe { kernels(isa, pf, p, r0, nrows, x, out.as_mut_ptr(), (t, 1)) }
+    unsafe { kernels(isa, pf, p, r0, nrows, x, (out.as_mut_ptr(), (t, 1))) }
+}
+
+/// How many tokens `x` holds: whole rows of `p.cols` (asserted).
+fn tokens(p: &Packed, x: &[f32]) -> usize {
+    assert!(p.cols > 0 && x.len().is_multiple_of(p.cols), "{} activations for {} columns", x.len(), p.cols);
+    x.len() / p.cols
 }
 
 /// The x86 kernel sets for `isa` (the portable walk elsewhere), outputs as [`gemm_tm`]'s.
 ///
 /// # Safety
-/// As [`gemm_tm`]; for one token `ld.0` is 1.
-#[allow(clippy::too_many_arguments)]
+/// As [`gemm_tm`] for `out` (`(o, ld)`); for one token `ld.0` is 1; `x` holds whole rows
+/// ([`tokens`]).
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-unsafe fn kernels(isa: Isa, pf: bool, p: &Packed, r0: usize, nrows: usize, x: &[f32], o: *mut f32, ld: (usize, usize)) {
+unsafe fn kernels(isa: Isa, pf: bool, p: &Packed, r0: usize, nrows: usize, x: &[f32], out: (*mut f32, (usize, usize))) {
     assert!(r0.is_multiple_of(GROUP) && r0 + nrows <= p.rows, "rows {r0}..{} of {}", r0 + nrows, p.rows);
-    assert!(p.cols > 0 && x.len().is_multiple_of(p.cols));
-    assert!(x.len() > p.cols || ld.0 == 1, "one token's outputs side by side");
+    assert!(x.len() > p.cols || out.1 .0 == 1, "one token's outputs side by side");
     #[cfg(target_arch = "x86_64")]
     let bf = p.dtype == DType::BF16;
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx512Vnni` is only chosen on CPUs with AVX-512 F/VL/BW, AVX2,
         // FMA and F16C; the groups and activation rows read are inside `p` and `x`
-        // (lengths asserted above).
+        // (lengths asserted above and by the callers, [`tokens`]).
         Isa::Avx512Vnni => unsafe {
             if bf {
-                x86::gemm::<true>(p, pf, r0, nrows, x, o, ld)
+                x86::gemm::<true>(p, pf, r0, nrows, x, out)
             } else {
-                x86::gemm::<false>(p, pf, r0, nrows, x, o, ld)
+                x86::gemm::<false>(p, pf, r0, nrows, x, out)
             }
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx2` is only chosen on CPUs with AVX2, FMA and F16C; bounds as above.
         Isa::Avx2 => unsafe {
             if bf {
-                x86_256::gemm::<true>(p, pf, r0, nrows, x, o, ld)
+                x86_256::gemm::<true>(p, pf, r0, nrows, x, out)
             } else {
-                x86_256::gemm::<false>(p, pf, r0, nrows, x, o, ld)
+                x86_256::gemm::<false>(p, pf, r0, nrows, x, out)
             }
         },
         _ => unreachable!("{isa:?} has no packed F16/BF16 kernels"),
@@ -200,7 +209,7 @@ const PF_L2: usize = 8192;
 const KC: usize = 128;
 
 /// Most tokens per pass: their blocks of activations (`KC` columns, copied side by
-/// side) stay in the L2 cache (a multiple of both kernel sets' tiles).
+/// side) stay in the L2 cache.
 #[cfg(target_arch = "x86_64")]
 const TOKENS: usize = 240;
 
@@ -230,7 +239,8 @@ fn by_fours(n: usize, mut step: impl FnMut(usize)) {
 /// Prefill's walk, both x86 kernel sets: per pass of up to [`ROWS`] rows and [`TOKENS`]
 /// tokens, the columns in blocks of [`KC`]: the tokens' activations of the block copied
 /// side by side (`kn` floats per token), then for each group of 32 rows the block
-/// widened to f32 once (`widen(i, k0, w)`: the group at row `i`, columns `k0 ..`,
+/// widened to f32 once (`widen(group(i), k0, w)`: the group at row `i` (`group(i)`, its
+/// address), columns `k0 ..`,
 /// `w.len() / 32` of them, column `k`'s 32 rows at `w[32 k ..]`) and multiplied with
 /// every token's activations, `maxc` tokens and `hr` rows at a time (`tile(ct, w, kn, x,
 /// acc)`: `w` from the tile's first row, `kn` columns; `x` the first token's `kn`
@@ -257,10 +267,10 @@ unsafe fn prefill_blocked(
     x: &[f32],
     (o, ld): (*mut f32, (usize, usize)),
     group: impl Fn(usize) -> *const u8,
-    mut widen: impl FnMut(usize, usize, &mut [f32]),
+    mut widen: impl FnMut(*const u8, usize, &mut [f32]),
     mut tile: impl FnMut(usize, &[f32], usize, &[f32], &mut [f32]),
 ) {
-    assert!(x.len() >= t * cols && TOKENS.is_multiple_of(maxc));
+    assert!(x.len() >= t * cols);
     // Buffers on a cache line's boundary: the widened block, the activations' block.
     let aligned = |v: &mut Vec<f32>, n: usize| {
         v.resize(n + 16, 0.0);
@@ -292,7 +302,7 @@ unsafe fn prefill_blocked(
                 for j in 0..groups {
                     let (i, a) = (m0 + j * GROUP, &mut acc[j * GROUP * tn..(j + 1) * GROUP * tn]);
                     let w = &mut wbuf[..GROUP * kn];
-                    widen(i, k0, w);
+                    widen(group(i), k0, w);
                     let next = if j + 1 < groups {
                         Some((group(i + GROUP), k0, kn))
                     } else if k0 + KC < cols {
@@ -527,8 +537,7 @@ mod x86 {
         r0: usize,
         nrows: usize,
         x: &[f32],
-        o: *mut f32,
-        ld: (usize, usize),
+        (o, ld): (*mut f32, (usize, usize)),
     ) {
         const MAXC: usize = 12;
         let cols = p.cols;
@@ -558,10 +567,11 @@ mod x86 {
                 (nrows, t, cols, MAXC, GROUP),
                 x,
                 (o, ld),
-                // Only for prefetches: the address is not dereferenced.
+                // Dereferenced only by `widen`, for rows `i < nrows`; else only prefetched.
                 |i| base.wrapping_add((r0 + i) / GROUP * gs),
-                // SAFETY: group `i / 32` of the product lies in `p` (above).
-                |i, k0, w| widen::<BF>(base.add((r0 + i) / GROUP * gs), k0, w),
+                // SAFETY: `prefill_blocked` passes `group(i)` for `i < nrows`: a group of `p`
+                // (above).
+                |g, k0, w| widen::<BF>(g, k0, w),
                 // SAFETY: `prefill_blocked` passes the slices `tile` needs (its contract).
                 |ct, w, kn, x, acc| dispatch!(ct, w, kn, x, acc),
             );
@@ -720,8 +730,7 @@ mod x86_256 {
         r0: usize,
         nrows: usize,
         x: &[f32],
-        o: *mut f32,
-        ld: (usize, usize),
+        (o, ld): (*mut f32, (usize, usize)),
     ) {
         const MAXC: usize = 6;
         let cols = p.cols;
@@ -751,10 +760,11 @@ mod x86_256 {
                 (nrows, t, cols, MAXC, 16),
                 x,
                 (o, ld),
-                // Only for prefetches: the address is not dereferenced.
+                // Dereferenced only by `widen`, for rows `i < nrows`; else only prefetched.
                 |i| base.wrapping_add((r0 + i) / GROUP * gs),
-                // SAFETY: group `i / 32` of the product lies in `p` (above).
-                |i, k0, w| widen::<BF>(base.add((r0 + i) / GROUP * gs), k0, w),
+                // SAFETY: `prefill_blocked` passes `group(i)` for `i < nrows`: a group of `p`
+                // (above).
+                |g, k0, w| widen::<BF>(g, k0, w),
                 // SAFETY: `prefill_blocked` passes the slices `tile` needs (its contract).
                 |ct, w, kn, x, acc| dispatch!(ct, w, kn, x, kn, acc),
             );
