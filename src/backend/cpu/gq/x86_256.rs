@@ -946,6 +946,9 @@ unsafe fn decode_unit<const T: u8, const TR: bool, const SP: bool>(
         if T == T_Q3_K && TR && ng == U {
             return q3_unit::<SP>(un, bp[0], xq, xd, xt, sp, acc);
         }
+        if T == T_Q2_K && TR && ng == U {
+            return q2_unit::<SP>(un, bp[0], xq, xd, xt, sp, acc);
+        }
         if matches!(T, T_Q4_K | T_Q5_K) && TR && ng == U {
             return nib_unit::<T, SP>(un, bp[0], xq, xd, xs, sp, acc);
         }
@@ -1006,6 +1009,93 @@ unsafe fn q3_unit<const SP: bool>(
     spread::<T_Q3_K, true, SP>(sp, 7);
     let (s5, s7) = pair(5);
     half_end::<T_Q3_K>(un, acc, step(7, s7, step(6, s6, step(5, s5, st))))
+}
+
+/// [`decode_unit`] for a whole unit of a transposed Q2_K tile at `blk`: the four groups
+/// whose 2-bit values share a byte unpacked together ([`q2_quad`]); then [`half_fma`] group
+/// by group, in the group order. The same exact sums and float steps as [`dot_unit`]: bit
+/// for bit. Against `dot_unit`'s groups one by one (a load, a shift and a mask each), Zen 3,
+/// `gq_decode_bench` over 256 KiB (L2), rows of 2048, one thread, alternating binaries, best
+/// of 5-6: 13.7 -> 14.4-15.2 GB/s (in L2 and in L1 alike these kernels are bound by their
+/// own operations: there the Q2_K decode reads 39 G weights/s, as Q4_K's). Forming the
+/// scale pairs here from the scale nibbles (stored once per unit, 8 vectors against 24)
+/// instead ran slower (12.6 against 15.2): their shuffles share the shift ports.
+///
+/// # Safety
+/// As [`decode_unit`] (its `dtab` entries at `xt`), `blk` a whole transposed Q2_K block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_unit<const SP: bool>(
+    un: &Unit,
+    blk: *const u8,
+    xq: *const i8,
+    xd: *const f32,
+    xt: *const Tok,
+    sp: *const u8,
+    acc: __m256,
+) -> __m256 {
+    let zf = _mm256_setzero_ps();
+    let step = |g: usize, is: (__m256i, __m256i), st: (__m256, __m256)| {
+        // SAFETY: the caller's `U` scales at `xd` and entries at `xt`.
+        let (dx, bp) = unsafe { (_mm256_set1_ps(*xd.add(g)), _mm256_set1_epi32((*xt.add(g)).bp)) };
+        half_fma::<T_Q2_K>(un, g, dx, is, bp, st)
+    };
+    spread::<T_Q2_K, true, SP>(sp, 0);
+    spread::<T_Q2_K, true, SP>(sp, 1);
+    spread::<T_Q2_K, true, SP>(sp, 2);
+    spread::<T_Q2_K, true, SP>(sp, 3);
+    // SAFETY: the caller's whole block and `U` groups of activations at `xq`.
+    let [s0, s1, s2, s3] = unsafe { q2_quad::<0>(un, blk, xq) };
+    let st = step(3, s3, step(2, s2, step(1, s1, step(0, s0, (zf, zf)))));
+    spread::<T_Q2_K, true, SP>(sp, 4);
+    spread::<T_Q2_K, true, SP>(sp, 5);
+    spread::<T_Q2_K, true, SP>(sp, 6);
+    spread::<T_Q2_K, true, SP>(sp, 7);
+    // SAFETY: as above.
+    let [s4, s5, s6, s7] = unsafe { q2_quad::<1>(un, blk, xq) };
+    half_end::<T_Q2_K>(un, acc, step(7, s7, step(6, s6, step(5, s5, step(4, s4, st)))))
+}
+
+/// The weighed half sums `(k_0 isum_0, k_1 isum_1)` of groups `4Q .. 4Q + 4` of a transposed
+/// Q2_K block at `blk` (row `r` in lane `r`) against the activations at `xq` (a unit's),
+/// as [`lane_sums`] gives them. The four share each byte of their field: one load and one
+/// shift per dword give all four, the odd groups' values times 4 (masked in place, `0x0C`:
+/// their `maddubs` lanes stay within i16, 8 products of at most 12 x 128), their sums
+/// divided by 4 again exactly (an arithmetic shift).
+///
+/// # Safety
+/// `blk` a whole transposed Q2_K block; `xq` the unit's 256 activations.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_quad<const Q: usize>(un: &Unit, blk: *const u8, xq: *const i8) -> [(__m256i, __m256i); 4] {
+    // SAFETY: every field below lies inside the block (caller).
+    let ld = |m: usize| unsafe { field_t::<T_Q2_K>(blk, 16 + 32 * Q, m) };
+    // SAFETY: dword `m` of group `g` of the caller's activations.
+    let xb =
+        |g: usize, m: usize| unsafe { _mm256_set1_epi32((xq.add(GROUP * g + 4 * m) as *const i32).read_unaligned()) };
+    let (m03, m0c) = (_mm256_set1_epi8(0x03), _mm256_set1_epi8(0x0C));
+    let mut w = [[_mm256_setzero_si256(); 2]; 4];
+    for half in 0..2 {
+        let mut s = [_mm256_setzero_si256(); 4];
+        for m in 4 * half..4 * half + 4 {
+            let v = ld(m);
+            let h = _mm256_srli_epi16::<4>(v);
+            let q = [
+                _mm256_and_si256(v, m03),
+                _mm256_and_si256(v, m0c),
+                _mm256_and_si256(h, m03),
+                _mm256_and_si256(h, m0c),
+            ];
+            for j in 0..4 {
+                s[j] = _mm256_add_epi16(s[j], _mm256_maddubs_epi16(q[j], xb(4 * Q + j, m)));
+            }
+        }
+        for j in 0..4 {
+            w[j][half] = _mm256_madd_epi16(s[j], un.k[half][4 * Q + j]);
+        }
+    }
+    let q4 = |v: __m256i| _mm256_srai_epi32::<2>(v);
+    [(w[0][0], w[0][1]), (q4(w[1][0]), q4(w[1][1])), (w[2][0], w[2][1]), (q4(w[3][0]), q4(w[3][1]))]
 }
 
 /// [`decode_unit`] for a whole unit of a transposed Q4_K or Q5_K tile at `blk`: groups `g`
