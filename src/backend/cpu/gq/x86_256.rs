@@ -1650,13 +1650,6 @@ fn scales_raw<const T: u8>(raw: &[__m256i; 5], un: &mut Unit) {
         nib =
             std::array::from_fn(|i| (_mm256_and_si256(raw[i], m), _mm256_and_si256(_mm256_srli_epi16::<4>(raw[i]), m)));
     }
-    // Q3_K: its 16 6-bit scales (unsigned, before `- 32`) as bytes, four to a dword (`s3[q]`
-    // scales `4q .. 4q + 4`), row `r` in lane `r`, all at once: the low 4 bits are the low
-    // (scales 0..8) or high nibbles of bytes 0..8 (`raw[0]`, `raw[1]`), the high 2 bits bits
-    // `2 (i / 4)` of byte `8 + i % 4` (`raw[2]`), each moved to bits 4, 5 of its byte by a
-    // shift that keeps them in their byte. (Formed per group, from the same bytes picked
-    // and shifted per pair, they took about 11 operations a group against 5 here: AVX2
-    // Q3_K decode in L2 18.0-18.1 -> 18.3-19.0 GB/s.)
     // IQ4_XS: its 8 6-bit scales (unsigned, before `- 32`) as bytes, four to a dword (`e6[0]`
     // groups 0, 2, 4, 6, `e6[1]` groups 1, 3, 5, 7), row `r` in lane `r`: the low 4 bits the
     // nibbles of `scales_l` (`raw[1]`), the high 2 bits those of `scales_h` (`raw[0]`'s high
@@ -1679,6 +1672,13 @@ fn scales_raw<const T: u8>(raw: &[__m256i; 5], un: &mut Unit) {
             _mm256_or_si256(and(_mm256_srli_epi16::<4>(raw[1]), m0f), and(_mm256_slli_epi16::<2>(nib), m30)),
         ];
     }
+    // Q3_K: its 16 6-bit scales (unsigned, before `- 32`) as bytes, four to a dword (`s3[q]`
+    // scales `4q .. 4q + 4`), row `r` in lane `r`, all at once: the low 4 bits are the low
+    // (scales 0..8) or high nibbles of bytes 0..8 (`raw[0]`, `raw[1]`), the high 2 bits bits
+    // `2 (i / 4)` of byte `8 + i % 4` (`raw[2]`), each moved to bits 4, 5 of its byte by a
+    // shift that keeps them in their byte. (Formed per group, from the same bytes picked
+    // and shifted per pair, they took about 11 operations a group against 5 here: AVX2
+    // Q3_K decode in L2 18.0-18.1 -> 18.3-19.0 GB/s.)
     let mut s3 = [_mm256_setzero_si256(); 4];
     if T == T_Q3_K {
         let m30 = _mm256_set1_epi8(0x30);
